@@ -1,0 +1,37 @@
+"""cupyquant: CUDA quantization kernels for CuPy arrays, byte-exact with a NumPy reference.
+
+The public API is re-exported here. The op modules import CuPy, so they load on first use:
+``import cupyquant.reference`` works on a machine without CuPy.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "quantize_fp8": "fp8_tensor",
+    "amax": "fp8_tensor",
+    "dequantize": "tensor",
+    "QuantizedTensor": "tensor",
+    "Scheme": "tensor",
+    "KernelCompileError": "_jit",
+    "CudaHeadersNotFound": "_jit",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cupyquant' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,179 @@
+"""Per-tensor FP8 quantization (TransformerEngine current scaling), static scales, dequantization.
+
+Kernels: ``kernels/fp8_tensor.cu``. Reference: :func:`cupyquant.reference.quantize_fp8`.
+"""
+
+from __future__ import annotations
+
+import cupy
+import numpy as np
+
+from . import _dtypes, _jit, _validate
+from .tensor import QuantizedTensor, Scheme
+
+_FAMILY = "fp8_tensor"
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+_BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
+_AMAX_BLOCK = 512  # must equal AMAX_BLOCK in fp8_tensor.cu
+_AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
+_SCALAR_BLOCKS_PER_SM = 8
+
+
+def _sm_count(device: int, _cache={}) -> int:
+    n = _cache.get(device)
+    if n is None:
+        n = _cache[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    return n
+
+
+def _flat_grid(n: int, vec: bool, sms: int) -> int:
+    if vec:  # one thread per 16 elements, plus one for the tail
+        threads = n // 16 + (1 if n % 16 else 0)
+        return max(1, -(-threads // _BLOCK))
+    return max(1, min(-(-n // _BLOCK), sms * _SCALAR_BLOCKS_PER_SM))
+
+
+def _launch_amax(x: cupy.ndarray, in_t, amax_bits: cupy.ndarray, device: int) -> None:
+    """Zero amax_bits (uint32, (1,)) on the stream, then reduce max |x| into it."""
+    stream = cupy.cuda.get_current_stream()
+    cupy.cuda.runtime.memsetAsync(amax_bits.data.ptr, 0, 4, stream.ptr)
+    n = x.size
+    if n == 0:
+        return
+    vec = _validate.is_aligned(x)
+    per_block = _AMAX_BLOCK * (16 // x.itemsize if vec else 1)
+    grid = max(1, min(-(-n // per_block), _sm_count(device) * _AMAX_BLOCKS_PER_SM))
+    k = _jit.kernel(_FAMILY, _jit.expr("fp8_amax", in_t.ctype, vec))
+    k((grid,), (_AMAX_BLOCK,), (x, np.int64(n), amax_bits))
+
+
+def amax(x: cupy.ndarray) -> cupy.ndarray:
+    """Max of ``|x|`` over the whole tensor, reduced on the device.
+
+    Parameters
+    ----------
+    x : cupy.ndarray
+        float32, float16 or bfloat16, C-contiguous, any shape.
+
+    Returns
+    -------
+    cupy.ndarray
+        float32 of shape (1,). NaN elements are ignored (``fmaxf``); an empty or all-NaN tensor
+        gives 0. Subnormal inputs count as their value.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a CuPy array of a supported dtype.
+    ValueError
+        ``x`` is not C-contiguous.
+    """
+    in_t = _validate.float_input(x, "x")
+    _validate.c_contiguous(x, "x")
+    with x.device:
+        bits = cupy.empty((1,), dtype=np.uint32)
+        _launch_amax(x, in_t, bits, x.device.id)
+    return bits.view(np.float32)
+
+
+def quantize_fp8(
+    x: cupy.ndarray,
+    dtype="float8_e4m3fn",
+    *,
+    scale=None,
+    out: cupy.ndarray | None = None,
+) -> QuantizedTensor:
+    """Quantize a whole tensor to FP8 with one float32 scale.
+
+    Parameters
+    ----------
+    x : cupy.ndarray
+        float32, float16 or bfloat16, C-contiguous (any offset), any shape.
+    dtype : str or ml_dtypes type
+        ``"float8_e4m3fn"`` (default) or ``"float8_e5m2"``.
+    scale : float or cupy.ndarray, optional
+        None: dynamic scaling, amax reduced on the device. Otherwise a static scale in the
+        dequantization sense (``x ~ q * scale``): a positive Python float, or a float32 CuPy array
+        of one element (read on the device, never copied to the host).
+    out : cupy.ndarray, optional
+        uint8 buffer of ``x.shape`` for the FP8 bytes.
+
+    Returns
+    -------
+    QuantizedTensor
+        ``data`` uint8 in ``x.shape``; ``scale`` float32 (1,) holding ``scale_inv``
+        (TransformerEngine's name); ``amax`` float32 (1,) when dynamic.
+
+    Raises
+    ------
+    TypeError
+        ``x``/``out``/``scale`` is not a CuPy array of the right dtype, or ``dtype`` names no
+        dtype.
+    ValueError
+        ``dtype`` is not an FP8 format; ``x``/``out`` not C-contiguous; ``out`` of the wrong shape,
+        on another device or overlapping ``x``; a float ``scale`` not positive and finite; a
+        device ``scale`` with other than one element.
+
+    Notes
+    -----
+    TransformerEngine's current scaling, every step in IEEE float32:
+    ``amax = max|x|`` (NaN ignored); ``scale = fp8_max / amax``, with 1 when amax is 0, inf or
+    NaN, and FLT_MAX when the quotient overflows; ``q = cvt_rn_satfinite(x * scale)`` (NaN gives
+    the canonical NaN 0x7f); ``scale_inv = 1 / scale``. Static: ``scale_kernel = 1 / s`` and
+    ``scale_inv = s``. Three device operations when dynamic (a 4-byte memset, the amax reduction,
+    the cast, which reads amax and computes the scale itself) and one when static; no host
+    synchronization, so the call can be captured in a CUDA graph.
+    """
+    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
+    in_t = _validate.float_input(x, "x")
+    _validate.c_contiguous(x, "x")
+    device = x.device.id
+    mode, scale_dev, scale_arg = _jit.FP8_SCALE_FROM_AMAX, None, np.float32(0)
+    if scale is not None:
+        if isinstance(scale, cupy.ndarray):
+            if scale.dtype != np.float32:
+                raise TypeError(f"scale must be float32, got {scale.dtype}")
+            if scale.size != 1:
+                raise ValueError(f"scale must hold exactly one element, got shape {scale.shape}")
+            _validate.same_device(scale, "scale", device, "x")
+            mode, scale_dev = _jit.FP8_SCALE_FROM_DEVICE, scale
+        else:
+            mode, scale_arg = _jit.FP8_SCALE_FROM_ARG, _validate.positive_finite_scalar(scale, "scale")
+    if out is not None:
+        _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
+
+    with x.device:
+        n = x.size
+        q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
+        scale_inv = cupy.empty((1,), dtype=np.float32)
+        amax_bits = None
+        if mode == _jit.FP8_SCALE_FROM_AMAX:
+            amax_bits = cupy.empty((1,), dtype=np.uint32)
+            _launch_amax(x, in_t, amax_bits, device)
+            src = amax_bits
+        elif mode == _jit.FP8_SCALE_FROM_DEVICE:
+            src = scale_dev
+        else:
+            src = scale_inv  # unused by the kernel in this mode; any valid pointer
+        vec = _validate.is_aligned(x, q)
+        k = _jit.kernel(_FAMILY, _jit.expr("fp8_quantize", in_t.ctype, fmt.ctag, mode, vec))
+        grid = _flat_grid(n, vec, _sm_count(device))
+        k((grid,), (_BLOCK,), (x, q, np.int64(n), src, scale_arg, scale_inv))
+    scheme = Scheme(fmt.name, "tensor", None, "float32", "scalar", _FAMILY)
+    amax_f = None if amax_bits is None else amax_bits.view(np.float32)
+    return QuantizedTensor(q, scale_inv, scheme, x.shape, x.dtype, amax=amax_f)
+
+
+def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
+    fmt = q.format
+    device = q.data.device.id
+    if out is not None:
+        _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
+    with q.data.device:
+        y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
+        n = q.data.size
+        vec = _validate.is_aligned(q.data, y)
+        k = _jit.kernel(_FAMILY, _jit.expr("fp8_dequantize", out_t.ctype, fmt.ctag, vec))
+        grid = _flat_grid(n, vec, _sm_count(device))
+        k((grid,), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
+    return y

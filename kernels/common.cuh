@@ -1,0 +1,184 @@
+// common.cuh: device helpers shared by every cupyquant kernel family.
+//
+// Inlined into each family's source by cupyquant/_jit.py (never found through -I), so that CuPy's
+// disk cache, which hashes the source string, sees every edit here.
+//
+// Numerics. CuPy compiles with -ftz=true, which flushes float32 subnormals in ordinary C++ float
+// arithmetic. TransformerEngine and vLLM are built without it, and so is the NumPy reference. Every
+// float operation whose result reaches an output byte therefore goes through the explicit IEEE PTX
+// instructions below (mul.rn.f32, div.rn.f32 without .ftz), which the -ftz flag does not touch, and
+// the amax is reduced on integer bit patterns. The conversions we use (cvt.rn.bf16.f32,
+// cvt.rn.f16.f32, cvt.rn.satfinite.e4m3x2.f32 and the software fp8 paths of cuda_fp8.h) do not
+// flush either.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+namespace cq {
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// ---------------------------------------------------------------- IEEE float32 arithmetic
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float div_rn(float a, float b) {
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ bool is_finite_bits(unsigned u) { return (u & 0x7f800000u) != 0x7f800000u; }
+
+// ---------------------------------------------------------------- input/output element types
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// Elements of T in one 16-byte vector.
+template <typename T> struct Vec16 { static constexpr int N = 16 / sizeof(T); };
+
+// Unpack a 16-byte vector into floats (exact for every input type).
+template <typename T> __device__ __forceinline__ void unpack16(const uint4& v, float* f);
+template <> __device__ __forceinline__ void unpack16<float>(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+}
+template <> __device__ __forceinline__ void unpack16<__half>(const uint4& v, float* f) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+        f[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+    }
+}
+template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4& v, float* f) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// Pack 16/sizeof(T) floats (rounded to nearest even) into a 16-byte vector.
+template <typename T> __device__ __forceinline__ uint4 pack16(const float* f);
+template <> __device__ __forceinline__ uint4 pack16<float>(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+template <> __device__ __forceinline__ uint4 pack16<__half>(const float* f) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (unsigned)__half_as_ushort(__float2half_rn(f[2 * i])) |
+               ((unsigned)__half_as_ushort(__float2half_rn(f[2 * i + 1])) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <> __device__ __forceinline__ uint4 pack16<__nv_bfloat16>(const float* f) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i])) |
+               ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1])) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 16-byte global load through the read-only path; streaming store that does not linger in L1.
+__device__ __forceinline__ uint4 ld16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ void st16(void* p, const uint4& v) { __stcs(reinterpret_cast<uint4*>(p), v); }
+
+// ---------------------------------------------------------------- |x| maxima on bit patterns
+// |x| as the bit pattern of a non-negative float, NaN mapped to 0 (fmaxf semantics: NaN ignored).
+// Non-negative IEEE floats order like their bit patterns, so max on these integers is fmaxf on
+// |x| without any float arithmetic (and so without -ftz flushing subnormals).
+__device__ __forceinline__ unsigned abs_key(float x) {
+    const unsigned u = __float_as_uint(x) & 0x7fffffffu;
+    return u > 0x7f800000u ? 0u : u;
+}
+
+// Max of the |x| keys of one 16-byte vector, as float bits.
+template <typename T> __device__ __forceinline__ unsigned absmax16(const uint4& v);
+template <> __device__ __forceinline__ unsigned absmax16<float>(const uint4& v) {
+    return max(max(abs_key(__uint_as_float(v.x)), abs_key(__uint_as_float(v.y))),
+               max(abs_key(__uint_as_float(v.z)), abs_key(__uint_as_float(v.w))));
+}
+// Two 16-bit halves at once: clear the signs, zero the NaN halves (magnitude above the inf
+// pattern), then a per-half unsigned max.
+__device__ __forceinline__ unsigned absmax_pairs(const uint4& v, unsigned inf2) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    unsigned m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned a = w[i] & 0x7fff7fffu;
+        m = __vmaxu2(m, a & ~__vcmpgtu2(a, inf2));
+    }
+    return max(m & 0xffffu, m >> 16);
+}
+template <> __device__ __forceinline__ unsigned absmax16<__nv_bfloat16>(const uint4& v) {
+    return absmax_pairs(v, 0x7f807f80u) << 16;  // bf16 bits are the top half of float bits
+}
+template <> __device__ __forceinline__ unsigned absmax16<__half>(const uint4& v) {
+    return __float_as_uint(__half2float(__ushort_as_half((unsigned short)absmax_pairs(v, 0x7c007c00u))));
+}
+
+__device__ __forceinline__ unsigned warp_max(unsigned v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Max over the block; the result is valid in thread 0. BLOCK is the launch's blockDim.x.
+template <int BLOCK> __device__ __forceinline__ unsigned block_max(unsigned v) {
+    static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "block size");
+    __shared__ unsigned warp_vals[BLOCK / 32];
+    v = warp_max(v);
+    if ((threadIdx.x & 31) == 0) warp_vals[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < BLOCK / 32 ? warp_vals[threadIdx.x] : 0u;
+        v = warp_max(v);
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------- FP8 element formats
+struct E4M3 {
+    static constexpr __nv_fp8_interpretation_t kind = __NV_E4M3;
+    static constexpr float max_finite = 448.0f;
+};
+struct E5M2 {
+    static constexpr __nv_fp8_interpretation_t kind = __NV_E5M2;
+    static constexpr float max_finite = 57344.0f;
+};
+
+// Round to nearest even with saturation to +-max finite; NaN becomes the canonical 0x7f. sm_89+
+// uses cvt.rn.satfinite.{e4m3,e5m2}x2.f32, older GPUs the exact software path of cuda_fp8.h.
+template <class F> __device__ __forceinline__ unsigned short to_fp8x2(float lo, float hi) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, F::kind);
+}
+
+// Exact fp8 -> float (through half, which holds every fp8 value; NaN becomes a NaN).
+template <class F> __device__ __forceinline__ float fp8_to_float(unsigned char b) {
+    return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(b, F::kind).x));
+}
+// Two at once (one cvt.f16x2.{e4m3,e5m2}x2 on sm_89+): byte 0 of s -> lo, byte 1 -> hi.
+template <class F> __device__ __forceinline__ void fp8x2_to_float2(unsigned short s, float& lo, float& hi) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(s, F::kind);
+    lo = __half2float(__ushort_as_half(h.x));
+    hi = __half2float(__ushort_as_half(h.y));
+}
+
+}  // namespace cq

@@ -1,0 +1,124 @@
+"""Shared test machinery: the GPU gate, output poisoning and bit-exact comparison.
+
+GPU gate: tests marked ``gpu`` skip when no CUDA device is usable, and fail instead when
+``CUPYQUANT_REQUIRE_GPU=1`` (the device run sets it, so nothing can silently skip there).
+
+Poisoning: every GPU test runs with a CuPy allocator that fills each new allocation with 0xFF bytes
+before the op sees it, so an element a kernel forgets to write keeps a pattern it never produces:
+0xff is a negative NaN in both FP8 formats (kernels emit only the canonical NaN 0x7f), and
+0xffff / 0xffffffff are negative NaNs that the canonical-NaN outputs (0x7fff, 0x7fffffff) never
+equal. Caller-given ``out=`` buffers are filled the same way by :func:`poisoned`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+REQUIRE_GPU = os.environ.get("CUPYQUANT_REQUIRE_GPU", "") not in ("", "0")
+
+
+def _gpu_status():
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+        if n < 1:
+            return False, "no CUDA device"
+        cupy.cuda.Device(0).compute_capability  # noqa: B018 - touches the driver
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - any failure means no usable GPU
+        return False, f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+
+
+HAVE_GPU, NO_GPU_REASON = _gpu_status()
+
+
+def pytest_report_header(config):
+    if HAVE_GPU:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        return f"cupyquant GPU tests: on {props['name'].decode()} (CUPYQUANT_REQUIRE_GPU={int(REQUIRE_GPU)})"
+    verdict = "FAIL" if REQUIRE_GPU else "are SKIPPED"
+    return f"cupyquant GPU tests {verdict}: {NO_GPU_REASON}"
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not HAVE_GPU:
+        if REQUIRE_GPU:
+            pytest.fail(f"CUPYQUANT_REQUIRE_GPU=1 but {NO_GPU_REASON}", pytrace=False)
+        pytest.skip(f"GPU test skipped: {NO_GPU_REASON}")
+
+
+POISON = 0xFF
+
+
+@pytest.fixture(autouse=True)
+def _poison_allocations(request):
+    """For GPU tests: fill every CuPy allocation with 0xFF before use."""
+    if request.node.get_closest_marker("gpu") is None or not HAVE_GPU:
+        yield
+        return
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+
+    def alloc(size):
+        mem = pool.malloc(size)
+        if size:
+            cupy.cuda.runtime.memsetAsync(mem.ptr, POISON, size, cupy.cuda.get_current_stream().ptr)
+        return mem
+
+    cupy.cuda.set_allocator(alloc)
+    try:
+        yield
+    finally:
+        cupy.cuda.set_allocator(pool.malloc)
+
+
+def poisoned(shape, dtype):
+    """A CuPy array of ``shape``/``dtype`` whose bytes are all 0xFF."""
+    import cupy
+
+    a = cupy.empty(shape, dtype=dtype)
+    if a.size:
+        cupy.cuda.runtime.memsetAsync(a.data.ptr, POISON, a.nbytes, cupy.cuda.get_current_stream().ptr)
+    return a
+
+
+def to_numpy(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def assert_bits_equal(actual, expected, what: str = "output") -> None:
+    """Compare as integers; on failure report the mismatch count, the first index, both values and
+    both bit patterns."""
+    a = to_numpy(actual)
+    e = to_numpy(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != expected {e.shape}"
+    assert a.dtype.itemsize == e.dtype.itemsize, f"{what}: itemsize {a.dtype} vs {e.dtype}"
+    ab, eb = _bits(a), _bits(e)
+    bad = ab != eb
+    if bad.any():
+        idx = np.argwhere(bad)[0]
+        i = tuple(int(v) for v in idx)
+        w = 2 * a.dtype.itemsize
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} elements differ; first at {i}: "
+            f"got {a[i]!r} (0x{int(ab[i]):0{w}x}), expected {e[i]!r} (0x{int(eb[i]):0{w}x})"
+        )
+
+
+def heavy_tailed(shape, seed: int, dtype) -> np.ndarray:
+    """Fresh random data spanning many binades: normal * exp(2 * normal)."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(shape) * np.exp(2.0 * rng.standard_normal(shape))
+    return v.astype(np.float32).astype(dtype)

@@ -1,0 +1,92 @@
+"""The JIT loader without a GPU: NVRTC compiles every registered instantiation for every target
+architecture, local includes are inlined, and failures raise the library's errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from cupyquant import _jit
+
+FAMILIES = sorted(_jit.families())
+
+
+@pytest.mark.parametrize("arch", _jit.TEST_ARCHS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_instantiation_compiles(family, arch):
+    lowered = _jit.compile_for_arch(family, arch)
+    exprs = _jit.families()[family]
+    assert set(lowered) == set(exprs)
+    assert len(set(lowered.values())) == len(exprs), "two expressions lowered to one symbol"
+    assert all(name.startswith("_Z") for name in lowered.values())
+
+
+def test_registry_is_not_empty_and_has_no_duplicates():
+    for family, exprs in _jit.families().items():
+        assert exprs, family
+        assert len(exprs) == len(set(exprs)), family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_local_includes_are_inlined(family):
+    src = _jit.source(family)
+    assert not re.search(r'^\s*#\s*include\s*"', src, re.M), "a local include reached NVRTC"
+    assert "namespace cq" in src  # common.cuh's content is in the string CuPy hashes
+
+
+def test_kernel_dir_override_and_compile_error(tmp_path, monkeypatch):
+    shutil.copy(_jit.kernel_dir() / "common.cuh", tmp_path / "common.cuh")
+    (tmp_path / "fp8_tensor.cu").write_text('#include "common.cuh"\n__global__ void broken() { undefined_symbol(); }\n')
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
+    assert _jit.kernel_dir() == tmp_path
+    with pytest.raises(_jit.KernelCompileError) as info:
+        _jit.compile_for_arch("fp8_tensor", "90", ["broken"])
+    err = info.value
+    assert err.family == "fp8_tensor"
+    assert "-arch=sm_90" in err.options
+    assert "undefined_symbol" in err.log
+    assert "fp8_tensor" in str(err) and "undefined_symbol" in str(err)
+
+
+def test_missing_local_include_is_named(tmp_path, monkeypatch):
+    (tmp_path / "common.cuh").write_text("// empty\n")
+    (tmp_path / "fp8_tensor.cu").write_text('#include "nothere.cuh"\n')
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="nothere.cuh"):
+        _jit.source("fp8_tensor")
+
+
+def test_unknown_family():
+    with pytest.raises(KeyError, match="unknown kernel family"):
+        _jit.source("nope")
+
+
+def test_missing_headers_error_says_what_to_install(monkeypatch, tmp_path):
+    _jit.cuda_include_dir.cache_clear()
+    monkeypatch.setattr(_jit, "_site_dirs", lambda: iter(()))
+    monkeypatch.setenv(_jit.CUDA_INCLUDE_ENV, str(tmp_path))
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    import cupy._environment
+
+    monkeypatch.setattr(cupy._environment, "get_cuda_path", lambda: None)
+    monkeypatch.setattr(_jit, "Path", _NoUsrLocal)
+    try:
+        with pytest.raises(_jit.CudaHeadersNotFound, match=r"pip install cupyquant\[cu13\]"):
+            _jit.cuda_include_dir()
+    finally:
+        monkeypatch.undo()
+        _jit.cuda_include_dir.cache_clear()
+
+
+class _NoUsrLocal(type(_jit.Path())):
+    """A Path in which /usr/local/cuda does not exist, so the test does not depend on the machine."""
+
+    def is_file(self):
+        return False if str(self).startswith("/usr/local/cuda") else super().is_file()
+
+
+def test_expr_formats_template_arguments():
+    assert _jit.expr("k", "float", "cq::E4M3", 2, True) == "k<float, cq::E4M3, 2, true>"

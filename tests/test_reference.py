@@ -1,0 +1,159 @@
+"""The NumPy reference against hand-worked values and against ml_dtypes (CPU only)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupyquant import reference as ref
+
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+F32_MAX = np.finfo(np.float32).max
+
+
+def test_reference_imports_no_cupy():
+    code = (
+        "import sys; sys.modules['cupy'] = None\n"  # any `import cupy` now raises ImportError
+        "import numpy as np, cupyquant.reference as r\n"
+        "q, s = r.quantize_fp8(np.ones(4, np.float32)); assert q.tolist() == [0x7e] * 4\n"
+        "assert 'cupy' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_quantize_hand_worked_e4m3():
+    # amax 4 -> scale 448/4 = 112; x*112 = 56, -112, 224, 448 -> e4m3 1.75*2^5, -1.75*2^6, ...
+    q, s = ref.quantize_fp8(np.array([0.5, -1.0, 2.0, 4.0], np.float32), E4M3)
+    assert q.tolist() == [0x66, 0xEE, 0x76, 0x7E]
+    assert s.dtype == np.float32 and s.shape == (1,)
+    assert s[0] == np.float32(1) / np.float32(112)
+
+
+def test_quantize_hand_worked_e5m2():
+    # amax 8 -> scale 57344/8 = 7168 = 1.75*2^12; 1*7168 -> 0 11011 11 = 0x6f; 8 -> 57344 = 0x7b
+    q, s = ref.quantize_fp8(np.array([1.0, -8.0, 0.0, -0.0], np.float32), E5M2)
+    assert q.tolist() == [0x6F, 0xFB, 0x00, 0x80]
+    assert s[0] == np.float32(1) / np.float32(7168)
+
+
+def test_quantize_static_scale():
+    # scale 0.5 (x ~ q * 0.5): kernel scale 2; 3 * 2 = 6 = 1.5*2^2 -> 0 1001 100 = 0x4c
+    q, s = ref.quantize_fp8(np.array([3.0, 1000.0], np.float32), E4M3, scale=0.5)
+    assert q.tolist() == [0x4C, 0x7E]  # 2000 saturates to 448
+    assert s[0] == np.float32(0.5)
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([1.0625, 1.1875, -1.0625], [0x38, 0x3A, 0xB8]),  # ties to even: 1.0 and 1.25
+        ([448.0, 463.99, 464.0, 1e30, np.inf, -np.inf], [0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE]),
+        ([np.nan, -np.nan], [0x7F, 0x7F]),  # canonical NaN, sign dropped
+        ([2.0**-9, 2.0**-10, 1.5 * 2.0**-10, 3 * 2.0**-10], [0x01, 0x00, 0x01, 0x02]),  # subnormals
+        ([-0.0, -1e-40, 1e-45], [0x80, 0x80, 0x00]),
+    ],
+)
+def test_cast_e4m3(values, expected):
+    assert ref.cast_fp8(np.array(values, np.float32), E4M3).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([57344.0, 61439.0, 61440.0, np.inf, -np.inf], [0x7B, 0x7B, 0x7B, 0x7B, 0xFB]),
+        ([np.nan, -np.nan], [0x7F, 0x7F]),
+        ([2.0**-16, 2.0**-17, 1.25, 1.375], [0x01, 0x00, 0x3D, 0x3E]),  # 1.375 ties to 1.5
+    ],
+)
+def test_cast_e5m2(values, expected):
+    assert ref.cast_fp8(np.array(values, np.float32), E5M2).tolist() == expected
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_cast_matches_ml_dtypes_in_range(fmt):
+    rng = np.random.default_rng(7)
+    fmax = float(ml_dtypes.finfo(getattr(ml_dtypes, fmt)).max)
+    v = (rng.standard_normal(200_000) * np.exp(3 * rng.standard_normal(200_000))).astype(np.float32)
+    v = v[np.abs(v) <= fmax]
+    expected = v.astype(getattr(ml_dtypes, fmt)).view(np.uint8)
+    np.testing.assert_array_equal(ref.cast_fp8(v, fmt), expected)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_every_fp8_value_round_trips(fmt):
+    b = np.arange(256, dtype=np.uint8)
+    f = ref.fp8_to_float(b, fmt)
+    finite = np.isfinite(f)
+    np.testing.assert_array_equal(ref.cast_fp8(f[finite], fmt), b[finite])
+    # values exactly halfway between neighbours round to the even pattern
+    pos = np.sort(f[finite & (f > 0)])
+    mids = ((pos[:-1].astype(np.float64) + pos[1:]) / 2).astype(np.float32)
+    got = ref.cast_fp8(mids, fmt)
+    lo, hi = ref.cast_fp8(pos[:-1], fmt), ref.cast_fp8(pos[1:], fmt)
+    np.testing.assert_array_equal(got, np.where(lo % 2 == 0, lo, hi))
+
+
+def test_compute_scale_edges():
+    assert ref.compute_scale(0.0) == 1
+    assert ref.compute_scale(np.inf) == 1
+    assert ref.compute_scale(np.nan) == 1
+    assert ref.compute_scale(1e-38) == F32_MAX  # 448 / 1e-38 overflows
+    assert ref.compute_scale(448.0) == 1
+    assert ref.compute_scale(1.0, E5M2) == 57344
+    assert ref.compute_scale(3.0) == np.float32(448) / np.float32(3)
+
+
+def test_amax_ignores_nan_and_counts_subnormals():
+    assert ref.amax(np.array([np.nan, -3.0, 2.0], np.float32)) == 3
+    assert ref.amax(np.array([np.nan], np.float32)) == 0
+    assert ref.amax(np.zeros(0, np.float32)) == 0
+    assert ref.amax(np.array([-1e-40, 0], np.float32)) == np.float32(1e-40)
+    assert ref.amax(np.array([-np.inf, 1], np.float32)) == np.inf
+    assert ref.amax(np.array([1.5, -2.5], ml_dtypes.bfloat16)) == 2.5
+
+
+def test_all_nan_or_zero_tensor_uses_scale_one():
+    q, s = ref.quantize_fp8(np.array([np.nan, np.nan], np.float32))
+    assert q.tolist() == [0x7F, 0x7F] and s[0] == 1
+    q, s = ref.quantize_fp8(np.zeros(3, np.float16))
+    assert q.tolist() == [0, 0, 0] and s[0] == 1
+
+
+def test_inf_in_tensor():
+    # amax inf -> scale 1: finite values cast as they are, inf saturates
+    q, s = ref.quantize_fp8(np.array([np.inf, 1.0, -500.0], np.float32))
+    assert q.tolist() == [0x7E, 0x38, 0xFE] and s[0] == 1
+
+
+def test_dequantize_hand_worked():
+    y = ref.dequantize_fp8(np.array([0x66, 0xEE, 0x7F, 0x80], np.uint8), np.float32(1) / 112, E4M3)
+    assert y[0] == 0.5 and y[1] == -1.0
+    assert y.view(np.uint32)[2] == 0x7FFFFFFF  # canonical NaN
+    assert y.view(np.uint32)[3] == 0x80000000  # -0 stays -0
+
+
+@pytest.mark.parametrize("dtype, nan_bits", [(np.float16, 0x7FFF), (ml_dtypes.bfloat16, 0x7FFF)])
+def test_round_to_canonical_nan_and_rne(dtype, nan_bits):
+    y = ref.round_to(np.array([np.nan, -np.nan, 1.0 + 2.0**-11, 1e-40], np.float32), dtype)
+    bits = y.view(np.uint16)
+    assert bits[0] == nan_bits and bits[1] == nan_bits
+    assert y[2] == 1.0  # tie to even (float16 ulp at 1 is 2^-10; bfloat16 rounds it to 1 too)
+
+
+def test_round_to_keeps_subnormals():
+    # 1e-40 is a float32 subnormal; bfloat16 keeps subnormals (no flush)
+    y = ref.round_to(np.array([1e-40], np.float32), ml_dtypes.bfloat16)
+    assert y.view(np.uint16)[0] != 0
+
+
+def test_dequantize_e5m2_inf_and_subnormal_products():
+    y = ref.dequantize_fp8(np.array([0x7C, 0x01], np.uint8), np.float32(1e-33), E5M2)
+    assert np.isinf(y[0])
+    assert y[1] == np.float32(np.float32(2.0**-16) * np.float32(1e-33))  # subnormal float32, not flushed
+    assert y[1] != 0
