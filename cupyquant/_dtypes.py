@@ -98,6 +98,5 @@ def input_type(dtype, arg: str = "x") -> InputType:
     except TypeError:
         key = None
     if key not in _INPUTS:
-        names = ", ".join(t.name for t in INPUT_TYPES)
-        raise TypeError(f"{arg} must have dtype {names}; got {dtype}")
+        raise TypeError(f"{arg} must be float32, float16 or bfloat16; got {dtype}")
     return _INPUTS[key]

@@ -39,7 +39,7 @@ def test_format_that_names_no_dtype_is_a_type_error():
 
 @pytest.mark.parametrize("dt", [np.int32, np.int8, np.float64, np.uint8, np.complex64])
 def test_integer_or_other_input_dtype_is_a_type_error(dt):
-    with pytest.raises(TypeError, match=r"x must have dtype float32, float16, bfloat16"):
+    with pytest.raises(TypeError, match=r"x must be float32, float16 or bfloat16; got"):
         _dtypes.input_type(dt, "x")
 
 

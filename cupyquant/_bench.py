@@ -1,0 +1,79 @@
+"""Timing helpers shared by ``python -m cupyquant`` and ``scripts/bench.py``.
+
+The protocol (DESIGN.md): CUDA events around each call, warm-up first, the median of many calls,
+inputs rotated over enough copies that the working set is several times the L2 cache, and the copy
+bandwidth (bytes read plus written by a large device-to-device copy) measured in the same process
+as the ceiling.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import cupy
+import numpy as np
+
+
+def device_name() -> str:
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+    return props["name"].decode()
+
+
+def l2_bytes() -> int:
+    return cupy.cuda.Device().attributes["L2CacheSize"]
+
+
+def copies_for(nbytes_per_set: int, factor: int = 4) -> int:
+    """How many input sets to rotate over so that they span ``factor`` times the L2."""
+    return max(1, -(-factor * l2_bytes() // max(1, nbytes_per_set)))
+
+
+def time_events(fn, args_list, warmup: int = 5, reps: int = 50, record=None) -> float:
+    """Median seconds of ``fn(*args)`` between CUDA events on the current stream, cycling through
+    ``args_list``. ``record`` may give a (start, end) event factory for other frameworks."""
+    for i in range(warmup):
+        fn(*args_list[i % len(args_list)])
+    make = record or (lambda: (cupy.cuda.Event(), cupy.cuda.Event()))
+    pairs = [make() for _ in range(reps)]
+    for i, (s, e) in enumerate(pairs):
+        args = args_list[i % len(args_list)]
+        s.record()
+        fn(*args)
+        e.record()
+    pairs[-1][1].synchronize()
+    if record is None:
+        times = [cupy.cuda.get_elapsed_time(s, e) for s, e in pairs]
+    else:
+        times = [s.elapsed_time(e) for s, e in pairs]
+    return statistics.median(times) / 1e3
+
+
+def host_seconds_per_call(fn, args_list, calls: int = 300) -> float:
+    """Host time per call of a loop of asynchronous calls (the GPU work must be shorter than the
+    host's, as for small inputs, or this measures the GPU)."""
+    for i in range(10):
+        fn(*args_list[i % len(args_list)])
+    cupy.cuda.get_current_stream().synchronize()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fn(*args_list[i % len(args_list)])
+    t1 = time.perf_counter()
+    cupy.cuda.get_current_stream().synchronize()
+    return (t1 - t0) / calls
+
+
+def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read plus bytes written."""
+    src = cupy.empty(nbytes, dtype=np.uint8)
+    dst = cupy.empty(nbytes, dtype=np.uint8)
+    src.fill(1)
+    stream = cupy.cuda.get_current_stream()
+
+    def copy():
+        cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+
+    t = time_events(copy, [()], warmup=3, reps=reps)
+    del src, dst
+    cupy.get_default_memory_pool().free_all_blocks()
+    return 2 * nbytes / t
