@@ -73,7 +73,7 @@ def element_format(dtype, arg: str = "dtype", allowed=None) -> ElementFormat:
     Raises ``TypeError`` for something that names no dtype and ``ValueError`` for a dtype that is
     not a supported element format (or not in ``allowed``).
     """
-    allowed = FORMAT_NAMES if allowed is None else tuple(allowed)
+    allowed = FORMAT_NAMES if allowed is None else allowed
     if isinstance(dtype, ElementFormat):
         name = dtype.name
     elif isinstance(dtype, str):
@@ -87,7 +87,7 @@ def element_format(dtype, arg: str = "dtype", allowed=None) -> ElementFormat:
                 f"got {dtype!r}"
             ) from None
     if name not in allowed or name not in _FORMATS:
-        raise ValueError(f"{arg}={name!r} is not supported here; expected one of {allowed}")
+        raise ValueError(f"{arg}={name!r} is not supported here; expected one of {tuple(allowed)}")
     return _FORMATS[name]
 
 

@@ -15,7 +15,7 @@ Adding a kernel family takes three steps:
 2. Register it in ``_FAMILIES`` below: the family name and every instantiation a wrapper may ask
    for (use :func:`expr` and the tables in ``_dtypes``). A CPU test compiles all of them with NVRTC
    for sm_80, sm_89, sm_90, sm_100 and sm_120.
-3. Write ``cupyquant/<family>.py``: validate arguments, then ``kernel(family, expr(...))`` and
+3. Write ``cupyquant/<family>.py``: validate arguments, then ``kernel(family, name, *targs)`` and
    launch it on the current stream. Asking for an unregistered expression raises, so the registry
    cannot fall behind the wrappers.
 
@@ -213,27 +213,33 @@ def _build_module(family: str, requested: str):
     return mod
 
 
-def kernel(family: str, expression: str):
-    """The compiled ``cupy.RawKernel`` for a registered expression on the current device.
+def kernel(family: str, name: str, *targs):
+    """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on the current device.
 
     The family is compiled once per device (at the first request of any of its kernels) and kept;
-    later calls are a dictionary lookup.
+    later calls are one dictionary lookup keyed on the template arguments, so no string is built on
+    the hot path. Asking for an expression the registry lacks raises ``KeyError``.
     """
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), family, expression)
+    key = (cupy.cuda.runtime.getDevice(), family, name, targs)
     k = _kernels.get(key)
-    if k is not None:
-        return k
+    if k is None:
+        k = _load(key)
+    return k
+
+
+def _load(key):
+    device, family, name, targs = key
+    expression = expr(name, *targs)
     if expression not in _FAMILIES.get(family, ()):
         raise KeyError(f"{expression!r} is not registered for kernel family {family!r} in cupyquant._jit")
     with _lock:  # first calls from many threads compile the family once
         k = _kernels.get(key)
         if k is None:
-            mod_key = (key[0], family)
-            mod = _kernels.get(mod_key)
+            mod = _kernels.get((device, family))
             if mod is None:
-                mod = _kernels[mod_key] = _build_module(family, expression)
+                mod = _kernels[(device, family)] = _build_module(family, expression)
             k = _kernels[key] = mod.get_function(expression)
     return k
 

@@ -3,6 +3,7 @@ before any allocation or launch, so that a caller's buffers are untouched when a
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import cupy
@@ -32,8 +33,13 @@ def c_contiguous(a: cupy.ndarray, arg: str) -> None:
         )
 
 
-def device_of(a: cupy.ndarray) -> int:
-    return a.device.id
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def on_device_of(a: cupy.ndarray):
+    """A context that makes ``a``'s device current (a no-op when it already is)."""
+    dev = a.device
+    return _SAME_DEVICE if dev.id == cupy.cuda.runtime.getDevice() else dev
 
 
 def same_device(a: cupy.ndarray, arg: str, device: int, ref: str) -> None:
@@ -73,7 +79,3 @@ def positive_finite_scalar(v, arg: str) -> float:
     if not (np.isfinite(f) and f > 0):
         raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
     return f
-
-
-def is_aligned(*arrays, nbytes: int = 16) -> bool:
-    return all(a.data.ptr % nbytes == 0 for a in arrays)

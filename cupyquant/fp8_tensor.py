@@ -17,6 +17,7 @@ _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
 _AMAX_BLOCK = 512  # must equal AMAX_BLOCK in fp8_tensor.cu
 _AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
 _SCALAR_BLOCKS_PER_SM = 8
+_SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8}
 
 
 def _sm_count(device: int, _cache={}) -> int:
@@ -26,25 +27,24 @@ def _sm_count(device: int, _cache={}) -> int:
     return n
 
 
-def _flat_grid(n: int, vec: bool, sms: int) -> int:
+def _flat_grid(n: int, vec: bool, device: int) -> int:
     if vec:  # one thread per 16 elements, plus one for the tail
-        threads = n // 16 + (1 if n % 16 else 0)
-        return max(1, -(-threads // _BLOCK))
-    return max(1, min(-(-n // _BLOCK), sms * _SCALAR_BLOCKS_PER_SM))
+        return max(1, -(-(n // 16 + (n % 16 != 0)) // _BLOCK))
+    return max(1, min(-(-n // _BLOCK), _sm_count(device) * _SCALAR_BLOCKS_PER_SM))
 
 
-def _launch_amax(x: cupy.ndarray, in_t, amax_bits: cupy.ndarray, device: int) -> None:
-    """Zero amax_bits (uint32, (1,)) on the stream, then reduce max |x| into it."""
-    stream = cupy.cuda.get_current_stream()
-    cupy.cuda.runtime.memsetAsync(amax_bits.data.ptr, 0, 4, stream.ptr)
+def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int) -> None:
+    """Zero amax_out (float32, (1,)) on the stream, then reduce max |x| into it (the kernel
+    combines blocks with an unsigned atomicMax on the float's bits)."""
+    cupy.cuda.runtime.memsetAsync(amax_out.data.ptr, 0, 4, cupy.cuda.get_current_stream().ptr)
     n = x.size
     if n == 0:
         return
-    vec = _validate.is_aligned(x)
+    vec = x.data.ptr % 16 == 0
     per_block = _AMAX_BLOCK * (16 // x.itemsize if vec else 1)
     grid = max(1, min(-(-n // per_block), _sm_count(device) * _AMAX_BLOCKS_PER_SM))
-    k = _jit.kernel(_FAMILY, _jit.expr("fp8_amax", in_t.ctype, vec))
-    k((grid,), (_AMAX_BLOCK,), (x, np.int64(n), amax_bits))
+    k = _jit.kernel(_FAMILY, "fp8_amax", in_t.ctype, vec)
+    k((grid,), (_AMAX_BLOCK,), (x, np.int64(n), amax_out))
 
 
 def amax(x: cupy.ndarray) -> cupy.ndarray:
@@ -70,10 +70,10 @@ def amax(x: cupy.ndarray) -> cupy.ndarray:
     """
     in_t = _validate.float_input(x, "x")
     _validate.c_contiguous(x, "x")
-    with x.device:
-        bits = cupy.empty((1,), dtype=np.uint32)
-        _launch_amax(x, in_t, bits, x.device.id)
-    return bits.view(np.float32)
+    with _validate.on_device_of(x):
+        out = cupy.empty((1,), dtype=np.float32)
+        _launch_amax(x, in_t, out, x.device.id)
+    return out
 
 
 def quantize_fp8(
@@ -142,26 +142,22 @@ def quantize_fp8(
     if out is not None:
         _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
 
-    with x.device:
+    with _validate.on_device_of(x):
         n = x.size
         q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
         scale_inv = cupy.empty((1,), dtype=np.float32)
-        amax_bits = None
+        amax_f = None
         if mode == _jit.FP8_SCALE_FROM_AMAX:
-            amax_bits = cupy.empty((1,), dtype=np.uint32)
-            _launch_amax(x, in_t, amax_bits, device)
-            src = amax_bits
+            amax_f = src = cupy.empty((1,), dtype=np.float32)
+            _launch_amax(x, in_t, amax_f, device)
         elif mode == _jit.FP8_SCALE_FROM_DEVICE:
             src = scale_dev
         else:
             src = scale_inv  # unused by the kernel in this mode; any valid pointer
-        vec = _validate.is_aligned(x, q)
-        k = _jit.kernel(_FAMILY, _jit.expr("fp8_quantize", in_t.ctype, fmt.ctag, mode, vec))
-        grid = _flat_grid(n, vec, _sm_count(device))
-        k((grid,), (_BLOCK,), (x, q, np.int64(n), src, scale_arg, scale_inv))
-    scheme = Scheme(fmt.name, "tensor", None, "float32", "scalar", _FAMILY)
-    amax_f = None if amax_bits is None else amax_bits.view(np.float32)
-    return QuantizedTensor(q, scale_inv, scheme, x.shape, x.dtype, amax=amax_f)
+        vec = x.data.ptr % 16 == 0 and q.data.ptr % 16 == 0
+        k = _jit.kernel(_FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
+        k((_flat_grid(n, vec, device),), (_BLOCK,), (x, q, np.int64(n), src, scale_arg, scale_inv))
+    return QuantizedTensor(q, scale_inv, _SCHEMES[fmt.name], x.shape, x.dtype, amax=amax_f)
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
@@ -169,11 +165,10 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
     device = q.data.device.id
     if out is not None:
         _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
-    with q.data.device:
+    with _validate.on_device_of(q.data):
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
         n = q.data.size
-        vec = _validate.is_aligned(q.data, y)
-        k = _jit.kernel(_FAMILY, _jit.expr("fp8_dequantize", out_t.ctype, fmt.ctag, vec))
-        grid = _flat_grid(n, vec, _sm_count(device))
-        k((grid,), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
+        vec = q.data.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
+        k = _jit.kernel(_FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
+        k((_flat_grid(n, vec, device),), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
     return y

@@ -19,8 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 MUTANTS = [
-    ("vector tail skipped", "fp8_tensor.cu", "} else if (t == nvec) {\n            for (i64 j = nvec * 16; j < n; ++j)\n                q[j]",
-     "} else if (t == nvec + 1) {\n            for (i64 j = nvec * 16; j < n; ++j)\n                q[j]", ["-k", "test_quantize_matches_reference and 2049"]),
+    ("quantize tail loses its last element", "fp8_tensor.cu", "for (i64 j = nvec * 16; j < n; ++j)\n                q[j]",
+     "for (i64 j = nvec * 16; j < n - 1; ++j)\n                q[j]", ["-k", "test_quantize_matches_reference and 2049"]),
+    ("dequantize skips the last vector", "fp8_tensor.cu", "const i64 nvec = n >> 4;\n        if (t < nvec) {\n            const uint4 b",
+     "const i64 nvec = n >> 4;\n        if (t + 1 < nvec) {\n            const uint4 b", ["-k", "dequantize_matches"]),
+    ("quantize vector product by ftz multiply", "fp8_tensor.cu", "to_fp8x2<F>(mul_rn(f[4 * i], scale), mul_rn(f[4 * i + 1], scale))",
+     "to_fp8x2<F>(f[4 * i] * scale, f[4 * i + 1] * scale)", ["-k", "special_values and subnormal_only"]),
     ("scale_inv by ftz division", "fp8_tensor.cu", "scale_inv = div_rn(1.0f, scale);", "scale_inv = 1.0f / scale;",
      ["-k", "tiny_amax"]),
     ("quantize product by ftz multiply", "fp8_tensor.cu", "mul_rn(to_float(x[j]), scale)", "(to_float(x[j]) * scale)",
@@ -28,7 +32,7 @@ MUTANTS = [
     ("no saturation", "common.cuh", "make_float2(lo, hi), __NV_SATFINITE", "make_float2(lo, hi), __NV_NOSAT",
      ["-k", "special_values"]),
     ("amax ignores the last unrolled load", "fp8_tensor.cu", "for (int u = 0; u < AMAX_UNROLL; ++u) m = max(m, absmax16<T>(v[u]));",
-     "for (int u = 0; u < AMAX_UNROLL - 1; ++u) m = max(m, absmax16<T>(v[u]));", ["-k", "amax"]),
+     "for (int u = 0; u < AMAX_UNROLL - 1; ++u) m = max(m, absmax16<T>(v[u]));", ["-k", "amax_max_element_anywhere"]),
     ("dequant rounds toward zero", "common.cuh", "return __float2bfloat16_rn(x);", "return __float2bfloat16_rz(x);",
      ["-k", "dequantize"]),
 ]

@@ -93,10 +93,13 @@ def test_dequantize_defaults_to_original_dtype():
 def _specials(in_dtype, fmt):
     fmax = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}[fmt]
     info = np.finfo(np.float32) if np.dtype(in_dtype) != np.float16 else np.finfo(np.float16)
-    tiny = float(info.smallest_subnormal)
-    vals = [0.0, -0.0, tiny, -tiny, 3 * tiny, float(info.smallest_normal), fmax, -fmax, fmax * 1.01,
-            -fmax * 3, float(info.max), -float(info.max), 1.0, -1.0, 0.5, 1e-3]
-    return np.array(vals, dtype=np.float32).astype(in_dtype)
+    tiny, small = float(info.smallest_subnormal), float(info.smallest_normal)
+    # Subnormal inputs from the smallest to just under the smallest normal: times a large scale
+    # (up to FLT_MAX) the big ones land on nonzero FP8 values, so flushing them would show.
+    vals = [0.0, -0.0, tiny, -tiny, 3 * tiny, small * 0.75, -small * 0.3, small * 0.05, small, fmax, -fmax,
+            fmax * 1.01, -fmax * 3, float(info.max), -float(info.max), 1.0, -1.0, 0.5, 1e-3]
+    with np.errstate(over="ignore"):  # float32 max rounds to inf in bfloat16: one more special
+        return np.array(vals, dtype=np.float32).astype(in_dtype)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -110,8 +113,7 @@ def test_special_values(in_dtype, fmt, mode, extra):
     elif extra == "all_nan":
         xh = np.full(37, np.nan, np.float32).astype(in_dtype)
     elif extra == "subnormal_only":
-        xh = (base[2:5].astype(np.float32)).astype(in_dtype)
-        xh = np.tile(xh, 11)
+        xh = np.tile(base[2:8], 11)  # 66 elements: four vectors and a two-element tail
     else:
         add = {"none": [], "inf": [np.inf], "-inf": [-np.inf], "nan": [np.nan]}[extra]
         xh = np.concatenate([base, np.array(add, np.float32).astype(in_dtype)])
@@ -157,18 +159,32 @@ def test_views_at_odd_offsets_take_the_scalar_path(in_dtype, offset):
 
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 def test_amax_alone(in_dtype):
-    for n in (0, 1, 9, 4096, 100_003, 1 << 22):
+    for n in (0, 1, 9, 4096, 100_003, 1 << 22, 9 * _amax_stride_vectors() * 16 // np.dtype(in_dtype).itemsize + 7):
         xh = heavy_tailed((n,), n, in_dtype)
         assert_bits_equal(cq.amax(cupy.asarray(xh)), np.array([ref.amax(xh)], np.float32), f"amax n={n}")
 
 
-def test_amax_max_element_anywhere():
-    # the max sits at every kind of position: first, last, in the tail, in each unrolled load
-    n = 3 * 512 * 8 * 4 + 13
-    for pos in (0, 1, 7, 8, n - 1, n - 13, 512 * 8, 512 * 8 * 4 * 2 + 5):
-        xh = np.zeros(n, ml_dtypes.bfloat16)
-        xh[pos] = -7.5
-        assert cq.amax(cupy.asarray(xh)).get()[0] == 7.5, pos
+def _amax_stride_vectors():
+    from cupyquant import fp8_tensor
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    return sms * fp8_tensor._AMAX_BLOCKS_PER_SM * fp8_tensor._AMAX_BLOCK
+
+
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_amax_max_element_anywhere(in_dtype):
+    # Large enough that the grid-stride loop runs two full unrolled iterations, its remainder loop
+    # and the scalar tail; the max sits in each unrolled slot, the remainder and the tail in turn.
+    per_vec = 16 // np.dtype(in_dtype).itemsize
+    stride = _amax_stride_vectors()
+    n = (2 * 4 * stride + stride // 2) * per_vec + per_vec - 1
+    x = cupy.zeros(n, in_dtype)
+    positions = [0, 1, n - 1, n - per_vec + 1, 8 * stride * per_vec + 5]
+    positions += [(it * 4 + u) * stride * per_vec + 3 * per_vec + 1 for it in (0, 1) for u in range(4)]
+    for pos in positions:
+        x[pos] = -7.5
+        assert cq.amax(x).get()[0] == 7.5, pos
+        x[pos] = 0
 
 
 def test_cuda_graph_capture_replays():
