@@ -27,9 +27,11 @@ def _sm_count(device: int, _cache={}) -> int:
     return n
 
 
-def _flat_grid(n: int, vec: bool, device: int) -> int:
-    if vec:  # one thread per 16 elements, plus one for the tail
-        return max(1, -(-(n // 16 + (n % 16 != 0)) // _BLOCK))
+def _flat_grid(n: int, vec: bool, device: int, per_thread: int) -> int:
+    """Blocks for a flat vector launch where each thread takes ``per_thread`` elements and one more
+    thread the tail, or for the scalar grid-stride loop."""
+    if vec:
+        return max(1, -(-(n // per_thread + 1) // _BLOCK))
     return max(1, min(-(-n // _BLOCK), _sm_count(device) * _SCALAR_BLOCKS_PER_SM))
 
 
@@ -156,7 +158,7 @@ def quantize_fp8(
             src = scale_inv  # unused by the kernel in this mode; any valid pointer
         vec = x.data.ptr % 16 == 0 and q.data.ptr % 16 == 0
         k = _jit.kernel(_FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
-        k((_flat_grid(n, vec, device),), (_BLOCK,), (x, q, np.int64(n), src, scale_arg, scale_inv))
+        k((_flat_grid(n, vec, device, 16),), (_BLOCK,), (x, q, np.int64(n), src, scale_arg, scale_inv))
     return QuantizedTensor(q, scale_inv, _SCHEMES[fmt.name], x.shape, x.dtype, amax=amax_f)
 
 
@@ -170,5 +172,6 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
         n = q.data.size
         vec = q.data.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
         k = _jit.kernel(_FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
-        k((_flat_grid(n, vec, device),), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
+        # two units of 16 // itemsize elements per thread (see fp8_dequantize)
+        k((_flat_grid(n, vec, device, 2 * (16 // y.itemsize)),), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
     return y
