@@ -38,13 +38,12 @@ _SAME_DEVICE = contextlib.nullcontext()
 
 def on_device_of(a: cupy.ndarray):
     """A context that makes ``a``'s device current (a no-op when it already is)."""
-    dev = a.device
-    return _SAME_DEVICE if dev.id == cupy.cuda.runtime.getDevice() else dev
+    return _SAME_DEVICE if a.data.device_id == cupy.cuda.runtime.getDevice() else a.device
 
 
 def same_device(a: cupy.ndarray, arg: str, device: int, ref: str) -> None:
-    if a.device.id != device:
-        raise ValueError(f"{arg} is on device {a.device.id} but {ref} is on device {device}")
+    if a.data.device_id != device:
+        raise ValueError(f"{arg} is on device {a.data.device_id} but {ref} is on device {device}")
 
 
 def out_array(out, arg: str, shape, dtype, device: int, inputs=()) -> cupy.ndarray:

@@ -74,7 +74,7 @@ def amax(x: cupy.ndarray) -> cupy.ndarray:
     _validate.c_contiguous(x, "x")
     with _validate.on_device_of(x):
         out = cupy.empty((1,), dtype=np.float32)
-        _launch_amax(x, in_t, out, x.device.id)
+        _launch_amax(x, in_t, out, x.data.device_id)
     return out
 
 
@@ -129,7 +129,7 @@ def quantize_fp8(
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
     in_t = _validate.float_input(x, "x")
     _validate.c_contiguous(x, "x")
-    device = x.device.id
+    device = x.data.device_id
     mode, scale_dev, scale_arg = _jit.FP8_SCALE_FROM_AMAX, None, np.float32(0)
     if scale is not None:
         if isinstance(scale, cupy.ndarray):
@@ -164,7 +164,7 @@ def quantize_fp8(
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
     fmt = q.format
-    device = q.data.device.id
+    device = q.data.data.device_id
     if out is not None:
         _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
     with _validate.on_device_of(q.data):
