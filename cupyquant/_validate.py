@@ -70,11 +70,14 @@ def _overlap(a: cupy.ndarray, b: cupy.ndarray) -> bool:
     return a0 < b1 and b0 < a1
 
 
-def positive_finite_scalar(v, arg: str) -> float:
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def positive_finite_scalar(v, arg: str) -> np.float32:
+    """A Python/NumPy real that is positive and finite as float32; returned as np.float32."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{arg} must be a real number or a cupy.ndarray, got {type(v).__name__}")
-    with np.errstate(over="ignore"):
-        f = np.float32(v)
-    if not (np.isfinite(f) and f > 0):
+    f = float(v)
+    if not (0.0 < f <= _FLT_MAX) or np.float32(f) == 0:  # NaN fails the first test
         raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
-    return f
+    return np.float32(f)

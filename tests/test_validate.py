@@ -48,7 +48,7 @@ def test_supported_input_dtypes(dt):
     assert _dtypes.input_type(dt).dtype == np.dtype(dt)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), 1e39])
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), 1e39, 1e-46])  # 1e-46 is 0 in float32
 def test_static_scale_must_be_positive_finite(bad):
     with pytest.raises(ValueError, match="scale must be a positive finite"):
         _validate.positive_finite_scalar(bad, "scale")
