@@ -15,8 +15,8 @@ Adding a kernel family takes three steps:
 2. Register it in ``_FAMILIES`` below: the family name and every instantiation a wrapper may ask
    for (use :func:`expr` and the tables in ``_dtypes``). A CPU test compiles all of them with NVRTC
    for sm_80, sm_89, sm_90, sm_100 and sm_120.
-3. Write ``cupyquant/<family>.py``: validate arguments, then ``kernel(family, name, *targs)`` and
-   launch it on the current stream. Asking for an unregistered expression raises, so the registry
+3. Write ``cupyquant/<family>.py``: validate arguments, then ``kernel(device, family, name,
+   *targs)`` and launch it on the current stream. Asking for an unregistered expression raises, so the registry
    cannot fall behind the wrappers.
 
 Local includes are inlined (rather than found through ``-I``) because CuPy's disk cache hashes only
@@ -213,16 +213,15 @@ def _build_module(family: str, requested: str):
     return mod
 
 
-def kernel(family: str, name: str, *targs):
-    """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on the current device.
+def kernel(device: int, family: str, name: str, *targs):
+    """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on ``device``, which must
+    be the current device (wrappers run inside ``_validate.on_device_of``).
 
     The family is compiled once per device (at the first request of any of its kernels) and kept;
     later calls are one dictionary lookup keyed on the template arguments, so no string is built on
     the hot path. Asking for an expression the registry lacks raises ``KeyError``.
     """
-    import cupy
-
-    key = (cupy.cuda.runtime.getDevice(), family, name, targs)
+    key = (device, family, name, targs)
     k = _kernels.get(key)
     if k is None:
         k = _load(key)

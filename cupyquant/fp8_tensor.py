@@ -35,7 +35,7 @@ def _flat_grid(n: int, vec: bool, device: int, per_thread: int) -> int:
     return max(1, min(-(-n // _BLOCK), _sm_count(device) * _SCALAR_BLOCKS_PER_SM))
 
 
-def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int) -> None:
+def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int, n64: np.int64) -> None:
     """Zero amax_out (float32, (1,)) on the stream, then reduce max |x| into it (the kernel
     combines blocks with an unsigned atomicMax on the float's bits)."""
     cupy.cuda.runtime.memsetAsync(amax_out.data.ptr, 0, 4, cupy.cuda.get_current_stream().ptr)
@@ -45,8 +45,8 @@ def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int) -> 
     vec = x.data.ptr % 16 == 0
     per_block = _AMAX_BLOCK * (16 // x.itemsize if vec else 1)
     grid = max(1, min(-(-n // per_block), _sm_count(device) * _AMAX_BLOCKS_PER_SM))
-    k = _jit.kernel(_FAMILY, "fp8_amax", in_t.ctype, vec)
-    k((grid,), (_AMAX_BLOCK,), (x, np.int64(n), amax_out))
+    k = _jit.kernel(device, _FAMILY, "fp8_amax", in_t.ctype, vec)
+    k((grid,), (_AMAX_BLOCK,), (x, n64, amax_out))
 
 
 def amax(x: cupy.ndarray) -> cupy.ndarray:
@@ -74,7 +74,7 @@ def amax(x: cupy.ndarray) -> cupy.ndarray:
     _validate.c_contiguous(x, "x")
     with _validate.on_device_of(x):
         out = cupy.empty((1,), dtype=np.float32)
-        _launch_amax(x, in_t, out, x.data.device_id)
+        _launch_amax(x, in_t, out, x.data.device_id, np.int64(x.size))
     return out
 
 
@@ -146,19 +146,20 @@ def quantize_fp8(
 
     with _validate.on_device_of(x):
         n = x.size
+        n64 = np.int64(n)
         q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
         scale_inv = cupy.empty((1,), dtype=np.float32)
         amax_f = None
         if mode == _jit.FP8_SCALE_FROM_AMAX:
             amax_f = src = cupy.empty((1,), dtype=np.float32)
-            _launch_amax(x, in_t, amax_f, device)
+            _launch_amax(x, in_t, amax_f, device, n64)
         elif mode == _jit.FP8_SCALE_FROM_DEVICE:
             src = scale_dev
         else:
             src = scale_inv  # unused by the kernel in this mode; any valid pointer
         vec = x.data.ptr % 16 == 0 and q.data.ptr % 16 == 0
-        k = _jit.kernel(_FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
-        k((_flat_grid(n, vec, device, 16),), (_BLOCK,), (x, q, np.int64(n), src, scale_arg, scale_inv))
+        k = _jit.kernel(device, _FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
+        k((_flat_grid(n, vec, device, 16),), (_BLOCK,), (x, q, n64, src, scale_arg, scale_inv))
     return QuantizedTensor(q, scale_inv, _SCHEMES[fmt.name], x.shape, x.dtype, amax=amax_f)
 
 
@@ -171,7 +172,7 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
         n = q.data.size
         vec = q.data.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
-        k = _jit.kernel(_FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
+        k = _jit.kernel(device, _FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
         # two units of 16 // itemsize elements per thread (see fp8_dequantize)
         k((_flat_grid(n, vec, device, 2 * (16 // y.itemsize)),), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
     return y

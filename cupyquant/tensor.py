@@ -62,8 +62,8 @@ class QuantizedTensor:
         self.data = data
         self.scale = scale
         self.scheme = scheme
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
+        self.shape = shape if type(shape) is tuple else tuple(shape)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.amax = amax
 
     @property

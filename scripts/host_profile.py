@@ -38,13 +38,15 @@ def main():
     # what one launch costs with the fp8_quantize argument list, by argument kind
     from cupyquant import _jit
 
-    k = _jit.kernel("fp8_tensor", "fp8_quantize", "__nv_bfloat16", "cq::E4M3", 2, True)
+    k = _jit.kernel(cupy.cuda.runtime.getDevice(), "fp8_tensor", "fp8_quantize", "__nv_bfloat16", "cq::E4M3", 2, True)
     out = cupy.empty(a.elements, np.uint8)
     sc = cupy.empty(1, np.float32)
     n64, f32 = np.int64(a.elements), np.float32(0.5)
     ops["launch, arrays + numpy scalars"] = lambda: k((a.elements // 4096 + 1,), (256,), (x, out, n64, s, f32, sc))
     ops["launch, int pointers"] = lambda: k(
         (a.elements // 4096 + 1,), (256,), (x.data.ptr, out.data.ptr, n64, s.data.ptr, f32, sc.data.ptr))
+    fn_ = k.kernel  # the per-device cupy.cuda.Function behind the RawKernel
+    ops["launch, cupy.cuda.Function"] = lambda: fn_((a.elements // 4096 + 1,), (256,), (x, out, n64, s, f32, sc))
     for name, fn in ops.items():
         print(f"{name:28s} {_bench.host_seconds_per_call(lambda: fn(), [()], calls=2000) * 1e6:6.1f} us host per call")
     if a.profile:

@@ -90,3 +90,8 @@ class _NoUsrLocal(type(_jit.Path())):
 
 def test_expr_formats_template_arguments():
     assert _jit.expr("k", "float", "cq::E4M3", 2, True) == "k<float, cq::E4M3, 2, true>"
+
+
+def test_unregistered_expression_is_refused_before_compiling():
+    with pytest.raises(KeyError, match="not registered"):
+        _jit.kernel(0, "fp8_tensor", "fp8_quantize", "double", "cq::E4M3", 0, True)
