@@ -74,26 +74,24 @@ template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4&
     }
 }
 
+// float -> the bit pattern of a 16-bit type, rounded to nearest even (cvt.rn, no flush).
+template <typename T> __device__ __forceinline__ unsigned short bits16_rn(float x);
+template <> __device__ __forceinline__ unsigned short bits16_rn<__half>(float x) {
+    return __half_as_ushort(__float2half_rn(x));
+}
+template <> __device__ __forceinline__ unsigned short bits16_rn<__nv_bfloat16>(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
 // Pack 16/sizeof(T) floats (rounded to nearest even) into a 16-byte vector.
-template <typename T> __device__ __forceinline__ uint4 pack16(const float* f);
+template <typename T> __device__ __forceinline__ uint4 pack16(const float* f) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = (unsigned)bits16_rn<T>(f[2 * i]) | ((unsigned)bits16_rn<T>(f[2 * i + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 template <> __device__ __forceinline__ uint4 pack16<float>(const float* f) {
     return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-}
-template <> __device__ __forceinline__ uint4 pack16<__half>(const float* f) {
-    unsigned w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        w[i] = (unsigned)__half_as_ushort(__float2half_rn(f[2 * i])) |
-               ((unsigned)__half_as_ushort(__float2half_rn(f[2 * i + 1])) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-template <> __device__ __forceinline__ uint4 pack16<__nv_bfloat16>(const float* f) {
-    unsigned w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        w[i] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i])) |
-               ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1])) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // 16-byte global load through the read-only path; streaming store that does not linger in L1.

@@ -33,7 +33,7 @@ MUTANTS = [
      ["-k", "special_values"]),
     ("amax ignores the last unrolled load", "fp8_tensor.cu", "for (int u = 0; u < AMAX_UNROLL; ++u) m = max(m, absmax16<T>(v[u]));",
      "for (int u = 0; u < AMAX_UNROLL - 1; ++u) m = max(m, absmax16<T>(v[u]));", ["-k", "amax_max_element_anywhere"]),
-    ("dequant rounds toward zero", "common.cuh", "return __float2bfloat16_rn(x);", "return __float2bfloat16_rz(x);",
+    ("dequant rounds toward zero", "common.cuh", "return __bfloat16_as_ushort(__float2bfloat16_rn(x));", "return __bfloat16_as_ushort(__float2bfloat16_rz(x));",
      ["-k", "dequantize"]),
 ]
 
