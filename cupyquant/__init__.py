@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "quantize_fp8": "fp8_tensor",
     "amax": "fp8_tensor",
+    "quantize_groupwise": "group_quant",
+    "silu_mul_quantize": "group_quant",
+    "empty_scales": "group_quant",
     "dequantize": "tensor",
     "QuantizedTensor": "tensor",
     "Scheme": "tensor",

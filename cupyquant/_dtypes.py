@@ -51,7 +51,14 @@ _FORMATS = {
     for f in (
         ElementFormat("float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), "cq::E4M3", 448.0, 8),
         ElementFormat("float8_e5m2", np.dtype(ml_dtypes.float8_e5m2), "cq::E5M2", 57344.0, 8),
+        ElementFormat("int8", np.dtype(np.int8), "cq::I8", 127.0, 8),
     )
+}
+
+#: Scale dtypes: name -> the host dtype that views the stored scales.
+SCALE_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 
 _INPUTS = {
@@ -64,6 +71,7 @@ _INPUTS = {
 }
 
 FORMAT_NAMES = tuple(_FORMATS)
+FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")
 INPUT_TYPES = tuple(_INPUTS.values())
 
 
@@ -89,6 +97,17 @@ def element_format(dtype, arg: str = "dtype", allowed=None) -> ElementFormat:
     if name not in allowed or name not in _FORMATS:
         raise ValueError(f"{arg}={name!r} is not supported here; expected one of {tuple(allowed)}")
     return _FORMATS[name]
+
+
+def scale_dtype(dtype, arg: str = "scale_dtype") -> str:
+    """Resolve a scale dtype given by name or type to its name; ``ValueError`` naming ``arg``."""
+    try:
+        name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    except TypeError:
+        name = repr(dtype)
+    if name not in SCALE_DTYPES:
+        raise ValueError(f"{arg}={name!r} is not supported; expected one of {tuple(SCALE_DTYPES)}")
+    return name
 
 
 def input_type(dtype, arg: str = "x") -> InputType:

@@ -84,7 +84,8 @@ def _product(name: str, *axes) -> list[str]:
 
 _BOOLS = (False, True)
 _IN_CTYPES = tuple(t.ctype for t in _dtypes.INPUT_TYPES)
-_FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in ("float8_e4m3fn", "float8_e5m2"))
+_FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
+_Q8_TAGS = _FP8_TAGS + (_dtypes.element_format("int8").ctag,)
 
 # Static-scale modes of fp8_quantize, mirrored in kernels/fp8_tensor.cu.
 FP8_SCALE_FROM_AMAX, FP8_SCALE_FROM_DEVICE, FP8_SCALE_FROM_ARG = 0, 1, 2
@@ -101,6 +102,13 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
             _BOOLS,
         )
         + _product("fp8_dequantize", _IN_CTYPES, _FP8_TAGS, _BOOLS)
+    ),
+    "group_quant": tuple(
+        _product("group_quantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
+        + _product("token_quantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
+        + _product("silu_mul_quantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
+        + _product("silu_mul_intermediate", _IN_CTYPES)
+        + _product("group_dequantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
     ),
 }
 

@@ -12,7 +12,7 @@ from . import _dtypes, _jit, _validate
 from .tensor import QuantizedTensor, Scheme
 
 _FAMILY = "fp8_tensor"
-_FP8 = ("float8_e4m3fn", "float8_e5m2")
+_FP8 = _dtypes.FP8_NAMES
 _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
 _AMAX_BLOCK = 512  # must equal AMAX_BLOCK in fp8_tensor.cu
 _AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave

@@ -44,9 +44,10 @@ class QuantizedTensor:
     Attributes
     ----------
     data : cupy.ndarray
-        The element bytes: uint8, one FP8 bit pattern per element, in the original shape.
+        The element bytes in the original shape: uint8 FP8 bit patterns, or int8 codes.
     scale : cupy.ndarray
-        Dequantization scale(s), float32: ``x ~ float(q) * scale``. Shape (1,) per tensor.
+        Dequantization scale(s): ``x ~ float(q) * scale``. float32 (1,) per tensor; per group or
+        token in the scheme's layout (float32, or UE8M0 bytes packed in int32).
     scheme : Scheme
     shape : tuple of int
         The original shape.
@@ -80,12 +81,15 @@ class QuantizedTensor:
         return dequantize(self, dtype, out=out)
 
     def to_host(self) -> dict:
-        """Copy to NumPy (this synchronizes): ``data`` viewed as the ml_dtypes element type,
-        ``scale`` (and ``amax`` where present) as float32."""
-        out = {
-            "data": self.data.get().view(self.format.host_dtype),
-            "scale": self.scale.get(),
-        }
+        """Copy to NumPy (this synchronizes): ``data`` viewed as the ml_dtypes element type;
+        ``scale`` in its logical shape (float32, or ml_dtypes float8_e8m0fnu with packed UE8M0 words
+        unpacked, the packed words also given as ``scale_packed``); ``amax`` where present."""
+        scale = np.ascontiguousarray(self.scale.get())
+        out = {"data": self.data.get().view(self.format.host_dtype), "scale": scale}
+        if self.scheme.scale_dtype == "float8_e8m0fnu" and scale.dtype == np.int32:
+            n = self.shape[-1] // self.scheme.block[0] if self.scheme.block[0] else 0
+            out["scale_packed"] = scale
+            out["scale"] = scale.view(np.uint8)[..., :n].view(_dtypes.SCALE_DTYPES["float8_e8m0fnu"])
         if self.amax is not None:
             out["amax"] = self.amax.get()
         return out

@@ -161,6 +161,9 @@ struct E5M2 {
     static constexpr __nv_fp8_interpretation_t kind = __NV_E5M2;
     static constexpr float max_finite = 57344.0f;
 };
+struct I8 {  // int8 codes; max_finite is the quantization range qmax
+    static constexpr float max_finite = 127.0f;
+};
 
 // Round to nearest even with saturation to +-max finite; NaN becomes the canonical 0x7f. sm_89+
 // uses cvt.rn.satfinite.{e4m3,e5m2}x2.f32, older GPUs the exact software path of cuda_fp8.h.

@@ -157,3 +157,99 @@ def test_dequantize_e5m2_inf_and_subnormal_products():
     assert np.isinf(y[0])
     assert y[1] == np.float32(np.float32(2.0**-16) * np.float32(1e-33))  # subnormal float32, not flushed
     assert y[1] != 0
+
+
+# ------------------------------------------------------------------ per-token / per-group
+
+
+def test_group_hand_worked_e4m3():
+    # amax 4 -> s = fl(4 / 448); x / s ~ 112, -224, 56, 448 -> 1.75*2^6, -1.75*2^7, 1.75*2^5, max
+    q, s = ref.quantize_groupwise(np.array([[1.0, -2.0, 0.5, 4.0]], np.float32), group_size=4)
+    assert q.tolist() == [[0x6E, 0xF6, 0x66, 0x7E]]
+    assert s[0, 0] == np.float32(4) / np.float32(448)
+
+
+def test_group_int8_rounds_half_to_even():
+    # pow2: s = pow2_ceil(4/127 = 0.0315) = 2^-4, so x / s is exact: 2.5 -> 2, -1.5 -> -2, 0.5 -> 0
+    x = np.array([[2.5 * 2**-4, -1.5 * 2**-4, 0.5 * 2**-4, 4.0]], np.float32)
+    q, s = ref.quantize_groupwise(x, "int8", group_size=4, scale_pow2=True)
+    assert q.dtype == np.int8 and q.tolist() == [[2, -2, 0, 64]]
+    assert s[0, 0] == 2.0**-4
+
+
+def test_per_token_int8_is_vllm_multiply_form():
+    # s = 4/127 stored; q = rne(x * (127/4)) = rne(31.75, -63.5, 15.875, 127) -> 32, -64 (tie to even), 16, 127
+    q, s = ref.quantize_groupwise(np.array([[1.0, -2.0, 0.5, 4.0]], np.float32), "int8", group_size=None)
+    assert q.tolist() == [[32, -64, 16, 127]]
+    assert s[0, 0] == np.float32(4) / np.float32(127)
+    q, s = ref.quantize_groupwise(np.zeros((1, 3), np.float32), "int8", group_size=None)
+    assert q.tolist() == [[0, 0, 0]] and s[0, 0] == 0  # no eps in vLLM's per-token int8
+
+
+def test_per_token_fp8_min_scale_and_ub():
+    q, s = ref.quantize_groupwise(np.zeros((1, 5), np.float32), group_size=None)
+    assert s[0, 0] == np.float32(1) / np.float32(448 * 512) and q.tolist() == [[0] * 5]
+    x = np.array([[10.0, -1.0, 0.5]], np.float32)
+    q, s = ref.quantize_groupwise(x, group_size=None, scale_ub=2.0)  # amax clamped to 2
+    assert s[0, 0] == np.float32(2) / np.float32(448)
+    assert q[0, 0] == 0x7E and q[0, 1] == 0xF6  # 10/s saturates; -1/s = -224 = -1.75*2^7
+
+
+def test_group_eps_floor_and_nan_goes_to_qmin():
+    q, s = ref.quantize_groupwise(np.array([[0.0, 0.0, np.nan, 1.0]], np.float32), group_size=2)
+    assert s[0, 0] == np.float32(1e-10) / np.float32(448)  # all-zero group: amax = eps
+    assert q[0, 2] == 0xFE  # fminf(fmaxf(NaN, -448), 448) = -448
+    q, _ = ref.quantize_groupwise(np.array([[np.nan, 1.0]], np.float32), group_size=None)
+    assert q[0, 0] == 0x7E  # per token: fmaxf(-448, fminf(NaN, 448)) = +448
+
+
+def test_ue8m0_rule():
+    e = ref.ue8m0(np.array([1.0, 1.5, 2.0, 2.0**-30 * 1.5, 0.0, np.float32(2.0) + 2**-22], np.float32))
+    assert e.tolist() == [127, 128, 128, 98, 94, 129]  # 0 -> fmaxf(0, 1e-10) = 2^-33.2 -> 94
+    assert ref.pow2_ceil(np.float32(3.0)) == 4.0
+    assert ref.e8m0_to_float(np.array([127, 0, 255], np.uint8))[0] == 1.0
+    assert np.isnan(ref.e8m0_to_float(np.array([255], np.uint8))[0])
+
+
+def test_silu_quantize_intermediate_rules():
+    r = np.array([[0.0] * 4, [8.96, -1.0, 0.5, 0.0]], np.float32)
+    q, s = ref.quantize_silu_intermediate(r, group_size=4)
+    assert s[0, 0] == np.float32(1) / np.float32(448 * 512)  # min scale, no eps
+    assert s[1, 0] == np.float32(8.96) / np.float32(448)
+    q, s = ref.quantize_silu_intermediate(r, group_size=4, scale_ub=0.01)
+    assert s[1, 0] == np.float32(0.01)  # the scale itself is clamped
+    q, s = ref.quantize_silu_intermediate(r, "int8", group_size=4)
+    assert s[0, 0] == np.float32(2.0**-23)  # FLT_EPSILON for int8
+
+
+def test_silu_mul_intermediate_values():
+    x = np.array([[0.0, 1.0, -2.0, 3.0, 5.0, -1.0]], np.float32)  # gate [0, 1, -2], up [3, 5, -1]
+    r = ref.silu_mul(x)
+    expected = np.array([0.0, 5.0 / (1 + np.exp(-1.0)), 2.0 / (1 + np.exp(2.0))])
+    np.testing.assert_allclose(r[0], expected, rtol=2e-7)
+
+
+def test_scale_offsets_hand_worked():
+    # (B=2, M=5, K) with 2 scale columns, col layout: M_pad = 8, word = b*2*8 + c*8 + m
+    off, total = ref.scale_word_offsets((2, 5, 256), 2, "col")
+    assert total == 32 and off[1, 3, 1] == 16 + 8 + 3 and off[0, 4, 0] == 4
+    off, total = ref.scale_word_offsets((2, 5, 256), 2, "row")
+    assert total == 20 and off[1, 3, 1] == (5 + 3) * 2 + 1
+    off, total = ref.scale_word_offsets((256,), 3, "col")  # 1-D: one token, M_pad = 4
+    assert total == 12 and off.tolist() == [0, 4, 8]
+
+
+def test_scale_buffer_packs_ue8m0_little_endian_with_zero_padding():
+    e = np.array([[1, 2, 3, 4, 5, 6]], np.uint8)
+    buf = ref.scale_buffer(e, (1, 768), "row")
+    assert buf.tolist() == [0x04030201, 0x00000605]
+    buf = ref.scale_buffer(e, (1, 768), "col")  # M_pad 4: column p at word 4p
+    assert buf.tolist() == [0x04030201, 0, 0, 0, 0x00000605, 0, 0, 0]
+
+
+def test_dequantize_groupwise_hand_worked():
+    q = np.array([[0x38, 0xB8, 0x40, 0x00]], np.uint8)  # 1, -1, 2, 0 in E4M3
+    y = ref.dequantize_groupwise(q, np.array([[0.5, 4.0]], np.float32), group_size=2)
+    assert y.tolist() == [[0.5, -0.5, 8.0, 0.0]]
+    y = ref.dequantize_groupwise(np.array([[3, -4]], np.int8), np.array([[128]], np.uint8), "int8")
+    assert y.tolist() == [[6.0, -8.0]]  # e8m0 128 = 2.0

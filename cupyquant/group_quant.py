@@ -1,0 +1,398 @@
+"""Per-token and per-group FP8/INT8 quantization (vLLM's activation path), the fused SiLU*Mul +
+group quantization, and their dequantization.
+
+Kernels: ``kernels/group_quant.cu``. Reference: :func:`cupyquant.reference.quantize_groupwise`,
+:func:`cupyquant.reference.silu_mul_quantize`, :func:`cupyquant.reference.dequantize_groupwise`.
+
+Scale layouts (``scale_layout``), for ``x`` of shape ``(*B, M, K)`` with ``NG = K // group_size``
+scales per token (1 per token when ``group_size`` is None):
+
+- ``"row"``: a C-contiguous array ``(*B, M, NG)``.
+- ``"col"``: the transposed, column-major layout DeepGEMM's FP8 GEMMs read through TMA. Each batch
+  is a row-major ``(NG, M_pad)`` block with ``M_pad = round_up(M, 4)`` (so that every column starts
+  16-byte aligned), batches one after another. The returned array is the ``(*B, M, NG)`` view of
+  that buffer: strides ``(..., NG * M_pad * 4, 4, M_pad * 4)`` bytes, so the scale of token m,
+  group g of batch b is float ``b * NG * M_pad + g * M_pad + m`` of ``scale.data``. The padding
+  rows ``M..M_pad`` are written with zeros. A 1-D ``x`` is one token (M = 1).
+- ``scale_dtype="float8_e8m0fnu"`` (implies ``scale_pow2``): UE8M0 exponent bytes packed four per
+  int32 along the groups, group ``4p + j`` in byte j (least significant first) of word p, the unused
+  bytes of a row's last word zero; the array is int32 ``(*B, M, ceil(NG / 4))`` in the layout above
+  (``"col"`` is DeepGEMM's SM100 layout). ``QuantizedTensor.to_host()`` unpacks it.
+
+:func:`empty_scales` allocates exactly these layouts, for ``scale_out=``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from . import _dtypes, _jit, _validate
+from .tensor import QuantizedTensor, Scheme
+
+_FAMILY = "group_quant"
+_FORMATS = _dtypes.FP8_NAMES + ("int8",)
+_GROUP_SIZES = (32, 64, 128, 256)
+_LAYOUTS = ("row", "col")
+_BLOCK = 256  # threads per block of the per-group kernels (must not exceed their launch bounds)
+_TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in group_quant.cu
+
+# The kernels' ScaleArgs struct, field for field (C alignment).
+_SCALE_ARGS = np.dtype(
+    [
+        ("words", np.uint64), ("M", np.int64), ("M_pad", np.int64), ("sb", np.int64), ("sm", np.int64),
+        ("sg", np.int64), ("n_groups", np.int32), ("packed", np.int32), ("pow2", np.int32), ("col", np.int32),
+        ("ub_ptr", np.uint64), ("ub_arg", np.float32), ("has_ub", np.int32),
+    ],
+    align=True,
+)
+
+
+class _Layout:
+    """Where each scale word of a tensor with leading shape ``lead`` goes."""
+
+    __slots__ = ("lead", "n_cols", "col", "M", "M_pad", "B", "sb", "sm", "sg", "words", "shape", "strides")
+
+    def __init__(self, lead: tuple, n_cols: int, col: bool):
+        self.lead, self.n_cols, self.col = lead, n_cols, col
+        rows = math.prod(lead)
+        self.M = lead[-1] if lead else 1
+        self.B = rows // self.M if self.M else 0
+        if col:
+            self.M_pad = -(-self.M // 4) * 4
+            self.sb, self.sm, self.sg = n_cols * self.M_pad, 1, self.M_pad
+        else:
+            self.M_pad = self.M
+            self.sb, self.sm, self.sg = self.M * n_cols, n_cols, 1
+        self.words = self.B * self.sb
+        self.shape = lead + (n_cols,)
+        if lead:
+            batch = []
+            acc = self.sb * 4
+            for d in reversed(lead[:-1]):
+                batch.append(acc)
+                acc *= d
+            self.strides = tuple(reversed(batch)) + (self.sm * 4, self.sg * 4)
+        else:
+            self.strides = (self.sg * 4,)
+
+    def view(self, mem, dtype):
+        return cupy.ndarray(self.shape, dtype=dtype, memptr=mem, strides=self.strides)
+
+
+def _n_cols(n_groups: int, packed: bool) -> int:
+    return -(-n_groups // 4) if packed else n_groups
+
+
+def _scale_kind(scale_layout, scale_dtype):
+    if scale_layout not in _LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {_LAYOUTS}")
+    return _dtypes.scale_dtype(scale_dtype) == "float8_e8m0fnu"
+
+
+def _group_count(K: int, group_size, arg="group_size") -> int:
+    if group_size is None:
+        return 1
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in _GROUP_SIZES:
+        raise ValueError(f"{arg}={group_size!r} is not supported; expected one of {_GROUP_SIZES} or None")
+    if K % group_size:
+        raise ValueError(f"{arg}={group_size} does not divide the last axis ({K} elements)")
+    return K // group_size
+
+
+def empty_scales(shape, group_size=128, scale_layout: str = "row", scale_dtype="float32") -> cupy.ndarray:
+    """Allocate a scale array in the exact layout :func:`quantize_groupwise` writes.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        The shape of the quantized tensor (``x.shape``, or the output shape of
+        :func:`silu_mul_quantize`).
+    group_size : int or None
+    scale_layout : {"row", "col"}
+    scale_dtype : {"float32", "float8_e8m0fnu"}
+
+    Returns
+    -------
+    cupy.ndarray
+        float32 ``(..., NG)`` or, for UE8M0, int32 ``(..., ceil(NG / 4))``, with the layout's strides
+        (see the module docstring); its allocation covers the padding.
+    """
+    shape = tuple(int(d) for d in shape)
+    if not shape:
+        raise ValueError("shape must have at least one dimension")
+    packed = _scale_kind(scale_layout, scale_dtype)
+    lay = _Layout(shape[:-1], _n_cols(_group_count(shape[-1], group_size), packed), scale_layout == "col")
+    mem = cupy.cuda.alloc(max(lay.words, 1) * 4)
+    return lay.view(mem, np.int32 if packed else np.float32)
+
+
+def _check_scale_out(scale_out, lay: _Layout, packed: bool, device: int):
+    dtype = np.dtype(np.int32 if packed else np.float32)
+    _validate.cupy_array(scale_out, "scale_out")
+    if tuple(scale_out.shape) != lay.shape or scale_out.dtype != dtype:
+        raise ValueError(f"scale_out must be {dtype.name} of shape {lay.shape}, got {scale_out.dtype} {scale_out.shape}")
+    if lay.words and tuple(scale_out.strides) != lay.strides:
+        raise ValueError(
+            f"scale_out must have strides {lay.strides} (the layout's padding included); "
+            f"got {scale_out.strides}: allocate it with cupyquant.empty_scales()"
+        )
+    mem = scale_out.data.mem
+    if scale_out.data.ptr % 16 or scale_out.data.ptr - mem.ptr + lay.words * 4 > mem.size:
+        raise ValueError("scale_out must start 16-byte aligned in an allocation that covers the layout's padding")
+    _validate.same_device(scale_out, "scale_out", device, "x")
+
+
+def _rows_view(x: cupy.ndarray, arg: str = "x"):
+    """(rows, K, row stride in elements) for x seen as a matrix of its leading dimensions; raises
+    unless the last axis is contiguous and the leading axes collapse into one stride."""
+    if x.ndim == 0:
+        raise ValueError(f"{arg} must have at least one dimension")
+    item = x.itemsize
+    K = x.shape[-1]
+    if K > 1 and x.strides[-1] != item:
+        raise ValueError(f"{arg} must have a contiguous last axis (stride {x.strides[-1]} bytes)")
+    rows = math.prod(x.shape[:-1])
+    if x.ndim == 1 or rows <= 1:
+        return rows, K, K
+    dims = [(n, st) for n, st in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
+    row_stride = dims[-1][1]
+    for (n_outer, st_outer), (n_inner, st_inner) in zip(dims[:-1], dims[1:]):
+        if st_outer != st_inner * n_inner:
+            raise ValueError(f"{arg}'s leading axes must collapse into one row stride; pass cupy.ascontiguousarray({arg})")
+    if row_stride % item or row_stride < K * item:
+        raise ValueError(f"{arg}'s rows overlap or are misaligned (row stride {row_stride} bytes)")
+    return rows, K, row_stride // item
+
+
+def _ub(scale_ub, device):
+    """(pointer, value, has_ub) for scale_ub given as a float or a one-element device array."""
+    if scale_ub is None:
+        return 0, np.float32(0), 0
+    if isinstance(scale_ub, cupy.ndarray):
+        if scale_ub.dtype != np.float32 or scale_ub.size != 1:
+            raise ValueError(f"scale_ub must be a float32 array of one element, got {scale_ub.dtype} {scale_ub.shape}")
+        _validate.same_device(scale_ub, "scale_ub", device, "x")
+        return scale_ub.data.ptr, np.float32(0), 1
+    return 0, _validate.positive_finite_scalar(scale_ub, "scale_ub"), 1
+
+
+def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, out_shape, K_out, arg="x"):
+    """Shared validation; returns everything a launch needs (nothing is allocated or launched)."""
+    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS)
+    in_t = _validate.float_input(x, arg)
+    packed = _scale_kind(scale_layout, scale_dtype)
+    rows, K, row_stride = _rows_view(x, arg)
+    n_groups = _group_count(K_out, group_size)
+    device = x.data.device_id
+    ub = _ub(scale_ub, device)
+    lay = _Layout(tuple(out_shape[:-1]), _n_cols(n_groups, packed), scale_layout == "col")
+    q_dtype = np.int8 if fmt.name == "int8" else np.uint8
+    if out is not None:
+        _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=((arg, x),))
+    if scale_out is not None:
+        _check_scale_out(scale_out, lay, packed, device)
+    return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
+
+
+def _scale_args(lay: _Layout, words_ptr, n_groups, packed, pow2, ub):
+    a = np.zeros((), dtype=_SCALE_ARGS)
+    a["words"], a["M"], a["M_pad"] = words_ptr, lay.M, lay.M_pad
+    a["sb"], a["sm"], a["sg"] = lay.sb, lay.sm, lay.sg
+    a["n_groups"], a["packed"], a["pow2"], a["col"] = n_groups, packed, pow2, lay.col
+    a["ub_ptr"], a["ub_arg"], a["has_ub"] = ub
+    return a[()]
+
+
+def _outputs(out, scale_out, out_shape, q_dtype, lay, packed):
+    q = cupy.empty(out_shape, dtype=q_dtype) if out is None else out
+    if scale_out is None:
+        scale_out = lay.view(cupy.cuda.alloc(max(lay.words, 1) * 4), np.int32 if packed else np.float32)
+    return q, scale_out
+
+
+def quantize_groupwise(
+    x: cupy.ndarray,
+    dtype="float8_e4m3fn",
+    *,
+    group_size: int | None = 128,
+    scale_layout: str = "row",
+    scale_pow2: bool = False,
+    scale_dtype="float32",
+    scale_ub=None,
+    out: cupy.ndarray | None = None,
+    scale_out: cupy.ndarray | None = None,
+) -> QuantizedTensor:
+    """Quantize along the last axis with one scale per group of ``group_size`` elements, or per token.
+
+    Parameters
+    ----------
+    x : cupy.ndarray
+        float32, float16 or bfloat16, any leading dimensions, contiguous last axis (leading axes
+        may be strided if they collapse into one row stride).
+    dtype : {"float8_e4m3fn", "float8_e5m2", "int8"}
+    group_size : {32, 64, 128, 256} or None
+        None gives one scale per token (row), for any K; otherwise it must divide K.
+    scale_layout : {"row", "col"}
+        See the module docstring for the exact strides of "col" (DeepGEMM's layout).
+    scale_pow2 : bool
+        Round scales up to powers of two (UE8M0) by the exponent-bit rule.
+    scale_dtype : {"float32", "float8_e8m0fnu"}
+        "float8_e8m0fnu" packs UE8M0 exponents four per int32 (implies ``scale_pow2``).
+    scale_ub : float or cupy.ndarray, optional
+        Upper bound of a group's (or token's) amax, as in vLLM's per-token ``scale_ub``.
+    out : cupy.ndarray, optional
+        uint8 (FP8) or int8 buffer of ``x.shape``.
+    scale_out : cupy.ndarray, optional
+        A scale array from :func:`empty_scales` with the same arguments.
+
+    Returns
+    -------
+    QuantizedTensor
+        ``data`` in ``x.shape``; ``scale`` in the chosen layout (``x ~ q * scale``).
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a CuPy array of a supported dtype; ``out`` has the wrong dtype.
+    ValueError
+        Unsupported ``dtype``, ``group_size``, ``scale_layout`` or ``scale_dtype``; a group size that
+        does not divide K; a last axis that is not contiguous; ``out``/``scale_out`` of the wrong
+        shape, strides or device, or overlapping ``x``; a bad ``scale_ub``.
+
+    Notes
+    -----
+    vLLM's formulas, in IEEE float32 (:func:`cupyquant.reference.quantize_groupwise` has them in
+    full). Per group: ``amax = fmaxf(1e-10, max|x|)``, ``s = amax / qmax``,
+    ``q = cvt(fminf(fmaxf(x / s, qmin), qmax))``. Per token FP8: ``s = fmaxf(amax / qmax,
+    1 / (qmax * 512))``; per token INT8: ``s = amax / 127``, ``q = rne(x * (127 / amax))``. INT8
+    rounds half to even everywhere (vLLM's per-group INT8 truncates). One kernel launch, no host
+    synchronization.
+    """
+    fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
+        x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, x.shape, x.shape[-1] if x.ndim else 0
+    )
+    pow2 = bool(scale_pow2) or packed
+    with _validate.on_device_of(x):
+        q, scale_out = _outputs(out, scale_out, x.shape, q_dtype, lay, packed)
+        if rows and K:
+            sa = _scale_args(lay, scale_out.data.ptr, n_groups, packed, pow2, ub)
+            vec = K % 8 == 0 and x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and q.data.ptr % 8 == 0
+            if group_size is None:
+                k = _jit.kernel(device, _FAMILY, "token_quantize", in_t.ctype, fmt.ctag, vec)
+                k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
+            else:
+                k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
+                threads = rows * (K // 8)
+                k((-(-threads // _BLOCK),), (_BLOCK,), (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
+    return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
+
+
+def _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x):
+    gran = "token" if group_size is None else "group"
+    scheme = Scheme(fmt.name, gran, (K if group_size is None else group_size,),
+                    "float8_e8m0fnu" if packed else "float32", scale_layout, _FAMILY)
+    return QuantizedTensor(q, scale_out, scheme, q.shape, x.dtype)
+
+
+def silu_mul_quantize(
+    x: cupy.ndarray,
+    dtype="float8_e4m3fn",
+    *,
+    group_size: int = 128,
+    scale_layout: str = "row",
+    scale_ub=None,
+    out: cupy.ndarray | None = None,
+    scale_out: cupy.ndarray | None = None,
+) -> QuantizedTensor:
+    """``SiLU(gate) * up`` computed in float32 registers and quantized per group, in one pass.
+
+    Parameters
+    ----------
+    x : cupy.ndarray
+        ``(..., 2H)`` = ``[gate | up]``, float32, float16 or bfloat16, contiguous last axis.
+    dtype : {"float8_e4m3fn", "float8_e5m2", "int8"}
+    group_size : {32, 64, 128, 256}
+        Must divide H.
+    scale_layout : {"row", "col"}
+    scale_ub : float or cupy.ndarray, optional
+        Upper bound of the scale (vLLM's fused kernel clamps the scale, not the amax).
+    out, scale_out : cupy.ndarray, optional
+        Buffers of the output shape ``(..., H)``, as for :func:`quantize_groupwise`.
+
+    Returns
+    -------
+    QuantizedTensor
+        Of shape ``(..., H)``; the intermediate never touches memory.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`quantize_groupwise`; also an odd last axis.
+
+    Notes
+    -----
+    vLLM ``silu_and_mul_per_block_quant``: ``r = (gate * (1 / (1 + expf(-gate)))) * up``;
+    ``s = fmaxf(fminf(max|r| / qmax, scale_ub), min_scale)`` with ``min_scale = 1 / (qmax * 512)``
+    (FP8) or FLT_EPSILON (INT8); ``q = cvt(clamp(r / s))``. :func:`cupyquant.reference
+    .quantize_silu_intermediate` is the exact reference given ``r``.
+    """
+    if isinstance(x, cupy.ndarray) and x.ndim and x.shape[-1] % 2:
+        raise ValueError(f"x's last axis must be even ([gate | up]), got {x.shape[-1]}")
+    if group_size is None:
+        raise ValueError(f"group_size=None is not supported by silu_mul_quantize; expected one of {_GROUP_SIZES}")
+    out_shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,) if isinstance(x, cupy.ndarray) and x.ndim else ()
+    fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
+        x, dtype, group_size, scale_layout, "float32", scale_ub, out, scale_out, out_shape, out_shape[-1] if out_shape else 0
+    )
+    H = K // 2
+    with _validate.on_device_of(x):
+        q, scale_out = _outputs(out, scale_out, out_shape, q_dtype, lay, packed)
+        if rows and H:
+            sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
+            vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 8 == 0
+            k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
+            threads = rows * (H // 8)
+            k((-(-threads // _BLOCK),), (_BLOCK,), (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
+    return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
+
+
+def _silu_mul_intermediate(x: cupy.ndarray) -> cupy.ndarray:
+    """Test hook: the float32 SiLU(gate) * up that :func:`silu_mul_quantize` quantizes, computed by
+    the same device function."""
+    in_t = _validate.float_input(x, "x")
+    rows, K, row_stride = _rows_view(x)
+    H = K // 2
+    with _validate.on_device_of(x):
+        r = cupy.empty(tuple(x.shape[:-1]) + (H,), dtype=np.float32)
+        if rows and H:
+            k = _jit.kernel(x.data.device_id, _FAMILY, "silu_mul_intermediate", in_t.ctype)
+            k((min(-(-rows * H // 256), 65535),), (256,), (x, np.int64(row_stride), r, np.int64(rows), np.int32(H)))
+    return r
+
+
+def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
+    fmt = q.format
+    device = q.data.data.device_id
+    if out is not None:
+        _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
+    shape = q.shape
+    K = shape[-1] if shape else 0
+    G = q.scheme.block[0]
+    packed = q.scheme.scale_dtype == "float8_e8m0fnu"
+    lay = _Layout(tuple(shape[:-1]), _n_cols(K // G if G else 0, packed), q.scheme.scale_layout == "col")
+    rows = math.prod(shape[:-1])
+    with _validate.on_device_of(q.data):
+        y = cupy.empty(shape, dtype=out_t.dtype) if out is None else out
+        if rows and K:
+            vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y.data.ptr % 16 == 0
+            units = rows * (K // 8 if vec else K)
+            k = _jit.kernel(device, _FAMILY, "group_dequantize", out_t.ctype, fmt.ctag, vec)
+            k(
+                (-(-units // 256),), (256,),
+                (q.data, y, np.int64(rows), np.int32(K), np.int32(G), q.scale, np.int64(lay.M),
+                 np.int64(lay.sb), np.int64(lay.sm), np.int64(lay.sg), np.int32(packed)),
+            )
+    return y

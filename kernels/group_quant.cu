@@ -1,0 +1,355 @@
+// group_quant.cu: per-token and per-group FP8/INT8 quantization (vLLM's activation path), the fused
+// SiLU(gate) * up + group quantization, and their dequantizer.
+//
+// What it computes (reference: cupyquant.reference.quantize_groupwise / silu_mul_quantize /
+// dequantize_groupwise, which these kernels match bit for bit; every float step is IEEE float32):
+//   group_quantize   vLLM per_token_group_quant_8bit: amax = max(1e-10, max|x|) over G elements
+//                    (NaN ignored), optionally min(amax, scale_ub); s = amax / qmax; optionally
+//                    s = pow2_ceil(s); q = cvt(fminf(fmaxf(x / s, qmin), qmax)). FP8 rounds to nearest
+//                    even; INT8 rounds half to even (vLLM truncates: the one deliberate difference).
+//   token_quantize   one scale per row, any K. FP8: vLLM dynamic_per_token_scaled_fp8_quant:
+//                    amax = max|x| (min(amax, scale_ub)); s = fmaxf(amax / qmax, 1 / (qmax * 512));
+//                    q = cvt(fmaxf(-qmax, fminf(x / s, qmax))). INT8: vLLM dynamic_scaled_int8_quant:
+//                    s = amax / 127, q = cvt.rni.sat.s8(x * (amax == 0 ? 0 : 127 / amax)). With pow2,
+//                    both use s = pow2_ceil(s) and q = x / s.
+//   silu_mul_quantize vLLM silu_and_mul_per_block_quant: r = (gate * (1 / (1 + expf(-gate)))) * up in
+//                    float32 registers (gate = x[..., :H], up = x[..., H:]); amax = max|r|;
+//                    s = amax / qmax, min(s, scale_ub), fmaxf(s, min_scale) with min_scale
+//                    1 / (qmax * 512) for FP8 and FLT_EPSILON for INT8; q = cvt(clamp(r / s)).
+//   group_dequantize y = round_rn(float(q) * s) for the scale of q's group.
+// pow2_ceil(s): s' = fmaxf(|s|, 1e-10); e = exponent_field(s') + (mantissa(s') != 0); 2^(e - 127),
+// the UE8M0 exponent byte being e (vLLM's and DeepGEMM's bit rule).
+//
+// Layout. x is (rows, K) with a row stride (leading dimensions flattened); q is contiguous. Rows are
+// (batch b, token m) with m < M. Scales are 4-byte words: float32, or four UE8M0 bytes packed in an
+// int32 (byte j of word p holds group 4p + j). The word of (b, m, group g) is
+// b * sb + m * sm + (g or g / 4) * sg: "row" layout sm = NGX, sg = 1; "col" layout (DeepGEMM's
+// TMA-aligned MN-major) sm = 1, sg = M_pad = round_up(M, 4), sb = NGX * M_pad; the host side builds
+// these strides. Padding (rows M..M_pad of "col", unused bytes of the last packed word) is written 0.
+//
+// Threads. Per-group kernels give each thread 8 consecutive elements (one 16-byte load of a 16-bit
+// type, two of float32; one 8-byte store); a group's G / 8 threads are consecutive lanes of one warp
+// and reduce with xor shuffles. The per-token kernel runs one block per row in two passes (the second
+// re-reads the row from L2). VEC = false is the scalar path for rows that are not 16-byte aligned.
+
+#include "common.cuh"
+
+using namespace cq;
+
+// ---------------------------------------------------------------- element formats
+template <class F> struct QRange {  // vLLM's clamp bounds
+    static constexpr float lo = -F::max_finite, hi = F::max_finite;
+};
+template <> struct QRange<I8> {
+    static constexpr float lo = -128.0f, hi = 127.0f;
+};
+
+__device__ __forceinline__ float fmin_ieee(float a, float b) {  // min.f32: a NaN operand gives the other
+    float r;
+    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float fmax_ieee(float a, float b) {
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// Round half to even with saturation to [-128, 127]; NaN gives 0 (cvt.rni.sat.s8.f32).
+__device__ __forceinline__ unsigned char to_int8_rn(float v) {
+    int r;
+    asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return (unsigned char)(r & 0xff);
+}
+
+// One quantized byte from an already clamped value.
+template <class F> __device__ __forceinline__ unsigned char to_q(float v) {
+    return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, F::kind);
+}
+template <> __device__ __forceinline__ unsigned char to_q<I8>(float v) { return to_int8_rn(v); }
+
+template <class F> __device__ __forceinline__ float from_q(unsigned char b) { return fp8_to_float<F>(b); }
+template <> __device__ __forceinline__ float from_q<I8>(unsigned char b) { return (float)(signed char)b; }
+
+// ---------------------------------------------------------------- scales
+__device__ __forceinline__ unsigned ue8m0_of(float s) {  // the exponent byte of pow2_ceil(s)
+    const unsigned b = __float_as_uint(fmax_ieee(__uint_as_float(__float_as_uint(s) & 0x7fffffffu), 1e-10f));
+    return ((b >> 23) & 0xffu) + ((b & 0x7fffffu) != 0u);
+}
+__device__ __forceinline__ float pow2_ceil(float s) { return __uint_as_float(ue8m0_of(s) << 23); }
+// UE8M0 byte -> float: 2^(e - 127); 0 is the subnormal 2^-127, 255 is NaN (as ml_dtypes decodes it).
+__device__ __forceinline__ float e8m0_to_float(unsigned e) {
+    return e == 0u ? __uint_as_float(0x00400000u) : e == 255u ? __uint_as_float(0x7fffffffu) : __uint_as_float(e << 23);
+}
+
+// Runtime parameters shared by the quantizers: where scales go and how they are made. Passed by value
+// from a NumPy structured scalar with the same fields (cupyquant.group_quant._SCALE_ARGS, align=True).
+struct ScaleArgs {
+    unsigned* words;     // scale buffer (float32 bits or packed UE8M0)
+    i64 M;               // tokens per batch
+    i64 M_pad;           // round_up(M, 4) for "col", M for "row"
+    i64 sb, sm, sg;      // word strides of batch, token, group (or packed group)
+    int n_groups;        // groups per row
+    int packed;          // 1: UE8M0 bytes packed four per word; 0: float32 words
+    int pow2;            // round scales up to powers of two
+    int col;             // 1: "col" layout (pad rows M..M_pad are zeroed)
+    const float* ub_ptr; // scale_ub on the device, or null
+    float ub_arg;        // scale_ub as a value (used when ub_ptr is null and has_ub)
+    int has_ub;
+};
+
+__device__ __forceinline__ float load_ub(const ScaleArgs& a) { return a.ub_ptr ? *a.ub_ptr : a.ub_arg; }
+
+// Store the scale of (row, group g) and zero the padding this group is responsible for.
+__device__ __forceinline__ void store_scale(const ScaleArgs& a, i64 row, int g, float s) {
+    const i64 b = row / a.M, m = row - b * a.M;
+    if (!a.packed) {
+        a.words[b * a.sb + m * a.sm + (i64)g * a.sg] = __float_as_uint(s);
+        if (a.col && m == a.M - 1)
+            for (i64 p = a.M; p < a.M_pad; ++p) a.words[b * a.sb + p * a.sm + (i64)g * a.sg] = 0u;
+        return;
+    }
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(a.words);
+    const i64 w = b * a.sb + m * a.sm + (i64)(g >> 2) * a.sg;
+    const int j = g & 3;
+    // the last group of a row also owns the unused bytes after it in its word
+    const int j_end = (g == a.n_groups - 1) ? 4 : j + 1;
+    bytes[w * 4 + j] = (unsigned char)ue8m0_of(s);
+    for (int jj = j + 1; jj < j_end; ++jj) bytes[w * 4 + jj] = 0;
+    if (a.col && m == a.M - 1)
+        for (i64 p = a.M; p < a.M_pad; ++p) {
+            const i64 wp = b * a.sb + p * a.sm + (i64)(g >> 2) * a.sg;
+            for (int jj = j; jj < j_end; ++jj) bytes[wp * 4 + jj] = 0;
+        }
+}
+
+// ---------------------------------------------------------------- 8-element loads and stores
+template <typename T, bool VEC> __device__ __forceinline__ void load8(const T* __restrict__ p, float* f) {
+    if constexpr (VEC) {
+        if constexpr (sizeof(T) == 4) {
+            unpack16<T>(ld16(p), f);
+            unpack16<T>(ld16(p + 4), f + 4);
+        } else {
+            unpack16<T>(ld16(p), f);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = to_float(p[i]);
+    }
+}
+
+template <bool VEC> __device__ __forceinline__ void store8(unsigned char* __restrict__ q, const unsigned char* b) {
+    if constexpr (VEC) {
+        const unsigned lo = b[0] | (b[1] << 8) | (b[2] << 16) | ((unsigned)b[3] << 24);
+        const unsigned hi = b[4] | (b[5] << 8) | (b[6] << 16) | ((unsigned)b[7] << 24);
+        *reinterpret_cast<uint2*>(q) = make_uint2(lo, hi);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = b[i];
+    }
+}
+
+// Max over the TPG consecutive lanes of a group (TPG divides 32; all 32 lanes take part).
+__device__ __forceinline__ unsigned group_max(unsigned v, int tpg) {
+    for (int o = tpg >> 1; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <class F> __device__ __forceinline__ unsigned char clamp_q_group(float x, float s) {
+    return to_q<F>(fmin_ieee(fmax_ieee(div_rn(x, s), QRange<F>::lo), QRange<F>::hi));  // fminf(fmaxf(.))
+}
+
+// ---------------------------------------------------------------- per-group quantization
+template <typename T, class F, bool VEC>
+__global__ void __launch_bounds__(256)
+group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
+               int group_size, ScaleArgs sa) {
+    const int units = K >> 3;  // 8-element units per row
+    const int tpg = group_size >> 3;
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool valid = t < rows * units;
+    const i64 row = valid ? t / units : 0;
+    const int u = valid ? (int)(t - row * units) : 0;
+    float f[8];
+    unsigned m = 0;
+    if (valid) {
+        load8<T, VEC>(x + row * x_row_stride + u * 8, f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
+    }
+    m = group_max(m, tpg);  // every lane takes part, valid or not
+    if (!valid) return;
+    float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
+    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
+    float s = div_rn(amax, F::max_finite);
+    if (sa.pow2) s = pow2_ceil(s);
+    unsigned char b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b[i] = clamp_q_group<F>(f[i], s);
+    store8<VEC>(q + row * (i64)K + u * 8, b);
+    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
+}
+
+// ---------------------------------------------------------------- per-token quantization (any K)
+template <class F> struct TokenRule {  // vLLM dynamic_per_token_scaled_fp8_quant
+    __device__ static float scale(float amax) {
+        return fmax_ieee(div_rn(amax, F::max_finite), 1.0f / (F::max_finite * 512.0f));
+    }
+    __device__ static float inv(float, float s) { return s; }  // quantize by x / s
+    __device__ static unsigned char quant(float x, float s, float, bool) {
+        return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(x, s), F::max_finite)));
+    }
+};
+template <> struct TokenRule<I8> {  // vLLM dynamic_scaled_int8_quant
+    __device__ static float scale(float amax) { return div_rn(amax, 127.0f); }
+    __device__ static float inv(float amax, float) { return amax == 0.0f ? 0.0f : div_rn(127.0f, amax); }
+    __device__ static unsigned char quant(float x, float s, float inv, bool pow2) {
+        return to_int8_rn(pow2 ? div_rn(x, s) : mul_rn(x, inv));
+    }
+};
+
+static constexpr int TOKEN_BLOCK = 256;
+
+template <typename T, class F, bool VEC>
+__global__ void __launch_bounds__(TOKEN_BLOCK)
+token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, ScaleArgs sa) {
+    const i64 row = blockIdx.x;
+    const T* xr = x + row * x_row_stride;
+    unsigned char* qr = q + row * (i64)K;
+    const int step = VEC ? 8 : 1;
+    unsigned m = 0;
+    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+        if constexpr (VEC) {
+            float f[8];
+            load8<T, true>(xr + c, f);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
+        } else {
+            m = max(m, abs_key(to_float(xr[c])));
+        }
+    }
+    __shared__ float amax_s;
+    m = block_max<TOKEN_BLOCK>(m);
+    if (threadIdx.x == 0) amax_s = __uint_as_float(m);
+    __syncthreads();
+    float amax = amax_s;
+    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
+    float s = TokenRule<F>::scale(amax);
+    if (sa.pow2) s = pow2_ceil(s);
+    const float inv = TokenRule<F>::inv(amax, s);
+    const bool pow2 = sa.pow2 != 0;
+    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+        if constexpr (VEC) {
+            float f[8];
+            load8<T, true>(xr + c, f);
+            unsigned char b[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) b[i] = TokenRule<F>::quant(f[i], s, inv, pow2);
+            store8<true>(qr + c, b);
+        } else {
+            qr[c] = TokenRule<F>::quant(to_float(xr[c]), s, inv, pow2);
+        }
+    }
+    if (threadIdx.x == 0) store_scale(sa, row, 0, s);
+}
+
+// ---------------------------------------------------------------- fused SiLU(gate) * up + group quantization
+// The one definition of the intermediate, shared by the fused kernel and the test kernel below.
+__device__ __forceinline__ float silu_mul(float gate, float up) {
+    const float sigmoid = div_rn(1.0f, 1.0f + expf(-gate));
+    return mul_rn(mul_rn(gate, sigmoid), up);
+}
+
+template <class F> struct SiluRule {
+    __device__ static float min_scale() { return 1.0f / (F::max_finite * 512.0f); }
+    __device__ static unsigned char quant(float r, float s) {
+        return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(r, s), F::max_finite)));
+    }
+};
+template <> struct SiluRule<I8> {
+    __device__ static float min_scale() { return 1.1920928955078125e-07f; }  // FLT_EPSILON
+    __device__ static unsigned char quant(float r, float s) { return to_int8_rn(div_rn(r, s)); }
+};
+
+template <typename T, class F, bool VEC>
+__global__ void __launch_bounds__(256)
+silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int H,
+                  int group_size, ScaleArgs sa) {
+    const int units = H >> 3;
+    const int tpg = group_size >> 3;
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool valid = t < rows * units;
+    const i64 row = valid ? t / units : 0;
+    const int u = valid ? (int)(t - row * units) : 0;
+    float r[8];
+    unsigned m = 0;
+    if (valid) {
+        float g[8], up[8];
+        load8<T, VEC>(x + row * x_row_stride + u * 8, g);
+        load8<T, VEC>(x + row * x_row_stride + H + u * 8, up);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            r[i] = silu_mul(g[i], up[i]);
+            m = max(m, abs_key(r[i]));
+        }
+    }
+    m = group_max(m, tpg);
+    if (!valid) return;
+    float s = div_rn(__uint_as_float(m), F::max_finite);
+    if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
+    s = fmax_ieee(s, SiluRule<F>::min_scale());
+    unsigned char b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b[i] = SiluRule<F>::quant(r[i], s);
+    store8<VEC>(q + row * (i64)H + u * 8, b);
+    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
+}
+
+// Test only: the float32 intermediate the fused kernel quantizes, written out (same silu_mul).
+template <typename T>
+__global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride, float* __restrict__ r, i64 rows,
+                                      int H) {
+    const i64 n = rows * H;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 row = i / H, c = i - row * H;
+        r[i] = silu_mul(to_float(x[row * x_row_stride + c]), to_float(x[row * x_row_stride + H + c]));
+    }
+}
+
+// ---------------------------------------------------------------- dequantization
+template <typename OutT, class F, bool VEC>
+__global__ void __launch_bounds__(256)
+group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, int group_size,
+                 const unsigned* __restrict__ words, i64 M, i64 sb, i64 sm, i64 sg, int packed) {
+    const int step = VEC ? 8 : 1;
+    const int units = K / step;
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * units) return;
+    const i64 row = t / units;
+    const int c = (int)(t - row * units) * step;
+    const int g = c / group_size;
+    const i64 b = row / M, m = row - b * M;
+    float s;
+    if (packed) {
+        const unsigned w = __ldg(words + b * sb + m * sm + (i64)(g >> 2) * sg);
+        s = e8m0_to_float((w >> (8 * (g & 3))) & 0xffu);
+    } else {
+        s = __uint_as_float(__ldg(words + b * sb + m * sm + (i64)g * sg));
+    }
+    const unsigned char* qp = q + row * (i64)K + c;
+    OutT* yp = y + row * (i64)K + c;
+    if constexpr (VEC) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(qp));
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = mul_rn(from_q<F>((unsigned char)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu)), s);
+        if constexpr (sizeof(OutT) == 4) {
+            st16(yp, pack16<OutT>(f));
+            st16(yp + 4, pack16<OutT>(f + 4));
+        } else {
+            st16(yp, pack16<OutT>(f));
+        }
+    } else {
+        yp[0] = from_float<OutT>(mul_rn(from_q<F>(qp[0]), s));
+    }
+}

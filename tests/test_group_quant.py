@@ -1,0 +1,356 @@
+"""Per-token / per-group FP8 and INT8 and the fused SiLU*Mul quantizer on the GPU, byte for byte
+against cupyquant.reference (bytes, logical scales, and the raw scale buffer with its padding)."""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_bits_equal, heavy_tailed, poisoned
+
+import cupyquant as cq
+from cupyquant import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+IN_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+FORMATS = ["float8_e4m3fn", "float8_e5m2", "int8"]
+GROUPS = [32, 64, 128, 256, None]
+E8M0 = "float8_e8m0fnu"
+
+
+def _id(v):
+    return np.dtype(v).name if not isinstance(v, (str, tuple, type(None), int)) else str(v)
+
+
+def _seed(*parts):
+    return zlib.crc32(repr(parts).encode())
+
+
+def raw_scale_words(q) -> np.ndarray:
+    """The whole scale allocation of q (padding included) as uint32 words."""
+    shape = q.shape
+    ng = shape[-1] // q.scheme.block[0]
+    n_cols = -(-ng // 4) if q.scheme.scale_dtype == E8M0 else ng
+    _, total = ref.scale_word_offsets(shape, n_cols, q.scheme.scale_layout)
+    return cupy.ndarray((total,), np.uint32, memptr=q.scale.data).get()
+
+
+def check(q, eq, es, layout):
+    """Bytes, logical scales and the raw layout (padding zero) of q against the reference."""
+    assert_bits_equal(q.data, eq, "q")
+    host = q.to_host()
+    if es.dtype == np.uint8:  # UE8M0 bytes
+        assert_bits_equal(host["scale"].view(np.uint8), es, "ue8m0 scales")
+    else:
+        assert_bits_equal(host["scale"], es, "scales")
+    assert_bits_equal(raw_scale_words(q), ref.scale_buffer(es, q.shape, layout), f"{layout} scale buffer")
+
+
+def run_groupwise(xh, fmt, group_size, layout="row", pow2=False, scale_dtype="float32", scale_ub=None, **kw):
+    x = cupy.asarray(xh)
+    out = poisoned(xh.shape, np.int8 if fmt == "int8" else np.uint8)
+    q = cq.quantize_groupwise(x, fmt, group_size=group_size, scale_layout=layout, scale_pow2=pow2,
+                              scale_dtype=scale_dtype, scale_ub=scale_ub, out=out, **kw)
+    assert q.data is out
+    ub_host = None if scale_ub is None else (scale_ub.get() if isinstance(scale_ub, cupy.ndarray) else scale_ub)
+    eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_pow2=pow2, scale_dtype=scale_dtype,
+                                    scale_ub=ub_host)
+    check(q, eq, es, layout)
+    return q, eq, es
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_every_combination(in_dtype, fmt, group_size, layout, pow2):
+    for shape in [(1, 256), (37, 1024)]:
+        xh = heavy_tailed(shape, _seed(shape, in_dtype, fmt, group_size, layout, pow2), in_dtype)
+        run_groupwise(xh, fmt, group_size, layout, pow2)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ue8m0_packed_scales(fmt, group_size, layout):
+    # 3 and 5 groups per row leave unused bytes in the last packed word; 3-D exercises batches
+    for shape in [(5, 384), (2, 3, 1280), (1, 128 * 9)]:
+        if group_size and shape[-1] % group_size:
+            continue
+        xh = heavy_tailed(shape, _seed(shape, fmt, group_size, layout), ml_dtypes.bfloat16)
+        q, _, _ = run_groupwise(xh, fmt, group_size, layout, scale_dtype=E8M0)
+        assert q.scale.dtype == np.int32
+
+
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("shape", [(1, 128), (3, 16384), (129, 4096), (2, 5, 1024), (7, 3, 2, 256)], ids=_id)
+def test_shapes(shape, in_dtype):
+    xh = heavy_tailed(shape, _seed(shape, in_dtype), in_dtype)
+    for fmt, g, layout in [("float8_e4m3fn", 128, "col"), ("int8", 64, "row"), ("float8_e5m2", None, "col")]:
+        run_groupwise(xh, fmt, g, layout)
+
+
+@pytest.mark.parametrize("K", [1, 7, 100, 4097, 16385])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_per_token_any_k(K, fmt):
+    xh = heavy_tailed((5, K), _seed(K, fmt), np.float16)
+    for layout, pow2 in [("row", False), ("col", True)]:
+        run_groupwise(xh, fmt, None, layout, pow2)
+
+
+def _special_rows(in_dtype):
+    info = np.finfo(np.float16) if np.dtype(in_dtype) == np.float16 else np.finfo(np.float32)
+    tiny, small, big = float(info.smallest_subnormal), float(info.smallest_normal), float(info.max)
+    rows = [
+        np.zeros(256),  # all-zero groups
+        np.r_[np.full(128, -0.0), np.full(128, tiny)],  # -0 and subnormal-only groups
+        np.r_[np.full(127, 1.0), [np.nan], np.full(128, small * 0.5)],  # NaN in a group
+        np.r_[[np.inf], np.ones(127), [-np.inf], np.ones(127)],
+        np.r_[[big, -big], np.linspace(-1, 1, 254)],
+        np.r_[[448.0, 57344.0, 127.0, 0.5], np.full(252, 3.0)],
+    ]
+    with np.errstate(over="ignore"):
+        return np.array(rows, np.float32).astype(in_dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("group_size", [32, 128, None], ids=_id)
+def test_special_values(in_dtype, fmt, group_size):
+    xh = _special_rows(in_dtype)
+    for layout, pow2, sdt in [("row", False, "float32"), ("col", True, "float32"), ("col", True, E8M0)]:
+        run_groupwise(xh, fmt, group_size, layout, pow2, scale_dtype=sdt)
+
+
+@pytest.mark.parametrize("group_size", [64, None], ids=_id)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_scale_ub(fmt, group_size):
+    xh = heavy_tailed((9, 512), _seed(fmt, group_size, "ub"), ml_dtypes.bfloat16)
+    amax = float(np.abs(xh.astype(np.float32)).max())
+    for ub in (amax * 0.01, amax * 100):  # active, inactive
+        q, eq, _ = run_groupwise(xh, fmt, group_size, "row", scale_ub=ub)
+        run_groupwise(xh, fmt, group_size, "col", scale_ub=cupy.asarray([ub], np.float32))
+    # the active bound really clamped something
+    assert not np.array_equal(ref.quantize_groupwise(xh, fmt, group_size=group_size)[0],
+                              ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_ub=amax * 0.01)[0])
+
+
+def test_col_layout_strides_and_offsets():
+    B, M, K, G = 2, 5, 768, 128
+    xh = heavy_tailed((B, M, K), 3, np.float32)
+    q = cq.quantize_groupwise(cupy.asarray(xh), group_size=G, scale_layout="col")
+    NG, M_pad = K // G, 8
+    assert q.scale.shape == (B, M, NG)
+    assert q.scale.strides == (NG * M_pad * 4, 4, M_pad * 4)
+    assert q.scale.data.ptr % 16 == 0
+    words = raw_scale_words(q).view(np.float32)
+    _, es = ref.quantize_groupwise(xh, group_size=G)
+    for b, m, g in itertools.product(range(B), range(M), range(NG)):
+        assert words[b * NG * M_pad + g * M_pad + m] == es[b, m, g]
+    for b, m, g in itertools.product(range(B), range(M, M_pad), range(NG)):
+        assert words.view(np.uint32)[b * NG * M_pad + g * M_pad + m] == 0  # padding rows are zero
+
+
+def test_packed_ue8m0_byte_positions():
+    M, K, G = 3, 6 * 128, 128  # 6 groups: words hold groups 0-3 and 4-5 (+ two zero bytes)
+    xh = heavy_tailed((M, K), 4, ml_dtypes.bfloat16)
+    q = cq.quantize_groupwise(cupy.asarray(xh), group_size=G, scale_layout="col", scale_dtype=E8M0)
+    _, e = ref.quantize_groupwise(xh, group_size=G, scale_dtype=E8M0)
+    raw = raw_scale_words(q).view(np.uint8)
+    M_pad = 4
+    for m, g in itertools.product(range(M), range(6)):
+        assert raw[4 * ((g // 4) * M_pad + m) + g % 4] == e[m, g]
+    for m in range(M):
+        assert raw[4 * (1 * M_pad + m) + 2] == 0 and raw[4 * (1 * M_pad + m) + 3] == 0
+
+
+def test_strided_and_misaligned_rows():
+    big = cupy.asarray(heavy_tailed((33, 1024 + 16), 8, ml_dtypes.bfloat16))
+    for x in (big[:, :1024], big[:, 8:1032], big[:, 1:1025], big[::2, :512]):  # vector and scalar paths
+        xh = x.get()
+        for g in (128, None):
+            q = cq.quantize_groupwise(x, group_size=g, scale_layout="col")
+            eq, es = ref.quantize_groupwise(xh, group_size=g)
+            check(q, eq, es, "col")
+
+
+def test_out_and_scale_out_buffers():
+    xh = heavy_tailed((6, 512), 12, np.float16)
+    x = cupy.asarray(xh)
+    s_out = cq.empty_scales(x.shape, 128, "col", E8M0)
+    out = poisoned(x.shape, np.uint8)
+    q = cq.quantize_groupwise(x, group_size=128, scale_layout="col", scale_dtype=E8M0, out=out, scale_out=s_out)
+    assert q.data is out and q.scale is s_out
+    eq, es = ref.quantize_groupwise(xh, group_size=128, scale_dtype=E8M0)
+    check(q, eq, es, "col")
+
+
+def test_bad_scale_out_and_out_leave_buffers_untouched():
+    x = cupy.asarray(heavy_tailed((6, 512), 13, np.float32))
+    out = poisoned(x.shape, np.uint8)
+    good = cq.empty_scales(x.shape, 128, "col")
+    before_out, before_s = out.get(), cupy.ndarray((32,), np.uint32, memptr=good.data).get()
+    bad = [
+        dict(scale_out=cupy.zeros((6, 4), np.float32)),  # row strides where col is asked for
+        dict(scale_out=cq.empty_scales(x.shape, 64, "col")),
+        dict(group_size=96),
+        dict(group_size=48),
+        dict(scale_layout="diag"),
+        dict(scale_dtype="float16"),
+        dict(dtype="float4_e2m1fn"),
+        dict(scale_ub=-1.0),
+        dict(scale_ub=cupy.ones(3, np.float32)),
+    ]
+    for kw in bad:
+        args = dict(group_size=128, scale_layout="col", out=out, scale_out=good)
+        args.update(kw)
+        dtype = args.pop("dtype", "float8_e4m3fn")
+        with pytest.raises((TypeError, ValueError)):
+            cq.quantize_groupwise(x, dtype, **args)
+        np.testing.assert_array_equal(out.get(), before_out)
+        np.testing.assert_array_equal(cupy.ndarray((32,), np.uint32, memptr=good.data).get(), before_s)
+
+
+def test_validation_messages():
+    x = cupy.ones((4, 384), np.float32)
+    with pytest.raises(ValueError, match="group_size=256 does not divide the last axis"):
+        cq.quantize_groupwise(x, group_size=256)
+    with pytest.raises(ValueError, match="must have a contiguous last axis"):
+        cq.quantize_groupwise(cupy.ones((4, 768), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="leading axes must collapse"):
+        cq.quantize_groupwise(cupy.ones((4, 6, 128), np.float32)[:, :3])
+    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16"):
+        cq.quantize_groupwise(cupy.ones((4, 128), np.int8))
+    with pytest.raises(ValueError, match="last axis must be even"):
+        cq.silu_mul_quantize(cupy.ones((4, 257), np.float32))
+    with pytest.raises(ValueError, match="group_size=128 does not divide"):
+        cq.silu_mul_quantize(cupy.ones((4, 2 * 192), np.float32), group_size=128)
+
+
+# ------------------------------------------------------------------ fused SiLU * Mul
+
+
+def _ulp_distance(a, b):
+    ai = a.view(np.int32).astype(np.int64)
+    bi = b.view(np.int32).astype(np.int64)
+    ai = np.where(ai < 0, -(ai & 0x7FFFFFFF), ai)
+    bi = np.where(bi < 0, -(bi & 0x7FFFFFFF), bi)
+    return np.abs(ai - bi)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_silu_mul_quantize(in_dtype, fmt, group_size, layout):
+    shape = (11, 2 * 1024)
+    xh = (heavy_tailed(shape, _seed(in_dtype, fmt, group_size, layout), np.float32) * 0.3).astype(in_dtype)
+    x = cupy.asarray(xh)
+    out = poisoned((11, 1024), np.int8 if fmt == "int8" else np.uint8)
+    q = cq.silu_mul_quantize(x, fmt, group_size=group_size, scale_layout=layout, out=out)
+    # (a) the device's float32 intermediate is within 2 ulp of NumPy's (CUDA expf: <= 2 ulp; the
+    # other steps are correctly rounded in both)
+    r = cq.group_quant._silu_mul_intermediate(x).get()
+    r_np = ref.silu_mul(xh)
+    dist = _ulp_distance(r, r_np)
+    assert dist.max() <= 2, f"intermediate off by {dist.max()} ulp at {np.unravel_index(dist.argmax(), dist.shape)}"
+    # (b) the fused bytes and scales are exactly the reference quantization of that intermediate
+    eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=group_size)
+    check(q, eq, es, layout)
+    assert q.shape == (11, 1024) and q.dtype == np.dtype(in_dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_silu_mul_scale_ub_and_specials(fmt):
+    H = 256
+    rng = np.random.default_rng(5)
+    xh = rng.standard_normal((6, 2 * H)).astype(np.float32) * 4
+    xh[1, :H] = 0  # silu(0) = 0: an all-zero group, the minimum scale
+    xh[2, 5] = 100.0  # a large gate
+    xh[3, :3] = [-100.0, np.inf, -np.inf]
+    xh[4, H + 7] = np.nan
+    xh[5, :H] = 1e-42  # subnormal gates
+    x = cupy.asarray(xh)
+    r = cq.group_quant._silu_mul_intermediate(x).get()
+    for ub in (None, 1e-3, cupy.asarray([1e-3], np.float32), 1e30):
+        q = cq.silu_mul_quantize(x, fmt, group_size=64, scale_ub=ub, scale_layout="col")
+        ub_h = ub.get() if isinstance(ub, cupy.ndarray) else ub
+        eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=64, scale_ub=ub_h)
+        check(q, eq, es, "col")
+
+
+def test_silu_mul_3d_and_odd_rows():
+    xh = heavy_tailed((3, 7, 2 * 384), 21, ml_dtypes.bfloat16)
+    x = cupy.asarray(xh)
+    q = cq.silu_mul_quantize(x, "float8_e4m3fn", group_size=128, scale_layout="col")
+    r = cq.group_quant._silu_mul_intermediate(x).get()
+    eq, es = ref.quantize_silu_intermediate(r, "float8_e4m3fn", group_size=128)
+    check(q, eq, es, "col")
+    assert q.scale.shape == (3, 7, 3)
+
+
+# ------------------------------------------------------------------ dequantization
+
+
+@pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("group_size, layout, sdt", [
+    (128, "row", "float32"), (32, "col", "float32"), (64, "col", E8M0), (256, "row", E8M0),
+    (None, "row", "float32"), (None, "col", E8M0),
+], ids=_id)
+def test_dequantize(out_dtype, fmt, group_size, layout, sdt):
+    for shape in [(3, 1024), (2, 3, 512)]:
+        xh = heavy_tailed(shape, _seed(shape, fmt, group_size, layout, sdt), np.float32)
+        q = cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=group_size, scale_layout=layout, scale_dtype=sdt)
+        out = poisoned(shape, out_dtype)
+        y = cq.dequantize(q, out_dtype, out=out)
+        eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_dtype=sdt)
+        assert_bits_equal(y, ref.dequantize_groupwise(eq, es, fmt, out_dtype, group_size=group_size), "y")
+
+
+def test_dequantize_per_token_odd_k():
+    xh = heavy_tailed((4, 4097), 30, np.float16)
+    q = cq.quantize_groupwise(cupy.asarray(xh), "int8", group_size=None)
+    eq, es = ref.quantize_groupwise(xh, "int8", group_size=None)
+    assert_bits_equal(q.dequantize(), ref.dequantize_groupwise(eq, es, "int8", np.float16), "y")
+
+
+# ------------------------------------------------------------------ streams, graphs, no sync
+
+
+def test_graph_capture_and_no_sync():
+    import cupyx
+
+    xh = heavy_tailed((64, 2 * 512), 40, ml_dtypes.bfloat16)
+    x = cupy.asarray(xh)
+    qbuf = cupy.empty((64, 1024), np.uint8)
+    sbuf = cq.empty_scales((64, 1024), 128, "col")
+    sq = cupy.empty((64, 512), np.uint8)
+    ss = cq.empty_scales((64, 512), 128, "row")
+    cq.quantize_groupwise(x, group_size=128, scale_layout="col", out=qbuf, scale_out=sbuf)  # compile
+    cq.silu_mul_quantize(x, group_size=128, out=sq, scale_out=ss)
+    with cupyx.allow_synchronize(False):
+        cq.quantize_groupwise(x, group_size=128, scale_layout="col", out=qbuf, scale_out=sbuf).dequantize()
+        cq.silu_mul_quantize(x, group_size=128, out=sq, scale_out=ss)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        q = cq.quantize_groupwise(x, group_size=128, scale_layout="col", out=qbuf, scale_out=sbuf)
+        qs = cq.silu_mul_quantize(x, group_size=128, out=sq, scale_out=ss)
+        graph = stream.end_capture()
+    xh2 = heavy_tailed(x.shape, 41, ml_dtypes.bfloat16)
+    x.set(xh2)
+    graph.launch(stream)
+    stream.synchronize()
+    eq, es = ref.quantize_groupwise(xh2, group_size=128)
+    check(q, eq, es, "col")
+    r = cq.group_quant._silu_mul_intermediate(x).get()
+    eq, es = ref.quantize_silu_intermediate(r, group_size=128)
+    check(qs, eq, es, "row")
