@@ -2,9 +2,9 @@
 
 Quantizes a deterministic heavy-tailed bf16 tensor (2048 x 2048, generated here: Student-t values
 times per-column magnitudes that span e^+-2, with a few outlier columns 30x larger, as LLM
-activations have) with every scheme the library has, dequantizes it, and prints per scheme: bits
-per element (scales included), SNR in dB, the largest relative error over elements that land on a
-value in the format's normal range (scaled |x| between the smallest normal and the max), whether
+activations have) with every scheme the library has (the fused SiLU*Mul takes its two column halves
+as gate and up), dequantizes it, and prints per scheme: bits per element (scales included), SNR in
+dB, the largest relative error over elements that land on a value in the format's normal range (scaled |x| between the smallest normal and the max), whether
 the bytes and scales equal ``cupyquant.reference`` exactly, and the quantizer's bandwidth (input read
 once + output written once, on the tensor tiled to 256M elements so that the L2 cache and launch
 overhead do not flatter it) with its percentage of the device's copy bandwidth measured in the same
@@ -35,49 +35,70 @@ def builtin_tensor() -> np.ndarray:
 class Entry:
     name: str
     quantize: Callable  # cupy array -> QuantizedTensor
-    reference: Callable  # numpy array -> dict of expected host arrays, keys as QuantizedTensor fields
-    normal_range: Callable  # (|x| float64, q host dict) -> mask of elements in the normal range
+    reference: Callable  # (host x, device x, q) -> dict of expected host arrays: data, scale
+    target: Callable = None  # host x (float64) -> what the dequantized output approximates (default x)
 
 
-def _fp8_entries(xh):
-    import cupyquant as cq
+def _scale_per_element(q, host, shape):
+    """float64 scale of every element of q's (host) data."""
     from cupyquant import reference as ref
 
-    def normal_mask(fmt, min_normal):
-        def mask(ax, q):  # |x| * scale within [min normal, max finite] of the format
-            v = ax / np.float64(q["scale"][0])
-            return (v >= min_normal) & (v <= q["fmax"])
+    s = host["scale"]
+    s = ref.e8m0_to_float(s.view(np.uint8)) if s.dtype != np.float32 else s
+    s = s.astype(np.float64)
+    if q.scheme.granularity == "tensor":
+        return np.broadcast_to(s.reshape(-1)[0], shape)
+    G = q.scheme.block[0]
+    return np.repeat(s, G, axis=-1)[..., : shape[-1]]
 
-        return mask
 
-
-    entries = []
-    for fmt, label, min_normal in (("float8_e4m3fn", "E4M3", 2.0**-6), ("float8_e5m2", "E5M2", 2.0**-14)):
-        entries.append(
-            Entry(
-                f"FP8 {label} per-tensor, dynamic",
-                lambda x, f=fmt: cq.quantize_fp8(x, f),
-                lambda xh, f=fmt: dict(zip(("data", "scale"), ref.quantize_fp8(xh, f))),
-                normal_mask(fmt, min_normal),
-            )
-        )
-    # a static scale as a calibration would give it: the 99.99th percentile of |x| maps to 448
-    fmt = "float8_e4m3fn"
-    s = float(np.float32(np.percentile(np.abs(xh.astype(np.float32)), 99.99) / 448.0))
-    entries.append(
-        Entry(
-            "FP8 E4M3 per-tensor, static p99.99",
-            lambda x: cq.quantize_fp8(x, fmt, scale=s),
-            lambda xh: dict(zip(("data", "scale"), ref.quantize_fp8(xh, fmt, scale=s))),
-            normal_mask(fmt, 2.0**-6),
-        )
-    )
-    return entries
+def _normal_mask(q, host, target):
+    """Elements whose |target| / scale lies in the format's normal range (for INT8: |x / s| >= 16,
+    where rounding bounds the relative error by 1/32)."""
+    v = np.abs(target) / _scale_per_element(q, host, target.shape)
+    fmt = q.format
+    lo = {"float8_e4m3fn": 2.0**-6, "float8_e5m2": 2.0**-14, "int8": 16.0}[fmt.name]
+    return (v >= lo) & (v <= fmt.max)
 
 
 def entries(xh):
     """Every scheme of the report for host data ``xh``. A new family adds its rows here."""
-    return _fp8_entries(xh)
+    import cupyquant as cq
+    from cupyquant import group_quant
+    from cupyquant import reference as ref
+
+    def pair(t):
+        return dict(zip(("data", "scale"), t))
+
+    rows = []
+    for fmt, label in (("float8_e4m3fn", "E4M3"), ("float8_e5m2", "E5M2")):
+        rows.append(Entry(f"FP8 {label} per-tensor, dynamic", lambda x, f=fmt: cq.quantize_fp8(x, f),
+                          lambda h, x, q, f=fmt: pair(ref.quantize_fp8(h, f))))
+    # a static scale as a calibration would give it: the 99.99th percentile of |x| maps to 448
+    s = float(np.float32(np.percentile(np.abs(xh.astype(np.float32)), 99.99) / 448.0))
+    rows.append(Entry("FP8 E4M3 per-tensor, static p99.99", lambda x: cq.quantize_fp8(x, scale=s),
+                      lambda h, x, q: pair(ref.quantize_fp8(h, scale=s))))
+    for fmt, label, g, kw in (
+        ("float8_e4m3fn", "FP8 E4M3", None, {}),
+        ("int8", "INT8", None, {}),
+        ("float8_e4m3fn", "FP8 E4M3", 128, {}),
+        ("float8_e4m3fn", "FP8 E4M3", 128, dict(scale_layout="col", scale_dtype="float8_e8m0fnu")),
+        ("int8", "INT8", 128, {}),
+    ):
+        what = "per-token" if g is None else f"group-{g}" + (", UE8M0 col" if kw else "")
+        rows.append(Entry(
+            f"{label} {what}",
+            lambda x, f=fmt, g=g, kw=kw: cq.quantize_groupwise(x, f, group_size=g, **kw),
+            lambda h, x, q, f=fmt, g=g, kw=kw: pair(ref.quantize_groupwise(
+                h, f, group_size=g, scale_dtype=kw.get("scale_dtype", "float32"))),
+        ))
+    rows.append(Entry(
+        "SiLU*Mul + FP8 E4M3 group-128",
+        lambda x: cq.silu_mul_quantize(x, group_size=128),
+        lambda h, x, q: pair(ref.quantize_silu_intermediate(group_quant._silu_mul_intermediate(x)[0].get(), group_size=128)),
+        target=lambda x64: ref.silu_mul(x64.astype(np.float32)).astype(np.float64),
+    ))
+    return rows
 
 
 def _gpu_or_reason():
@@ -105,7 +126,6 @@ def main() -> int:
     xh = builtin_tensor().astype(ml_dtypes.bfloat16)
     x = cupy.asarray(xh)
     x64 = xh.astype(np.float64)
-    n = x.size
     copy_bw = _bench.copy_bandwidth(1 << 30)
     # Bandwidth on the tensor tiled 64 times (256M elements, 512 MB): past the L2 and long enough
     # that host launch overhead (a few microseconds a call) does not count.
@@ -122,22 +142,28 @@ def main() -> int:
         q = e.quantize(x)
         y = q.dequantize(np.float32).get().astype(np.float64)
         host = q.to_host()
-        host["fmax"] = q.format.max
-        expected = e.reference(xh)
-        equal = all(np.array_equal(_bits(host[k]), _bits(v)) for k, v in expected.items())
+        expected = e.reference(xh, x, q)
+        equal = np.array_equal(_bits(host["data"]), _bits(expected["data"]))
+        equal &= np.array_equal(_bits(host["scale"]), _bits(expected["scale"]))
         all_equal &= equal
-        err = y - x64
-        snr = 10 * np.log10(np.sum(x64**2) / max(np.sum(err**2), 1e-300))
-        mask = e.normal_range(np.abs(x64), host)
-        rel = float(np.max(np.abs(err[mask]) / np.abs(x64[mask]))) if mask.any() else float("nan")
-        bits = 8 * q.nbytes / n
+        target = x64 if e.target is None else e.target(x64)
+        err = y - target
+        snr = 10 * np.log10(np.sum(target**2) / max(np.sum(err**2), 1e-300))
+        mask = _normal_mask(q, host, target)
+        rel = float(np.max(np.abs(err[mask]) / np.abs(target[mask]))) if mask.any() else float("nan")
+        bits = 8 * q.nbytes / target.size
+        qb = e.quantize(big[0][0])
         t = _bench.time_events(e.quantize, big, reps=20)
-        gbs = big[0][0].size * (x.itemsize + q.data.nbytes / n) / t
-        row = (e.name, f"{bits:.3f}", f"{snr:.2f}", f"{rel:.4f}", "yes" if equal else "NO", f"{gbs / 1e9:.0f}", f"{100 * gbs / copy_bw:.0f}")
+        gbs = (big[0][0].nbytes + qb.nbytes) / t
+        del qb
+        row = (e.name, f"{bits:.3f}", f"{snr:.2f}", f"{rel:.4f}", "yes" if equal else "NO", f"{gbs / 1e9:.0f}",
+               f"{100 * gbs / copy_bw:.0f}")
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
-    print("* max |y - x| / |x| over elements whose |x| * scale lies in the format's normal range")
-    print("  (E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3); GB/s on the tensor tiled to 256M elements,")
-    print("  counting x read once and q written once (dynamic per-tensor reads x twice: its limit is 60%)")
+    print("* max |y - x| / |x| over elements whose |x| / scale lies in the format's normal range (INT8:")
+    print("  |x| / scale >= 16); E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3, INT8 there by 2^-5.")
+    print("  SiLU*Mul is measured against silu(gate) * up of the tensor's two column halves.")
+    print("  GB/s on the tensor tiled to 256M elements, counting x read once and q and its scales written")
+    print("  once (dynamic per-tensor reads x twice: its limit is 60% of the copy figure)")
     return 0 if all_equal else 2
 
 

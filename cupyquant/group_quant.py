@@ -359,18 +359,19 @@ def silu_mul_quantize(
     return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
 
 
-def _silu_mul_intermediate(x: cupy.ndarray) -> cupy.ndarray:
-    """Test hook: the float32 SiLU(gate) * up that :func:`silu_mul_quantize` quantizes, computed by
-    the same device function."""
+def _silu_mul_intermediate(x: cupy.ndarray):
+    """Test hook: ``(r, e)``, the float32 SiLU(gate) * up that :func:`silu_mul_quantize` quantizes
+    (computed by the same device function) and the ``expf(-gate)`` it was computed from."""
     in_t = _validate.float_input(x, "x")
     rows, K, row_stride = _rows_view(x)
     H = K // 2
     with _validate.on_device_of(x):
         r = cupy.empty(tuple(x.shape[:-1]) + (H,), dtype=np.float32)
+        e = cupy.empty_like(r)
         if rows and H:
             k = _jit.kernel(x.data.device_id, _FAMILY, "silu_mul_intermediate", in_t.ctype)
-            k((min(-(-rows * H // 256), 65535),), (256,), (x, np.int64(row_stride), r, np.int64(rows), np.int32(H)))
-    return r
+            k((min(-(-rows * H // 256), 65535),), (256,), (x, np.int64(row_stride), r, e, np.int64(rows), np.int32(H)))
+    return r, e
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:

@@ -219,18 +219,26 @@ def quantize_groupwise(x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=F
     return q, (ue8m0(s) if sdt == "float8_e8m0fnu" else s.astype(np.float32))
 
 
+def silu_mul_from_exp(gate, up, e) -> np.ndarray:
+    """``r = (gate * (1 / (1 + e))) * up`` with ``e = exp(-gate)`` given, every step an IEEE float32
+    operation (the part of the fused kernel's intermediate after its ``expf``)."""
+    gate, up, e = (np.asarray(a, dtype=np.float32) for a in (gate, up, e))
+    with np.errstate(over="ignore", invalid="ignore"):
+        sig = (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
+        return ((gate * sig).astype(np.float32) * up).astype(np.float32)
+
+
 def silu_mul(x) -> np.ndarray:
     """The float32 intermediate of the fused kernel: with ``gate = x[..., :H]``, ``up = x[..., H:]``,
     ``r = (gate * (1 / (1 + exp(-gate)))) * up``, each step rounded to float32 (vLLM
-    ``silu_and_mul_per_block_quant``). ``exp`` here is float64 rounded to float32 (CUDA's expf is
-    within 2 ulp of it, so the GPU's r may differ in the last bits; see the tests)."""
+    ``silu_and_mul_per_block_quant``). ``exp`` here is float64 rounded to float32; CUDA's expf is
+    within 2 ulp of that, and the GPU's r then follows :func:`silu_mul_from_exp` exactly."""
     xf = _as_f32(x)
     H = xf.shape[-1] // 2
     gate, up = xf[..., :H], xf[..., H:]
     with np.errstate(over="ignore"):
         e = np.exp(-gate.astype(np.float64)).astype(np.float32)
-        sig = np.float32(1) / (np.float32(1) + e)
-        return ((gate * sig).astype(np.float32) * up).astype(np.float32)
+    return silu_mul_from_exp(gate, up, e)
 
 
 def quantize_silu_intermediate(r, dtype="float8_e4m3fn", *, group_size=128, scale_ub=None):

@@ -202,7 +202,10 @@ template <class F> struct TokenRule {  // vLLM dynamic_per_token_scaled_fp8_quan
 };
 template <> struct TokenRule<I8> {  // vLLM dynamic_scaled_int8_quant
     __device__ static float scale(float amax) { return div_rn(amax, 127.0f); }
-    __device__ static float inv(float amax, float) { return amax == 0.0f ? 0.0f : div_rn(127.0f, amax); }
+    // amax >= 0; compared on its bits, because -ftz would make a subnormal amax compare equal to 0
+    __device__ static float inv(float amax, float) {
+        return __float_as_uint(amax) == 0u ? 0.0f : div_rn(127.0f, amax);
+    }
     __device__ static unsigned char quant(float x, float s, float inv, bool pow2) {
         return to_int8_rn(pow2 ? div_rn(x, s) : mul_rn(x, inv));
     }
@@ -254,11 +257,13 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
 }
 
 // ---------------------------------------------------------------- fused SiLU(gate) * up + group quantization
-// The one definition of the intermediate, shared by the fused kernel and the test kernel below.
-__device__ __forceinline__ float silu_mul(float gate, float up) {
-    const float sigmoid = div_rn(1.0f, 1.0f + expf(-gate));
+// The one definition of the intermediate, shared by the fused kernel and the test kernel below:
+// e = expf(-gate) (CUDA's expf, within 2 ulp), then IEEE steps only.
+__device__ __forceinline__ float silu_mul_from_exp(float gate, float up, float e) {
+    const float sigmoid = div_rn(1.0f, add_rn(1.0f, e));
     return mul_rn(mul_rn(gate, sigmoid), up);
 }
+__device__ __forceinline__ float silu_mul(float gate, float up) { return silu_mul_from_exp(gate, up, expf(-gate)); }
 
 template <class F> struct SiluRule {
     __device__ static float min_scale() { return 1.0f / (F::max_finite * 512.0f); }
@@ -305,14 +310,17 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
     if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
 }
 
-// Test only: the float32 intermediate the fused kernel quantizes, written out (same silu_mul).
+// Test only: the float32 intermediate r the fused kernel quantizes and the expf(-gate) it came from.
 template <typename T>
-__global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride, float* __restrict__ r, i64 rows,
-                                      int H) {
+__global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride, float* __restrict__ r,
+                                      float* __restrict__ e, i64 rows, int H) {
     const i64 n = rows * H;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         const i64 row = i / H, c = i - row * H;
-        r[i] = silu_mul(to_float(x[row * x_row_stride + c]), to_float(x[row * x_row_stride + H + c]));
+        const float gate = to_float(x[row * x_row_stride + c]);
+        const float up = to_float(x[row * x_row_stride + H + c]);
+        r[i] = silu_mul(gate, up);
+        e[i] = expf(-gate);
     }
 }
 

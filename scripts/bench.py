@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark cupyquant ops against the copy-bandwidth ceiling and torch peers, on the GPU.
 
-    python scripts/bench.py                      # every op, 1M 16M 256M 1G bf16 elements
-    python scripts/bench.py --ops quant_dynamic --sizes 16M --markdown out.md
+    python scripts/bench.py                      # every op at its shapes, bf16 in
+    python scripts/bench.py --ops quant_dynamic,group128 --markdown out.md
+    python scripts/bench.py --list               # the ops and their shapes
 
 Protocol (DESIGN.md): CUDA events around each call, warm-up, median of --reps calls, inputs rotated
 over enough copies to span 4x the L2, the copy bandwidth of a 2 GiB device-to-device copy measured in
@@ -36,22 +37,33 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 
 @dataclass
 class Op:
-    """One benchmark entry: how to make inputs, run ours, run torch's, and count bytes."""
+    """One benchmark entry: its shapes, how to make inputs, run ours, run torch's, count bytes."""
 
-    make: Callable  # (n, in_dtype, fmt) -> list of argument tuples (one per rotated copy)
+    shapes: list  # [(label, shape)]
+    make: Callable  # (shape, in_dtype, fmt) -> list of argument tuples (one per rotated copy)
     ours: Callable  # (*args) -> anything
     torch_fn: Callable | None  # (torch, fmt) -> function of the torch views of args
-    io_bytes: Callable  # (n, in_itemsize) -> bytes read once + written once
-    bound_bytes: Callable  # (n, in_itemsize) -> bytes the best implementation must move
+    io_bytes: Callable  # (shape, in_itemsize) -> bytes read once + written once
+    bound_bytes: Callable  # (shape, in_itemsize) -> bytes the best implementation must move
+    to_torch: Callable | None = None  # (torch, args) -> torch arguments; default: DLPack each array
 
 
-def _inputs(n, in_dtype, copies):
+def _inputs(shape, in_dtype, copies):
     rng = cupy.random.default_rng(0)
-    return [(rng.standard_normal(n, dtype=np.float32).astype(in_dtype),) for _ in range(copies)]
+    return [(rng.standard_normal(shape, dtype=np.float32).astype(in_dtype),) for _ in range(copies)]
 
 
-def _rotated(n, in_dtype, per_elem_bytes):
-    return _inputs(n, in_dtype, _bench.copies_for(n * per_elem_bytes))
+def _rotated(shape, in_dtype, per_elem_bytes):
+    return _inputs(shape, in_dtype, _bench.copies_for(int(np.prod(shape)) * per_elem_bytes))
+
+
+def _n(shape):
+    return int(np.prod(shape))
+
+
+FLAT = [(k, (v,)) for k, v in SIZES.items()]
+GROUP_SHAPES = [("4096x7168", (4096, 7168)), ("16384x16384", (16384, 16384))]
+SILU_SHAPES = [("4096x2*14336", (4096, 2 * 14336)), ("16384x2*14336", (16384, 2 * 14336))]
 
 
 def _torch_quant(torch, fmt, dynamic):
@@ -72,13 +84,13 @@ def _torch_quant(torch, fmt, dynamic):
 
 
 def make_ops(fmt):
-    def static_make(n, dt, _fmt):
-        sets = _rotated(n, dt, np.dtype(dt).itemsize + 1)
+    def static_make(shape, dt, _fmt):
+        sets = _rotated(shape, dt, np.dtype(dt).itemsize + 1)
         s = cupy.asarray([0.01], dtype=np.float32)
         return [(x, s) for (x,) in sets]
 
-    def dequant_make(n, dt, f):
-        sets = _rotated(n, dt, 1 + np.dtype(dt).itemsize)
+    def dequant_make(shape, dt, f):
+        sets = _rotated(shape, dt, 1 + np.dtype(dt).itemsize)
         return [(cq.quantize_fp8(x, f),) for (x,) in sets]
 
     def torch_dequant(torch, _fmt):
@@ -87,49 +99,165 @@ def make_ops(fmt):
 
         return deq
 
-    return {
+    ops = {
         "amax": Op(
-            make=lambda n, dt, f: _rotated(n, dt, np.dtype(dt).itemsize),
+            shapes=FLAT,
+            make=lambda shape, dt, f: _rotated(shape, dt, np.dtype(dt).itemsize),
             ours=lambda x: cq.amax(x),
             torch_fn=lambda torch, f: (lambda x: x.abs().amax()),
-            io_bytes=lambda n, b: n * b,
-            bound_bytes=lambda n, b: n * b,
+            io_bytes=lambda shape, b: _n(shape) * b,
+            bound_bytes=lambda shape, b: _n(shape) * b,
         ),
         "quant_dynamic": Op(
-            make=lambda n, dt, f: _rotated(n, dt, np.dtype(dt).itemsize + 1),
+            shapes=FLAT,
+            make=lambda shape, dt, f: _rotated(shape, dt, np.dtype(dt).itemsize + 1),
             ours=lambda x: cq.quantize_fp8(x, fmt),
             torch_fn=lambda torch, f: _torch_quant(torch, f, True),
-            io_bytes=lambda n, b: n * (b + 1),
-            bound_bytes=lambda n, b: n * (2 * b + 1),
+            io_bytes=lambda shape, b: _n(shape) * (b + 1),
+            bound_bytes=lambda shape, b: _n(shape) * (2 * b + 1),
         ),
         "quant_static": Op(
+            shapes=FLAT,
             make=static_make,
             ours=lambda x, s: cq.quantize_fp8(x, fmt, scale=s),
             torch_fn=lambda torch, f: _torch_quant(torch, f, False),
-            io_bytes=lambda n, b: n * (b + 1),
-            bound_bytes=lambda n, b: n * (b + 1),
+            io_bytes=lambda shape, b: _n(shape) * (b + 1),
+            bound_bytes=lambda shape, b: _n(shape) * (b + 1),
+            to_torch=lambda torch, args: (torch.from_dlpack(args[0]), torch.from_dlpack(1.0 / args[1])),
         ),
         "dequant": Op(
+            shapes=FLAT,
             make=dequant_make,
             ours=lambda q: q.dequantize(),
             torch_fn=torch_dequant,
-            io_bytes=lambda n, b: n * (1 + b),
-            bound_bytes=lambda n, b: n * (1 + b),
+            io_bytes=lambda shape, b: _n(shape) * (1 + b),
+            bound_bytes=lambda shape, b: _n(shape) * (1 + b),
+            to_torch=_torch_dequant_args,
         ),
     }
+    ops.update(_group_ops())
+    return ops
 
 
-def _torch_args(torch, name, args, in_dtype):
-    """The same buffers as torch tensors (zero-copy DLPack)."""
-    if name == "dequant":
-        (q,) = args
-        tq = torch.from_dlpack(q.data)
-        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[np.dtype(in_dtype).name]
-        return (tq.view(getattr(torch, q.scheme.format)), torch.from_dlpack(q.scale), tdt)
-    if name == "quant_static":
-        x, s = args
-        return (torch.from_dlpack(x), torch.from_dlpack(1.0 / s))
-    return tuple(torch.from_dlpack(a) for a in args)
+def _torch_dtype(torch, dt):
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[np.dtype(dt).name]
+
+
+def _torch_dequant_args(torch, args):
+    (q,) = args
+    fmt = q.scheme.format
+    tq = torch.from_dlpack(q.data)
+    tq = tq.view(torch.int8) if fmt == "int8" else tq.view(getattr(torch, fmt))
+    scale = torch.from_dlpack(q.scale)
+    return (tq, scale, _torch_dtype(torch, q.dtype))
+
+
+def _group_bytes(shape, b, per_token=False, group=128):
+    n = _n(shape)
+    return n * (b + 1) + (shape[0] if per_token else n // group) * 4
+
+
+def _torch_group(torch, fmt, group_size, pow2=False, col=False):
+    """vLLM's formulas (cupyquant.reference.quantize_groupwise) in torch ops."""
+    int8 = fmt == "int8"
+    qmax = 127.0 if int8 else FP8_MAX[fmt]
+    qmin = -128.0 if int8 else -qmax
+    tdt = torch.int8 if int8 else getattr(torch, fmt)
+
+    def grouped(x):
+        M, K = x.shape
+        xg = x.float().view(M, K // group_size, group_size)
+        s = xg.abs().amax(-1, keepdim=True).clamp_min(1e-10) / qmax
+        if pow2:
+            s = torch.exp2(torch.ceil(torch.log2(s)))
+        v = (xg / s).clamp(qmin, qmax)
+        q = (v.round() if int8 else v).to(tdt).view(M, K)
+        s = s.view(M, K // group_size)
+        return q, (s.t().contiguous().t() if col else s)
+
+    def per_token(x):
+        xf = x.float()
+        amax = xf.abs().amax(-1, keepdim=True)
+        if int8:
+            q = (xf * (127.0 / amax)).round().clamp(-128, 127).to(tdt)
+            return q, amax / 127.0
+        s = (amax / qmax).clamp_min(1.0 / (qmax * 512.0))
+        return (xf / s).clamp(-qmax, qmax).to(tdt), s
+
+    return per_token if group_size is None else grouped
+
+
+def _torch_silu(torch, fmt, group_size=128):
+    qmax = FP8_MAX[fmt]
+    tdt = getattr(torch, fmt)
+
+    def silu_quant(x):  # vLLM silu_and_mul_per_block_quant
+        H = x.shape[-1] // 2
+        g, u = x[..., :H].float(), x[..., H:].float()
+        r = (g * torch.sigmoid(g) * u).view(x.shape[0], H // group_size, group_size)
+        s = (r.abs().amax(-1, keepdim=True) / qmax).clamp_min(1.0 / (qmax * 512.0))
+        return (r / s).clamp(-qmax, qmax).to(tdt).view(x.shape[0], H), s.view(x.shape[0], -1)
+
+    return silu_quant
+
+
+def _group_ops():
+    def g_make(shape, dt, f):
+        return _rotated(shape, dt, np.dtype(dt).itemsize + 1)
+
+    def entry(fmt, group_size, shapes, layout="row", pow2=False):
+        per_token = group_size is None
+        return Op(
+            shapes=shapes,
+            make=g_make,
+            ours=lambda x: cq.quantize_groupwise(x, fmt, group_size=group_size, scale_layout=layout, scale_pow2=pow2),
+            torch_fn=lambda torch, f: _torch_group(torch, fmt, group_size, pow2, layout == "col"),
+            io_bytes=lambda shape, b: _group_bytes(shape, b, per_token, group_size or 1),
+            bound_bytes=lambda shape, b: _group_bytes(shape, b, per_token, group_size or 1),
+        )
+
+    def silu_make(shape, dt, f):
+        return _rotated(shape, dt, np.dtype(dt).itemsize + 1)
+
+    def silu_bytes(shape, b):
+        out = _n(shape) // 2
+        return out * (2 * b + 1) + out // 128 * 4
+
+    def gdeq_make(shape, dt, f):
+        return [(cq.quantize_groupwise(x, "float8_e4m3fn", group_size=128),) for (x,) in _rotated(shape, dt, 1 + np.dtype(dt).itemsize)]
+
+    def torch_gdeq(torch, f):
+        def deq(q, s, out_dtype):
+            M, K = q.shape
+            return (q.float().view(M, K // 128, 128) * s.unsqueeze(-1)).view(M, K).to(out_dtype)
+
+        return deq
+
+    return {
+        "group128": entry("float8_e4m3fn", 128, GROUP_SHAPES),
+        "group128_col": entry("float8_e4m3fn", 128, GROUP_SHAPES, "col"),
+        "group128_pow2": entry("float8_e4m3fn", 128, GROUP_SHAPES, "col", True),
+        "group128_int8": entry("int8", 128, GROUP_SHAPES),
+        "token_fp8": entry("float8_e4m3fn", None, GROUP_SHAPES),
+        "token_int8": entry("int8", None, GROUP_SHAPES),
+        "silu_group128": Op(
+            shapes=SILU_SHAPES,
+            make=silu_make,
+            ours=lambda x: cq.silu_mul_quantize(x, "float8_e4m3fn", group_size=128),
+            torch_fn=lambda torch, f: _torch_silu(torch, "float8_e4m3fn"),
+            io_bytes=silu_bytes,
+            bound_bytes=silu_bytes,
+        ),
+        "group128_dequant": Op(
+            shapes=GROUP_SHAPES,
+            make=gdeq_make,
+            ours=lambda q: q.dequantize(),
+            torch_fn=torch_gdeq,
+            io_bytes=lambda shape, b: _n(shape) * (1 + b) + _n(shape) // 128 * 4,
+            bound_bytes=lambda shape, b: _n(shape) * (1 + b) + _n(shape) // 128 * 4,
+            to_torch=_torch_dequant_args,
+        ),
+    }
 
 
 def _time_torch(torch, fn, targs_list, reps):
@@ -141,14 +269,20 @@ def _time_torch(torch, fn, targs_list, reps):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ops", default="amax,quant_dynamic,quant_static,dequant")
-    p.add_argument("--sizes", default="1M,16M,256M,1G")
+    p.add_argument("--ops", default="all", help="comma-separated op names, or all")
+    p.add_argument("--sizes", default=None, help="comma-separated shape labels to keep (default: each op's own)")
+    p.add_argument("--list", action="store_true", help="list the ops and their shapes, then exit")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--format", default="float8_e4m3fn", choices=list(FP8_MAX))
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--no-torch", action="store_true", help="skip the torch peers")
     p.add_argument("--markdown", help="also write the table to this file")
     a = p.parse_args(argv)
+    ops = make_ops(a.format)
+    if a.list:
+        for name, op in ops.items():
+            print(f"{name:18s} " + ", ".join(label for label, _ in op.shapes))
+        return
 
     in_dtype = np.dtype(ml_dtypes.bfloat16) if a.dtype == "bfloat16" else np.dtype(a.dtype)
     b = in_dtype.itemsize
@@ -169,30 +303,34 @@ def main(argv=None):
         + ("" if torch else "; torch peers not available")
     )
     print(header, flush=True)
-    cols = ["op", "elements", "us", "GB/s", "% copy", "% bound", "host us", "eager us", "x eager", "compile us", "x compile"]
+    cols = ["op", "shape", "us", "GB/s", "% copy", "% bound", "host us", "eager us", "x eager", "compile us", "x compile"]
     rows = []
-    ops = make_ops(a.format)
-    for name in a.ops.split(","):
+    names = list(ops) if a.ops == "all" else a.ops.split(",")
+    keep = None if a.sizes is None else set(a.sizes.split(","))
+    for name in names:
         op = ops[name]
         tfn = op.torch_fn(torch, a.format) if torch else None
-        for size in a.sizes.split(","):
-            n = SIZES[size]
+        for label, shape in op.shapes:
+            if keep is not None and label not in keep:
+                continue
+            n = _n(shape)
             # a fresh compile per size, specialized to it (as a serving engine's static shapes)
             tcomp = torch.compile(tfn, dynamic=False) if torch else None
-            args_list = op.make(n, in_dtype, a.format)
+            args_list = op.make(shape, in_dtype, a.format)
             t = _bench.time_events(op.ours, args_list, reps=a.reps)
             host = _bench.host_seconds_per_call(op.ours, args_list) if n <= (1 << 20) else None
             row = {
                 "op": name,
-                "elements": size,
+                "shape": label,
                 "us": t * 1e6,
-                "GB/s": op.io_bytes(n, b) / t / 1e9,
-                "% copy": 100 * op.io_bytes(n, b) / t / copy_bw,
-                "% bound": 100 * op.bound_bytes(n, b) / copy_bw / t,
+                "GB/s": op.io_bytes(shape, b) / t / 1e9,
+                "% copy": 100 * op.io_bytes(shape, b) / t / copy_bw,
+                "% bound": 100 * op.bound_bytes(shape, b) / copy_bw / t,
                 "host us": None if host is None else host * 1e6,
             }
             if torch:
-                targs = [_torch_args(torch, name, args, in_dtype) for args in args_list]
+                to_torch = op.to_torch or (lambda torch, args: tuple(torch.from_dlpack(v) for v in args))
+                targs = [to_torch(torch, args) for args in args_list]
                 te = _time_torch(torch, tfn, targs, a.reps)
                 tc = _time_torch(torch, tcomp, targs, a.reps)
                 row.update({"eager us": te * 1e6, "x eager": te / t, "compile us": tc * 1e6, "x compile": tc / t})

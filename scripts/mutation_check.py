@@ -4,7 +4,8 @@ point CUPYQUANT_KERNEL_DIR at it, run the tests that should notice, and report k
 
     CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py
 
-Exit status 1 if any mutant survives. Each mutant is (name, file, old text, new text, test args).
+Exit status 1 if any mutant survives. Each mutant is (name, file, old text, new text, pytest args[,
+test file]); the test file defaults to tests/test_fp8_tensor.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ MUTANTS = [
      ["-k", "special_values"]),
     ("amax ignores the last unrolled load", "fp8_tensor.cu", "for (int u = 0; u < AMAX_UNROLL; ++u) m = max(m, absmax16<T>(v[u]));",
      "for (int u = 0; u < AMAX_UNROLL - 1; ++u) m = max(m, absmax16<T>(v[u]));", ["-k", "amax_max_element_anywhere"]),
+    ("per-token int8 zero test by ftz compare", "group_quant.cu", "return __float_as_uint(amax) == 0u ? 0.0f",
+     "return amax == 0.0f ? 0.0f", ["-k", "special_values and None and int8"], "tests/test_group_quant.py"),
+    ("group scale by multiply", "group_quant.cu", "return to_q<F>(fmin_ieee(fmax_ieee(div_rn(x, s),",
+     "return to_q<F>(fmin_ieee(fmax_ieee(mul_rn(x, 1.0f / s),", ["-k", "every_combination"], "tests/test_group_quant.py"),
+    ("int8 truncates like vLLM's group kernel", "group_quant.cu", "template <> __device__ __forceinline__ unsigned char to_q<I8>(float v) { return to_int8_rn(v); }",
+     "template <> __device__ __forceinline__ unsigned char to_q<I8>(float v) { return (unsigned char)(signed char)(int)v; }",
+     ["-k", "every_combination and int8"], "tests/test_group_quant.py"),
+    ("col padding rows left unwritten", "group_quant.cu", "if (a.col && m == a.M - 1)\n            for (i64 p = a.M; p < a.M_pad; ++p) a.words",
+     "if (false)\n            for (i64 p = a.M; p < a.M_pad; ++p) a.words", ["-k", "col_layout_strides"], "tests/test_group_quant.py"),
+    ("silu sigmoid by an approximate division", "group_quant.cu", "const float sigmoid = div_rn(1.0f, add_rn(1.0f, e));",
+     "const float sigmoid = __fdividef(1.0f, 1.0f + e);", ["-k", "test_silu_mul_quantize"], "tests/test_group_quant.py"),
+    ("silu with the fast exp", "group_quant.cu", "return silu_mul_from_exp(gate, up, expf(-gate));",
+     "return silu_mul_from_exp(gate, up, __expf(-gate));", ["-k", "test_silu_mul_quantize"], "tests/test_group_quant.py"),
     ("dequant rounds toward zero", "common.cuh", "return __bfloat16_as_ushort(__float2bfloat16_rn(x));", "return __bfloat16_as_ushort(__float2bfloat16_rz(x));",
      ["-k", "dequantize"]),
 ]
@@ -40,7 +54,7 @@ MUTANTS = [
 
 def main() -> int:
     survived = 0
-    for name, fname, old, new, args in MUTANTS:
+    for name, fname, old, new, args, *test_file in MUTANTS:
         with tempfile.TemporaryDirectory() as d:
             shutil.copytree(ROOT / "kernels", d, dirs_exist_ok=True)
             path = Path(d) / fname
@@ -51,7 +65,7 @@ def main() -> int:
                 continue
             path.write_text(text.replace(old, new))
             env = dict(os.environ, CUPYQUANT_KERNEL_DIR=d, CUPY_CACHE_DIR=tempfile.mkdtemp())
-            cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/test_fp8_tensor.py", *args]
+            cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(test_file or ["tests/test_fp8_tensor.py"]), *args]
             r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             last = (r.stdout.strip().splitlines() or ["?"])[-1]
             killed = r.returncode == 1
