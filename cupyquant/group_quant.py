@@ -36,7 +36,7 @@ _FAMILY = "group_quant"
 _FORMATS = _dtypes.FP8_NAMES + ("int8",)
 _GROUP_SIZES = (32, 64, 128, 256)
 _LAYOUTS = ("row", "col")
-_BLOCK = 256  # threads per block of the per-group kernels (must not exceed their launch bounds)
+_BLOCK = 256  # threads per block of the per-group kernels (their launch bounds)
 _TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in group_quant.cu
 
 # The kernels' ScaleArgs struct, field for field (C alignment).
@@ -197,6 +197,16 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
 
 
+def _grid2d(rows: int, units: int):
+    """(grid, block) for the per-group kernels: blockDim (bx, by), bx the largest power of two up to
+    256 that divides the units of a row (a multiple of G / 8, so no group straddles two block rows)."""
+    bx = _BLOCK
+    while units % bx:
+        bx //= 2
+    by = _BLOCK // bx
+    return (-(-rows // by), units // bx), (bx, by)
+
+
 def _scale_args(lay: _Layout, words_ptr, n_groups, packed, pow2, ub):
     a = np.zeros((), dtype=_SCALE_ARGS)
     a["words"], a["M"], a["M_pad"] = words_ptr, lay.M, lay.M_pad
@@ -285,8 +295,8 @@ def quantize_groupwise(
                 k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
             else:
                 k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-                threads = rows * (K // 8)
-                k((-(-threads // _BLOCK),), (_BLOCK,), (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
+                grid, block = _grid2d(rows, K // 8)
+                k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
 
 
@@ -354,8 +364,8 @@ def silu_mul_quantize(
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
             vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 8 == 0
             k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-            threads = rows * (H // 8)
-            k((-(-threads // _BLOCK),), (_BLOCK,), (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
+            grid, block = _grid2d(rows, H // 8)
+            k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
 
 

@@ -29,8 +29,8 @@
 //
 // Threads. Per-group kernels give each thread 8 consecutive elements (one 16-byte load of a 16-bit
 // type, two of float32; one 8-byte store); a group's G / 8 threads are consecutive lanes of one warp
-// and reduce with xor shuffles. The per-token kernel runs one block per row in two passes (the second
-// re-reads the row from L2). VEC = false is the scalar path for rows that are not 16-byte aligned.
+// and reduce with xor shuffles. The per-token kernel runs one block per row, holding the row in
+// registers when it fits. VEC = false is the scalar path for rows that are not 16-byte aligned.
 
 #include "common.cuh"
 
@@ -100,9 +100,25 @@ struct ScaleArgs {
 
 __device__ __forceinline__ float load_ub(const ScaleArgs& a) { return a.ub_ptr ? *a.ub_ptr : a.ub_arg; }
 
+// (batch, token) of a row; only the "col" layout needs them (a "row" word is row * sm + g * sg).
+__device__ __forceinline__ void split_row(const ScaleArgs& a, i64 row, i64& b, i64& m) {
+    if (!a.col) {
+        b = 0;
+        m = row;
+    } else if (row < 0x7fffffffLL && a.M < 0x7fffffffLL) {  // 32-bit division where it suffices
+        const unsigned bb = (unsigned)row / (unsigned)a.M;
+        b = bb;
+        m = row - (i64)bb * a.M;
+    } else {
+        b = row / a.M;
+        m = row - b * a.M;
+    }
+}
+
 // Store the scale of (row, group g) and zero the padding this group is responsible for.
 __device__ __forceinline__ void store_scale(const ScaleArgs& a, i64 row, int g, float s) {
-    const i64 b = row / a.M, m = row - b * a.M;
+    i64 b, m;
+    split_row(a, row, b, m);
     if (!a.packed) {
         a.words[b * a.sb + m * a.sm + (i64)g * a.sg] = __float_as_uint(s);
         if (a.col && m == a.M - 1)
@@ -160,16 +176,17 @@ template <class F> __device__ __forceinline__ unsigned char clamp_q_group(float 
 }
 
 // ---------------------------------------------------------------- per-group quantization
+// Grid: blockDim (bx, by) with bx * by = 256 and bx a multiple of G / 8 that divides K / 8;
+// blockIdx.x covers rows by by, blockIdx.y covers a row's 8-element units by bx. No division by a
+// run-time value on the hot path.
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
                int group_size, ScaleArgs sa) {
-    const int units = K >> 3;  // 8-element units per row
     const int tpg = group_size >> 3;
-    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool valid = t < rows * units;
-    const i64 row = valid ? t / units : 0;
-    const int u = valid ? (int)(t - row * units) : 0;
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    const int u = blockIdx.y * blockDim.x + threadIdx.x;
+    const bool valid = row < rows;
     float f[8];
     unsigned m = 0;
     if (valid) {
@@ -212,23 +229,47 @@ template <> struct TokenRule<I8> {  // vLLM dynamic_scaled_int8_quant
 };
 
 static constexpr int TOKEN_BLOCK = 256;
+static constexpr int TOKEN_REG_BYTES = 128;  // row bytes a thread keeps in registers (32 registers)
 
+// One block per row. When the row fits (VEC and K <= 8 * TOKEN_REG_UNITS * TOKEN_BLOCK) it is read
+// once into registers; otherwise the second pass re-reads it (from L2).
 template <typename T, class F, bool VEC>
-__global__ void __launch_bounds__(TOKEN_BLOCK)
+__global__ void __launch_bounds__(TOKEN_BLOCK, 4)
 token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, ScaleArgs sa) {
+    constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;  // 16-byte loads per 8-element unit
+    constexpr int TOKEN_REG_UNITS = TOKEN_REG_BYTES / (16 * LOADS);  // K <= 16384 (8192 for float32)
     const i64 row = blockIdx.x;
     const T* xr = x + row * x_row_stride;
     unsigned char* qr = q + row * (i64)K;
-    const int step = VEC ? 8 : 1;
+    const bool in_regs = VEC && K <= 8 * TOKEN_REG_UNITS * TOKEN_BLOCK;
+    uint4 raw[TOKEN_REG_UNITS][LOADS];  // the row's bytes as loaded, unpacked when used
     unsigned m = 0;
-    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
-        if constexpr (VEC) {
+    if (in_regs) {
+#pragma unroll
+        for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
+            const int c = (v * TOKEN_BLOCK + threadIdx.x) * 8;
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) raw[v][l] = c < K ? ld16(xr + c + l * (8 / LOADS)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
             float f[8];
-            load8<T, true>(xr + c, f);
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * (8 / LOADS));
 #pragma unroll
             for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
-        } else {
-            m = max(m, abs_key(to_float(xr[c])));
+        }
+    } else {
+        const int step = VEC ? 8 : 1;
+        for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+            if constexpr (VEC) {
+                float g[8];
+                load8<T, true>(xr + c, g);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) m = max(m, abs_key(g[i]));
+            } else {
+                m = max(m, abs_key(to_float(xr[c])));
+            }
         }
     }
     __shared__ float amax_s;
@@ -241,16 +282,33 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     if (sa.pow2) s = pow2_ceil(s);
     const float inv = TokenRule<F>::inv(amax, s);
     const bool pow2 = sa.pow2 != 0;
-    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
-        if constexpr (VEC) {
-            float f[8];
-            load8<T, true>(xr + c, f);
-            unsigned char b[8];
+    if (in_regs) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) b[i] = TokenRule<F>::quant(f[i], s, inv, pow2);
-            store8<true>(qr + c, b);
-        } else {
-            qr[c] = TokenRule<F>::quant(to_float(xr[c]), s, inv, pow2);
+        for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
+            const int c = (v * TOKEN_BLOCK + threadIdx.x) * 8;
+            if (c < K) {
+                float f[8];
+#pragma unroll
+                for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * (8 / LOADS));
+                unsigned char b[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) b[i] = TokenRule<F>::quant(f[i], s, inv, pow2);
+                store8<true>(qr + c, b);
+            }
+        }
+    } else {
+        const int step = VEC ? 8 : 1;
+        for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+            if constexpr (VEC) {
+                float g[8];
+                load8<T, true>(xr + c, g);
+                unsigned char b[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) b[i] = TokenRule<F>::quant(g[i], s, inv, pow2);
+                store8<true>(qr + c, b);
+            } else {
+                qr[c] = TokenRule<F>::quant(to_float(xr[c]), s, inv, pow2);
+            }
         }
     }
     if (threadIdx.x == 0) store_scale(sa, row, 0, s);
@@ -276,16 +334,15 @@ template <> struct SiluRule<I8> {
     __device__ static unsigned char quant(float r, float s) { return to_int8_rn(div_rn(r, s)); }
 };
 
+// Grid as group_quantize, over the H output columns.
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int H,
                   int group_size, ScaleArgs sa) {
-    const int units = H >> 3;
     const int tpg = group_size >> 3;
-    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool valid = t < rows * units;
-    const i64 row = valid ? t / units : 0;
-    const int u = valid ? (int)(t - row * units) : 0;
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    const int u = blockIdx.y * blockDim.x + threadIdx.x;
+    const bool valid = row < rows;
     float r[8];
     unsigned m = 0;
     if (valid) {

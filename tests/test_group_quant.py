@@ -12,6 +12,7 @@ import pytest
 from conftest import assert_bits_equal, heavy_tailed, poisoned
 
 import cupyquant as cq
+from cupyquant import group_quant
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -256,7 +257,9 @@ def check_intermediate(xh, r, e):
     gate, up = xf[..., :H], xf[..., H:]
     with np.errstate(over="ignore"):
         e_np = np.exp(-gate.astype(np.float64)).astype(np.float32)
-    finite = np.isfinite(e_np) & np.isfinite(e)
+    # CuPy's forced -ftz=true flushes expf results below FLT_MIN to zero; 1 + e rounds to 1 either
+    # way, so r is unaffected (and checked bit for bit below). Compare e where it is normal.
+    finite = np.isfinite(e_np) & np.isfinite(e) & (e_np >= np.finfo(np.float32).smallest_normal)
     dist = _ulp_distance(e[finite], e_np[finite])
     assert dist.size == 0 or dist.max() <= 2, f"expf off by {dist.max()} ulp"
     assert_bits_equal(np.isfinite(e), np.isfinite(e_np), "expf overflow pattern")
@@ -273,7 +276,7 @@ def test_silu_mul_quantize(in_dtype, fmt, group_size, layout):
     x = cupy.asarray(xh)
     out = poisoned((11, 1024), np.int8 if fmt == "int8" else np.uint8)
     q = cq.silu_mul_quantize(x, fmt, group_size=group_size, scale_layout=layout, out=out)
-    r, e = (a.get() for a in cq.group_quant._silu_mul_intermediate(x))
+    r, e = (a.get() for a in group_quant._silu_mul_intermediate(x))
     check_intermediate(xh, r, e)
     # (c) the fused bytes and scales are exactly the reference quantization of that intermediate
     eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=group_size)
@@ -292,7 +295,7 @@ def test_silu_mul_scale_ub_and_specials(fmt):
     xh[4, H + 7] = np.nan
     xh[5, :H] = 1e-42  # subnormal gates
     x = cupy.asarray(xh)
-    r, e = (a.get() for a in cq.group_quant._silu_mul_intermediate(x))
+    r, e = (a.get() for a in group_quant._silu_mul_intermediate(x))
     check_intermediate(xh, r, e)
     for ub in (None, 1e-3, cupy.asarray([1e-3], np.float32), 1e30):
         q = cq.silu_mul_quantize(x, fmt, group_size=64, scale_ub=ub, scale_layout="col")
@@ -305,7 +308,7 @@ def test_silu_mul_3d_and_odd_rows():
     xh = heavy_tailed((3, 7, 2 * 384), 21, ml_dtypes.bfloat16)
     x = cupy.asarray(xh)
     q = cq.silu_mul_quantize(x, "float8_e4m3fn", group_size=128, scale_layout="col")
-    r = cq.group_quant._silu_mul_intermediate(x)[0].get()
+    r = group_quant._silu_mul_intermediate(x)[0].get()
     eq, es = ref.quantize_silu_intermediate(r, "float8_e4m3fn", group_size=128)
     check(q, eq, es, "col")
     assert q.scale.shape == (3, 7, 3)
@@ -366,6 +369,6 @@ def test_graph_capture_and_no_sync():
     stream.synchronize()
     eq, es = ref.quantize_groupwise(xh2, group_size=128)
     check(q, eq, es, "col")
-    r = cq.group_quant._silu_mul_intermediate(x)[0].get()
+    r = group_quant._silu_mul_intermediate(x)[0].get()
     eq, es = ref.quantize_silu_intermediate(r, group_size=128)
     check(qs, eq, es, "row")
