@@ -45,9 +45,18 @@ _SCALE_ARGS = np.dtype(
         ("words", np.uint64), ("M", np.int64), ("M_pad", np.int64), ("sb", np.int64), ("sm", np.int64),
         ("sg", np.int64), ("n_groups", np.int32), ("packed", np.int32), ("pow2", np.int32), ("col", np.int32),
         ("ub_ptr", np.uint64), ("ub_arg", np.float32), ("has_ub", np.int32),
+        ("m_magic", np.uint64), ("m_shift", np.int32),
     ],
     align=True,
 )
+
+
+def _magic(d: int):
+    """(m, shift) with floor(n / d) == (n * m) >> shift for every 0 <= n < 2^31 (Granlund and
+    Montgomery: l = ceil(log2 d), m = ceil(2^(31 + l) / d), shift = 31 + l)."""
+    d = max(int(d), 1)
+    sh = 31 + (d - 1).bit_length()
+    return -(-(1 << sh) // d), sh
 
 
 class _Layout:
@@ -213,6 +222,7 @@ def _scale_args(lay: _Layout, words_ptr, n_groups, packed, pow2, ub):
     a["sb"], a["sm"], a["sg"] = lay.sb, lay.sm, lay.sg
     a["n_groups"], a["packed"], a["pow2"], a["col"] = n_groups, packed, pow2, lay.col
     a["ub_ptr"], a["ub_arg"], a["has_ub"] = ub
+    a["m_magic"], a["m_shift"] = _magic(lay.M)
     return a[()]
 
 

@@ -96,29 +96,27 @@ struct ScaleArgs {
     const float* ub_ptr; // scale_ub on the device, or null
     float ub_arg;        // scale_ub as a value (used when ub_ptr is null and has_ub)
     int has_ub;
+    unsigned long long m_magic;  // row / M = (row * m_magic) >> m_shift for row < 2^31 ("col")
+    int m_shift;
 };
 
 __device__ __forceinline__ float load_ub(const ScaleArgs& a) { return a.ub_ptr ? *a.ub_ptr : a.ub_arg; }
 
-// (batch, token) of a row; only the "col" layout needs them (a "row" word is row * sm + g * sg).
+// (batch, token) of a row for the "col" layout: a multiply by a host-made magic number
+// (Granlund-Montgomery: exact for rows below 2^31), a 64-bit division beyond.
 __device__ __forceinline__ void split_row(const ScaleArgs& a, i64 row, i64& b, i64& m) {
-    if (!a.col) {
-        b = 0;
-        m = row;
-    } else if (row < 0x7fffffffLL && a.M < 0x7fffffffLL) {  // 32-bit division where it suffices
-        const unsigned bb = (unsigned)row / (unsigned)a.M;
-        b = bb;
-        m = row - (i64)bb * a.M;
-    } else {
-        b = row / a.M;
-        m = row - b * a.M;
-    }
+    b = row < 0x80000000LL ? (i64)(((unsigned long long)row * a.m_magic) >> a.m_shift) : row / a.M;
+    m = row - b * a.M;
 }
 
 // Store the scale of (row, group g) and zero the padding this group is responsible for.
 __device__ __forceinline__ void store_scale(const ScaleArgs& a, i64 row, int g, float s) {
-    i64 b, m;
-    split_row(a, row, b, m);
+    if (!a.col && !a.packed) {  // the common case: a "row" float32 word
+        a.words[row * a.sm + g] = __float_as_uint(s);
+        return;
+    }
+    i64 b = 0, m = row;
+    if (a.col) split_row(a, row, b, m);
     if (!a.packed) {
         a.words[b * a.sb + m * a.sm + (i64)g * a.sg] = __float_as_uint(s);
         if (a.col && m == a.M - 1)
@@ -154,25 +152,88 @@ template <typename T, bool VEC> __device__ __forceinline__ void load8(const T* _
     }
 }
 
-template <bool VEC> __device__ __forceinline__ void store8(unsigned char* __restrict__ q, const unsigned char* b) {
-    if constexpr (VEC) {
-        const unsigned lo = b[0] | (b[1] << 8) | (b[2] << 16) | ((unsigned)b[3] << 24);
-        const unsigned hi = b[4] | (b[5] << 8) | (b[6] << 16) | ((unsigned)b[7] << 24);
-        *reinterpret_cast<uint2*>(q) = make_uint2(lo, hi);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) q[i] = b[i];
-    }
-}
-
 // Max over the TPG consecutive lanes of a group (TPG divides 32; all 32 lanes take part).
 __device__ __forceinline__ unsigned group_max(unsigned v, int tpg) {
     for (int o = tpg >> 1; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-template <class F> __device__ __forceinline__ unsigned char clamp_q_group(float x, float s) {
-    return to_q<F>(fmin_ieee(fmax_ieee(div_rn(x, s), QRange<F>::lo), QRange<F>::hi));  // fminf(fmaxf(.))
+// What happens to x / s before the 8-bit conversion. The conversions saturate (cvt.satfinite to
+// +-max finite, cvt.rni.sat to [-128, 127]), so each rule keeps only the clamp side that decides NaN:
+//   LO   vLLM group kernel, fminf(fmaxf(v, qmin), qmax): NaN -> qmin   == cvt(fmaxf(v, qmin))
+//   HI   vLLM per-token and fused kernels, fmaxf(-qmax, fminf(v, qmax)): NaN -> +qmax == cvt(fminf(v, qmax))
+//   NONE vLLM's INT8 paths without a clamp (cvt.rni.sat; NaN -> 0)
+enum { CLAMP_LO = 0, CLAMP_HI = 1, CLAMP_NONE = 2 };
+
+template <class F, int CLAMP> __device__ __forceinline__ float pre_clamp(float v) {
+    if constexpr (CLAMP == CLAMP_LO) return fmax_ieee(v, QRange<F>::lo);
+    else if constexpr (CLAMP == CLAMP_HI) return fmin_ieee(v, QRange<F>::hi);
+    else return v;
+}
+
+// Eight values through the rule's clamp and the saturating conversion, packed into 8 bytes,
+// element 0 lowest.
+template <class F, int CLAMP> __device__ __forceinline__ uint2 pack8(const float* u) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = pre_clamp<F, CLAMP>(u[i]);
+    unsigned w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if constexpr (F::max_finite == 127.0f) {  // INT8
+            w[h] = (unsigned)to_int8_rn(v[4 * h]) | ((unsigned)to_int8_rn(v[4 * h + 1]) << 8) |
+                   ((unsigned)to_int8_rn(v[4 * h + 2]) << 16) | ((unsigned)to_int8_rn(v[4 * h + 3]) << 24);
+        } else {
+            w[h] = (unsigned)to_fp8x2<F>(v[4 * h], v[4 * h + 1]) | ((unsigned)to_fp8x2<F>(v[4 * h + 2], v[4 * h + 3]) << 16);
+        }
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// Eight elements quantized with scale s: x / s by div_by with r = 1 / s (div_rn where that is not
+// safe), then pack8.
+template <class F, int CLAMP>
+__device__ __forceinline__ uint2 quant8(const float* f, float s, float r, bool exact_div) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = exact_div ? div_rn(f[i], s) : div_by(f[i], s, r);
+    return pack8<F, CLAMP>(v);
+}
+
+template <bool VEC> __device__ __forceinline__ void store8w(unsigned char* __restrict__ q, uint2 w) {
+    if constexpr (VEC) {
+        *reinterpret_cast<uint2*>(q) = w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = (unsigned char)(((i < 4 ? w.x : w.y) >> (8 * (i & 3))) & 0xffu);
+    }
+}
+
+// Load 8 elements as floats and return the max of their |x| keys (NaN ignored).
+template <typename T, bool VEC> __device__ __forceinline__ unsigned load8_absmax(const T* __restrict__ p, float* f) {
+    unsigned m = 0;
+    if constexpr (VEC) {
+        constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            const uint4 raw = ld16(p + l * 4);
+            m = max(m, absmax16<T>(raw));
+            unpack16<T>(raw, f + l * 4);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            f[i] = to_float(p[i]);
+            m = max(m, abs_key(f[i]));
+        }
+    }
+    return m;
+}
+
+// Whether x / s must use the IEEE division: with scale_ub a quotient can overflow (and x can be
+// inf while s is finite); a non-finite s gives div_by nothing to work with.
+__device__ __forceinline__ bool needs_exact_div(const ScaleArgs& a, float s) {
+    return a.has_ub || !is_finite_bits(__float_as_uint(s));
 }
 
 // ---------------------------------------------------------------- per-group quantization
@@ -188,45 +249,48 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     const bool valid = row < rows;
     float f[8];
-    unsigned m = 0;
-    if (valid) {
-        load8<T, VEC>(x + row * x_row_stride + u * 8, f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
-    }
+    unsigned m = valid ? load8_absmax<T, VEC>(x + row * x_row_stride + u * 8, f) : 0u;
     m = group_max(m, tpg);  // every lane takes part, valid or not
     if (!valid) return;
     float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
     if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
     float s = div_rn(amax, F::max_finite);
     if (sa.pow2) s = pow2_ceil(s);
-    unsigned char b[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) b[i] = clamp_q_group<F>(f[i], s);
-    store8<VEC>(q + row * (i64)K + u * 8, b);
+    store8w<VEC>(q + row * (i64)K + u * 8, quant8<F, CLAMP_LO>(f, s, div_rn(1.0f, s), needs_exact_div(sa, s)));
     if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
 }
 
 // ---------------------------------------------------------------- per-token quantization (any K)
 template <class F> struct TokenRule {  // vLLM dynamic_per_token_scaled_fp8_quant
+    static constexpr int CLAMP = CLAMP_HI;
     __device__ static float scale(float amax) {
         return fmax_ieee(div_rn(amax, F::max_finite), 1.0f / (F::max_finite * 512.0f));
     }
-    __device__ static float inv(float, float s) { return s; }  // quantize by x / s
-    __device__ static unsigned char quant(float x, float s, float, bool) {
-        return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(x, s), F::max_finite)));
-    }
+    __device__ static float inv(float, float s) { return div_rn(1.0f, s); }  // quantize by x / s
 };
 template <> struct TokenRule<I8> {  // vLLM dynamic_scaled_int8_quant
+    static constexpr int CLAMP = CLAMP_NONE;
     __device__ static float scale(float amax) { return div_rn(amax, 127.0f); }
     // amax >= 0; compared on its bits, because -ftz would make a subnormal amax compare equal to 0
     __device__ static float inv(float amax, float) {
         return __float_as_uint(amax) == 0u ? 0.0f : div_rn(127.0f, amax);
     }
-    __device__ static unsigned char quant(float x, float s, float inv, bool pow2) {
-        return to_int8_rn(pow2 ? div_rn(x, s) : mul_rn(x, inv));
-    }
 };
+
+// Eight elements of a token: FP8 and pow2 INT8 as x / s; vLLM's INT8 multiplies by 127 / amax.
+template <class F>
+__device__ __forceinline__ uint2 token_quant8(const float* f, float s, float inv, bool pow2, bool exact_div) {
+    if constexpr (F::max_finite == 127.0f) {
+        if (!pow2) {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = mul_rn(f[i], inv);
+            return pack8<F, CLAMP_NONE>(v);
+        }
+        return quant8<F, CLAMP_NONE>(f, s, div_rn(1.0f, s), exact_div);
+    }
+    return quant8<F, CLAMP_HI>(f, s, inv, exact_div);
+}
 
 static constexpr int TOKEN_BLOCK = 256;
 static constexpr int TOKEN_REG_BYTES = 128;  // row bytes a thread keeps in registers (32 registers)
@@ -282,6 +346,7 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     if (sa.pow2) s = pow2_ceil(s);
     const float inv = TokenRule<F>::inv(amax, s);
     const bool pow2 = sa.pow2 != 0;
+    const bool exact_div = needs_exact_div(sa, s);
     if (in_regs) {
 #pragma unroll
         for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
@@ -290,10 +355,7 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
                 float f[8];
 #pragma unroll
                 for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * (8 / LOADS));
-                unsigned char b[8];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) b[i] = TokenRule<F>::quant(f[i], s, inv, pow2);
-                store8<true>(qr + c, b);
+                store8w<true>(qr + c, token_quant8<F>(f, s, inv, pow2, exact_div));
             }
         }
     } else {
@@ -302,12 +364,10 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
             if constexpr (VEC) {
                 float g[8];
                 load8<T, true>(xr + c, g);
-                unsigned char b[8];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) b[i] = TokenRule<F>::quant(g[i], s, inv, pow2);
-                store8<true>(qr + c, b);
+                store8w<true>(qr + c, token_quant8<F>(g, s, inv, pow2, exact_div));
             } else {
-                qr[c] = TokenRule<F>::quant(to_float(xr[c]), s, inv, pow2);
+                float g[8] = {to_float(xr[c])};
+                qr[c] = (unsigned char)(token_quant8<F>(g, s, inv, pow2, exact_div).x & 0xffu);
             }
         }
     }
@@ -318,20 +378,18 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
 // The one definition of the intermediate, shared by the fused kernel and the test kernel below:
 // e = expf(-gate) (CUDA's expf, within 2 ulp), then IEEE steps only.
 __device__ __forceinline__ float silu_mul_from_exp(float gate, float up, float e) {
-    const float sigmoid = div_rn(1.0f, add_rn(1.0f, e));
+    const float sigmoid = rcp_rn(add_rn(1.0f, e));  // == 1.0f / (1.0f + e), correctly rounded
     return mul_rn(mul_rn(gate, sigmoid), up);
 }
 __device__ __forceinline__ float silu_mul(float gate, float up) { return silu_mul_from_exp(gate, up, expf(-gate)); }
 
 template <class F> struct SiluRule {
+    static constexpr int CLAMP = CLAMP_HI;
     __device__ static float min_scale() { return 1.0f / (F::max_finite * 512.0f); }
-    __device__ static unsigned char quant(float r, float s) {
-        return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(r, s), F::max_finite)));
-    }
 };
 template <> struct SiluRule<I8> {
+    static constexpr int CLAMP = CLAMP_NONE;
     __device__ static float min_scale() { return 1.1920928955078125e-07f; }  // FLT_EPSILON
-    __device__ static unsigned char quant(float r, float s) { return to_int8_rn(div_rn(r, s)); }
 };
 
 // Grid as group_quantize, over the H output columns.
@@ -360,10 +418,8 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
     float s = div_rn(__uint_as_float(m), F::max_finite);
     if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
     s = fmax_ieee(s, SiluRule<F>::min_scale());
-    unsigned char b[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) b[i] = SiluRule<F>::quant(r[i], s);
-    store8<VEC>(q + row * (i64)H + u * 8, b);
+    store8w<VEC>(q + row * (i64)H + u * 8,
+                 quant8<F, SiluRule<F>::CLAMP>(r, s, div_rn(1.0f, s), needs_exact_div(sa, s)));
     if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
 }
 
