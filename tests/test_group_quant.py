@@ -263,7 +263,9 @@ def check_intermediate(xh, r, e):
     dist = _ulp_distance(e[finite], e_np[finite])
     assert dist.size == 0 or dist.max() <= 2, f"expf off by {dist.max()} ulp"
     assert_bits_equal(np.isfinite(e), np.isfinite(e_np), "expf overflow pattern")
-    assert_bits_equal(r, ref.silu_mul_from_exp(gate, up, e), "r from the device's expf")
+    r_host = ref.silu_mul_from_exp(gate, up, e)
+    both_nan = np.isnan(r) & np.isnan(r_host)  # NaN payloads differ (CUDA's 0x7fffffff); r quantizes the same
+    assert_bits_equal(np.where(both_nan, 0, r), np.where(both_nan, 0, r_host), "r from the device's expf")
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
