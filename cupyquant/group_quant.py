@@ -37,7 +37,6 @@ _FORMATS = _dtypes.FP8_NAMES + ("int8",)
 _GROUP_SIZES = (32, 64, 128, 256)
 _LAYOUTS = ("row", "col")
 _BLOCK = 256  # threads per block of the per-group kernels (their launch bounds)
-_ROWS = 4  # rows per thread of the per-group kernels (ROWS in group_quant.cu)
 _TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in group_quant.cu
 
 # The kernels' ScaleArgs struct, field for field (C alignment).
@@ -209,13 +208,12 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
 
 def _grid2d(rows: int, units: int):
     """(grid, block) for the per-group kernels: blockDim (bx, by), bx the largest power of two up to
-    256 that divides the units of a row (a multiple of G / 8, so no group straddles two block rows);
-    each thread takes _ROWS rows."""
+    256 that divides the units of a row (a multiple of G / 8, so no group straddles two block rows)."""
     bx = _BLOCK
     while units % bx:
         bx //= 2
     by = _BLOCK // bx
-    return (-(-rows // (by * _ROWS)), units // bx), (bx, by)
+    return (-(-rows // by), units // bx), (bx, by)
 
 
 def _scale_args(lay: _Layout, words_ptr, n_groups, packed, pow2, ub):

@@ -47,18 +47,19 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 }
 
 // x / s, correctly rounded, given r = div_rn(1, s) computed once for many x: q0 = x * r, then one
-// correction with the exact remainder x - q0 * s (the structure of the GPU's own div.rn fast path,
-// with the reciprocal hoisted). Equal to div_rn(x, s) bit for bit for every pair of normal
-// significands (checked exhaustively, all 2^46 pairs: scripts/verify_fast_division.py) and so for
-// all x, s away from the exponent range limits. Callers must use div_rn instead when x / s can
-// overflow or s is not finite; results below about 2^-100 may differ in the last place, which
-// cannot change an 8-bit output. The sign is taken from x so that -0 / s stays -0.
+// correction with the exact remainder: e = q0 * s - x (exact by the FMA), q = q0 - e * r, each one
+// fma.rn (the structure of the GPU's own div.rn fast path, with the reciprocal hoisted; the negations
+// fold into the FMA operands, and this sign arrangement keeps -0 / s = -0). Equal to div_rn(x, s) bit
+// for bit for every pair of normal significands (checked exhaustively, all 2^46 pairs:
+// scripts/verify_fast_division.py), so for all x, s away from the exponent range limits. Callers use
+// div_rn instead when x / s can overflow or s is not finite; results below about 2^-100 may differ
+// in the last place, which cannot change an 8-bit output.
 __device__ __forceinline__ float div_by(float x, float s, float r) {
-    float q0, rem, q1;
+    float q0, e, q;
     asm("mul.rn.f32 %0, %1, %2;" : "=f"(q0) : "f"(x), "f"(r));
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(rem) : "f"(-q0), "f"(s), "f"(x));
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(q1) : "f"(rem), "f"(r), "f"(q0));
-    return __uint_as_float((__float_as_uint(q1) & 0x7fffffffu) | (__float_as_uint(x) & 0x80000000u));
+    asm("{ .reg .f32 nx; neg.f32 nx, %3; fma.rn.f32 %0, %1, %2, nx; }" : "=f"(e) : "f"(q0), "f"(s), "f"(x));
+    asm("{ .reg .f32 ne; neg.f32 ne, %1; fma.rn.f32 %0, ne, %2, %3; }" : "=f"(q) : "f"(e), "f"(r), "f"(q0));
+    return q;
 }
 
 __device__ __forceinline__ bool is_finite_bits(unsigned u) { return (u & 0x7f800000u) != 0x7f800000u; }

@@ -190,13 +190,19 @@ template <class F, int CLAMP> __device__ __forceinline__ uint2 pack8(const float
     return make_uint2(w[0], w[1]);
 }
 
-// Eight elements quantized with scale s: x / s by div_by with r = 1 / s (div_rn where that is not
-// safe), then pack8.
+// Eight elements quantized with scale s: x / s by div_by with r = 1 / s, or by div_rn where div_by
+// is not safe (one branch around all eight: a branch per element cost five instructions of divergence
+// bookkeeping each, even on the fast path), then pack8.
 template <class F, int CLAMP>
 __device__ __forceinline__ uint2 quant8(const float* f, float s, float r, bool exact_div) {
     float v[8];
+    if (exact_div) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = exact_div ? div_rn(f[i], s) : div_by(f[i], s, r);
+        for (int i = 0; i < 8; ++i) v[i] = div_rn(f[i], s);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = div_by(f[i], s, r);
+    }
     return pack8<F, CLAMP>(v);
 }
 
@@ -209,42 +215,26 @@ template <bool VEC> __device__ __forceinline__ void store8w(unsigned char* __res
     }
 }
 
-// Eight elements as loaded: 16-byte vectors (VEC) or the elements themselves.
-template <typename T, bool VEC> struct Raw8 {
-    static constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;
-    uint4 v[LOADS];
-    __device__ __forceinline__ void load(const T* __restrict__ p) {
+// Load 8 elements as floats and return the max of their |x| keys (NaN ignored).
+template <typename T, bool VEC> __device__ __forceinline__ unsigned load8_absmax(const T* __restrict__ p, float* f) {
+    unsigned m = 0;
+    if constexpr (VEC) {
+        constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;
 #pragma unroll
-        for (int l = 0; l < LOADS; ++l) v[l] = ld16(p + l * 4);
-    }
-    __device__ __forceinline__ unsigned absmax() const {
-        unsigned m = 0;
+        for (int l = 0; l < LOADS; ++l) {
+            const uint4 raw = ld16(p + l * 4);
+            m = max(m, absmax16<T>(raw));
+            unpack16<T>(raw, f + l * 4);
+        }
+    } else {
 #pragma unroll
-        for (int l = 0; l < LOADS; ++l) m = max(m, absmax16<T>(v[l]));
-        return m;
+        for (int i = 0; i < 8; ++i) {
+            f[i] = to_float(p[i]);
+            m = max(m, abs_key(f[i]));
+        }
     }
-    __device__ __forceinline__ void unpack(float* f) const {
-#pragma unroll
-        for (int l = 0; l < LOADS; ++l) unpack16<T>(v[l], f + l * 4);
-    }
-};
-template <typename T> struct Raw8<T, false> {
-    T e[8];
-    __device__ __forceinline__ void load(const T* __restrict__ p) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) e[i] = p[i];
-    }
-    __device__ __forceinline__ unsigned absmax() const {
-        unsigned m = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m = max(m, abs_key(to_float(e[i])));
-        return m;
-    }
-    __device__ __forceinline__ void unpack(float* f) const {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
-    }
-};
+    return m;
+}
 
 // Whether x / s must use the IEEE division: with scale_ub a quotient can overflow (and x can be
 // inf while s is finite); a non-finite s gives div_by nothing to work with.
@@ -254,44 +244,26 @@ __device__ __forceinline__ bool needs_exact_div(const ScaleArgs& a, float s) {
 
 // ---------------------------------------------------------------- per-group quantization
 // Grid: blockDim (bx, by) with bx * by = 256 and bx a multiple of G / 8 that divides K / 8;
-// blockIdx.y covers a row's 8-element units by bx; each thread takes the same unit of ROWS rows
-// (blockIdx.x * ROWS + j) * by + threadIdx.y, issuing all their loads before any arithmetic. (One
-// row per thread left a single 16-byte load in flight behind a long dependent chain: 51% of copy
-// bandwidth at 16384 x 16384 bf16 on H200.) No division by a run-time value on the hot path.
-static constexpr int ROWS = 4;
-
+// blockIdx.x covers rows by by, blockIdx.y covers a row's 8-element units by bx. No division by a
+// run-time value on the hot path.
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
                int group_size, ScaleArgs sa) {
     const int tpg = group_size >> 3;
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
-    Raw8<T, VEC> raw[ROWS];  // as loaded; unpacked after the reduction (fewer registers)
-    unsigned m[ROWS];
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) {
-        const i64 row = ((i64)blockIdx.x * ROWS + j) * blockDim.y + threadIdx.y;
-        m[j] = 0u;
-        if (row < rows) {
-            raw[j].load(x + row * x_row_stride + u * 8);
-            m[j] = raw[j].absmax();
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) m[j] = group_max(m[j], tpg);  // every lane takes part
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) {
-        const i64 row = ((i64)blockIdx.x * ROWS + j) * blockDim.y + threadIdx.y;
-        if (row >= rows) break;
-        float amax = fmax_ieee(__uint_as_float(m[j]), 1e-10f);
-        if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
-        float s = div_rn(amax, F::max_finite);
-        if (sa.pow2) s = pow2_ceil(s);
-        float f[8];
-        raw[j].unpack(f);
-        store8w<VEC>(q + row * (i64)K + u * 8, quant8<F, CLAMP_LO>(f, s, div_rn(1.0f, s), needs_exact_div(sa, s)));
-        if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
-    }
+    const bool valid = row < rows;
+    float f[8];
+    unsigned m = valid ? load8_absmax<T, VEC>(x + row * x_row_stride + u * 8, f) : 0u;
+    m = group_max(m, tpg);  // every lane takes part, valid or not
+    if (!valid) return;
+    float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
+    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
+    float s = div_rn(amax, F::max_finite);
+    if (sa.pow2) s = pow2_ceil(s);
+    store8w<VEC>(q + row * (i64)K + u * 8, quant8<F, CLAMP_LO>(f, s, div_rn(1.0f, s), needs_exact_div(sa, s)));
+    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);  // tpg: a power of two
 }
 
 // ---------------------------------------------------------------- per-token quantization (any K)
@@ -426,49 +398,35 @@ template <> struct SiluRule<I8> {
     __device__ static float min_scale() { return 1.1920928955078125e-07f; }  // FLT_EPSILON
 };
 
-// Grid as group_quantize (ROWS rows per thread), over the H output columns.
+// Grid as group_quantize, over the H output columns.
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int H,
                   int group_size, ScaleArgs sa) {
     const int tpg = group_size >> 3;
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
-    Raw8<T, VEC> graw[ROWS], uraw[ROWS];
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) {
-        const i64 row = ((i64)blockIdx.x * ROWS + j) * blockDim.y + threadIdx.y;
-        if (row < rows) {
-            graw[j].load(x + row * x_row_stride + u * 8);
-            uraw[j].load(x + row * x_row_stride + H + u * 8);
-        }
-    }
-    float g[ROWS][8];  // r = silu(gate) * up
-    unsigned m[ROWS];
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) {
-        float up[8];
-        graw[j].unpack(g[j]);
-        uraw[j].unpack(up);
-        m[j] = 0u;
+    const bool valid = row < rows;
+    float r[8];
+    unsigned m = 0;
+    if (valid) {
+        float g[8], up[8];
+        load8<T, VEC>(x + row * x_row_stride + u * 8, g);
+        load8<T, VEC>(x + row * x_row_stride + H + u * 8, up);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            g[j][i] = silu_mul(g[j][i], up[i]);
-            m[j] = max(m[j], abs_key(g[j][i]));
+            r[i] = silu_mul(g[i], up[i]);
+            m = max(m, abs_key(r[i]));
         }
     }
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) m[j] = group_max(m[j], tpg);
-#pragma unroll
-    for (int j = 0; j < ROWS; ++j) {
-        const i64 row = ((i64)blockIdx.x * ROWS + j) * blockDim.y + threadIdx.y;
-        if (row >= rows) break;
-        float s = div_rn(__uint_as_float(m[j]), F::max_finite);
-        if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
-        s = fmax_ieee(s, SiluRule<F>::min_scale());
-        store8w<VEC>(q + row * (i64)H + u * 8,
-                     quant8<F, SiluRule<F>::CLAMP>(g[j], s, div_rn(1.0f, s), needs_exact_div(sa, s)));
-        if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);
-    }
+    m = group_max(m, tpg);
+    if (!valid) return;
+    float s = div_rn(__uint_as_float(m), F::max_finite);
+    if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
+    s = fmax_ieee(s, SiluRule<F>::min_scale());
+    store8w<VEC>(q + row * (i64)H + u * 8,
+                 quant8<F, SiluRule<F>::CLAMP>(r, s, div_rn(1.0f, s), needs_exact_div(sa, s)));
+    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);  // tpg: a power of two
 }
 
 // Test only: the float32 intermediate r the fused kernel quantizes and the expf(-gate) it came from.
