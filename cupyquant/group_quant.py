@@ -208,7 +208,8 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
 
 def _grid2d(rows: int, units: int):
     """(grid, block) for the per-group kernels: blockDim (bx, by), bx the largest power of two up to
-    256 that divides the units of a row (a multiple of G / 8, so no group straddles two block rows)."""
+    256 that divides the 16-element units of a row (a multiple of G / 16, so no group straddles two
+    block rows)."""
     bx = _BLOCK
     while units % bx:
         bx //= 2
@@ -299,13 +300,13 @@ def quantize_groupwise(
         q, scale_out = _outputs(out, scale_out, x.shape, q_dtype, lay, packed)
         if rows and K:
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, packed, pow2, ub)
-            vec = K % 8 == 0 and x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and q.data.ptr % 8 == 0
+            vec = K % 8 == 0 and x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
             if group_size is None:
                 k = _jit.kernel(device, _FAMILY, "token_quantize", in_t.ctype, fmt.ctag, vec)
                 k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
             else:
                 k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-                grid, block = _grid2d(rows, K // 8)
+                grid, block = _grid2d(rows, K // 16)
                 k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
 
@@ -372,9 +373,9 @@ def silu_mul_quantize(
         q, scale_out = _outputs(out, scale_out, out_shape, q_dtype, lay, packed)
         if rows and H:
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
-            vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 8 == 0
+            vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
             k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-            grid, block = _grid2d(rows, H // 8)
+            grid, block = _grid2d(rows, H // 16)
             k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
 
