@@ -61,12 +61,6 @@ __device__ __forceinline__ unsigned char to_int8_rn(float v) {
     return (unsigned char)(r & 0xff);
 }
 
-// One quantized byte from an already clamped value.
-template <class F> __device__ __forceinline__ unsigned char to_q(float v) {
-    return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, F::kind);
-}
-template <> __device__ __forceinline__ unsigned char to_q<I8>(float v) { return to_int8_rn(v); }
-
 template <class F> __device__ __forceinline__ float from_q(unsigned char b) { return fp8_to_float<F>(b); }
 template <> __device__ __forceinline__ float from_q<I8>(unsigned char b) { return (float)(signed char)b; }
 
