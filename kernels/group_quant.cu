@@ -145,15 +145,29 @@ template <typename T, bool VEC> __device__ __forceinline__ void load8(const T* _
     }
 }
 
-// Max over the TPG consecutive lanes of a group (TPG a power of two dividing 32; all 32 lanes take
-// part). Unrolled and predicated: cheaper than a loop on the run-time TPG.
+// Max over the TPG consecutive lanes of a group (TPG a power of two dividing 32, the same in every
+// lane, so all 32 lanes take each branch together). Only the log2(TPG) shuffles a group needs are
+// issued: shuffles were the top stall (36% of cycles) when all five ran.
 __device__ __forceinline__ unsigned group_max(unsigned v, int tpg) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned w = __shfl_xor_sync(0xffffffffu, v, o);
-        if (o < tpg) v = max(v, w);
-    }
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < tpg) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+// |x| keys of 16 values for the group max, cheaply: the magnitude bits (a NaN's exceed inf's). Only if
+// some lane of the warp saw a NaN does the warp redo its keys with NaN mapped to 0 (fmaxf semantics);
+// the vote keeps all 32 lanes on one path for the shuffles that follow.
+__device__ __forceinline__ unsigned group_absmax16(const float* f, int tpg) {
+    unsigned m = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = max(m, __float_as_uint(f[i]) & 0x7fffffffu);
+    if (__any_sync(0xffffffffu, m > 0x7f800000u)) {
+        m = 0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) m = max(m, abs_key(f[i]));
+    }
+    return group_max(m, tpg);
 }
 
 // What happens to x / s before the 8-bit conversion. The conversions saturate (cvt.satfinite to
@@ -224,27 +238,6 @@ template <bool VEC> __device__ __forceinline__ void store8w(unsigned char* __res
     }
 }
 
-// Load 8 elements as floats and return the max of their |x| keys (NaN ignored).
-template <typename T, bool VEC> __device__ __forceinline__ unsigned load8_absmax(const T* __restrict__ p, float* f) {
-    unsigned m = 0;
-    if constexpr (VEC) {
-        constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;
-#pragma unroll
-        for (int l = 0; l < LOADS; ++l) {
-            const uint4 raw = ld16(p + l * 4);
-            m = max(m, absmax16<T>(raw));
-            unpack16<T>(raw, f + l * 4);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            f[i] = to_float(p[i]);
-            m = max(m, abs_key(f[i]));
-        }
-    }
-    return m;
-}
-
 // Whether x / s must use the IEEE division: with scale_ub a quotient can overflow (and x can be
 // inf while s is finite); a non-finite s gives div_by nothing to work with.
 __device__ __forceinline__ bool needs_exact_div(const ScaleArgs& a, float s) {
@@ -267,12 +260,15 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     const bool valid = row < rows;
     float f[16];
-    unsigned m = 0;
     if (valid) {
         const T* p = x + row * x_row_stride + u * 16;
-        m = max(load8_absmax<T, VEC>(p, f), load8_absmax<T, VEC>(p + 8, f + 8));
+        load8<T, VEC>(p, f);
+        load8<T, VEC>(p + 8, f + 8);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = 0.0f;
     }
-    m = group_max(m, tpg);  // every lane takes part, valid or not
+    const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
     if (!valid) return;
     float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
     if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
@@ -426,7 +422,6 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     const bool valid = row < rows;
     float r[16];
-    unsigned m = 0;
     if (valid) {
         const T* p = x + row * x_row_stride + u * 16;
         float up[16];
@@ -435,12 +430,12 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
         load8<T, VEC>(p + H, up);
         load8<T, VEC>(p + H + 8, up + 8);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            r[i] = silu_mul(r[i], up[i]);
-            m = max(m, abs_key(r[i]));
-        }
+        for (int i = 0; i < 16; ++i) r[i] = silu_mul(r[i], up[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) r[i] = 0.0f;
     }
-    m = group_max(m, tpg);
+    const unsigned m = group_absmax16(r, tpg);
     if (!valid) return;
     float s = div_rn(__uint_as_float(m), F::max_finite);
     if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
