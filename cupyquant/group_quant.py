@@ -206,13 +206,17 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
 
 
-def _grid2d(rows: int, units: int):
+def _grid2d(rows: int, units: int, col: bool = False):
     """(grid, block) for the per-group kernels: blockDim (bx, by), bx the largest power of two up to
     256 that divides the 16-element units of a row (a multiple of G / 16, so no group straddles two
     block rows)."""
     bx = _BLOCK
     while units % bx:
         bx //= 2
+    if col and units % 32 == 0:
+        # 8 rows per block, so that the 8 consecutive-token scales of a 32-byte "col" sector come
+        # from one block and reach memory as whole sectors (one row per block: 228 vs 211 us)
+        bx = min(bx, 32)
     by = _BLOCK // bx
     return (-(-rows // by), units // bx), (bx, by)
 
@@ -306,7 +310,7 @@ def quantize_groupwise(
                 k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
             else:
                 k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-                grid, block = _grid2d(rows, K // 16)
+                grid, block = _grid2d(rows, K // 16, lay.col)
                 k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
 
@@ -375,7 +379,7 @@ def silu_mul_quantize(
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
             vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
             k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-            grid, block = _grid2d(rows, H // 16)
+            grid, block = _grid2d(rows, H // 16, lay.col)
             k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
 

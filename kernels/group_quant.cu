@@ -238,6 +238,13 @@ template <bool VEC> __device__ __forceinline__ void store8w(unsigned char* __res
     }
 }
 
+// amax / qmax: div_by with the constant RN(1 / qmax) for finite amax (amax >= 1e-10 in the group
+// kernel, and below FLT_MIN the fused kernel's result is replaced by its minimum scale anyway).
+template <class F> __device__ __forceinline__ float scale_of(float amax) {
+    constexpr float r = 1.0f / F::max_finite;  // folded at compile time, correctly rounded
+    return is_finite_bits(__float_as_uint(amax)) ? div_by(amax, F::max_finite, r) : div_rn(amax, F::max_finite);
+}
+
 // Whether x / s must use the IEEE division: with scale_ub a quotient can overflow (and x can be
 // inf while s is finite); a non-finite s gives div_by nothing to work with.
 __device__ __forceinline__ bool needs_exact_div(const ScaleArgs& a, float s) {
@@ -272,7 +279,7 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     if (!valid) return;
     float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
     if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
-    float s = div_rn(amax, F::max_finite);
+    float s = scale_of<F>(amax);
     if (sa.pow2) s = pow2_ceil(s);
     const float r = rcp_rn(s);
     const bool exact = needs_exact_div(sa, s);
@@ -437,7 +444,7 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
     }
     const unsigned m = group_absmax16(r, tpg);
     if (!valid) return;
-    float s = div_rn(__uint_as_float(m), F::max_finite);
+    float s = scale_of<F>(__uint_as_float(m));
     if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
     s = fmax_ieee(s, SiluRule<F>::min_scale());
     const float rs = rcp_rn(s);
