@@ -27,12 +27,16 @@ def main():
     x = cupy.ones(a.elements, dtype=ml_dtypes.bfloat16)
     s = cupy.ones(1, np.float32)
     q = cq.quantize_fp8(x)
+    x2 = x.reshape(-1, 1024)
     ops = {
         "quantize_fp8 dynamic": lambda: cq.quantize_fp8(x),
         "quantize_fp8 static float": lambda: cq.quantize_fp8(x, scale=0.5),
         "quantize_fp8 static device": lambda: cq.quantize_fp8(x, scale=s),
         "dequantize": lambda: q.dequantize(),
         "amax": lambda: cq.amax(x),
+        "quantize_groupwise g128": lambda: cq.quantize_groupwise(x2, group_size=128),
+        "quantize_groupwise token": lambda: cq.quantize_groupwise(x2, "int8", group_size=None),
+        "silu_mul_quantize g128": lambda: cq.silu_mul_quantize(x2, group_size=128),
         "(cupy.empty alone)": lambda: cupy.empty(a.elements, np.uint8),
     }
     # what one launch costs with the fp8_quantize argument list, by argument kind
