@@ -62,6 +62,18 @@ __device__ __forceinline__ float div_by(float x, float s, float r) {
     return q;
 }
 
+// min.f32 / max.f32 without .ftz: a NaN operand gives the other one (fminf / fmaxf semantics)
+__device__ __forceinline__ float fmin_ieee(float a, float b) {
+    float r;
+    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float fmax_ieee(float a, float b) {
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 __device__ __forceinline__ bool is_finite_bits(unsigned u) { return (u & 0x7f800000u) != 0x7f800000u; }
 
 // ---------------------------------------------------------------- input/output element types

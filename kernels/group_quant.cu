@@ -43,17 +43,6 @@ template <> struct QRange<I8> {
     static constexpr float lo = -128.0f, hi = 127.0f;
 };
 
-__device__ __forceinline__ float fmin_ieee(float a, float b) {  // min.f32: a NaN operand gives the other
-    float r;
-    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float fmax_ieee(float a, float b) {
-    float r;
-    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
 // Round half to even with saturation to [-128, 127]; NaN gives 0 (cvt.rni.sat.s8.f32).
 __device__ __forceinline__ unsigned char to_int8_rn(float v) {
     int r;
@@ -252,6 +241,17 @@ __device__ __forceinline__ bool needs_exact_div(const ScaleArgs& a, float s) {
 }
 
 // ---------------------------------------------------------------- per-group quantization
+// The end of a per-group thread: its 16 elements quantized with the group's scale s and stored; the
+// group's first lane stores s.
+template <class F, int CLAMP, bool VEC>
+__device__ __forceinline__ void finish_group16(unsigned char* __restrict__ q16, const float* f, float s,
+                                               const ScaleArgs& sa, i64 row, int u, int tpg) {
+    const float r = rcp_rn(s);
+    const bool exact = needs_exact_div(sa, s);
+    store16w<VEC>(q16, quant8<F, CLAMP>(f, s, r, exact), quant8<F, CLAMP>(f + 8, s, r, exact));
+    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);  // tpg: a power of two
+}
+
 // Each thread takes 16 consecutive elements (two 16-byte loads of a 16-bit type, four of float32;
 // one 16-byte store), so a group of G is G / 16 consecutive lanes. Grid: blockDim (bx, by), bx * by =
 // 256, bx a power of two that divides K / 16 (so a multiple of G / 16); blockIdx.x covers rows by by,
@@ -281,10 +281,7 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
     float s = scale_of<F>(amax);
     if (sa.pow2) s = pow2_ceil(s);
-    const float r = rcp_rn(s);
-    const bool exact = needs_exact_div(sa, s);
-    store16w<VEC>(q + row * (i64)K + u * 16, quant8<F, CLAMP_LO>(f, s, r, exact), quant8<F, CLAMP_LO>(f + 8, s, r, exact));
-    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);  // tpg: a power of two
+    finish_group16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, s, sa, row, u, tpg);
 }
 
 // ---------------------------------------------------------------- per-token quantization (any K)
@@ -447,11 +444,7 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
     float s = scale_of<F>(__uint_as_float(m));
     if (sa.has_ub) s = fmin_ieee(s, load_ub(sa));
     s = fmax_ieee(s, SiluRule<F>::min_scale());
-    const float rs = rcp_rn(s);
-    const bool exact = needs_exact_div(sa, s);
-    store16w<VEC>(q + row * (i64)H + u * 16, quant8<F, SiluRule<F>::CLAMP>(r, s, rs, exact),
-                  quant8<F, SiluRule<F>::CLAMP>(r + 8, s, rs, exact));
-    if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);
+    finish_group16<F, SiluRule<F>::CLAMP, VEC>(q + row * (i64)H + u * 16, r, s, sa, row, u, tpg);
 }
 
 // Test only: the float32 intermediate r the fused kernel quantizes and the expf(-gate) it came from.
