@@ -206,17 +206,13 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
 
 
-def _grid2d(rows: int, units: int, col: bool = False):
+def _grid2d(rows: int, units: int):
     """(grid, block) for the per-group kernels: blockDim (bx, by), bx the largest power of two up to
     256 that divides the 16-element units of a row (a multiple of G / 16, so no group straddles two
     block rows)."""
     bx = _BLOCK
     while units % bx:
         bx //= 2
-    if col and units % 32 == 0:
-        # 8 rows per block, so that the 8 consecutive-token scales of a 32-byte "col" sector come
-        # from one block and reach memory as whole sectors (one row per block: 228 vs 211 us)
-        bx = min(bx, 32)
     by = _BLOCK // bx
     return (-(-rows // by), units // bx), (bx, by)
 
@@ -310,7 +306,7 @@ def quantize_groupwise(
                 k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
             else:
                 k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-                grid, block = _grid2d(rows, K // 16, lay.col)
+                grid, block = _grid2d(rows, K // 16)
                 k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
 
@@ -379,7 +375,7 @@ def silu_mul_quantize(
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
             vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
             k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-            grid, block = _grid2d(rows, H // 16, lay.col)
+            grid, block = _grid2d(rows, H // 16)
             k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
 
@@ -410,15 +406,17 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
     packed = q.scheme.scale_dtype == "float8_e8m0fnu"
     lay = _Layout(tuple(shape[:-1]), _n_cols(K // G if G else 0, packed), q.scheme.scale_layout == "col")
     rows = math.prod(shape[:-1])
+    # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
+    g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
     with _validate.on_device_of(q.data):
         y = cupy.empty(shape, dtype=out_t.dtype) if out is None else out
         if rows and K:
+            sa = _scale_args(lay, q.scale.data.ptr, 0, packed, 0, (0, np.float32(0), 0))
             vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y.data.ptr % 16 == 0
-            units = rows * (K // 8 if vec else K)
             k = _jit.kernel(device, _FAMILY, "group_dequantize", out_t.ctype, fmt.ctag, vec)
-            k(
-                (-(-units // 256),), (256,),
-                (q.data, y, np.int64(rows), np.int32(K), np.int32(G), q.scale, np.int64(lay.M),
-                 np.int64(lay.sb), np.int64(lay.sm), np.int64(lay.sg), np.int32(packed)),
-            )
+            if vec:
+                grid, block = _grid2d(rows, K // 8)
+            else:
+                grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
+            k(grid, block, (q.data, y, np.int64(rows), np.int32(K), np.int32(g_shift), sa))
     return y

@@ -462,32 +462,35 @@ __global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride,
 }
 
 // ---------------------------------------------------------------- dequantization
+// y = round(float(q) * s) for the scale s of q's group. VEC (K a multiple of 8, q 8-byte and y 16-byte
+// aligned): a 2-D grid as the quantizers', each thread 8 elements (one 8-byte load, 16 or 32 bytes
+// stored), the group index a shift (g_shift = log2 G; 31 for one scale per row) and the (batch,
+// token) split a magic multiply. (A flat grid with 64-bit divisions per thread: 78% of copy at
+// 16384 x 16384.) Otherwise a flat grid-stride loop of single elements.
+__device__ __forceinline__ float load_scale(const ScaleArgs& a, i64 row, int g) {
+    i64 b = 0, m = row;
+    if (a.col) split_row(a, row, b, m);
+    if (a.packed) {
+        const unsigned w = __ldg(a.words + b * a.sb + m * a.sm + (i64)(g >> 2) * a.sg);
+        return e8m0_to_float((w >> (8 * (g & 3))) & 0xffu);
+    }
+    return __uint_as_float(__ldg(a.words + b * a.sb + m * a.sm + (i64)g * a.sg));
+}
+
 template <typename OutT, class F, bool VEC>
 __global__ void __launch_bounds__(256)
-group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, int group_size,
-                 const unsigned* __restrict__ words, i64 M, i64 sb, i64 sm, i64 sg, int packed) {
-    const int step = VEC ? 8 : 1;
-    const int units = K / step;
-    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= rows * units) return;
-    const i64 row = t / units;
-    const int c = (int)(t - row * units) * step;
-    const int g = c / group_size;
-    const i64 b = row / M, m = row - b * M;
-    float s;
-    if (packed) {
-        const unsigned w = __ldg(words + b * sb + m * sm + (i64)(g >> 2) * sg);
-        s = e8m0_to_float((w >> (8 * (g & 3))) & 0xffu);
-    } else {
-        s = __uint_as_float(__ldg(words + b * sb + m * sm + (i64)g * sg));
-    }
-    const unsigned char* qp = q + row * (i64)K + c;
-    OutT* yp = y + row * (i64)K + c;
+group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, int g_shift,
+                 ScaleArgs sa) {
     if constexpr (VEC) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(qp));
+        const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+        if (row >= rows) return;
+        const int c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+        const float s = load_scale(sa, row, c >> g_shift);
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(q + row * (i64)K + c));
         float f[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) f[i] = mul_rn(from_q<F>((unsigned char)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu)), s);
+        OutT* yp = y + row * (i64)K + c;
         if constexpr (sizeof(OutT) == 4) {
             st16(yp, pack16<OutT>(f));
             st16(yp + 4, pack16<OutT>(f + 4));
@@ -495,6 +498,11 @@ group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 
             st16(yp, pack16<OutT>(f));
         }
     } else {
-        yp[0] = from_float<OutT>(mul_rn(from_q<F>(qp[0]), s));
+        const i64 n = rows * K;
+        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+            const i64 row = i / K;
+            const int c = (int)(i - row * K);
+            y[i] = from_float<OutT>(mul_rn(from_q<F>(q[i]), load_scale(sa, row, c >> g_shift)));
+        }
     }
 }
