@@ -52,6 +52,7 @@ _FORMATS = {
         ElementFormat("float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), "cq::E4M3", 448.0, 8),
         ElementFormat("float8_e5m2", np.dtype(ml_dtypes.float8_e5m2), "cq::E5M2", 57344.0, 8),
         ElementFormat("int8", np.dtype(np.int8), "cq::I8", 127.0, 8),
+        ElementFormat("float4_e2m1fn", np.dtype(ml_dtypes.float4_e2m1fn), "cq::E2M1", 6.0, 4),
     )
 }
 
@@ -59,6 +60,7 @@ _FORMATS = {
 SCALE_DTYPES = {
     "float32": np.dtype(np.float32),
     "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
 }
 
 _INPUTS = {
@@ -72,6 +74,7 @@ _INPUTS = {
 
 FORMAT_NAMES = tuple(_FORMATS)
 FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")
+MX_NAMES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")
 INPUT_TYPES = tuple(_INPUTS.values())
 
 
@@ -99,14 +102,16 @@ def element_format(dtype, arg: str = "dtype", allowed=None) -> ElementFormat:
     return _FORMATS[name]
 
 
-def scale_dtype(dtype, arg: str = "scale_dtype") -> str:
-    """Resolve a scale dtype given by name or type to its name; ``ValueError`` naming ``arg``."""
+def scale_dtype(dtype, arg: str = "scale_dtype", allowed=None) -> str:
+    """Resolve a scale dtype given by name or type to its name; ``ValueError`` naming ``arg`` for one
+    that is not a scale dtype (or not in ``allowed``)."""
+    allowed = tuple(SCALE_DTYPES) if allowed is None else allowed
     try:
         name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     except TypeError:
         name = repr(dtype)
-    if name not in SCALE_DTYPES:
-        raise ValueError(f"{arg}={name!r} is not supported; expected one of {tuple(SCALE_DTYPES)}")
+    if name not in SCALE_DTYPES or name not in allowed:
+        raise ValueError(f"{arg}={name!r} is not supported; expected one of {tuple(allowed)}")
     return name
 
 

@@ -90,6 +90,8 @@ _Q8_TAGS = _FP8_TAGS + (_dtypes.element_format("int8").ctag,)
 # Static-scale modes of fp8_quantize, mirrored in kernels/fp8_tensor.cu.
 FP8_SCALE_FROM_AMAX, FP8_SCALE_FROM_DEVICE, FP8_SCALE_FROM_ARG = 0, 1, 2
 
+_MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
+
 #: family -> every instantiation its wrappers may request.
 _FAMILIES: dict[str, tuple[str, ...]] = {
     "fp8_tensor": tuple(
@@ -110,7 +112,21 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
         + _product("silu_mul_intermediate", _IN_CTYPES)
         + _product("group_dequantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
     ),
+    "mx": tuple(
+        _product("mx_quantize", _IN_CTYPES, _MX_FP_TAGS, _BOOLS, _BOOLS)
+        + _product("nvfp4_quantize", _IN_CTYPES, _BOOLS, _BOOLS)
+        + _product("mx_dequantize", _IN_CTYPES, _MX_FP_TAGS, _BOOLS)
+        + _product("nvfp4_dequantize", _IN_CTYPES, _BOOLS)
+        + _product("cvt_check", _MX_FP_TAGS, _BOOLS)
+        + _product("e8m0_check", _BOOLS)
+    ),
 }
+
+#: Families compiled for the family-specific target (``-arch=sm_100a``, ``sm_120a``, ...) on GPUs
+#: that have one, because their FP4 and UE8M0 conversions exist as instructions only there. NVRTC
+#: given both CuPy's ``-arch=sm_XX`` and ``-arch=sm_XXa`` compiles for the latter.
+ARCH_SPECIFIC_FAMILIES = frozenset({"mx"})
+_ARCHS_WITH_SPECIFIC_TARGET = ("100", "101", "103", "110", "120", "121")
 
 
 def families() -> dict[str, tuple[str, ...]]:
@@ -208,17 +224,31 @@ _lock = threading.Lock()
 _kernels: dict = {}
 
 
-def _build_module(family: str, requested: str):
+def specific_target(family: str, arch: str):
+    """The family-specific ``-arch`` option for a family on a GPU of compute capability ``arch``
+    (``"100"``), or None where there is none to ask for."""
+    if family in ARCH_SPECIFIC_FAMILIES and arch in _ARCHS_WITH_SPECIFIC_TARGET:
+        return f"-arch=sm_{arch}a"
+    return None
+
+
+def _build_module(family: str, requested: str, device: int):
     import cupy
     from cupy.cuda import compiler
 
-    opts = options()
-    mod = cupy.RawModule(code=source(family), options=opts, name_expressions=list(_FAMILIES[family]))
-    try:
-        mod.compile()
-    except compiler.CompileException as e:
-        raise KernelCompileError(family, requested, opts, e.get_message()) from None
-    return mod
+    base = options()
+    attempts = [base]
+    extra = specific_target(family, cupy.cuda.Device(device).compute_capability)
+    if extra:  # an NVRTC too old for the target falls back to the portable (software) build
+        attempts.insert(0, base + (extra,))
+    for i, opts in enumerate(attempts):
+        mod = cupy.RawModule(code=source(family), options=opts, name_expressions=list(_FAMILIES[family]))
+        try:
+            mod.compile()
+            return mod
+        except compiler.CompileException as e:
+            if i == len(attempts) - 1:
+                raise KernelCompileError(family, requested, opts, e.get_message()) from None
 
 
 def kernel(device: int, family: str, name: str, *targs):
@@ -246,14 +276,15 @@ def _load(key):
         if k is None:
             mod = _kernels.get((device, family))
             if mod is None:
-                mod = _kernels[(device, family)] = _build_module(family, expression)
+                mod = _kernels[(device, family)] = _build_module(family, expression, device)
             k = _kernels[key] = mod.get_function(expression)
     return k
 
 
-def compile_for_arch(family: str, arch: str, expressions=None) -> dict[str, str]:
-    """Compile a family with NVRTC for ``sm_<arch>`` without a GPU; returns expression -> lowered
-    name. Raises :class:`KernelCompileError`. Used by the CPU test suite."""
+def compile_for_arch(family: str, arch: str, expressions=None, ptx_out=None) -> dict[str, str]:
+    """Compile a family with NVRTC for ``sm_<arch>`` (``arch`` may carry the ``a`` suffix of a
+    family-specific target) without a GPU; returns expression -> lowered name, and appends the PTX
+    to the list ``ptx_out`` if given. Raises :class:`KernelCompileError`. Used by the CPU tests."""
     from cupy_backends.cuda.libs import nvrtc
 
     exprs = list(_FAMILIES[family] if expressions is None else expressions)
@@ -268,6 +299,8 @@ def compile_for_arch(family: str, arch: str, expressions=None) -> dict[str, str]
             raise KernelCompileError(family, ", ".join(exprs), opts, nvrtc.getProgramLog(prog)) from None
         if not nvrtc.getCUBIN(prog):
             raise KernelCompileError(family, ", ".join(exprs), opts, "NVRTC produced an empty cubin")
+        if ptx_out is not None:
+            ptx_out.append(nvrtc.getPTX(prog).decode(errors="replace"))
         return {e: nvrtc.getLoweredName(prog, e) for e in exprs}
     finally:
         nvrtc.destroyProgram(prog)

@@ -98,7 +98,7 @@ def _n_cols(n_groups: int, packed: bool) -> int:
 def _scale_kind(scale_layout, scale_dtype):
     if scale_layout not in _LAYOUTS:
         raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {_LAYOUTS}")
-    return _dtypes.scale_dtype(scale_dtype) == "float8_e8m0fnu"
+    return _dtypes.scale_dtype(scale_dtype, allowed=("float32", "float8_e8m0fnu")) == "float8_e8m0fnu"
 
 
 def _group_count(K: int, group_size, arg="group_size") -> int:

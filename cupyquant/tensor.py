@@ -54,18 +54,21 @@ class QuantizedTensor:
     dtype : numpy.dtype
         The original dtype (float32, float16 or bfloat16): :meth:`dequantize`'s default.
     amax : cupy.ndarray or None
-        float32 (1,), the reduced max |x| of dynamic per-tensor quantization.
+        float32 (1,), the reduced max |x| of dynamic per-tensor (and NVFP4) quantization.
+    global_scale : cupy.ndarray or None
+        float32 (1,), NVFP4's global encode scale ``S_enc`` (``x ~ q * float(scale) / S_enc``).
     """
 
-    __slots__ = ("data", "scale", "scheme", "shape", "dtype", "amax")
+    __slots__ = ("data", "scale", "scheme", "shape", "dtype", "amax", "global_scale")
 
-    def __init__(self, data, scale, scheme: Scheme, shape, dtype, amax=None):
+    def __init__(self, data, scale, scheme: Scheme, shape, dtype, amax=None, global_scale=None):
         self.data = data
         self.scale = scale
         self.scheme = scheme
         self.shape = shape if type(shape) is tuple else tuple(shape)
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.amax = amax
+        self.global_scale = global_scale
 
     @property
     def format(self) -> _dtypes.ElementFormat:
@@ -74,24 +77,45 @@ class QuantizedTensor:
     @property
     def nbytes(self) -> int:
         """Bytes held on the device: data plus scales (plus amax)."""
-        return sum(a.nbytes for a in (self.data, self.scale, self.amax) if a is not None)
+        return sum(a.nbytes for a in (self.data, self.scale, self.amax, self.global_scale) if a is not None)
 
     def dequantize(self, dtype=None, *, out=None):
         """Same as :func:`cupyquant.dequantize` (``dtype`` defaults to the original dtype)."""
         return dequantize(self, dtype, out=out)
 
     def to_host(self) -> dict:
-        """Copy to NumPy (this synchronizes): ``data`` viewed as the ml_dtypes element type;
-        ``scale`` in its logical shape (float32, or ml_dtypes float8_e8m0fnu with packed UE8M0 words
-        unpacked, the packed words also given as ``scale_packed``); ``amax`` where present."""
+        """Copy to NumPy (this synchronizes).
+
+        ``data``: the elements viewed as their ml_dtypes type, in the original shape; FP4 unpacked
+        to one ``float4_e2m1fn`` per byte, the packed bytes also given as ``data_packed``.
+        ``scale``: in its logical shape ``(..., n_blocks)``: float32, or ml_dtypes
+        ``float8_e8m0fnu`` / ``float8_e4m3fn``; packed UE8M0 words are unpacked (the words also
+        given as ``scale_packed``) and swizzled scales unswizzled (the layout buffer also given as
+        ``scale_swizzled``). ``amax`` and ``global_scale`` where present."""
+        from . import reference
+
         scale = np.ascontiguousarray(self.scale.get())
-        out = {"data": self.data.get().view(self.format.host_dtype), "scale": scale}
-        if self.scheme.scale_dtype == "float8_e8m0fnu" and scale.dtype == np.int32:
+        data = self.data.get()
+        fmt = self.format
+        if fmt.bits == 4:
+            out = {"data": reference.unpack_fp4(data, self.shape[-1]).view(fmt.host_dtype), "data_packed": data}
+        else:
+            out = {"data": data.view(fmt.host_dtype)}
+        out["scale"] = scale
+        if self.scheme.granularity == "block":
+            kb = -(-self.shape[-1] // self.scheme.block[0])
+            if self.scheme.scale_layout == "swizzled":
+                out["scale_swizzled"] = scale
+                scale = reference.unswizzle_scales(scale, self.shape[:-1], kb)
+            out["scale"] = scale.view(_dtypes.SCALE_DTYPES[self.scheme.scale_dtype])
+        elif self.scheme.scale_dtype == "float8_e8m0fnu" and scale.dtype == np.int32:
             n = self.shape[-1] // self.scheme.block[0] if self.scheme.block[0] else 0
             out["scale_packed"] = scale
             out["scale"] = scale.view(np.uint8)[..., :n].view(_dtypes.SCALE_DTYPES["float8_e8m0fnu"])
         if self.amax is not None:
             out["amax"] = self.amax.get()
+        if self.global_scale is not None:
+            out["global_scale"] = self.global_scale.get()
         return out
 
     def __repr__(self) -> str:

@@ -95,3 +95,29 @@ def test_expr_formats_template_arguments():
 def test_unregistered_expression_is_refused_before_compiling():
     with pytest.raises(KeyError, match="not registered"):
         _jit.kernel(0, "fp8_tensor", "fp8_quantize", "double", "cq::E4M3", 0, True)
+
+
+@pytest.mark.parametrize("arch", ["100a", "120a"])
+def test_blackwell_targets_use_the_conversion_instructions(arch):
+    """On the family-specific Blackwell targets the mx family uses the e2m1x2 and ue8m0x2
+    conversions (and the fp8x2 one); on sm_90 only the fp8x2 one exists."""
+    ptx = []
+    lowered = _jit.compile_for_arch("mx", arch, ptx_out=ptx)
+    assert set(lowered) == set(_jit.families()["mx"])
+    assert "cvt.rn.satfinite.e2m1x2.f32" in ptx[0]
+    assert "cvt.rp.satfinite.ue8m0x2.f32" in ptx[0]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[0]
+
+
+def test_hopper_uses_the_software_fp4_path():
+    ptx = []
+    _jit.compile_for_arch("mx", "90", ptx_out=ptx)
+    assert "e2m1x2" not in ptx[0] and "ue8m0x2" not in ptx[0]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[0]
+
+
+def test_specific_target_is_asked_only_where_it_exists():
+    assert _jit.specific_target("mx", "100") == "-arch=sm_100a"
+    assert _jit.specific_target("mx", "120") == "-arch=sm_120a"
+    assert _jit.specific_target("mx", "90") is None
+    assert _jit.specific_target("fp8_tensor", "100") is None

@@ -253,3 +253,99 @@ def test_dequantize_groupwise_hand_worked():
     assert y.tolist() == [[0.5, -0.5, 8.0, 0.0]]
     y = ref.dequantize_groupwise(np.array([[3, -4]], np.int8), np.array([[128]], np.uint8), "int8")
     assert y.tolist() == [[6.0, -8.0]]  # e8m0 128 = 2.0
+
+
+# ---------------------------------------------------------------- microscaling
+def test_cast_e2m1_hand_worked():
+    v = [0, 0.25, 0.26, 0.75, 1.25, 1.3, 1.75, 2.5, 2.6, 3.5, 5, 5.1, 6, 1e9, np.inf, -np.inf, np.nan, -np.nan,
+         -0.0, -0.1, -6, 2.0**-140]
+    want = [0, 0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7, 7, 7, 7, 0xF, 7, 7, 8, 8, 0xF, 0]
+    assert ref.cast_e2m1(np.array(v, np.float32)).tolist() == want
+    assert ref.e2m1_to_float(np.arange(16)).tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+
+
+def test_cast_e2m1_matches_ml_dtypes_off_nan():
+    rng = np.random.default_rng(1)
+    v = (rng.standard_normal(100_000) * np.exp(rng.standard_normal(100_000) * 2)).astype(np.float32)
+    np.testing.assert_array_equal(ref.cast_e2m1(v), v.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF)
+
+
+def test_pack_unpack_fp4():
+    codes = np.array([[1, 2, 3, 4, 5]], np.uint8)
+    p = ref.pack_fp4(codes)
+    assert p.tolist() == [[0x21, 0x43, 0x05]]  # element 0 in the low nibble, odd tail padded with 0
+    assert ref.unpack_fp4(p, 5).tolist() == codes.tolist()
+
+
+def test_e8m0_ceil_hand_worked():
+    v = np.array([0, 2.0**-149, 2.0**-127, 2.0**-127 + 2.0**-149, 2.0**-126, 1.0, 1.0000001, 1.5, 2.0,
+                  2.0**127, 2.0**127 * 1.5, 3.4e38, np.inf, np.nan], np.float32)
+    assert ref.e8m0_ceil(v).tolist() == [0, 0, 0, 1, 1, 127, 128, 128, 128, 254, 254, 254, 254, 255]
+
+
+def test_mx_scale_exponent_hand_worked():
+    a = np.array([0, 1.0, 3.0, 448.0, 449.0, 896.0, 2.0**-140, np.inf, np.nan], np.float32)
+    # ceil: 3/448 -> 2^-7.2 -> -7 (120); 448/448 = 1 -> 127; 449/448 -> 128; 2^-140/448 -> 0
+    assert ref.mx_scale_exponent(a, "float8_e4m3fn").tolist() == [0, 119, 120, 127, 128, 128, 0, 254, 255]
+    # floor (OCP): exponent(amax) - 8, so amax 3 (2^1.58) -> 1 - 8 = -7 -> 120; 448 (2^8.8) -> 127
+    assert ref.mx_scale_exponent(a, "float8_e4m3fn", "floor").tolist() == [0, 119, 120, 127, 127, 128, 0, 254, 255]
+    # E2M1: 3/6 = 0.5 -> 126; 6/6 -> 127
+    assert ref.mx_scale_exponent(np.float32([3, 6, 6.5]), "float4_e2m1fn").tolist() == [126, 127, 128]
+    assert ref.mx_scale_exponent(np.float32([3, 6, 6.5]), "float4_e2m1fn", "floor").tolist() == [126, 127, 127]
+
+
+def test_mx_data_multiplier_edges():
+    m = ref.mx_data_multiplier(np.array([0, 127, 253, 254, 255], np.uint8))
+    assert m.view(np.uint32).tolist()[:4] == [0x7F000000, 0x3F800000, 0x00800000, 0x00400000]
+    assert np.isnan(m[4])
+
+
+def test_quantize_mx_hand_worked():
+    x = np.zeros((1, 40), np.float32)
+    x[0, :3] = [3.0, 1.0, -0.3]
+    x[0, 33] = 0.75  # second, partial block (8 elements, zero-padded)
+    q, s = ref.quantize_mx(x, "float8_e4m3fn")
+    assert s.tolist() == [[120, 118]]  # 3/448 = 2^-7.2 -> -7; 0.75/448 = 2^-9.2 -> -9
+    assert q[0, :3].tolist() == [0x7C, 0x70, 0xE2]  # times 2^7: 384, 128, -38.4 -> -40 (-1.25 * 32)
+    assert q.shape == (1, 40)
+
+
+def test_quantize_mxfp4_and_nvfp4_hand_worked():
+    x = np.zeros((1, 32), np.float32)
+    x[0, :3] = [3.0, 1.0, 0.3]
+    q, s = ref.quantize_mx(x, "float4_e2m1fn")
+    assert s.tolist() == [[126]]  # scale 0.5, multiplier 2: 6 -> 7, 2 -> 4, 0.6 -> 0.5 (code 1)
+    assert q[0, :2].tolist() == [0x47, 0x01] and q.shape == (1, 16)
+    q, sf, g = ref.quantize_nvfp4(np.array([[3.0, -1.0, 0.1] + [0.0] * 13], np.float32), global_scale=1.0)
+    assert sf.tolist() == [[0x30]] and g == 1  # e4m3(3 * (1 * float32(1/6))) = 0.5
+    assert q[0, :2].tolist() == [0xC7, 0x00]  # 3 * 2 = 6 -> 7; -1 * 2 = -2 -> 0xC; 0.2 -> 0
+    q, sf, g = ref.quantize_nvfp4(np.array([[3.0, -1.0, 0.1] + [0.0] * 13], np.float32))
+    assert g == np.float32(896) and sf.tolist() == [[0x7E]]  # amax 3: S_enc = 2688 / 3; sf = 448
+    assert q[0, :2].tolist() == [0xC7, 0x00]
+
+
+def test_nvfp4_global_scale_rules():
+    assert ref.nvfp4_global_scale(0.0) == 1 and ref.nvfp4_global_scale(np.inf) == 1
+    assert ref.nvfp4_global_scale(2688.0) == 1 and ref.nvfp4_global_scale(1.0) == 2688
+    assert ref.nvfp4_global_scale(1e-45) == ref.FLT_MAX  # the quotient overflows
+
+
+def test_swizzle_offsets_hand_worked():
+    off = ref.swizzle_offsets(130, 5)
+    assert off[0].tolist() == [0, 1, 2, 3, 512]
+    assert off[1, 0] == 16 and off[31, 0] == 496 and off[32, 0] == 4 and off[127, 3] == 511
+    assert off[128, 0] == 1024 and off[129, 4] == 1552
+    s = np.arange(130 * 5, dtype=np.uint32).astype(np.uint8).reshape(130, 5)
+    buf = ref.swizzle_scales(s)
+    assert buf.shape == (256, 8) and ref.swizzled_shape(130, 5) == (256, 8)
+    np.testing.assert_array_equal(ref.unswizzle_scales(buf, (130,), 5), s)
+    pad = np.ones(buf.size, bool)
+    pad[off.reshape(-1)] = False
+    assert not buf.reshape(-1)[pad].any()
+
+
+def test_dequantize_mx_subnormal_scale_and_nan_scale():
+    codes = np.array([[0x38] * 32 + [0x38] * 32], np.uint8)  # 1.0 everywhere, two blocks
+    y = ref.dequantize_mx(codes, np.array([[0, 255]], np.uint8))
+    assert y[0, 0].view(np.uint32) == 0x00400000  # 1.0 * 2^-127, kept subnormal
+    assert np.isnan(y[0, 32:]).all()

@@ -1,0 +1,456 @@
+// mx.cu: microscaling quantization (MXFP8, MXFP4: OCP MX v1.0 blocks of 32 with E8M0 scales; NVFP4:
+// blocks of 16 E2M1 values with E4M3 scales and one float32 global scale) and dequantization.
+//
+// What it computes (reference: cupyquant.reference.quantize_mx / dequantize_mx / quantize_nvfp4 /
+// dequantize_nvfp4, which these kernels match bit for bit; every float step is IEEE float32):
+//   mx_quantize      amax = max|x| over a block of 32 (NaN propagates: any NaN makes the block NaN);
+//                    E = e8m0_ceil(amax * float32(1 / elem_max)) ("ceil", cuBLAS/TransformerEngine)
+//                    or max(exponent(amax) - emax_elem, 0) ("floor", OCP); NaN -> 255, inf -> 254;
+//                    q = cvt_satfinite_rn(x * 2^(127 - E)) with 2^-127 (subnormal) for E = 254 and
+//                    NaN for E = 255.
+//   nvfp4_quantize   TransformerEngine's exact NVFP4 path: S_enc = 2688 / global_amax (or given),
+//                    sf = e4m3(fminf(block_amax * (S_enc * float32(1/6)), FLT_MAX)) with block_amax
+//                    NaN-ignoring; inv = fminf(1 / (float(sf) * (1 / S_enc)), FLT_MAX);
+//                    q = e2m1_satfinite_rn(x * inv).
+//   *_dequantize     y = round_rn(float(q) * s) with s = 2^(E - 127) (MX) or float(sf) * (1 / S_enc).
+// Conversions. HW = true uses the hardware conversions the GPU has: cvt.rn.satfinite.{e4m3,e5m2}x2
+// on sm_89+, and on the Blackwell family-specific targets (sm_100a, sm_120a, ..., which cupyquant._jit
+// asks NVRTC for) cvt.rn.satfinite.e2m1x2 and cvt.rp.satfinite.ue8m0x2. Everything else, and
+// everything when HW = false, goes through the exact software conversions below, which give the same
+// bytes (tests compare them over every float32 bit pattern on the GPU).
+//
+// Layout. x is (rows, K) with a row stride (leading dimensions flattened), q is C-contiguous with
+// K bytes (FP8) or ceil(K / 2) bytes (FP4: element 2i in the low nibble of byte i) per row. A last
+// block that K does not fill is treated as zero-padded. Scales are one byte per block: "dense"
+// (rows, Kb) row-major, or "swizzled", the 128x4 layout of cuBLAS and Blackwell block-scaled MMA:
+// the scale of (m, k) at ((m / 128) * ceil(Kb / 4) + k / 4) * 512 + (m % 32) * 16 + ((m / 32) % 4) * 4
+// + k % 4, rows padded to 128 and scale columns to 4, the padding zero.
+//
+// Threads. One thread block quantizes a tile of 128 rows x 4 scale blocks (128 elements for MX, 64
+// for NVFP4), so that its 512 scale bytes are exactly one 512-byte unit of the swizzled layout: they
+// are gathered in shared memory and written as 32 16-byte stores (dense: one 4-byte word per row).
+// Each thread takes 16 consecutive elements of a row (16-byte loads, one 16- or 8-byte store) in
+// 128 / (256 / (TK / 16)) rows of the tile; the two threads of an MX block combine their maxima with
+// one shuffle. Rows and blocks past the tensor read as zeros, so the padding scales come out 0
+// without a separate pass. VEC = false is the scalar path for rows that are not 16-byte aligned or
+// K not a multiple of 16.
+
+#include "common.cuh"
+
+using namespace cq;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000) && (__CUDA_ARCH_FAMILY_SPECIFIC__ < 1300)
+#define CQ_HAS_FP4_CVT 1
+#elif defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM101_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL) || \
+    defined(__CUDA_ARCH_FEAT_SM110_ALL) || defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL)
+#define CQ_HAS_FP4_CVT 1
+#else
+#define CQ_HAS_FP4_CVT 0
+#endif
+
+namespace cq {
+struct E2M1 {
+    static constexpr float max_finite = 6.0f;
+};
+}  // namespace cq
+
+static constexpr int THREADS = 256;
+static constexpr int TILE_ROWS = 128;
+static constexpr float FLT_MAX_F = 3.40282346638528859812e+38f;
+
+// ---------------------------------------------------------------- element formats
+// MBITS/BIAS: mantissa bits and exponent bias; MAXCODE: the code of the max finite magnitude;
+// NANCODE: what a NaN becomes (CUDA's canonical 0x7f for FP8; +6 for E2M1, which has no NaN);
+// SIGN: the sign bit; EMAX: OCP's emax_elem; RCP: float32(1 / max_finite); SUB: 2^(MBITS+BIAS-1),
+// which scales the largest subnormal step to 1.
+template <class F> struct Fmt;
+template <> struct Fmt<E4M3> {
+    static constexpr int MBITS = 3, BIAS = 7, EMAX = 8, SIGN = 7, BITS = 8;
+    static constexpr unsigned MAXCODE = 0x7e, NANCODE = 0x7f;
+    static constexpr float RCP = 0x1.24924ap-9f, SUB = 512.0f;
+};
+template <> struct Fmt<E5M2> {
+    static constexpr int MBITS = 2, BIAS = 15, EMAX = 15, SIGN = 7, BITS = 8;
+    static constexpr unsigned MAXCODE = 0x7b, NANCODE = 0x7f;
+    static constexpr float RCP = 0x1.24924ap-16f, SUB = 65536.0f;
+};
+template <> struct Fmt<E2M1> {
+    static constexpr int MBITS = 1, BIAS = 1, EMAX = 2, SIGN = 3, BITS = 4;
+    static constexpr unsigned MAXCODE = 0x7, NANCODE = 0x7;
+    static constexpr float RCP = 0x1.555556p-3f, SUB = 2.0f;
+};
+
+__device__ __forceinline__ unsigned rni_u32(float v) {  // round half to even to an integer
+    unsigned r;
+    asm("cvt.rni.u32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// float -> code, round to nearest even, saturating to +-max (inf included), NaN -> NANCODE. Branch
+// free (both candidates are computed and one is selected): below the smallest normal, |x| * SUB is
+// exact and rounds to the subnormal code, 2^MBITS being the smallest normal's code; above, the
+// rebiased float bits are rounded at the target's last mantissa bit, the carry running into the
+// exponent.
+template <class F> __device__ __forceinline__ unsigned sw_cvt(float x) {
+    using P = Fmt<F>;
+    constexpr int DROP = 23 - P::MBITS;
+    constexpr unsigned MINNORM = (unsigned)(127 - P::BIAS + 1) << 23;
+    const unsigned u = __float_as_uint(x);
+    const unsigned a = u & 0x7fffffffu;
+    const unsigned b = a - ((unsigned)(127 - P::BIAS) << 23);
+    const unsigned cn = min((b + (1u << (DROP - 1)) - 1u + ((b >> DROP) & 1u)) >> DROP, P::MAXCODE);
+    const unsigned cs = rni_u32(mul_rn(__uint_as_float(min(a, MINNORM)), P::SUB));
+    const unsigned code = (a < MINNORM ? cs : cn) | ((u >> 31) << P::SIGN);
+    return a > 0x7f800000u ? P::NANCODE : code;
+}
+
+// Two elements -> their codes, lo in the low bits (8 bits each for FP8, 4 for E2M1).
+template <class F, bool HW> __device__ __forceinline__ unsigned cvt_x2(float lo, float hi) {
+    if constexpr (HW && Fmt<F>::BITS == 8) {
+        return to_fp8x2<F>(lo, hi);  // cvt.rn.satfinite.{e4m3,e5m2}x2.f32 on sm_89+
+    } else {
+#if CQ_HAS_FP4_CVT
+        if constexpr (HW && Fmt<F>::BITS == 4) {
+            unsigned short r;
+            asm("{ .reg .b8 t; cvt.rn.satfinite.e2m1x2.f32 t, %1, %2; mov.b16 %0, {t, 0}; }" : "=h"(r) : "f"(hi), "f"(lo));
+            return r;
+        }
+#endif
+        return sw_cvt<F>(lo) | (sw_cvt<F>(hi) << Fmt<F>::BITS);
+    }
+}
+
+// 16 floats -> packed codes: 16 bytes (FP8) or 8 bytes (E2M1, element 2i in the low nibble).
+template <class F, bool HW> __device__ __forceinline__ void cvt16(const float* v, unsigned* w) {
+    if constexpr (Fmt<F>::BITS == 8) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = cvt_x2<F, HW>(v[4 * i], v[4 * i + 1]) | (cvt_x2<F, HW>(v[4 * i + 2], v[4 * i + 3]) << 16);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            unsigned r = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) r |= cvt_x2<F, HW>(v[8 * i + 2 * j], v[8 * i + 2 * j + 1]) << (8 * j);
+            w[i] = r;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scales
+// E8M0 of v >= 0 rounded up, saturating: NaN -> 255, inf -> 254, (0, 2^-127] -> 0 (TransformerEngine's
+// float_to_e8m0; cvt.rp.satfinite.ue8m0x2.f32 on Blackwell).
+template <bool HW> __device__ __forceinline__ unsigned e8m0_ceil(float v) {
+#if CQ_HAS_FP4_CVT
+    if constexpr (HW) {
+        unsigned short r;
+        asm("cvt.rp.satfinite.ue8m0x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+        return r & 0xffu;
+    }
+#endif
+    const unsigned b = __float_as_uint(v) & 0x7fffffffu;
+    const unsigned e = b >> 23, m = b & 0x7fffffu;
+    const bool up = m != 0u && e != 254u && !(e == 0u && m <= 0x400000u);
+    return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e + (up ? 1u : 0u);
+}
+
+// The MX scale byte of a block whose max |x| has the bits key (a NaN key exceeds inf's).
+template <class F, bool HW> __device__ __forceinline__ unsigned mx_scale(unsigned key, bool floor_rule) {
+    if (floor_rule) {
+        const int e = max((int)(key >> 23) - Fmt<F>::EMAX, 0);
+        return key > 0x7f800000u ? 255u : key == 0x7f800000u ? 254u : (unsigned)e;
+    }
+    return e8m0_ceil<HW>(mul_rn(__uint_as_float(key), Fmt<F>::RCP));
+}
+
+// 2^(127 - E): (254 - E) << 23 for E <= 253, the subnormal 2^-127 for 254, NaN for 255.
+__device__ __forceinline__ float mx_multiplier(unsigned E) {
+    return __uint_as_float(E == 255u ? 0x7fffffffu : E == 254u ? 0x00400000u : (254u - E) << 23);
+}
+// 2^(E - 127): E = 0 is the subnormal 2^-127, 255 is NaN.
+__device__ __forceinline__ float e8m0_value(unsigned E) {
+    return __uint_as_float(E == 0u ? 0x00400000u : E == 255u ? 0x7fffffffu : E << 23);
+}
+
+// float -> E4M3 byte, round to nearest even, saturating (NVFP4 block scales).
+template <bool HW> __device__ __forceinline__ unsigned to_e4m3(float v) {
+    if constexpr (HW) return to_fp8x2<E4M3>(v, 0.0f) & 0xffu;
+    else return sw_cvt<E4M3>(v);
+}
+
+// NVFP4 global encode scale S_enc: 2688 / amax (IEEE), fminf'd to FLT_MAX, 1 when amax is 0 or the
+// quotient is 0 (TransformerEngine's compute_global_encode_scaling_factor_FP4). The zero tests are on
+// bits: under -ftz a float compare would treat a subnormal amax as 0.
+__device__ __forceinline__ float nvfp4_encode_scale(float amax) {
+    const float s = fmin_ieee(div_rn(2688.0f, amax), FLT_MAX_F);
+    return ((__float_as_uint(amax) & 0x7fffffffu) == 0u || __float_as_uint(s) == 0u) ? 1.0f : s;
+}
+
+// Where the NVFP4 global scale comes from (cupyquant.mx mirrors these numbers).
+#define GS_FROM_AMAX 0    // gs_ptr holds the global amax (written by fp8_tensor's amax kernel)
+#define GS_FROM_DEVICE 1  // gs_ptr holds S_enc
+#define GS_FROM_ARG 2     // S_enc is the argument gs_arg
+
+// ---------------------------------------------------------------- 16-element loads
+template <typename T> __device__ __forceinline__ void load16_vec(const T* __restrict__ p, float* f) {
+    constexpr int N = Vec16<T>::N;
+#pragma unroll
+    for (int i = 0; i < 16 / N; ++i) unpack16<T>(ld16(p + i * N), f + i * N);
+}
+// Scalar: elements at or past n read as 0.
+template <typename T> __device__ __forceinline__ void load16_scalar(const T* __restrict__ p, i64 n, float* f) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) f[i] = i < n ? to_float(p[i]) : 0.0f;
+}
+
+// ---------------------------------------------------------------- the quantizer
+struct QuantArgs {
+    i64 rows, K, row_stride;  // x is (rows, K), row_stride elements apart
+    i64 q_row;                // bytes per row of q
+    i64 n_blocks;             // scale blocks per row, ceil(K / BS)
+    i64 n_ktiles;             // tiles along K: ceil(n_blocks / 4)
+    int swizzled;             // scale layout: 1 swizzled, 0 dense
+    int floor_rule;           // MX only: OCP round-down rule
+    int gs_mode;              // NVFP4 only: GS_FROM_*
+    float gs_arg;
+    const float* gs_ptr;
+    float* gs_out;            // NVFP4 only: S_enc as used, written by block 0
+};
+
+// BS: block size (32 MX, 16 NVFP4). NV: the NVFP4 scale rule.
+template <typename T, class F, int BS, bool NV, bool VEC, bool HW>
+__device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned char* __restrict__ q,
+                                               unsigned char* __restrict__ scales, const QuantArgs& a) {
+    constexpr int TK = 4 * BS;              // elements per tile row
+    constexpr int TPR = TK / 16;            // threads per tile row: 8 (MX) or 4 (NVFP4)
+    constexpr int RPP = THREADS / TPR;      // tile rows per pass: 32 or 64
+    constexpr int PASSES = TILE_ROWS / RPP;  // 4 or 2
+    constexpr int TPB = BS / 16;            // threads per scale block: 2 or 1
+    constexpr int OUT_BYTES = 16 * Fmt<F>::BITS / 8;
+    __shared__ __align__(16) unsigned char tile_scales[512];
+
+    const int lane_k = threadIdx.x % TPR;
+    const int r0 = threadIdx.x / TPR;
+    const i64 rt = (i64)blockIdx.x / a.n_ktiles;
+    const i64 kt = (i64)blockIdx.x - rt * a.n_ktiles;
+    const i64 k0 = kt * TK + lane_k * 16;
+
+    float S_enc6 = 0.0f, S_dec = 0.0f;
+    if constexpr (NV) {
+        const float S_enc = a.gs_mode == GS_FROM_ARG ? a.gs_arg
+                          : a.gs_mode == GS_FROM_DEVICE ? *a.gs_ptr : nvfp4_encode_scale(*a.gs_ptr);
+        S_enc6 = mul_rn(S_enc, Fmt<E2M1>::RCP);
+        S_dec = rcp_rn(S_enc);
+        if (blockIdx.x == 0 && threadIdx.x == 0) *a.gs_out = S_enc;
+    }
+
+    float f[PASSES][16];
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {  // every load of the tile is issued before any use
+        const i64 row = rt * TILE_ROWS + p * RPP + r0;
+        const T* src = x + row * a.row_stride + k0;
+        if (row < a.rows && k0 < a.K) {
+            if constexpr (VEC) load16_vec<T>(src, f[p]);
+            else load16_scalar<T>(src, a.K - k0, f[p]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) f[p][i] = 0.0f;
+        }
+    }
+
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+        const int row_local = p * RPP + r0;
+        const i64 row = rt * TILE_ROWS + row_local;
+        // block max |x| as float bits: MX lets a NaN win (its magnitude bits exceed inf's); NVFP4
+        // ignores NaN (fmaxf), mapping it to 0.
+        unsigned key = 0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[p][i]) : (__float_as_uint(f[p][i]) & 0x7fffffffu));
+        if constexpr (TPB == 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
+
+        unsigned sbyte;
+        float mult;
+        if constexpr (NV) {
+            const float sfv = fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F);
+            sbyte = to_e4m3<HW>(sfv);
+            mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+        } else {
+            sbyte = mx_scale<F, HW>(key, a.floor_rule != 0);
+            mult = mx_multiplier(sbyte);
+        }
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[p][i], mult);
+        unsigned w[4];
+        cvt16<F, HW>(v, w);
+
+        if (row < a.rows && k0 < a.K) {
+            unsigned char* dst = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
+            if constexpr (VEC) {
+                if constexpr (OUT_BYTES == 16) st16(dst, make_uint4(w[0], w[1], w[2], w[3]));
+                else __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+            } else {
+                const i64 n = a.K - k0;  // valid elements from k0
+                if constexpr (OUT_BYTES == 16) {
+#pragma unroll
+                    for (int i = 0; i < 16; ++i)
+                        if (i < n) dst[i] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        unsigned char b = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+                        if (2 * i + 1 >= n) b &= 0x0f;  // the element after the last is padding: 0
+                        if (2 * i < n) dst[i] = b;
+                    }
+                }
+            }
+        }
+        if (lane_k % TPB == 0) {
+            const int kb = lane_k / TPB;
+            tile_scales[(row_local % 32) * 16 + (row_local / 32) * 4 + kb] = (unsigned char)sbyte;
+        }
+    }
+    __syncthreads();
+    if (a.swizzled) {
+        if (threadIdx.x < 32) {
+            const uint4 v = *reinterpret_cast<const uint4*>(tile_scales + threadIdx.x * 16);
+            st16(scales + ((u64)blockIdx.x * 512 + threadIdx.x * 16), v);
+        }
+    } else if (threadIdx.x < TILE_ROWS) {
+        const int rl = threadIdx.x;
+        const i64 row = rt * TILE_ROWS + rl;
+        if (row < a.rows) {
+            const unsigned word = *reinterpret_cast<const unsigned*>(tile_scales + (rl % 32) * 16 + (rl / 32) * 4);
+            unsigned char* dst = scales + row * a.n_blocks + kt * 4;
+            if (a.n_blocks % 4 == 0) {
+                *reinterpret_cast<unsigned*>(dst) = word;
+            } else {
+                for (int j = 0; j < 4 && kt * 4 + j < a.n_blocks; ++j) dst[j] = (unsigned char)(word >> (8 * j));
+            }
+        }
+    }
+}
+
+// MXFP8 / MXFP4. Grid: one block per (row tile, K tile), K tiles fastest (so that consecutive
+// blocks write consecutive 512-byte swizzled units).
+template <typename T, class F, bool VEC, bool HW>
+__global__ void __launch_bounds__(THREADS)
+mx_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    block_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
+}
+
+template <typename T, bool VEC, bool HW>
+__global__ void __launch_bounds__(THREADS)
+nvfp4_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    block_quantize<T, E2M1, 16, true, VEC, HW>(x, q, scales, a);
+}
+
+// ---------------------------------------------------------------- the dequantizer
+struct DequantArgs {
+    i64 rows, K;
+    i64 q_row;     // bytes per row of q
+    i64 n_blocks;  // scale blocks per row
+    i64 n_units;   // 16-element units per row, ceil(K / 16)
+    int swizzled;
+    const float* gs_ptr;  // NVFP4: S_enc
+};
+
+// E2M1 code (low nibble) -> float, exact: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+__device__ __forceinline__ float e2m1_to_float(unsigned c) {
+    const unsigned e = (c >> 1) & 3u, m = c & 1u;
+    const unsigned mag = e == 0u ? (m ? 0x3f000000u : 0u) : ((e + 126u) << 23) | (m << 22);
+    return __uint_as_float(mag | ((c & 8u) << 28));
+}
+
+__device__ __forceinline__ i64 scale_offset(const DequantArgs& a, i64 m, i64 k) {
+    if (!a.swizzled) return m * a.n_blocks + k;
+    const i64 kt = (a.n_blocks + 3) >> 2;
+    return ((m >> 7) * kt + (k >> 2)) * 512 + (m & 31) * 16 + ((m >> 5) & 3) * 4 + (k & 3);
+}
+
+// Grid (rows / blockDim.y, units / blockDim.x): thread (row, unit) writes 16 outputs.
+template <typename T, class F, int BS, bool NV, bool VEC>
+__device__ __forceinline__ void block_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales,
+                                                 T* __restrict__ y, const DequantArgs& a) {
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    const i64 unit = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    if (row >= a.rows || unit >= a.n_units) return;
+    const i64 k0 = unit * 16;
+    const unsigned sb = scales[scale_offset(a, row, k0 / BS)];
+    float s;
+    if constexpr (NV) s = mul_rn(fp8_to_float<E4M3>((unsigned char)sb), rcp_rn(*a.gs_ptr));
+    else s = e8m0_value(sb);
+
+    const unsigned char* src = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
+    unsigned w[4];
+    if constexpr (VEC) {
+        if constexpr (Fmt<F>::BITS == 8) {
+            const uint4 v = ld16(src);
+            w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+        } else {
+            const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+            w[0] = v.x; w[1] = v.y;
+        }
+    } else {
+        const i64 n = a.K - k0;
+        constexpr int NB = 16 * Fmt<F>::BITS / 8;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = 0;
+#pragma unroll
+        for (int i = 0; i < NB; ++i)
+            if (i * 8 / Fmt<F>::BITS < n) w[i / 4] |= (unsigned)src[i] << (8 * (i % 4));
+    }
+    float v[16];
+    if constexpr (Fmt<F>::BITS == 8) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) fp8x2_to_float2<F>((unsigned short)(w[i / 2] >> (16 * (i % 2))), v[2 * i], v[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = e2m1_to_float(w[i / 8] >> (4 * (i % 8)));
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = mul_rn(v[i], s);
+
+    T* dst = y + row * a.K + k0;
+    if constexpr (VEC) {
+        constexpr int N = Vec16<T>::N;
+#pragma unroll
+        for (int i = 0; i < 16 / N; ++i) st16(dst + i * N, pack16<T>(v + i * N));
+    } else {
+        const i64 n = a.K - k0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            if (i < n) dst[i] = from_float<T>(v[i]);
+    }
+}
+
+template <typename T, class F, bool VEC>
+__global__ void __launch_bounds__(256)
+mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {
+    block_dequantize<T, F, 32, false, VEC>(q, scales, y, a);
+}
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(256)
+nvfp4_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {
+    block_dequantize<T, E2M1, 16, true, VEC>(q, scales, y, a);
+}
+
+// ---------------------------------------------------------------- conversion checks (tests only)
+// codes[i] = the HW or SW conversion of the float with bits pats[i] (or base + i when pats is null)
+// (cvt_check), or the E8M0 round-up of its magnitude (e8m0_check): lets the tests compare both paths
+// over every float32 bit pattern, and against the reference.
+template <class F, bool HW>
+__global__ void cvt_check(const unsigned* __restrict__ pats, unsigned base, i64 n, unsigned char* __restrict__ codes) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = __uint_as_float(pats ? pats[i] : base + (unsigned)i);
+    codes[i] = (unsigned char)(cvt_x2<F, HW>(v, 0.0f) & ((1u << Fmt<F>::BITS) - 1u));
+}
+
+template <bool HW>
+__global__ void e8m0_check(const unsigned* __restrict__ pats, unsigned base, i64 n, unsigned char* __restrict__ codes) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    codes[i] = (unsigned char)e8m0_ceil<HW>(__uint_as_float((pats ? pats[i] : base + (unsigned)i) & 0x7fffffffu));
+}

@@ -1,0 +1,417 @@
+"""MXFP8, MXFP4 and NVFP4 on the GPU, byte for byte against cupyquant.reference: element bytes,
+scale bytes in both layouts (padding included), dequantization, the hardware and software
+conversion paths, special blocks, and argument validation."""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_bits_equal, heavy_tailed, poisoned
+
+import cupyquant as cq
+from cupyquant import mx
+from cupyquant import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+IN_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+MX_FORMATS = ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"]
+LAYOUTS = ["dense", "swizzled"]
+SHAPES = [(1, 32), (128, 4096), (300, 1000), (2, 3, 96), (5, 17), (130, 48)]
+
+
+def _id(v):
+    return np.dtype(v).name if not isinstance(v, (str, tuple, type(None), int)) else str(v)
+
+
+def _seed(*parts):
+    return zlib.crc32(repr(parts).encode())
+
+
+def expected_scales(dense, layout):
+    return ref.swizzle_scales(dense) if layout == "swizzled" else dense
+
+
+def run_mx(xh, fmt, layout="dense", rounding="ceil", x=None):
+    x = cupy.asarray(xh) if x is None else x
+    eq, es = ref.quantize_mx(xh, fmt, rounding=rounding)
+    out = poisoned(eq.shape, np.uint8)
+    q = cq.quantize_mx(x, fmt, scale_layout=layout, rounding=rounding, out=out)
+    assert q.data is out
+    assert_bits_equal(q.data, eq, f"{fmt} data")
+    assert_bits_equal(q.scale, expected_scales(es, layout), f"{layout} scales")
+    return q, eq, es
+
+
+def run_nvfp4(xh, layout="swizzled", global_scale=None, x=None):
+    x = cupy.asarray(xh) if x is None else x
+    gs_host = global_scale.get() if isinstance(global_scale, cupy.ndarray) else global_scale
+    eq, es, eg = ref.quantize_nvfp4(xh, global_scale=gs_host)
+    q = cq.quantize_nvfp4(x, global_scale=global_scale, scale_layout=layout)
+    assert_bits_equal(q.data, eq, "nvfp4 data")
+    assert_bits_equal(q.scale, expected_scales(es, layout), f"{layout} scales")
+    assert_bits_equal(q.global_scale, np.array([eg], np.float32), "global scale")
+    if global_scale is None:
+        assert_bits_equal(q.amax, np.array([ref.amax(xh)], np.float32), "amax")
+    return q, eq, es, eg
+
+
+# ---------------------------------------------------------------- bytes and scales
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_mx_every_combination(in_dtype, fmt, layout, rounding):
+    for shape in SHAPES:
+        xh = heavy_tailed(shape, _seed(shape, in_dtype, fmt, layout, rounding), in_dtype)
+        run_mx(xh, fmt, layout, rounding)
+
+
+@pytest.mark.parametrize("gs", ["dynamic", "float", "device"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_nvfp4_every_combination(in_dtype, layout, gs):
+    for shape in SHAPES:
+        xh = heavy_tailed(shape, _seed(shape, in_dtype, layout, gs), in_dtype)
+        a = ref.amax(xh)
+        g = {"dynamic": None, "float": float(ref.nvfp4_global_scale(a) * np.float32(0.75)),
+             "device": cupy.asarray(np.array([ref.nvfp4_global_scale(a)], np.float32))}[gs]
+        run_nvfp4(xh, layout, g)
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_software_path_forced(monkeypatch, in_dtype, fmt):
+    """The exact software conversions give the same bytes as the hardware ones (on this GPU: FP8
+    by cvt.satfinite on sm_89+; on Blackwell also FP4 and UE8M0)."""
+    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", True)
+    for shape in [(128, 4096), (300, 1000)]:
+        xh = heavy_tailed(shape, _seed("sw", shape, in_dtype, fmt), in_dtype)
+        for layout in LAYOUTS:
+            if fmt == "nvfp4":
+                run_nvfp4(xh, layout)
+            else:
+                for rounding in ("ceil", "floor"):
+                    run_mx(xh, fmt, layout, rounding)
+
+
+def _special_blocks(fmt, in_dtype):
+    """Rows of 32 elements (one MX block, two NVFP4 blocks) with the edge cases of the scale rules."""
+    rng = np.random.default_rng(_seed("special", fmt, _id(in_dtype)))
+    emax = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "float4_e2m1fn": 6.0}[fmt]
+    finfo_max = float(ml_dtypes.finfo(in_dtype).max)
+    tiny = float(ml_dtypes.finfo(in_dtype).smallest_subnormal)
+    rows = []
+
+    def row(v):
+        rows.append(np.asarray(v, np.float64))
+
+    row(np.zeros(32))
+    r = rng.standard_normal(32); r[5] = np.inf; row(r)
+    r = rng.standard_normal(32); r[7] = -np.inf; r[8] = np.inf; row(r)
+    r = rng.standard_normal(32); r[3] = np.nan; row(r)
+    r = rng.standard_normal(32); r[30] = np.nan; r[0] = np.inf; row(r)
+    row(np.full(32, np.nan))
+    for k in (-20, -3, 0, 1, 7):  # amax exactly elem_max * 2^k, 448 * 2^k, 6 * 2^k
+        for m in (emax, 448.0, 6.0, 57344.0):
+            v = m * 2.0**k
+            if v < finfo_max:
+                r = rng.uniform(-1, 1, 32) * v; r[11] = -v; row(r)
+    r = rng.uniform(-1, 1, 32) * tiny * 8; r[2] = tiny; row(r)  # subnormal amax
+    row(np.full(32, tiny))
+    r = np.zeros(32); r[31] = tiny; row(r)
+    r = rng.uniform(-1, 1, 32) * finfo_max; r[9] = finfo_max; row(r)  # amax near the input max
+    r = rng.uniform(-1, 1, 32) * 2.0**-120; row(r)  # E = 0 territory for the ceil rule
+    r = rng.uniform(-1, 1, 32); r[4] = -0.0; r[5] = 0.0; row(r)
+    with np.errstate(over="ignore"):
+        return np.stack(rows).astype(np.float32).astype(in_dtype)
+
+
+@pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_mx_special_blocks(monkeypatch, in_dtype, fmt, sw):
+    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", sw)
+    xh = _special_blocks(fmt, in_dtype)
+    for layout in LAYOUTS:
+        for rounding in ("ceil", "floor"):
+            q, eq, es = run_mx(xh, fmt, layout, rounding)
+    # hand-checked anchors of the rules
+    _, es = ref.quantize_mx(xh, fmt)
+    assert es[0, 0] == 0  # all zero
+    assert es[1, 0] == 254 and es[2, 0] == 254  # inf
+    assert es[3, 0] == 255 and es[4, 0] == 255 and es[5, 0] == 255  # NaN wins over inf
+
+
+@pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_nvfp4_special_blocks(monkeypatch, in_dtype, sw):
+    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", sw)
+    xh = _special_blocks("float4_e2m1fn", in_dtype)
+    for layout in LAYOUTS:
+        run_nvfp4(xh, layout, global_scale=1.0)
+        run_nvfp4(xh, layout, global_scale=float(ref.NVFP4_RANGE / np.float32(3.0)))
+        finite = np.where(np.isfinite(xh.astype(np.float32)), xh, 0).astype(in_dtype)
+        run_nvfp4(finite, layout)  # dynamic global amax over finite data
+        run_nvfp4(xh, layout)  # inf in the tensor: amax inf gives S_enc 1
+
+
+def test_mx_amax_at_format_max_times_power_of_two():
+    """amax = 448 * 2^k: the ceil rule multiplies by float32(1/448) and rounds the exponent up only
+    if that product is not exactly 2^k; checked against the product computed here."""
+    ks = np.arange(-60, 60)
+    for fmt, m in (("float8_e4m3fn", 448.0), ("float8_e5m2", 57344.0), ("float4_e2m1fn", 6.0)):
+        amax = (m * 2.0**ks).astype(np.float32)
+        xh = np.zeros((ks.size, 32), np.float32)
+        xh[:, 0] = amax
+        xh[:, 1] = -amax / 3
+        q, eq, es = run_mx(xh, fmt)
+        prod = (amax * np.float32(1.0 / m)).astype(np.float32)
+        exact = prod == (2.0**ks).astype(np.float32)
+        want = np.where(exact, ks + 127, ks + 128)
+        np.testing.assert_array_equal(es[:, 0].astype(int), want)
+
+
+# ---------------------------------------------------------------- layout
+@pytest.mark.parametrize("block,quant", [(32, "mx"), (16, "nvfp4")])
+def test_swizzled_offsets_and_zero_padding(block, quant):
+    """Each block gets a distinct scale; the swizzled byte of (m, k) must sit at the formula's offset
+    and every other byte of the buffer (rows past M, columns past Kb) must be 0."""
+    M, Kb = 200, 7  # pads to 256 rows and 8 columns
+    K = Kb * block - 5  # a partial last block too
+    m = np.arange(M)[:, None]
+    k = np.arange(Kb)[None, :]
+    amax = 2.0 ** ((m * 5 + k * 3) % 40 - 20).astype(np.float64)
+    xh = np.repeat(amax, block, axis=1)[:, :K].astype(np.float32)
+    xh[:, ::3] *= -0.5
+    x = cupy.asarray(xh)
+    if quant == "mx":
+        q = cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled")
+        dense = cq.quantize_mx(x, "float8_e4m3fn", scale_layout="dense").scale.get()
+    else:
+        q = cq.quantize_nvfp4(x, global_scale=1.0, scale_layout="swizzled")
+        dense = cq.quantize_nvfp4(x, global_scale=1.0, scale_layout="dense").scale.get()
+    buf = q.scale.get()
+    assert buf.shape == (256, 8) == cq.block_scale_shape(xh.shape, block, "swizzled")
+    flat = buf.reshape(-1)
+    off = (m // 128 * 2 + k // 4) * 512 + (m % 32) * 16 + (m // 32 % 4) * 4 + k % 4
+    np.testing.assert_array_equal(flat[off], dense)
+    assert len(np.unique(dense)) > 20
+    rest = np.ones(flat.size, bool)
+    rest[off.reshape(-1)] = False
+    assert not flat[rest].any(), "padding bytes of the swizzled layout must be 0"
+    np.testing.assert_array_equal(q.to_host()["scale"].view(np.uint8), dense)
+
+
+# ---------------------------------------------------------------- views, shapes, tails
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
+def test_strided_and_misaligned_views(fmt):
+    base = heavy_tailed((64, 1100), _seed("views", fmt), ml_dtypes.bfloat16)
+    xb = cupy.asarray(base)
+    views = {
+        "row-strided": (xb[:, :1024], base[:, :1024]),
+        "offset by one element": (xb[:, 1:1025], base[:, 1:1025]),
+        "odd K": (xb[:, 3:998], base[:, 3:998]),
+        "3-D split rows": (xb[:, :1024].reshape(8, 8, 1024), base[:, :1024].reshape(8, 8, 1024)),
+    }
+    for name, (v, vh) in views.items():
+        vh = np.ascontiguousarray(vh)
+        for layout in LAYOUTS:
+            if fmt == "nvfp4":
+                run_nvfp4(vh, layout, global_scale=100.0, x=v)
+            else:
+                run_mx(vh, fmt, layout, x=v)
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
+def test_empty_and_tiny(fmt):
+    for shape in [(0, 64), (3, 0), (1, 1), (1, 2), (1, 15), (1, 31), (257, 1), (1, 4096 * 9 + 7)]:
+        xh = heavy_tailed(shape, _seed("tiny", shape, fmt), np.float32)
+        for layout in LAYOUTS:
+            if fmt == "nvfp4":
+                run_nvfp4(xh, layout)
+            else:
+                run_mx(xh, fmt, layout)
+
+
+def test_nvfp4_requires_contiguous_for_dynamic_scale():
+    x = cupy.ones((8, 64), dtype=np.float32)[:, :32]
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        cq.quantize_nvfp4(x)
+    run_nvfp4(np.ones((8, 32), np.float32), global_scale=2.0, x=x)
+
+
+# ---------------------------------------------------------------- dequantization
+@pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
+def test_dequantize(fmt, out_dtype):
+    for shape in [(128, 4096), (300, 1000), (2, 3, 96), (5, 17)]:
+        xh = heavy_tailed(shape, _seed("dq", shape, fmt), np.float32)
+        xh.reshape(-1)[::97] = 0
+        K = shape[-1]
+        for layout in LAYOUTS:
+            x = cupy.asarray(xh)
+            if fmt == "nvfp4":
+                q = cq.quantize_nvfp4(x, scale_layout=layout)
+                d, s, g = ref.quantize_nvfp4(xh)
+                want = ref.dequantize_nvfp4(d, s, g, out_dtype, K=K)
+            else:
+                q = cq.quantize_mx(x, fmt, scale_layout=layout)
+                d, s = ref.quantize_mx(xh, fmt)
+                want = ref.dequantize_mx(d, s, fmt, out_dtype, K=K)
+            out = poisoned(shape, out_dtype)
+            y = cq.dequantize(q, out_dtype, out=out)
+            assert y is out
+            assert_bits_equal(y, want, f"{fmt} {layout} dequantized")
+            assert_bits_equal(q.dequantize(out_dtype), want, "method")
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+def test_dequantize_special_scales(fmt):
+    """Scales 0 (2^-127, subnormal products), 254 and 255 (NaN) decode as the reference says."""
+    xh = _special_blocks(fmt, np.float32)
+    q = cq.quantize_mx(cupy.asarray(xh), fmt)
+    d, s = ref.quantize_mx(xh, fmt)
+    for out_dtype in IN_DTYPES:
+        assert_bits_equal(q.dequantize(out_dtype), ref.dequantize_mx(d, s, fmt, out_dtype, K=32), "dequantized")
+    # hand-made scales: every E8M0 value on one row of blocks
+    K = 256 * 32
+    codes = np.full((1, K if fmt != "float4_e2m1fn" else K // 2), 0x3A, np.uint8)
+    scales = np.arange(256, dtype=np.uint8)[None, :]
+    q.data, q.scale, q.shape = cupy.asarray(codes), cupy.asarray(scales), (1, K)
+    for out_dtype in IN_DTYPES:
+        assert_bits_equal(q.dequantize(out_dtype), ref.dequantize_mx(codes, scales, fmt, out_dtype, K=K), "all E8M0")
+
+
+# ---------------------------------------------------------------- conversions
+CHUNK = 1 << 28
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_software_conversion_equals_hardware_for_every_float(fmt):
+    """All 2^32 float32 bit patterns through cvt.rn.satfinite (sm_89+) and the software path."""
+    if int(cupy.cuda.Device().compute_capability) < 89:
+        pytest.skip("no FP8 conversion instruction below sm_89: both paths are the software one")
+    for base in range(0, 1 << 32, CHUNK):
+        hw = mx._conversion_check(fmt, base, CHUNK, True)
+        sw = mx._conversion_check(fmt, base, CHUNK, False)
+        bad = int((hw != sw).sum())
+        assert bad == 0, f"{fmt}: {bad} mismatches in [{base:#x}, {base + CHUNK:#x})"
+
+
+def _pattern_sample():
+    """Float32 bit patterns: every exponent with mantissas whose low bits are 0, 1, all ones and
+    random (so every midpoint of a narrow format is included), both signs, plus random patterns."""
+    rng = np.random.default_rng(7)
+    e = np.arange(256, dtype=np.uint32)[:, None]
+    hi = np.arange(0, 1 << 23, 1 << 12, dtype=np.uint32)[None, :]
+    mant = np.concatenate([hi, hi | 1, hi | 0xFFF, hi | rng.integers(0, 1 << 12, hi.shape, dtype=np.uint32)], axis=1)
+    pos = ((e << 23) | mant).reshape(-1)
+    pats = np.concatenate([pos, pos | 0x80000000, rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)])
+    return pats
+
+
+@pytest.mark.parametrize("hardware", [False, True], ids=["sw", "hw-or-sw"])
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["float8_e8m0fnu"])
+def test_conversions_against_reference(fmt, hardware):
+    """Every element conversion (and the E8M0 round-up) against the reference over a structured
+    sample of float32 patterns: exhaustive over the high mantissa bits of every exponent."""
+    pats = _pattern_sample()
+    got = mx._conversion_check(fmt, 0, 0, hardware, patterns=cupy.asarray(pats))
+    v = pats.view(np.float32)
+    if fmt == "float8_e8m0fnu":
+        want = ref.e8m0_ceil(np.abs(v))
+    else:
+        with np.errstate(all="ignore"):
+            want = ref.cast_elements(v, fmt)
+    assert_bits_equal(got, want, f"{fmt} codes")
+
+
+# ---------------------------------------------------------------- host side
+def test_to_host_views():
+    xh = heavy_tailed((130, 100), 3, ml_dtypes.bfloat16)
+    x = cupy.asarray(xh)
+    q = cq.quantize_mx(x, "float4_e2m1fn", scale_layout="swizzled")
+    h = q.to_host()
+    d, s = ref.quantize_mx(xh, "float4_e2m1fn")
+    assert h["data"].dtype == ml_dtypes.float4_e2m1fn and h["data"].shape == (130, 100)
+    assert_bits_equal(h["data"].view(np.uint8), ref.unpack_fp4(d, 100), "unpacked fp4")
+    assert_bits_equal(h["data_packed"], d, "packed fp4")
+    assert h["scale"].dtype == ml_dtypes.float8_e8m0fnu and h["scale"].shape == (130, 4)
+    assert_bits_equal(h["scale"].view(np.uint8), s, "e8m0 scales")
+    assert_bits_equal(h["scale_swizzled"], ref.swizzle_scales(s), "swizzled buffer")
+    q8 = cq.quantize_mx(x, "float8_e5m2")
+    assert q8.to_host()["data"].dtype == ml_dtypes.float8_e5m2
+    n = cq.quantize_nvfp4(x, scale_layout="dense")
+    hn = n.to_host()
+    assert hn["scale"].dtype == ml_dtypes.float8_e4m3fn and hn["scale"].shape == (130, 7)
+    assert hn["global_scale"].dtype == np.float32 and hn["amax"].shape == (1,)
+    # values: x ~ q * scale (MX) and q * scale / global_scale (NVFP4)
+    approx = h["data"].astype(np.float32) * np.repeat(h["scale"].astype(np.float32), 32, axis=1)[:, :100]
+    np.testing.assert_array_equal(approx, ref.dequantize_mx(d, s, "float4_e2m1fn", K=100))
+
+
+def test_repr_and_scheme():
+    q = cq.quantize_nvfp4(cupy.ones((4, 64), np.float16))
+    assert q.scheme.format == "float4_e2m1fn" and q.scheme.block == (16,) and q.scheme.scale_dtype == "float8_e4m3fn"
+    assert "swizzled" in repr(q)
+    assert q.nbytes == q.data.nbytes + q.scale.nbytes + 8
+
+
+# ---------------------------------------------------------------- validation
+def _untouched(buf, before):
+    assert_bits_equal(buf, before, "caller buffer after a raising call")
+
+
+def test_validation_errors():
+    x = cupy.ones((4, 64), dtype=np.float32)
+    out = poisoned((4, 64), np.uint8)
+    before = out.get()
+    cases = [
+        (lambda: cq.quantize_mx(x.get()), TypeError, "x must be a cupy.ndarray"),
+        (lambda: cq.quantize_mx(x.astype(np.int32)), TypeError, "x must be float32"),
+        (lambda: cq.quantize_mx(x, "int8"), ValueError, "dtype='int8'"),
+        (lambda: cq.quantize_mx(x, "float8_e4m3fnuz"), (ValueError, TypeError), "dtype"),
+        (lambda: cq.quantize_mx(x, scale_layout="row"), ValueError, "scale_layout='row'"),
+        (lambda: cq.quantize_mx(x, rounding="nearest"), ValueError, "rounding='nearest'"),
+        (lambda: cq.quantize_mx(cupy.float32(1)[()] * cupy.ones(())), ValueError, "at least one dimension"),
+        (lambda: cq.quantize_mx(x.T), ValueError, "contiguous last axis"),
+        (lambda: cq.quantize_mx(x, out=cupy.empty((4, 32), np.uint8)), ValueError, "out must have shape"),
+        (lambda: cq.quantize_mx(x, out=cupy.empty((4, 64), np.int8)), TypeError, "out must have dtype uint8"),
+        (lambda: cq.quantize_mx(x, "float4_e2m1fn", out=out), ValueError, r"out must have shape \(4, 32\)"),
+        (lambda: cq.quantize_mx(x, scale_out=cupy.empty((4, 3), np.uint8)), ValueError, "scale_out must be uint8"),
+        (lambda: cq.quantize_mx(x, scale_out=cupy.empty((4, 2), np.uint8), scale_layout="swizzled"), ValueError, r"\(128, 4\)"),
+        (lambda: cq.quantize_mx(x, out=x.view(np.uint8)[:, :64]), ValueError, "out"),
+        (lambda: cq.quantize_nvfp4(x, global_scale=-1.0), ValueError, "global_scale must be a positive finite"),
+        (lambda: cq.quantize_nvfp4(x, global_scale=float("nan")), ValueError, "global_scale"),
+        (lambda: cq.quantize_nvfp4(x, global_scale="2"), TypeError, "global_scale"),
+        (lambda: cq.quantize_nvfp4(x, global_scale=cupy.ones(2, np.float32)), ValueError, "global_scale must be a float32 array of one element"),
+        (lambda: cq.quantize_nvfp4(x, global_scale=cupy.ones(1, np.float64)), ValueError, "global_scale"),
+        (lambda: cq.quantize_nvfp4(x, scale_layout="col"), ValueError, "scale_layout"),
+        (lambda: cq.quantize_nvfp4(x, out=out), ValueError, "out must have shape"),
+        (lambda: cq.block_scale_shape((4, 64), 8), ValueError, "block_size=8"),
+        (lambda: cq.dequantize(cq.quantize_mx(x), "int8"), TypeError, "dtype must be float32"),
+        (lambda: cq.dequantize(cq.quantize_mx(x), out=cupy.empty((4, 64), np.float16)), TypeError, "out must have dtype float32"),
+    ]
+    for fn, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            fn()
+    _untouched(out, before)
+
+
+def test_scale_out_reused():
+    x = cupy.asarray(heavy_tailed((300, 1000), 11, np.float16))
+    for layout in LAYOUTS:
+        s = poisoned(cq.block_scale_shape(x.shape, 32, layout), np.uint8)
+        q = cq.quantize_mx(x, "float8_e4m3fn", scale_layout=layout, scale_out=s)
+        assert q.scale is s
+        _, es = ref.quantize_mx(x.get(), "float8_e4m3fn")
+        assert_bits_equal(s, expected_scales(es, layout), "scale_out")
+        s = poisoned(cq.block_scale_shape(x.shape, 16, layout), np.uint8)
+        q = cq.quantize_nvfp4(x, scale_layout=layout, scale_out=s, global_scale=3.0)
+        assert q.scale is s
