@@ -136,6 +136,7 @@ def make_ops(fmt):
         ),
     }
     ops.update(_group_ops())
+    ops.update(_mx_ops())
     return ops
 
 
@@ -260,6 +261,186 @@ def _group_ops():
     }
 
 
+MX_SHAPES = [("8192x8192", (8192, 8192)), ("16384x16384", (16384, 16384))]
+_ELEM_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "float4_e2m1fn": 6.0}
+_FLT_MAX = 3.4028234663852886e38
+
+
+def _mx_bytes(shape, b, fmt, block, quant=True):
+    """Input read once plus output written once: elements (1 byte, or 1/2 for FP4) and one scale byte
+    per block (the swizzled padding is zero for these shapes)."""
+    n = _n(shape)
+    elem = n if fmt != "float4_e2m1fn" else n // 2
+    return n * b + elem + n // block
+
+
+def _torch_swizzle(s):
+    """(M, Kb) scales -> the 128x4 layout (M % 128 == 0, Kb % 4 == 0): m = 128a + 32b + c and
+    k = 4d + e go to offset (a Kt + d) 512 + 16 c + 4 b + e."""
+    M, Kb = s.shape
+    return s.view(M // 128, 4, 32, Kb // 4, 4).permute(0, 3, 2, 1, 4).reshape(M, Kb)
+
+
+def _torch_unswizzle(s, M, Kb):
+    return s.reshape(M // 128, Kb // 4, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(M, Kb)
+
+
+def _torch_e2m1_codes(torch, v):
+    """cupyquant.reference.cast_e2m1 without the NaN rule: round-to-nearest-even thresholds."""
+    a = v.abs()
+    code = ((a > 0.25).to(torch.uint8) + (a >= 0.75).to(torch.uint8) + (a > 1.25).to(torch.uint8)
+            + (a >= 1.75).to(torch.uint8) + (a > 2.5).to(torch.uint8) + (a >= 3.5).to(torch.uint8)
+            + (a > 5.0).to(torch.uint8))
+    return code | (torch.signbit(v).to(torch.uint8) << 3)
+
+
+def _torch_pack_fp4(torch, codes):
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _torch_mx(torch, fmt, swizzled):
+    """cupyquant.reference.quantize_mx (ceil rule, finite data) in torch ops."""
+    emax = _ELEM_MAX[fmt]
+    rcp = float(np.float32(1.0 / emax))
+
+    def quant(x):
+        M, K = x.shape
+        xf = x.float().view(M, K // 32, 32)
+        v = xf.abs().amax(-1) * rcp
+        bits = v.view(torch.int32)
+        e = (bits >> 23) & 0xFF
+        m = bits & 0x7FFFFF
+        up = (m != 0) & (e != 254) & ~((e == 0) & (m <= 0x400000))
+        E = e + up.to(torch.int32)
+        mult = ((254 - E.clamp(max=253)) << 23).view(torch.float32)
+        y = xf * mult.unsqueeze(-1)
+        if fmt == "float4_e2m1fn":
+            q = _torch_pack_fp4(torch, _torch_e2m1_codes(torch, y).view(M, K))
+        else:
+            q = y.clamp(-emax, emax).to(getattr(torch, fmt)).view(M, K)
+        s = E.to(torch.uint8)
+        return q, (_torch_swizzle(s) if swizzled else s)
+
+    return quant
+
+
+def _torch_nvfp4(torch, swizzled):
+    """cupyquant.reference.quantize_nvfp4 with a given global scale, in torch ops."""
+    r6 = float(np.float32(1.0 / 6.0))
+
+    def quant(x, s_enc):
+        M, K = x.shape
+        xf = x.float().view(M, K // 16, 16)
+        amax = xf.abs().amax(-1)
+        sf = (amax * (s_enc * r6)).clamp(max=448.0).to(torch.float8_e4m3fn)
+        inv = (1.0 / (sf.float() * (1.0 / s_enc))).clamp(max=_FLT_MAX)
+        q = _torch_pack_fp4(torch, _torch_e2m1_codes(torch, xf * inv.unsqueeze(-1)).view(M, K))
+        s = sf.view(torch.uint8)
+        return q, (_torch_swizzle(s) if swizzled else s)
+
+    return quant
+
+
+def _torch_mx_dequant(torch, fmt, block, swizzled, nv):
+    lut = None
+
+    def deq(q, s, gs, out_dtype):
+        nonlocal lut
+        M = q.shape[0]
+        if fmt == "float4_e2m1fn":
+            if lut is None:
+                lut = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], device=q.device)
+            v = torch.stack([lut[(q & 0xF).long()], lut[(q >> 4).long()]], -1).view(M, -1)
+        else:
+            v = q.view(getattr(torch, fmt)).float()
+        K = v.shape[1]
+        Kb = K // block
+        s = _torch_unswizzle(s, M, Kb) if swizzled else s
+        if nv:
+            scale = s.view(torch.float8_e4m3fn).float() * (1.0 / gs)
+        else:
+            scale = (s.to(torch.int32) << 23).view(torch.float32)
+        return (v.view(M, Kb, block) * scale.unsqueeze(-1)).view(M, K).to(out_dtype)
+
+    return deq
+
+
+def _mx_ops():
+    def q_make(shape, dt, f):
+        return _rotated(shape, dt, np.dtype(dt).itemsize + 1)
+
+    def nv_make(shape, dt, f):
+        sets = _rotated(shape, dt, np.dtype(dt).itemsize + 1)
+        g = cupy.asarray([2688.0 / 4.0], dtype=np.float32)  # S_enc for amax ~4 (standard normal data)
+        return [(x, g) for (x,) in sets]
+
+    def dq_make(quant, fmt):
+        def make(shape, dt, f):
+            return [(quant(x),) for (x,) in _rotated(shape, dt, 1 + np.dtype(dt).itemsize)]
+
+        return make
+
+    def dq_to_torch(torch, args):
+        (q,) = args
+        gs = torch.from_dlpack(q.global_scale) if q.global_scale is not None else None
+        return (torch.from_dlpack(q.data), torch.from_dlpack(q.scale), gs, _torch_dtype(torch, q.dtype))
+
+    ops = {}
+    for tag, fmt in (("mxfp8_e4m3", "float8_e4m3fn"), ("mxfp8_e5m2", "float8_e5m2"), ("mxfp4", "float4_e2m1fn")):
+        for layout in ("dense", "swizzled"):
+            sw = layout == "swizzled"
+            name = f"{tag}_{'swz' if sw else 'dense'}"
+            ops[name] = Op(
+                shapes=MX_SHAPES,
+                make=q_make,
+                ours=(lambda fmt, layout: lambda x: cq.quantize_mx(x, fmt, scale_layout=layout))(fmt, layout),
+                torch_fn=(lambda fmt, sw: lambda torch, f: _torch_mx(torch, fmt, sw))(fmt, sw),
+                io_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
+                bound_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
+            )
+            quant = (lambda fmt, layout: lambda x: cq.quantize_mx(x, fmt, scale_layout=layout))(fmt, layout)
+            ops[name + "_dequant"] = Op(
+                shapes=MX_SHAPES,
+                make=dq_make(quant, fmt),
+                ours=lambda q: q.dequantize(),
+                torch_fn=(lambda fmt, sw: lambda torch, f: _torch_mx_dequant(torch, fmt, 32, sw, False))(fmt, sw),
+                io_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
+                bound_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
+                to_torch=dq_to_torch,
+            )
+    for layout in ("dense", "swizzled"):
+        sw = layout == "swizzled"
+        name = f"nvfp4_{'swz' if sw else 'dense'}"
+        ops[name] = Op(
+            shapes=MX_SHAPES,
+            make=nv_make,
+            ours=(lambda layout: lambda x, g: cq.quantize_nvfp4(x, global_scale=g, scale_layout=layout))(layout),
+            torch_fn=(lambda sw: lambda torch, f: _torch_nvfp4(torch, sw))(sw),
+            io_bytes=lambda shape, b: _mx_bytes(shape, b, "float4_e2m1fn", 16),
+            bound_bytes=lambda shape, b: _mx_bytes(shape, b, "float4_e2m1fn", 16),
+        )
+        quant = (lambda layout: lambda x: cq.quantize_nvfp4(x, global_scale=672.0, scale_layout=layout))(layout)
+        ops[name + "_dequant"] = Op(
+            shapes=MX_SHAPES,
+            make=dq_make(quant, "float4_e2m1fn"),
+            ours=lambda q: q.dequantize(),
+            torch_fn=(lambda sw: lambda torch, f: _torch_mx_dequant(torch, "float4_e2m1fn", 16, sw, True))(sw),
+            io_bytes=lambda shape, b: _mx_bytes(shape, b, "float4_e2m1fn", 16),
+            bound_bytes=lambda shape, b: _mx_bytes(shape, b, "float4_e2m1fn", 16),
+            to_torch=dq_to_torch,
+        )
+    # dynamic NVFP4: the amax pass reads x a second time; "% bound" counts that read
+    ops["nvfp4_dynamic_swz"] = Op(
+        shapes=MX_SHAPES,
+        make=q_make,
+        ours=lambda x: cq.quantize_nvfp4(x),
+        torch_fn=None,
+        io_bytes=lambda shape, b: _mx_bytes(shape, b, "float4_e2m1fn", 16),
+        bound_bytes=lambda shape, b: _mx_bytes(shape, b, "float4_e2m1fn", 16) + _n(shape) * b,
+    )
+    return ops
+
+
 def _time_torch(torch, fn, targs_list, reps):
     def record():
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -309,13 +490,13 @@ def main(argv=None):
     keep = None if a.sizes is None else set(a.sizes.split(","))
     for name in names:
         op = ops[name]
-        tfn = op.torch_fn(torch, a.format) if torch else None
+        tfn = op.torch_fn(torch, a.format) if torch and op.torch_fn else None
         for label, shape in op.shapes:
             if keep is not None and label not in keep:
                 continue
             n = _n(shape)
             # a fresh compile per size, specialized to it (as a serving engine's static shapes)
-            tcomp = torch.compile(tfn, dynamic=False) if torch else None
+            tcomp = torch.compile(tfn, dynamic=False) if tfn else None
             args_list = op.make(shape, in_dtype, a.format)
             t = _bench.time_events(op.ours, args_list, reps=a.reps)
             host = _bench.host_seconds_per_call(op.ours, args_list) if n <= (1 << 20) else None
@@ -328,7 +509,7 @@ def main(argv=None):
                 "% bound": 100 * op.bound_bytes(shape, b) / copy_bw / t,
                 "host us": None if host is None else host * 1e6,
             }
-            if torch:
+            if tfn:
                 to_torch = op.to_torch or (lambda torch, args: tuple(torch.from_dlpack(v) for v in args))
                 targs = [to_torch(torch, args) for args in args_list]
                 te = _time_torch(torch, tfn, targs, a.reps)
