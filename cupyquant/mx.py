@@ -39,6 +39,7 @@ from .tensor import QuantizedTensor, Scheme
 
 _FAMILY = "mx"
 _THREADS = 256  # THREADS in mx.cu
+_TILE_K = 256  # TILE_K in mx.cu: elements per tile row (tiles are 128 rows high)
 _MX_BLOCK = 32
 _NV_BLOCK = 16
 _LAYOUTS = ("dense", "swizzled")
@@ -51,7 +52,7 @@ _FORCE_SOFTWARE = os.environ.get("CUPYQUANT_SOFTWARE_CONVERSIONS", "") not in ("
 _QUANT_ARGS = np.dtype(
     [
         ("rows", np.int64), ("K", np.int64), ("row_stride", np.int64), ("q_row", np.int64),
-        ("n_blocks", np.int64), ("n_ktiles", np.int64), ("swizzled", np.int32), ("floor_rule", np.int32),
+        ("n_blocks", np.int64), ("n_units", np.int64), ("n_ktiles", np.int64), ("swizzled", np.int32), ("floor_rule", np.int32),
         ("gs_mode", np.int32), ("gs_arg", np.float32), ("gs_ptr", np.uint64), ("gs_out", np.uint64),
     ],
     align=True,
@@ -119,11 +120,11 @@ def _prepare(x, fmt, block, scale_layout, out, scale_out):
 
 def _launch_quantize(name, targs, x, q, s, rows, K, row_stride, block, fmt, scale_layout, device, **kw):
     n_blocks = -(-K // block)
-    n_ktiles = -(-n_blocks // 4)
+    n_ktiles = -(-K // _TILE_K)
     a = np.zeros((), dtype=_QUANT_ARGS)
     a["rows"], a["K"], a["row_stride"] = rows, K, row_stride
     a["q_row"] = K if fmt.bits == 8 else -(-K // 2)
-    a["n_blocks"], a["n_ktiles"] = n_blocks, n_ktiles
+    a["n_blocks"], a["n_units"], a["n_ktiles"] = n_blocks, -(-n_blocks // 4), n_ktiles
     a["swizzled"] = scale_layout == "swizzled"
     a["floor_rule"] = kw.get("floor_rule", 0)
     a["gs_mode"], a["gs_arg"], a["gs_ptr"], a["gs_out"] = kw.get("gs", (0, np.float32(0), 0, 0))

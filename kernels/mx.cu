@@ -26,14 +26,14 @@
 // the scale of (m, k) at ((m / 128) * ceil(Kb / 4) + k / 4) * 512 + (m % 32) * 16 + ((m / 32) % 4) * 4
 // + k % 4, rows padded to 128 and scale columns to 4, the padding zero.
 //
-// Threads. One thread block quantizes a tile of 128 rows x 4 scale blocks (128 elements for MX, 64
-// for NVFP4), so that its 512 scale bytes are exactly one 512-byte unit of the swizzled layout: they
-// are gathered in shared memory and written as 32 16-byte stores (dense: one 4-byte word per row).
-// Each thread takes 16 consecutive elements of a row (16-byte loads, one 16- or 8-byte store) in
-// 128 / (256 / (TK / 16)) rows of the tile; the two threads of an MX block combine their maxima with
-// one shuffle. Rows and blocks past the tensor read as zeros, so the padding scales come out 0
-// without a separate pass. VEC = false is the scalar path for rows that are not 16-byte aligned or
-// K not a multiple of 16.
+// Threads. One thread block quantizes a tile of 128 rows x 256 elements (8 MX or 16 NVFP4 scale
+// blocks per row), so that its scale bytes are exactly 2 or 4 whole 512-byte units of the swizzled
+// layout: they are gathered in shared memory and written as 16-byte stores (dense: one 8- or 16-byte
+// store per row). Each thread takes 16 consecutive elements of a row (16-byte loads, one 16- or
+// 8-byte store) in 8 rows of the tile, 4 rows' loads in flight at once; the two threads of an MX
+// block combine their maxima with one shuffle. Rows and blocks past the tensor read as zeros, so the
+// padding scales come out 0 without a separate pass. VEC = false is the scalar path for rows that
+// are not 16-byte aligned or K not a multiple of 16.
 
 #include "common.cuh"
 
@@ -80,10 +80,12 @@ template <> struct Fmt<E2M1> {
     static constexpr float RCP = 0x1.555556p-3f, SUB = 2.0f;
 };
 
-__device__ __forceinline__ unsigned rni_u32(float v) {  // round half to even to an integer
-    unsigned r;
-    asm("cvt.rni.u32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
+// round(a * s) half to even, for a * s in [0, 2^22]: one FMA adds 2^23, which leaves the integer in
+// the low mantissa bits (cheaper than cvt.rni, a quarter-rate conversion instruction).
+__device__ __forceinline__ unsigned rne_int(float a, float s) {
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, 0f4B000000;" : "=f"(r) : "f"(a), "f"(s));
+    return __float_as_uint(r) - 0x4b000000u;
 }
 
 // float -> code, round to nearest even, saturating to +-max (inf included), NaN -> NANCODE. Branch
@@ -99,7 +101,7 @@ template <class F> __device__ __forceinline__ unsigned sw_cvt(float x) {
     const unsigned a = u & 0x7fffffffu;
     const unsigned b = a - ((unsigned)(127 - P::BIAS) << 23);
     const unsigned cn = min((b + (1u << (DROP - 1)) - 1u + ((b >> DROP) & 1u)) >> DROP, P::MAXCODE);
-    const unsigned cs = rni_u32(mul_rn(__uint_as_float(min(a, MINNORM)), P::SUB));
+    const unsigned cs = rne_int(__uint_as_float(min(a, MINNORM)), P::SUB);
     const unsigned code = (a < MINNORM ? cs : cn) | ((u >> 31) << P::SIGN);
     return a > 0x7f800000u ? P::NANCODE : code;
 }
@@ -207,7 +209,8 @@ struct QuantArgs {
     i64 rows, K, row_stride;  // x is (rows, K), row_stride elements apart
     i64 q_row;                // bytes per row of q
     i64 n_blocks;             // scale blocks per row, ceil(K / BS)
-    i64 n_ktiles;             // tiles along K: ceil(n_blocks / 4)
+    i64 n_units;              // 512-byte swizzle units per 128 rows: ceil(n_blocks / 4)
+    i64 n_ktiles;             // tiles along K: ceil(K / TILE_K)
     int swizzled;             // scale layout: 1 swizzled, 0 dense
     int floor_rule;           // MX only: OCP round-down rule
     int gs_mode;              // NVFP4 only: GS_FROM_*
@@ -216,23 +219,30 @@ struct QuantArgs {
     float* gs_out;            // NVFP4 only: S_enc as used, written by block 0
 };
 
-// BS: block size (32 MX, 16 NVFP4). NV: the NVFP4 scale rule.
+static constexpr int TILE_K = 256;             // elements per tile row
+static constexpr int TPR = TILE_K / 16;        // threads per tile row (16 elements each)
+static constexpr int RPP = THREADS / TPR;      // tile rows per pass: 16
+static constexpr int PASSES = TILE_ROWS / RPP;  // 8
+static constexpr int GROUP = 4;                // passes whose loads are in flight together
+
+// BS: block size (32 MX, 16 NVFP4). NV: the NVFP4 scale rule. A tile is 128 rows x 256 elements:
+// 8 (MX) or 16 (NVFP4) scale blocks per row, i.e. 2 or 4 whole 512-byte units of the swizzled
+// layout. Each row segment is read by 16 consecutive lanes (512 contiguous bytes for bf16).
 template <typename T, class F, int BS, bool NV, bool VEC, bool HW>
 __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned char* __restrict__ q,
                                                unsigned char* __restrict__ scales, const QuantArgs& a) {
-    constexpr int TK = 4 * BS;              // elements per tile row
-    constexpr int TPR = TK / 16;            // threads per tile row: 8 (MX) or 4 (NVFP4)
-    constexpr int RPP = THREADS / TPR;      // tile rows per pass: 32 or 64
-    constexpr int PASSES = TILE_ROWS / RPP;  // 4 or 2
     constexpr int TPB = BS / 16;            // threads per scale block: 2 or 1
+    constexpr int BPR = TILE_K / BS;        // scale blocks per tile row: 8 or 16
+    constexpr int UNITS = BPR / 4;          // swizzle units per tile: 2 or 4
     constexpr int OUT_BYTES = 16 * Fmt<F>::BITS / 8;
-    __shared__ __align__(16) unsigned char tile_scales[512];
+    __shared__ __align__(16) unsigned char tile_scales[UNITS * 512];
 
     const int lane_k = threadIdx.x % TPR;
     const int r0 = threadIdx.x / TPR;
     const i64 rt = (i64)blockIdx.x / a.n_ktiles;
     const i64 kt = (i64)blockIdx.x - rt * a.n_ktiles;
-    const i64 k0 = kt * TK + lane_k * 16;
+    const i64 k0 = kt * TILE_K + lane_k * 16;
+    const bool col_ok = k0 < a.K;
 
     float S_enc6 = 0.0f, S_dec = 0.0f;
     if constexpr (NV) {
@@ -243,89 +253,100 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
         if (blockIdx.x == 0 && threadIdx.x == 0) *a.gs_out = S_enc;
     }
 
-    float f[PASSES][16];
+#pragma unroll 1
+    for (int g = 0; g < PASSES / GROUP; ++g) {
+        float f[GROUP][16];
 #pragma unroll
-    for (int p = 0; p < PASSES; ++p) {  // every load of the tile is issued before any use
-        const i64 row = rt * TILE_ROWS + p * RPP + r0;
-        const T* src = x + row * a.row_stride + k0;
-        if (row < a.rows && k0 < a.K) {
-            if constexpr (VEC) load16_vec<T>(src, f[p]);
-            else load16_scalar<T>(src, a.K - k0, f[p]);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 16; ++i) f[p][i] = 0.0f;
-        }
-    }
-
-#pragma unroll
-    for (int p = 0; p < PASSES; ++p) {
-        const int row_local = p * RPP + r0;
-        const i64 row = rt * TILE_ROWS + row_local;
-        // block max |x| as float bits: MX lets a NaN win (its magnitude bits exceed inf's); NVFP4
-        // ignores NaN (fmaxf), mapping it to 0.
-        unsigned key = 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[p][i]) : (__float_as_uint(f[p][i]) & 0x7fffffffu));
-        if constexpr (TPB == 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
-
-        unsigned sbyte;
-        float mult;
-        if constexpr (NV) {
-            const float sfv = fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F);
-            sbyte = to_e4m3<HW>(sfv);
-            mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
-        } else {
-            sbyte = mx_scale<F, HW>(key, a.floor_rule != 0);
-            mult = mx_multiplier(sbyte);
-        }
-        float v[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[p][i], mult);
-        unsigned w[4];
-        cvt16<F, HW>(v, w);
-
-        if (row < a.rows && k0 < a.K) {
-            unsigned char* dst = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
-            if constexpr (VEC) {
-                if constexpr (OUT_BYTES == 16) st16(dst, make_uint4(w[0], w[1], w[2], w[3]));
-                else __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+        for (int j = 0; j < GROUP; ++j) {  // the group's loads are all issued before any use
+            const i64 row = rt * TILE_ROWS + (g * GROUP + j) * RPP + r0;
+            const T* src = x + row * a.row_stride + k0;
+            if (row < a.rows && col_ok) {
+                if constexpr (VEC) load16_vec<T>(src, f[j]);
+                else load16_scalar<T>(src, a.K - k0, f[j]);
             } else {
-                const i64 n = a.K - k0;  // valid elements from k0
-                if constexpr (OUT_BYTES == 16) {
 #pragma unroll
-                    for (int i = 0; i < 16; ++i)
-                        if (i < n) dst[i] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+                for (int i = 0; i < 16; ++i) f[j][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GROUP; ++j) {
+            const int row_local = (g * GROUP + j) * RPP + r0;
+            const i64 row = rt * TILE_ROWS + row_local;
+            // block max |x| as float bits: MX lets a NaN win (its magnitude bits exceed inf's);
+            // NVFP4 ignores NaN (fmaxf), mapping it to 0.
+            unsigned key = 0;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[j][i]) : (__float_as_uint(f[j][i]) & 0x7fffffffu));
+            if constexpr (TPB == 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
+
+            unsigned sbyte;
+            float mult;
+            if constexpr (NV) {
+                const float sfv = fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F);
+                sbyte = to_e4m3<HW>(sfv);
+                mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+            } else {
+                sbyte = mx_scale<F, HW>(key, a.floor_rule != 0);
+                mult = mx_multiplier(sbyte);
+            }
+            float v[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[j][i], mult);
+            unsigned w[4];
+            cvt16<F, HW>(v, w);
+
+            if (row < a.rows && col_ok) {
+                unsigned char* dst = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
+                if constexpr (VEC) {
+                    if constexpr (OUT_BYTES == 16) st16(dst, make_uint4(w[0], w[1], w[2], w[3]));
+                    else __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
                 } else {
+                    const i64 n = a.K - k0;  // valid elements from k0
+                    if constexpr (OUT_BYTES == 16) {
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        unsigned char b = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
-                        if (2 * i + 1 >= n) b &= 0x0f;  // the element after the last is padding: 0
-                        if (2 * i < n) dst[i] = b;
+                        for (int i = 0; i < 16; ++i)
+                            if (i < n) dst[i] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) {
+                            unsigned char b = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+                            if (2 * i + 1 >= n) b &= 0x0f;  // the element after the last is padding: 0
+                            if (2 * i < n) dst[i] = b;
+                        }
                     }
                 }
             }
-        }
-        if (lane_k % TPB == 0) {
-            const int kb = lane_k / TPB;
-            tile_scales[(row_local % 32) * 16 + (row_local / 32) * 4 + kb] = (unsigned char)sbyte;
+            if (lane_k % TPB == 0) {
+                const int kb = lane_k / TPB;
+                tile_scales[(kb / 4) * 512 + (row_local % 32) * 16 + (row_local / 32) * 4 + kb % 4] = (unsigned char)sbyte;
+            }
         }
     }
     __syncthreads();
     if (a.swizzled) {
-        if (threadIdx.x < 32) {
-            const uint4 v = *reinterpret_cast<const uint4*>(tile_scales + threadIdx.x * 16);
-            st16(scales + ((u64)blockIdx.x * 512 + threadIdx.x * 16), v);
+        if (threadIdx.x < UNITS * 32) {
+            const int u = threadIdx.x / 32;
+            const i64 unit = kt * UNITS + u;
+            if (unit < a.n_units) {
+                const uint4 v = *reinterpret_cast<const uint4*>(tile_scales + threadIdx.x * 16);
+                st16(scales + ((rt * a.n_units + unit) * 512 + (threadIdx.x % 32) * 16), v);
+            }
         }
     } else if (threadIdx.x < TILE_ROWS) {
         const int rl = threadIdx.x;
         const i64 row = rt * TILE_ROWS + rl;
         if (row < a.rows) {
-            const unsigned word = *reinterpret_cast<const unsigned*>(tile_scales + (rl % 32) * 16 + (rl / 32) * 4);
-            unsigned char* dst = scales + row * a.n_blocks + kt * 4;
-            if (a.n_blocks % 4 == 0) {
-                *reinterpret_cast<unsigned*>(dst) = word;
+            unsigned words[UNITS];
+#pragma unroll
+            for (int u = 0; u < UNITS; ++u)
+                words[u] = *reinterpret_cast<const unsigned*>(tile_scales + u * 512 + (rl % 32) * 16 + (rl / 32) * 4);
+            const i64 kb0 = kt * BPR;
+            unsigned char* dst = scales + row * a.n_blocks + kb0;
+            if (a.n_blocks % BPR == 0) {  // whole, aligned: one 8- or 16-byte store
+                if constexpr (UNITS == 2) *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+                else *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
             } else {
-                for (int j = 0; j < 4 && kt * 4 + j < a.n_blocks; ++j) dst[j] = (unsigned char)(word >> (8 * j));
+                for (int j = 0; j < BPR && kb0 + j < a.n_blocks; ++j) dst[j] = (unsigned char)(words[j / 4] >> (8 * (j % 4)));
             }
         }
     }
@@ -333,14 +354,15 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
 
 // MXFP8 / MXFP4. Grid: one block per (row tile, K tile), K tiles fastest (so that consecutive
 // blocks write consecutive 512-byte swizzled units).
+// Three blocks per SM (at most 85 registers) keep 3 x 256 x 4 x 32 bytes of loads in flight per SM.
 template <typename T, class F, bool VEC, bool HW>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, 3)
 mx_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
     block_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
 }
 
 template <typename T, bool VEC, bool HW>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, 3)
 nvfp4_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
     block_quantize<T, E2M1, 16, true, VEC, HW>(x, q, scales, a);
 }

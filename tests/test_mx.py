@@ -186,7 +186,8 @@ def test_swizzled_offsets_and_zero_padding(block, quant):
     K = Kb * block - 5  # a partial last block too
     m = np.arange(M)[:, None]
     k = np.arange(Kb)[None, :]
-    amax = 2.0 ** ((m * 5 + k * 3) % 40 - 20).astype(np.float64)
+    span = 40 if quant == "mx" else 14  # NVFP4 scales are E4M3: keep sf inside its range
+    amax = 2.0 ** ((m * 5 + k * 3) % span - span // 2).astype(np.float64)
     xh = np.repeat(amax, block, axis=1)[:, :K].astype(np.float32)
     xh[:, ::3] *= -0.5
     x = cupy.asarray(xh)
@@ -194,14 +195,14 @@ def test_swizzled_offsets_and_zero_padding(block, quant):
         q = cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled")
         dense = cq.quantize_mx(x, "float8_e4m3fn", scale_layout="dense").scale.get()
     else:
-        q = cq.quantize_nvfp4(x, global_scale=1.0, scale_layout="swizzled")
-        dense = cq.quantize_nvfp4(x, global_scale=1.0, scale_layout="dense").scale.get()
+        q = cq.quantize_nvfp4(x, global_scale=16.0, scale_layout="swizzled")
+        dense = cq.quantize_nvfp4(x, global_scale=16.0, scale_layout="dense").scale.get()
     buf = q.scale.get()
     assert buf.shape == (256, 8) == cq.block_scale_shape(xh.shape, block, "swizzled")
     flat = buf.reshape(-1)
     off = (m // 128 * 2 + k // 4) * 512 + (m % 32) * 16 + (m // 32 % 4) * 4 + k % 4
     np.testing.assert_array_equal(flat[off], dense)
-    assert len(np.unique(dense)) > 20
+    assert len(np.unique(dense)) >= 12
     rest = np.ones(flat.size, bool)
     rest[off.reshape(-1)] = False
     assert not flat[rest].any(), "padding bytes of the swizzled layout must be 0"
