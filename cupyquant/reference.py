@@ -370,7 +370,7 @@ def pack_fp4(codes) -> np.ndarray:
 def unpack_fp4(packed, K: int) -> np.ndarray:
     """Inverse of :func:`pack_fp4`: ``(..., ceil(K / 2))`` bytes -> ``(..., K)`` codes."""
     packed = np.asarray(packed, dtype=np.uint8)
-    out = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
+    out = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (2 * packed.shape[-1],))
     return out[..., :K].astype(np.uint8)
 
 
@@ -471,7 +471,7 @@ def quantize_mx(x, dtype="float8_e4m3fn", *, rounding="ceil"):
     E = mx_scale_exponent(amax_b.astype(np.float32), name, rounding)
     with np.errstate(all="ignore"):
         v = (g * mx_data_multiplier(E)[..., None]).astype(np.float32)
-    codes = cast_elements(v, name).reshape(xf.shape[:-1] + (-1,))[..., :K]
+    codes = cast_elements(v, name).reshape(xf.shape[:-1] + (g.shape[-2] * MX_BLOCK,))[..., :K]
     data = pack_fp4(codes) if name == "float4_e2m1fn" else codes
     return data, E
 
@@ -491,7 +491,7 @@ def dequantize_mx(data, scale, dtype="float8_e4m3fn", out_dtype=np.float32, *, K
     v = _blocks(elements_to_float(codes, name), MX_BLOCK)
     s = e8m0_to_float(np.asarray(scale, dtype=np.uint8))
     with np.errstate(all="ignore"):
-        y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (-1,))[..., :K]
+        y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (v.shape[-2] * MX_BLOCK,))[..., :K]
     return round_to(y, out_dtype)
 
 
@@ -529,7 +529,7 @@ def quantize_nvfp4(x, *, global_scale=None):
         S_dec = np.float32(1) / S_enc
         inv = np.fmin(np.float32(1) / (fp8_to_float(sf) * S_dec).astype(np.float32), FLT_MAX).astype(np.float32)
         v = (g * inv[..., None]).astype(np.float32)
-    codes = cast_e2m1(v).reshape(xf.shape[:-1] + (-1,))[..., :K]
+    codes = cast_e2m1(v).reshape(xf.shape[:-1] + (g.shape[-2] * NVFP4_BLOCK,))[..., :K]
     return pack_fp4(codes), sf, np.float32(S_enc)
 
 
@@ -545,7 +545,7 @@ def dequantize_nvfp4(data, scale, global_scale, out_dtype=np.float32, *, K=None)
         S_dec = np.float32(1) / S_enc
         s = (fp8_to_float(np.asarray(scale, np.uint8)) * S_dec).astype(np.float32)
         v = _blocks(e2m1_to_float(codes), NVFP4_BLOCK)
-        y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (-1,))[..., :K]
+        y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (v.shape[-2] * NVFP4_BLOCK,))[..., :K]
     return round_to(y, out_dtype)
 
 
@@ -569,7 +569,7 @@ def swizzle_scales(scale) -> np.ndarray:
     uint8 of :func:`swizzled_shape`, its bytes in layout order and the padding zero."""
     scale = np.asarray(scale, dtype=np.uint8)
     nb = scale.shape[-1]
-    s2 = scale.reshape(-1, nb)
+    s2 = scale.reshape(int(np.prod(scale.shape[:-1])), nb)
     buf = np.zeros(swizzled_shape(s2.shape[0], nb), np.uint8)
     buf.reshape(-1)[swizzle_offsets(*s2.shape).reshape(-1)] = s2.reshape(-1)
     return buf
