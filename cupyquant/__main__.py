@@ -44,7 +44,10 @@ def _scale_per_element(q, host, shape):
     from cupyquant import reference as ref
 
     s = host["scale"]
-    s = ref.e8m0_to_float(s.view(np.uint8)) if s.dtype != np.float32 else s
+    if s.dtype.name == "float8_e4m3fn":  # NVFP4: float(sf) / S_enc
+        s = s.astype(np.float64) / float(host["global_scale"][0])
+    elif s.dtype != np.float32:
+        s = ref.e8m0_to_float(s.view(np.uint8))
     s = s.astype(np.float64)
     if q.scheme.granularity == "tensor":
         return np.broadcast_to(s.reshape(-1)[0], shape)
@@ -57,7 +60,7 @@ def _normal_mask(q, host, target):
     where rounding bounds the relative error by 1/32)."""
     v = np.abs(target) / _scale_per_element(q, host, target.shape)
     fmt = q.format
-    lo = {"float8_e4m3fn": 2.0**-6, "float8_e5m2": 2.0**-14, "int8": 16.0}[fmt.name]
+    lo = {"float8_e4m3fn": 2.0**-6, "float8_e5m2": 2.0**-14, "int8": 16.0, "float4_e2m1fn": 1.0}[fmt.name]
     return (v >= lo) & (v <= fmt.max)
 
 
@@ -98,6 +101,21 @@ def entries(xh):
         lambda h, x, q: pair(ref.quantize_silu_intermediate(group_quant._silu_mul_intermediate(x)[0].get(), group_size=128)),
         target=lambda x64: ref.silu_mul(x64.astype(np.float32)).astype(np.float64),
     ))
+
+    def unpacked(d, K):
+        return ref.unpack_fp4(d, K)
+
+    rows.append(Entry("MXFP8 E4M3 block-32, swizzled E8M0",
+                      lambda x: cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled"),
+                      lambda h, x, q: pair(ref.quantize_mx(h, "float8_e4m3fn"))))
+    rows.append(Entry("MXFP4 E2M1 block-32, swizzled E8M0",
+                      lambda x: cq.quantize_mx(x, "float4_e2m1fn", scale_layout="swizzled"),
+                      lambda h, x, q: dict(zip(("data", "scale"), (lambda d, s: (unpacked(d, h.shape[-1]), s))(
+                          *ref.quantize_mx(h, "float4_e2m1fn"))))))
+    rows.append(Entry("NVFP4 block-16 E4M3 + global, swizzled",
+                      lambda x: cq.quantize_nvfp4(x),
+                      lambda h, x, q: dict(zip(("data", "scale"), (lambda d, s, g: (unpacked(d, h.shape[-1]), s))(
+                          *ref.quantize_nvfp4(h))))))
     return rows
 
 
@@ -135,7 +153,7 @@ def main() -> int:
         f"(max |x| {np.abs(x64).max():.1f}, kurtosis {_kurtosis(x64):.0f}); copy bandwidth {copy_bw / 1e9:.0f} GB/s"
     )
     cols = ("scheme", "bits/elem", "SNR dB", "max rel err*", "bytes = ref", "GB/s", "% copy")
-    widths = (36, 9, 7, 12, 11, 7, 6)
+    widths = (40, 9, 7, 12, 11, 7, 6)
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     all_equal = True
     for e in entries(xh):
@@ -160,7 +178,8 @@ def main() -> int:
                f"{100 * gbs / copy_bw:.0f}")
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print("* max |y - x| / |x| over elements whose |x| / scale lies in the format's normal range (INT8:")
-    print("  |x| / scale >= 16); E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3, INT8 there by 2^-5.")
+    print("  |x| / scale >= 16); E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3, INT8 there by 2^-5, E2M1")
+    print("  (|x| / scale in [1, 6]) by 2^-2.")
     print("  SiLU*Mul is measured against silu(gate) * up of the tensor's two column halves.")
     print("  GB/s on the tensor tiled to 256M elements, counting x read once and q and its scales written")
     print("  once (dynamic per-tensor reads x twice: its limit is 60% of the copy figure)")
