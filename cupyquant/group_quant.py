@@ -161,6 +161,8 @@ def _rows_view(x: cupy.ndarray, arg: str = "x"):
         raise ValueError(f"{arg} must have at least one dimension")
     item = x.itemsize
     K = x.shape[-1]
+    if x.size == 0:  # nothing is read; CuPy may give an empty array any strides
+        return math.prod(x.shape[:-1]), K, K
     if K > 1 and x.strides[-1] != item:
         raise ValueError(f"{arg} must have a contiguous last axis (stride {x.strides[-1]} bytes)")
     rows = math.prod(x.shape[:-1])
