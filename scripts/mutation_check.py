@@ -2,7 +2,8 @@
 """Check that the GPU tests catch broken kernels: apply each mutation below to a copy of kernels/,
 point CUPYQUANT_KERNEL_DIR at it, run the tests that should notice, and report killed/SURVIVED.
 
-    CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py
+    CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py            # every mutant
+    CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py mx.cu      # those of one kernel file
 
 Exit status 1 if any mutant survives. Each mutant is (name, file, old text, new text, pytest args[,
 test file]); the test file defaults to tests/test_fp8_tensor.py.
@@ -48,6 +49,21 @@ MUTANTS = [
      "const float sigmoid = __fdividef(1.0f, 1.0f + e);", ["-k", "test_silu_mul_quantize"], "tests/test_group_quant.py"),
     ("silu with the fast exp", "group_quant.cu", "return silu_mul_from_exp(gate, up, expf(-gate));",
      "return silu_mul_from_exp(gate, up, __expf(-gate));", ["-k", "test_silu_mul_quantize"], "tests/test_group_quant.py"),
+    ("E8M0 ceil never rounds up", "mx.cu", "return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e + (up ? 1u : 0u);",
+     "return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e;", ["-k", "mx_every_combination and float32 and dense"], "tests/test_mx.py"),
+    ("E = 254 multiplier by the bit formula (0)", "mx.cu", "E == 254u ? 0x00400000u : (254u - E) << 23", "(254u - E) << 23",
+     ["-k", "mx_special_blocks"], "tests/test_mx.py"),
+    ("MX block max ignores NaN", "mx.cu", "(__float_as_uint(f[j][i]) & 0x7fffffffu)", "abs_key(f[j][i])",
+     ["-k", "mx_special_blocks"], "tests/test_mx.py"),
+    ("swizzled rows placed row-major in the unit", "mx.cu", "(kb / 4) * 512 + (row_local % 32) * 16 + (row_local / 32) * 4",
+     "(kb / 4) * 512 + (row_local / 4) * 16 + (row_local % 4) * 4", ["-k", "swizzled_offsets"], "tests/test_mx.py"),
+    ("FP4 odd tail keeps the padding nibble", "mx.cu", "if (2 * i + 1 >= n) b &= 0x0f;", "",
+     ["-k", "empty_and_tiny or strided"], "tests/test_mx.py"),
+    ("NVFP4 inverse scale not clamped to FLT_MAX", "mx.cu",
+     "mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);",
+     "mult = rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec));", ["-k", "nvfp4_special_blocks"], "tests/test_mx.py"),
+    ("software conversion rounds ties up", "mx.cu", "(b + (1u << (DROP - 1)) - 1u + ((b >> DROP) & 1u)) >> DROP",
+     "(b + (1u << (DROP - 1))) >> DROP", ["-k", "conversions_against_reference and sw"], "tests/test_mx.py"),
     ("dequant rounds toward zero", "common.cuh", "return __bfloat16_as_ushort(__float2bfloat16_rn(x));", "return __bfloat16_as_ushort(__float2bfloat16_rz(x));",
      ["-k", "dequantize"]),
 ]
@@ -55,7 +71,10 @@ MUTANTS = [
 
 def main() -> int:
     survived = 0
+    only = sys.argv[1:]
     for name, fname, old, new, args, *test_file in MUTANTS:
+        if only and fname not in only:
+            continue
         with tempfile.TemporaryDirectory() as d:
             shutil.copytree(ROOT / "kernels", d, dirs_exist_ok=True)
             path = Path(d) / fname
