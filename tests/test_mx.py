@@ -416,3 +416,12 @@ def test_scale_out_reused():
         s = poisoned(cq.block_scale_shape(x.shape, 16, layout), np.uint8)
         q = cq.quantize_nvfp4(x, scale_layout=layout, scale_out=s, global_scale=3.0)
         assert q.scale is s
+
+
+def test_fp4_odd_tail_padding_nibble_is_zero():
+    """With an odd K the last byte's high nibble is padding and must be 0, even where the block's
+    elements become NaN codes (a NaN block: its zero padding times NaN would give code 7)."""
+    xh = heavy_tailed((3, 33), 5, ml_dtypes.bfloat16)
+    xh[:, 32] = np.nan
+    q, eq, es = run_mx(xh, "float4_e2m1fn")
+    assert (eq[:, -1] == 0x07).all() and (es[:, 1] == 255).all()
