@@ -387,25 +387,26 @@ def _mx_ops():
 
     ops = {}
     for tag, fmt in (("mxfp8_e4m3", "float8_e4m3fn"), ("mxfp8_e5m2", "float8_e5m2"), ("mxfp4", "float4_e2m1fn")):
+        nbytes = (lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt)
         for layout in ("dense", "swizzled"):
             sw = layout == "swizzled"
             name = f"{tag}_{'swz' if sw else 'dense'}"
+            quant = (lambda fmt, layout: lambda x: cq.quantize_mx(x, fmt, scale_layout=layout))(fmt, layout)
             ops[name] = Op(
                 shapes=MX_SHAPES,
                 make=q_make,
-                ours=(lambda fmt, layout: lambda x: cq.quantize_mx(x, fmt, scale_layout=layout))(fmt, layout),
+                ours=quant,
                 torch_fn=(lambda fmt, sw: lambda torch, f: _torch_mx(torch, fmt, sw))(fmt, sw),
-                io_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
-                bound_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
+                io_bytes=nbytes,
+                bound_bytes=nbytes,
             )
-            quant = (lambda fmt, layout: lambda x: cq.quantize_mx(x, fmt, scale_layout=layout))(fmt, layout)
             ops[name + "_dequant"] = Op(
                 shapes=MX_SHAPES,
                 make=dq_make(quant, fmt),
                 ours=lambda q: q.dequantize(),
                 torch_fn=(lambda fmt, sw: lambda torch, f: _torch_mx_dequant(torch, fmt, 32, sw, False))(fmt, sw),
-                io_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
-                bound_bytes=(lambda fmt: lambda shape, b: _mx_bytes(shape, b, fmt, 32))(fmt),
+                io_bytes=nbytes,
+                bound_bytes=nbytes,
                 to_torch=dq_to_torch,
             )
     for layout in ("dense", "swizzled"):
