@@ -60,7 +60,7 @@ _QUANT_ARGS = np.dtype(
 _DEQUANT_ARGS = np.dtype(
     [
         ("rows", np.int64), ("K", np.int64), ("q_row", np.int64), ("n_blocks", np.int64),
-        ("n_units", np.int64), ("swizzled", np.int32), ("gs_ptr", np.uint64),
+        ("swizzled", np.int32), ("gs_ptr", np.uint64),
     ],
     align=True,
 )
@@ -304,20 +304,22 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
     with _validate.on_device_of(q.data):
         y = cupy.empty(shape, dtype=out_t.dtype) if out is None else out
         if rows and K:
-            units = -(-K // 16)
             a = np.zeros((), dtype=_DEQUANT_ARGS)
             a["rows"], a["K"] = rows, K
             a["q_row"] = K if fmt.bits == 8 else -(-K // 2)
-            a["n_blocks"], a["n_units"] = -(-K // block), units
+            a["n_blocks"] = -(-K // block)
             a["swizzled"] = q.scheme.scale_layout == "swizzled"
             a["gs_ptr"] = q.global_scale.data.ptr if nv else 0
-            vec = K % 16 == 0 and q.data.data.ptr % (16 if fmt.bits == 8 else 8) == 0 and y.data.ptr % 16 == 0
+            # pieces of 8 elements: 4 (FP4) or 8 (FP8) bytes in, 8 elements out per load/store
+            vec = K % 8 == 0 and q.data.data.ptr % (4 if fmt.bits == 4 else 8) == 0 and y.data.ptr % 16 == 0
             if nv:
                 k = _jit.kernel(device, _FAMILY, "nvfp4_dequantize", out_t.ctype, vec)
             else:
                 k = _jit.kernel(device, _FAMILY, "mx_dequantize", out_t.ctype, fmt.ctag, vec)
-            grid, blk = _grid2d(rows, units)
-            k(grid, blk, (q.data, q.scale, y, a[()]))
+            # a warp takes 32 x 4 pieces of a row (mx.cu's PIECES)
+            spans = -(-K // (8 * 32 * 4))
+            warps = min(8, spans)
+            k((rows, -(-spans // warps)), (32, warps), (q.data, q.scale, y, a[()]))
     return y
 
 

@@ -49,6 +49,8 @@ using namespace cq;
 #endif
 
 namespace cq {
+template <class A, class B> struct same_type { static constexpr bool value = false; };
+template <class A> struct same_type<A, A> { static constexpr bool value = true; };
 struct E2M1 {
     static constexpr float max_finite = 6.0f;
 };
@@ -106,19 +108,87 @@ template <class F> __device__ __forceinline__ unsigned sw_cvt(float x) {
     return a > 0x7f800000u ? P::NANCODE : code;
 }
 
+// ---------------------------------------------------------------- packed E2M1 (bf16x2 arithmetic)
+// The software E2M1 path works on two elements per 32-bit register with sm_80's bf16x2 FMA and
+// min/max (no flushing: bf16 arithmetic keeps subnormals), about 6 instructions per element where
+// a float32 bit-manipulation conversion needs 15.
+__device__ __forceinline__ unsigned bf2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ unsigned bf2_min(unsigned a, unsigned b) {  // a NaN operand gives the other
+    unsigned d;
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned bf2_max(unsigned a, unsigned b) {
+    unsigned d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned bf2_max_nan(unsigned a, unsigned b) {  // NaN propagates
+    unsigned d;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Two bf16 magnitudes (NaN allowed) -> their E2M1 magnitude codes at bits 0-2 and 16-18: round to
+// nearest even, saturate at 6, NaN -> 6. With c = min(m, 6) and 2^k = clamp(2^floor(log2 c), 1, 4),
+// the code is 2k + rne(c * 2^(1-k)) (steps of 0.5 below 2, 1 below 4, 2 above). One FMA computes
+// c * 2^(1-k) + 128 + 2k: the sum (below 256) rounds once, to an integer, and bf16(128 + n) is
+// 0x4300 + n, so the code is the low 3 bits. 2^(1-k) and 128 + 2k come from 2^k's bits by one
+// subtraction and one shift-and-add that stay inside each 16-bit half.
+__device__ __forceinline__ unsigned e2m1x2_mag(unsigned m) {
+    const unsigned c = bf2_min(m, 0x40c040c0u);                      // min(m, 6)
+    const unsigned p = bf2_max(c & 0x7f807f80u, 0x3f803f80u);        // 2^k
+    const unsigned t = bf2_fma(c, 0x7f807f80u - p, (p >> 6) + 0x42024202u);
+    return t & 0x00070007u;
+}
+
+// Two bf16 values (lo in the low half) -> E2M1 codes at bits 0-3 and 16-19, sign in bit 3 (kept for
+// zeros), NaN -> +6: a NaN half (magnitude above 0x7f80) carries into bit 15 of m + 0x7f and drops its sign.
+__device__ __forceinline__ unsigned e2m1x2_bf16(unsigned w) {
+    const unsigned m = w & 0x7fff7fffu;
+    const unsigned sign = w & ~(m + 0x007f007fu) & 0x80008000u;
+    return e2m1x2_mag(m) | (sign >> 12);
+}
+
+// Two floats -> bf16x2 rounded to odd: truncate, and set the kept last bit when any dropped bit is
+// set ((low 16 bits) + 0xffff carries into bit 16). Rounding that to E2M1 (nearest even) gives the
+// float's own rounding, bf16 keeping 6 bits more than E2M1's 2 (round-to-odd needs 2); NaN stays NaN.
+__device__ __forceinline__ unsigned bf16x2_rto(float lo, float hi) {
+    const unsigned a = __float_as_uint(lo), b = __float_as_uint(hi);
+    return __byte_perm(a | ((a & 0xffffu) + 0xffffu), b | ((b & 0xffffu) + 0xffffu), 0x7632);
+}
+
+// Codes of (e0, e1) and (e2, e3) at bits 0-3 / 16-19 -> low 16 bits e0 | e1 << 4 | e2 << 8 | e3 << 12.
+__device__ __forceinline__ unsigned pack_nibbles4(unsigned c01, unsigned c23) {
+    const unsigned x = c01 | (c23 << 8);  // e0 @0, e2 @8, e1 @16, e3 @24
+    return x | (x >> 12);
+}
+// Eight code pairs (16 elements) -> 8 bytes, element 2i in the low nibble of byte i.
+__device__ __forceinline__ void pack_e2m1x16(const unsigned* c, unsigned* w) {
+    w[0] = __byte_perm(pack_nibbles4(c[0], c[1]), pack_nibbles4(c[2], c[3]), 0x5410);
+    w[1] = __byte_perm(pack_nibbles4(c[4], c[5]), pack_nibbles4(c[6], c[7]), 0x5410);
+}
+
 // Two elements -> their codes, lo in the low bits (8 bits each for FP8, 4 for E2M1).
 template <class F, bool HW> __device__ __forceinline__ unsigned cvt_x2(float lo, float hi) {
     if constexpr (HW && Fmt<F>::BITS == 8) {
         return to_fp8x2<F>(lo, hi);  // cvt.rn.satfinite.{e4m3,e5m2}x2.f32 on sm_89+
+    } else if constexpr (Fmt<F>::BITS == 8) {
+        return sw_cvt<F>(lo) | (sw_cvt<F>(hi) << 8);
     } else {
 #if CQ_HAS_FP4_CVT
-        if constexpr (HW && Fmt<F>::BITS == 4) {
+        if constexpr (HW) {
             unsigned short r;
             asm("{ .reg .b8 t; cvt.rn.satfinite.e2m1x2.f32 t, %1, %2; mov.b16 %0, {t, 0}; }" : "=h"(r) : "f"(hi), "f"(lo));
             return r;
         }
 #endif
-        return sw_cvt<F>(lo) | (sw_cvt<F>(hi) << Fmt<F>::BITS);
+        const unsigned c = e2m1x2_bf16(bf16x2_rto(lo, hi));
+        return (c & 0xfu) | ((c >> 12) & 0xf0u);
     }
 }
 
@@ -127,7 +197,7 @@ template <class F, bool HW> __device__ __forceinline__ void cvt16(const float* v
     if constexpr (Fmt<F>::BITS == 8) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) w[i] = cvt_x2<F, HW>(v[4 * i], v[4 * i + 1]) | (cvt_x2<F, HW>(v[4 * i + 2], v[4 * i + 3]) << 16);
-    } else {
+    } else if constexpr (HW && CQ_HAS_FP4_CVT) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             unsigned r = 0;
@@ -135,6 +205,11 @@ template <class F, bool HW> __device__ __forceinline__ void cvt16(const float* v
             for (int j = 0; j < 4; ++j) r |= cvt_x2<F, HW>(v[8 * i + 2 * j], v[8 * i + 2 * j + 1]) << (8 * j);
             w[i] = r;
         }
+    } else {
+        unsigned c[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) c[i] = e2m1x2_bf16(bf16x2_rto(v[2 * i], v[2 * i + 1]));
+        pack_e2m1x16(c, w);
     }
 }
 
@@ -235,6 +310,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
     constexpr int BPR = TILE_K / BS;        // scale blocks per tile row: 8 or 16
     constexpr int UNITS = BPR / 4;          // swizzle units per tile: 2 or 4
     constexpr int OUT_BYTES = 16 * Fmt<F>::BITS / 8;
+    constexpr bool RAW = same_type<T, __nv_bfloat16>::value && Fmt<F>::BITS == 4 && !(HW && CQ_HAS_FP4_CVT);
     __shared__ __align__(16) unsigned char tile_scales[UNITS * 512];
 
     const int lane_k = threadIdx.x % TPR;
@@ -255,12 +331,28 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
 
 #pragma unroll 1
     for (int g = 0; g < PASSES / GROUP; ++g) {
-        float f[GROUP][16];
+        // RAW keeps bf16 pairs as loaded (FP4 from bf16 without the hardware E2M1 conversion);
+        // otherwise the elements are unpacked to float.
+        float f[RAW ? 1 : GROUP][16];
+        unsigned r[RAW ? GROUP : 1][8];
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {  // the group's loads are all issued before any use
             const i64 row = rt * TILE_ROWS + (g * GROUP + j) * RPP + r0;
             const T* src = x + row * a.row_stride + k0;
-            if (row < a.rows && col_ok) {
+            const bool in = row < a.rows && col_ok;
+            if constexpr (RAW) {
+                if (in && VEC) {
+                    const uint4 lo = ld16(src), hi = ld16(src + 8);
+                    r[j][0] = lo.x; r[j][1] = lo.y; r[j][2] = lo.z; r[j][3] = lo.w;
+                    r[j][4] = hi.x; r[j][5] = hi.y; r[j][6] = hi.z; r[j][7] = hi.w;
+                } else {
+                    const unsigned short* s16 = reinterpret_cast<const unsigned short*>(src);
+                    const i64 n = in ? a.K - k0 : 0;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+                        r[j][i] = (2 * i < n ? (unsigned)s16[2 * i] : 0u) | (2 * i + 1 < n ? (unsigned)s16[2 * i + 1] << 16 : 0u);
+                }
+            } else if (in) {
                 if constexpr (VEC) load16_vec<T>(src, f[j]);
                 else load16_scalar<T>(src, a.K - k0, f[j]);
             } else {
@@ -275,8 +367,19 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
             // block max |x| as float bits: MX lets a NaN win (its magnitude bits exceed inf's);
             // NVFP4 ignores NaN (fmaxf), mapping it to 0.
             unsigned key = 0;
+            unsigned mag[RAW ? 8 : 1];
+            if constexpr (RAW) {  // bf16x2 max of the magnitudes (.NaN for MX; NVFP4's ignores NaN,
+                unsigned m2 = 0;  // the other operand winning); bf16 bits order like float bits
 #pragma unroll
-            for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[j][i]) : (__float_as_uint(f[j][i]) & 0x7fffffffu));
+                for (int i = 0; i < 8; ++i) {
+                    mag[i] = r[j][i] & 0x7fff7fffu;
+                    m2 = NV ? bf2_max(m2, mag[i]) : bf2_max_nan(m2, mag[i]);
+                }
+                key = max(m2 & 0xffffu, m2 >> 16) << 16;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[j][i]) : (__float_as_uint(f[j][i]) & 0x7fffffffu));
+            }
             if constexpr (TPB == 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
 
             unsigned sbyte;
@@ -289,11 +392,29 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
                 sbyte = mx_scale<F, HW>(key, a.floor_rule != 0);
                 mult = mx_multiplier(sbyte);
             }
-            float v[16];
-#pragma unroll
-            for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[j][i], mult);
             unsigned w[4];
-            cvt16<F, HW>(v, w);
+            if constexpr (RAW) {
+                unsigned c[8];
+                if (!NV && sbyte - 1u < 253u) {
+                    // 2^(127 - E) is a normal bf16, so |x| * 2^(127 - E) is exact in bf16 (or far
+                    // below 0.25 where it is not) and the conversion runs on the bf16 pairs directly.
+                    const unsigned m2 = ((254u - sbyte) << 7) * 0x10001u;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+                        c[i] = e2m1x2_mag(bf2_fma(mag[i], m2, 0x80008000u)) | ((r[j][i] & 0x80008000u) >> 12);
+                } else {  // NVFP4, or E = 0, 254 (subnormal or huge multiplier), 255 (NaN): through float
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+                        c[i] = e2m1x2_bf16(bf16x2_rto(mul_rn(__uint_as_float(r[j][i] << 16), mult),
+                                                      mul_rn(__uint_as_float(r[j][i] & 0xffff0000u), mult)));
+                }
+                pack_e2m1x16(c, w);
+            } else {
+                float v[16];
+#pragma unroll
+                for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[j][i], mult);
+                cvt16<F, HW>(v, w);
+            }
 
             if (row < a.rows && col_ok) {
                 unsigned char* dst = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
@@ -372,16 +493,30 @@ struct DequantArgs {
     i64 rows, K;
     i64 q_row;     // bytes per row of q
     i64 n_blocks;  // scale blocks per row
-    i64 n_units;   // 16-element units per row, ceil(K / 16)
     int swizzled;
     const float* gs_ptr;  // NVFP4: S_enc
 };
 
-// E2M1 code (low nibble) -> float, exact: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-__device__ __forceinline__ float e2m1_to_float(unsigned c) {
-    const unsigned e = (c >> 1) & 3u, m = c & 1u;
-    const unsigned mag = e == 0u ? (m ? 0x3f000000u : 0u) : ((e + 126u) << 23) | (m << 22);
-    return __uint_as_float(mag | ((c & 8u) << 28));
+// Eight E2M1 codes (the nibbles of w, element 0 lowest) -> their values as four bf16x2 words, exact.
+// Two byte permutes look up the high and low bytes of four magnitudes' bf16 patterns (0, 0.5, 1,
+// 1.5, 2, 3, 4, 6 are 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0), two more
+// interleave them, and prmt's sign-replicating mode (selector nibble bit 3) spreads each code's
+// sign bit, the top bit of a byte of w (odd elements) or of w << 4 (even elements).
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ void e2m1x8_to_bf16x2(unsigned w, unsigned* o) {
+    const unsigned w4 = w << 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned sel = (w >> (16 * h)) & 0x7777u;
+        const unsigned hb = prmt(0x3f3f3f00u, 0x40404040u, sel);
+        const unsigned lb = prmt(0xc0800000u, 0xc0804000u, sel);
+        o[2 * h] = prmt(lb, hb, 0x5140u) | (prmt(w4, w, h ? 0xe0a0u : 0xc080u) & 0x80008000u);
+        o[2 * h + 1] = prmt(lb, hb, 0x7362u) | (prmt(w4, w, h ? 0xf0b0u : 0xd090u) & 0x80008000u);
+    }
 }
 
 __device__ __forceinline__ i64 scale_offset(const DequantArgs& a, i64 m, i64 k) {
@@ -390,59 +525,99 @@ __device__ __forceinline__ i64 scale_offset(const DequantArgs& a, i64 m, i64 k) 
     return ((m >> 7) * kt + (k >> 2)) * 512 + (m & 31) * 16 + ((m >> 5) & 3) * 4 + (k & 3);
 }
 
-// Grid (rows / blockDim.y, units / blockDim.x): thread (row, unit) writes 16 outputs.
+// Work split. A piece is 8 consecutive elements of a row (4 bytes of FP4, 8 of FP8; 16 bytes of
+// bf16/fp16 out). A warp takes a span of 32 x PIECES consecutive pieces of one row, lane l pieces
+// l, l + 32, l + 64, l + 96: every load and store instruction of the warp covers one contiguous
+// stretch, and each thread has PIECES loads in flight. Grid (rows, ceil(spans / blockDim.y)),
+// blockDim (32, warps).
+static constexpr int PIECES = 4;
+
 template <typename T, class F, int BS, bool NV, bool VEC>
 __device__ __forceinline__ void block_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales,
                                                  T* __restrict__ y, const DequantArgs& a) {
-    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
-    const i64 unit = (i64)blockIdx.y * blockDim.x + threadIdx.x;
-    if (row >= a.rows || unit >= a.n_units) return;
-    const i64 k0 = unit * 16;
-    const unsigned sb = scales[scale_offset(a, row, k0 / BS)];
-    float s;
-    if constexpr (NV) s = mul_rn(fp8_to_float<E4M3>((unsigned char)sb), rcp_rn(*a.gs_ptr));
-    else s = e8m0_value(sb);
+    constexpr bool FP4 = Fmt<F>::BITS == 4;
+    const i64 row = blockIdx.x;
+    const i64 span = (i64)blockIdx.y * blockDim.y + threadIdx.y;
+    const i64 n8 = (a.K + 7) >> 3;  // pieces per row
+    const i64 c0 = span * (32 * PIECES) + threadIdx.x;
+    if (c0 >= n8) return;
+    const unsigned char* qrow = q + row * a.q_row;
 
-    const unsigned char* src = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
-    unsigned w[4];
-    if constexpr (VEC) {
-        if constexpr (Fmt<F>::BITS == 8) {
-            const uint4 v = ld16(src);
-            w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-        } else {
-            const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
-            w[0] = v.x; w[1] = v.y;
+    unsigned w[PIECES][2];
+    unsigned sb[PIECES];
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {  // all loads first
+        const i64 c = c0 + 32 * p;
+        w[p][0] = w[p][1] = 0u;
+        sb[p] = 0u;
+        if (c < n8) {
+            const i64 k = c * 8;
+            sb[p] = scales[scale_offset(a, row, k / BS)];
+            if constexpr (VEC) {  // K % 8 == 0 and aligned rows
+                if constexpr (FP4) {
+                    w[p][0] = __ldg(reinterpret_cast<const unsigned*>(qrow + k / 2));
+                } else {
+                    const uint2 v = __ldg(reinterpret_cast<const uint2*>(qrow + k));
+                    w[p][0] = v.x; w[p][1] = v.y;
+                }
+            } else {
+                const i64 n = a.K - k;
+                constexpr int NB = FP4 ? 4 : 8;
+#pragma unroll
+                for (int i = 0; i < NB; ++i)
+                    if (i * 8 / Fmt<F>::BITS < n) w[p][i / 4] |= (unsigned)qrow[(FP4 ? k / 2 : k) + i] << (8 * (i % 4));
+            }
         }
-    } else {
-        const i64 n = a.K - k0;
-        constexpr int NB = 16 * Fmt<F>::BITS / 8;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = 0;
-#pragma unroll
-        for (int i = 0; i < NB; ++i)
-            if (i * 8 / Fmt<F>::BITS < n) w[i / 4] |= (unsigned)src[i] << (8 * (i % 4));
     }
-    float v[16];
-    if constexpr (Fmt<F>::BITS == 8) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) fp8x2_to_float2<F>((unsigned short)(w[i / 2] >> (16 * (i % 2))), v[2 * i], v[2 * i + 1]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = e2m1_to_float(w[i / 8] >> (4 * (i % 8)));
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = mul_rn(v[i], s);
+    float S_dec = 0.0f;
+    if constexpr (NV) S_dec = rcp_rn(*a.gs_ptr);
 
-    T* dst = y + row * a.K + k0;
-    if constexpr (VEC) {
-        constexpr int N = Vec16<T>::N;
 #pragma unroll
-        for (int i = 0; i < 16 / N; ++i) st16(dst + i * N, pack16<T>(v + i * N));
-    } else {
-        const i64 n = a.K - k0;
+    for (int p = 0; p < PIECES; ++p) {
+        const i64 c = c0 + 32 * p;
+        if (c >= n8) break;
+        const i64 k = c * 8;
+        T* d = y + row * a.K + k;
+        float v[8];
+        if constexpr (FP4) {
+            unsigned b[4];
+            e2m1x8_to_bf16x2(w[p][0], b);
+            if constexpr (!NV && same_type<T, __nv_bfloat16>::value && VEC) {
+                // MX to bf16 with a normal scale (E = 1..254): the bf16 pairs times 2^(E - 127) in
+                // bf16 arithmetic, one rounding of the exact product, as float32 (where that product
+                // is always exact) and then bf16 would round it.
+                if (sb[p] - 1u < 254u) {
+                    const unsigned s2 = (sb[p] << 7) * 0x10001u;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            if (i < n) dst[i] = from_float<T>(v[i]);
+                    for (int i = 0; i < 4; ++i) b[i] = bf2_fma(b[i], s2, 0x80008000u);
+                    st16(d, make_uint4(b[0], b[1], b[2], b[3]));
+                    continue;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                v[2 * i] = __uint_as_float(b[i] << 16);
+                v[2 * i + 1] = __uint_as_float(b[i] & 0xffff0000u);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) fp8x2_to_float2<F>((unsigned short)(w[p][i / 2] >> (16 * (i % 2))), v[2 * i], v[2 * i + 1]);
+        }
+        float s;
+        if constexpr (NV) s = mul_rn(fp8_to_float<E4M3>((unsigned char)sb[p]), S_dec);
+        else s = e8m0_value(sb[p]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn(v[i], s);
+        if constexpr (VEC) {
+            constexpr int N = Vec16<T>::N;
+#pragma unroll
+            for (int i = 0; i < 8 / N; ++i) st16(d + i * N, pack16<T>(v + i * N));
+        } else {
+            const i64 n = a.K - k;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if (i < n) d[i] = from_float<T>(v[i]);
+        }
     }
 }
 

@@ -177,6 +177,29 @@ def test_mx_amax_at_format_max_times_power_of_two():
         np.testing.assert_array_equal(es[:, 0].astype(int), want)
 
 
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+@pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
+def test_mxfp4_every_bf16_pattern_at_many_scales(monkeypatch, sw, rounding):
+    """Every bf16 bit pattern (NaN, inf, subnormals included) quantized to MXFP4 in blocks whose
+    amax is pinned to 6 * 2^k, 4.5 * 2^k or 5 * 2^k for k across the whole exponent range: the
+    bf16-pair conversion of the kernel (E = 1..253) and its float fallback (E = 0, 254, 255) against
+    the reference, every rounding tie at every scale."""
+    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", sw)
+    pats = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    rng = np.random.default_rng(_seed("bf16-fp4", rounding))
+    nblk = -(-pats.size // 31)
+    rows = []
+    for k in list(range(-133, 128, 6)) + [-127, -126, 125, 126, 127]:
+        body = rng.permutation(np.concatenate([pats, rng.choice(pats, nblk * 31 - pats.size)]))
+        body = body.reshape(nblk, 31).view(ml_dtypes.bfloat16)
+        with np.errstate(over="ignore"):
+            anchor = (np.float32(rng.choice([6.0, 4.5, 5.0])) * np.float32(2.0) ** k).astype(ml_dtypes.bfloat16)
+        rows.append(np.concatenate([body, np.full((nblk, 1), anchor, ml_dtypes.bfloat16)], axis=1))
+    xh = np.concatenate(rows)
+    for layout in LAYOUTS:
+        run_mx(xh, "float4_e2m1fn", layout, rounding)
+
+
 # ---------------------------------------------------------------- layout
 @pytest.mark.parametrize("block,quant", [(32, "mx"), (16, "nvfp4")])
 def test_swizzled_offsets_and_zero_padding(block, quant):
@@ -280,11 +303,13 @@ def test_dequantize_special_scales(fmt):
     d, s = ref.quantize_mx(xh, fmt)
     for out_dtype in IN_DTYPES:
         assert_bits_equal(q.dequantize(out_dtype), ref.dequantize_mx(d, s, fmt, out_dtype, K=32), "dequantized")
-    # hand-made scales: every E8M0 value on one row of blocks
+    # hand-made scales: every E8M0 value on a row of blocks, every code byte under every scale
+    # (16 rows, the bytes shifted by 16 per row)
     K = 256 * 32
-    codes = np.full((1, K if fmt != "float4_e2m1fn" else K // 2), 0x3A, np.uint8)
-    scales = np.arange(256, dtype=np.uint8)[None, :]
-    q.data, q.scale, q.shape = cupy.asarray(codes), cupy.asarray(scales), (1, K)
+    nbytes = K if fmt != "float4_e2m1fn" else K // 2
+    codes = ((np.arange(nbytes)[None, :] + 16 * np.arange(16)[:, None]) % 256).astype(np.uint8)
+    scales = np.tile(np.arange(256, dtype=np.uint8), (16, 1))
+    q.data, q.scale, q.shape = cupy.asarray(codes), cupy.asarray(scales), (16, K)
     for out_dtype in IN_DTYPES:
         assert_bits_equal(q.dequantize(out_dtype), ref.dequantize_mx(codes, scales, fmt, out_dtype, K=K), "all E8M0")
 
