@@ -183,7 +183,62 @@ def main() -> int:
     print("  SiLU*Mul is measured against silu(gate) * up of the tensor's two column halves.")
     print("  GB/s on the tensor tiled to 256M elements, counting x read once and q and its scales written")
     print("  once (dynamic per-tensor reads x twice: its limit is 60% of the copy figure)")
+    all_equal &= weight_report(xh, x)
     return 0 if all_equal else 2
+
+
+WEIGHT_SCHEMES = (("int4", 128), ("uint4", 128), ("int4", None), ("float8_e4m3fn", 128), ("float8_e4m3fn", None))
+MATMUL_TILE = (4, 4)  # the built-in tensor tiled to an 8192 x 8192 weight for the matmul timing
+
+
+def weight_report(xh, x) -> bool:
+    """The weight-only schemes on the built-in tensor read as a (N, K) = (2048, 2048) weight: bits
+    per weight, SNR of the dequantized weight, bytes = reference, and the M = 1 matmul time against
+    cuBLAS fp16 on the tensor tiled to 8192 x 8192 (CUDA-graph replay, weights rotated past the L2)."""
+    import cupy
+
+    import cupyquant as cq
+    from cupyquant import _bench
+    from cupyquant import reference as ref
+
+    x64 = xh.astype(np.float64)
+    big = cupy.tile(x, MATMUL_TILE)
+    N, K = big.shape
+    a16 = cupy.random.default_rng(1).standard_normal((1, K), dtype=np.float32).astype(np.float16)
+    ab = a16.astype(xh.dtype)
+    w16 = [big.astype(np.float16) for _ in range(max(1, _bench.copies_for(N * K * 2)))]
+    y16 = cupy.empty((1, N), np.float16)
+    t_cublas = _bench.time_graph(lambda w: cupy.matmul(a16, w.T, out=y16), [(w,) for w in w16])
+    del w16
+    print()
+    print(f"weight-only: the tensor as a (N, K) = {SHAPE} weight; matmul M = 1 on it tiled to {N}x{K}, "
+          f"bf16 activations, vs cuBLAS fp16 ({t_cublas * 1e6:.1f} us)")
+    cols = ("scheme", "bits/weight", "SNR dB", "bytes = ref", "matmul us", "x cuBLAS")
+    widths = (28, 11, 7, 11, 9, 8)
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    all_equal = True
+    yb = cupy.empty((1, N), xh.dtype)
+    for scheme, g in WEIGHT_SCHEMES:
+        qw = cq.quantize_weight(x, scheme, group_size=g)
+        d, s, z = ref.quantize_weight(xh, scheme, group_size=g)
+        h = qw.to_host()
+        equal = np.array_equal(h["data"], d) and np.array_equal(_bits(h["scales"]), _bits(s))
+        equal &= (z is None) == (h["zeros"] is None) and (z is None or np.array_equal(cupy.asnumpy(qw.zeros), z))
+        all_equal &= equal
+        y = qw.dequantize(np.float32).get().astype(np.float64)
+        snr = 10 * np.log10(np.sum(x64**2) / max(np.sum((y - x64) ** 2), 1e-300))
+        qb = cq.quantize_weight(big, scheme, group_size=g)
+        copies = [qb] + [cq.QuantizedWeight(qb.data.copy(), qb.scales.copy(), None if qb.zeros is None else qb.zeros.copy(),
+                                            qb.scheme, qb.group_size, qb.shape, qb.dtype)
+                         for _ in range(max(0, _bench.copies_for(qb.nbytes) - 1))]
+        t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in copies])
+        del copies, qb
+        name = f"{scheme} " + ("per-channel" if g is None else f"group-{g}")
+        row = (name, f"{8 * qw.nbytes / xh.size:.3f}", f"{snr:.2f}", "yes" if equal else "NO", f"{t * 1e6:.1f}",
+               f"{t_cublas / t:.2f}")
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    cupy.get_default_memory_pool().free_all_blocks()
+    return all_equal
 
 
 def _bits(a):

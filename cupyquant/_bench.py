@@ -77,3 +77,55 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
     del src, dst
     cupy.get_default_memory_pool().free_all_blocks()
     return 2 * nbytes / t
+
+
+def time_graph(fn, args_list, reps: int = 20, stream=None) -> float:
+    """Median seconds per call of ``fn(*args)``, the calls (one per ``args_list`` entry, in order)
+    captured in one CUDA graph and replayed: for kernels of a few microseconds, where the time
+    between two events around one Python call would be the host's launch time, not the GPU's."""
+    stream = stream or cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for args in args_list[:2]:
+            fn(*args)  # compile and allocate outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        for args in args_list:
+            fn(*args)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        times = []
+        for _ in range(reps):
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record(stream)
+            graph.launch(stream)
+            e.record(stream)
+            e.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(s, e))
+    return statistics.median(times) / 1e3 / len(args_list)
+
+
+def time_torch_graph(torch, fn, args_list, reps: int = 20) -> float:
+    """:func:`time_graph` for torch calls (torch.cuda.CUDAGraph)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for args in args_list[:2]:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for args in args_list:
+            fn(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times) / 1e3 / len(args_list)

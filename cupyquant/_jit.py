@@ -90,6 +90,11 @@ _Q8_TAGS = _FP8_TAGS + (_dtypes.element_format("int8").ctag,)
 # Static-scale modes of fp8_quantize, mirrored in kernels/fp8_tensor.cu.
 FP8_SCALE_FROM_AMAX, FP8_SCALE_FROM_DEVICE, FP8_SCALE_FROM_ARG = 0, 1, 2
 
+# Weight schemes of kernels/weight.cu (W_INT4, W_UINT4, W_FP8); the matmul takes fp16/bf16 only.
+WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8 = 0, 1, 2
+_WEIGHT_SCHEMES = (WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8)
+_HALF_CTYPES = ("__half", "__nv_bfloat16")
+
 _MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 
 #: family -> every instantiation its wrappers may request.
@@ -119,6 +124,11 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
         + _product("nvfp4_dequantize", _IN_CTYPES, _BOOLS)
         + _product("cvt_check", _MX_FP_TAGS, _BOOLS)
         + _product("e8m0_check", _BOOLS)
+    ),
+    "weight": tuple(
+        _product("weight_quantize", _IN_CTYPES, _WEIGHT_SCHEMES)
+        + _product("weight_dequantize", _IN_CTYPES, _IN_CTYPES, _WEIGHT_SCHEMES)
+        + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, _BOOLS)
     ),
 }
 

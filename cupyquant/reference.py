@@ -580,3 +580,115 @@ def unswizzle_scales(buf, lead_shape, n_blocks: int) -> np.ndarray:
     rows = int(np.prod(lead_shape)) if len(lead_shape) else 1
     flat = np.asarray(buf, dtype=np.uint8).reshape(-1)
     return flat[swizzle_offsets(rows, n_blocks).reshape(-1)].reshape(tuple(lead_shape) + (n_blocks,))
+
+
+# ------------------------------------------------------------------ weight-only (GPTQ/Marlin, AWQ, W8A16)
+
+WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn")
+WEIGHT_GROUP_SIZES = (32, 64, 128, None)
+AWQ_RANGE_FLOOR = np.float32(1e-5)  # AWQ's clamp(min=1e-5) on max - min
+
+
+def weight_scheme(dtype, symmetric=True) -> str:
+    """The weight scheme a ``(dtype, symmetric)`` pair names: ``"int4"`` (symmetric, uint4b8),
+    ``"uint4"`` (asymmetric with zero points: ``dtype="uint4"``, or ``"int4"`` with
+    ``symmetric=False``) or ``"float8_e4m3fn"`` (symmetric only)."""
+    if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
+    if dtype == "float8_e4m3fn":
+        if not symmetric:
+            raise ValueError("symmetric=False: float8_e4m3fn weights have no zero points")
+        return dtype
+    return "uint4" if dtype == "uint4" or not symmetric else "int4"
+
+
+def _rne_clamp(v, lo, hi) -> np.ndarray:
+    """Round half to even, then clamp to [lo, hi]; NaN -> 0 first (inf clamps)."""
+    v = np.where(np.isnan(v), np.float32(0), v)
+    return np.clip(np.rint(v), lo, hi).astype(np.int32)
+
+
+def _weight_groups(w, group_size):
+    w = np.asarray(w)
+    t = _dtypes.input_type(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
+    N, K = w.shape
+    G = K if group_size is None else int(group_size)
+    if group_size not in WEIGHT_GROUP_SIZES or K == 0 or (K % G):
+        raise ValueError(f"group_size must be one of {WEIGHT_GROUP_SIZES} and divide K = {K}, got {group_size!r}")
+    return t, w.astype(np.float32).reshape(N, K // G, G), G
+
+
+def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True):
+    """Weight-only quantization of ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``), groups of
+    ``group_size`` along K (``None``: one group per output channel). Returns ``(data, scales,
+    zeros)``; every float step is IEEE float32 and ``T`` is w's dtype:
+
+    - ``"int4"`` (GPTQ/Marlin uint4b8): ``s = T(amax / 7)``, ``q = clamp(rne(w / s), -8, 7) + 8``.
+    - ``"uint4"`` (AWQ): ``s = T(max(max - min, 1e-5) / 15)``, ``z = clamp(rne(-min / s), 0, 15)``,
+      ``q = clamp(rne(w / s) + z, 0, 15)``; max and min over the group as they are (0 need not be
+      inside), as AWQ computes them.
+    - ``"float8_e4m3fn"`` (W8A16): ``s = T(amax / 448)``, ``q = e4m3_satfinite(w / s)``.
+
+    The maxima and minima take the finite weights only (NaN and +-inf ignored); a NaN weight
+    quantizes to its group's zero code (8, z, 0x00: rne(NaN) is taken as 0), and +-inf clamps to the
+    extreme codes (0 and 15, +-448). A group whose stored scale ``s`` is 0 (all zeros, or an amax
+    that underflows T; uint4's floor keeps its scale above 0) quantizes to the zero code. Layout: INT4 data ``(N, K / 2)`` uint8, element 0 in
+    the low nibble; FP8 data ``(N, K)`` uint8; scales ``(N, K / G)`` of w's dtype; zeros (uint4
+    only) ``(N, ceil(K / G / 2))`` uint8 packed like the data, else None."""
+    scheme = weight_scheme(dtype, symmetric)
+    t, g, G = _weight_groups(w, group_size)
+    N, ng, _ = g.shape
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        finite = np.isfinite(g)
+        if scheme == "uint4":
+            mx = np.where(finite, g, -np.inf).max(axis=-1)
+            mn = np.where(finite, g, np.inf).min(axis=-1)
+            none = ~finite.any(axis=-1)
+            mx, mn = np.where(none, 0, mx).astype(np.float32), np.where(none, 0, mn).astype(np.float32)
+            rng = np.fmax((mx - mn).astype(np.float32), AWQ_RANGE_FLOOR)
+            s32 = (rng / np.float32(15)).astype(np.float32)
+        else:
+            amax = np.where(finite, np.abs(g), np.float32(0)).max(axis=-1).astype(np.float32)
+            s32 = (amax / np.float32(7 if scheme == "int4" else 448)).astype(np.float32)
+        s = s32.astype(t.dtype)
+        sf = s.astype(np.float32)[..., None]
+        zero_scale = sf == 0
+        v = (g / sf).astype(np.float32)
+        if scheme == "int4":
+            q = np.where(zero_scale, 8, _rne_clamp(v, -8, 7) + 8)
+            zeros = None
+        elif scheme == "uint4":
+            z = _rne_clamp((-mn[..., None] / sf).astype(np.float32), 0, 15)
+            q = np.where(zero_scale, z, np.clip(_rne_clamp(v, -(1 << 20), 1 << 20) + z, 0, 15))
+            zeros = pack_fp4(z[..., 0].astype(np.uint8))
+        else:
+            q = np.where(zero_scale | np.isnan(g), 0, cast_fp8(v, "float8_e4m3fn"))
+            return q.reshape(N, ng * G).astype(np.uint8), s, None
+    data = pack_fp4(q.reshape(N, ng * G).astype(np.uint8))
+    return data, s, zeros
+
+
+def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float32, *, K=None):
+    """``y = round_to(float(q - z) * float(s), out_dtype)`` (``z = 8`` for int4), or
+    ``round_to(fp8_to_float(q) * float(s), out_dtype)`` for FP8, the product in IEEE float32 (exact:
+    a 4-bit integer or an E4M3 value times a float16/bfloat16 scale). ``K`` defaults to the full
+    width of the data."""
+    scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
+    data = np.asarray(data, dtype=np.uint8)
+    s = np.asarray(scales).astype(np.float32)
+    N, ng = s.shape
+    if scheme == "float8_e4m3fn":
+        K = data.shape[1] if K is None else K
+        v = fp8_to_float(data[:, :K], "float8_e4m3fn")
+    else:
+        K = 2 * data.shape[1] if K is None else K
+        q = unpack_fp4(data, K).astype(np.int32)
+        z = 8 if scheme == "int4" else unpack_fp4(zeros, ng).astype(np.int32)
+        zz = np.broadcast_to(np.asarray(z), (N, ng))
+        v = (q.reshape(N, ng, K // ng) - zz[..., None]).astype(np.float32).reshape(N, K)
+    G = K // ng
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (v.reshape(N, ng, G) * s[..., None]).astype(np.float32).reshape(N, K)
+    return round_to(y, out_dtype)

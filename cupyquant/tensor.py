@@ -132,7 +132,7 @@ def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
 
     Parameters
     ----------
-    q : QuantizedTensor
+    q : QuantizedTensor or QuantizedWeight
     dtype : float32, float16 or bfloat16, optional
         Output dtype (name or type); defaults to ``q.dtype``, the dtype that was quantized.
     out : cupy.ndarray, optional
@@ -154,8 +154,10 @@ def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
     Each family's formula is in its module: per tensor, ``y = round(float(q) * scale)`` with the
     product in IEEE float32, rounded to nearest even into ``dtype``.
     """
+    if type(q).__name__ == "QuantizedWeight":
+        return importlib.import_module(f"{__package__}.weight").dequantize_weight(q, dtype, out=out)
     if not isinstance(q, QuantizedTensor):
-        raise TypeError(f"q must be a cupyquant.QuantizedTensor, got {type(q).__name__}")
+        raise TypeError(f"q must be a cupyquant.QuantizedTensor or QuantizedWeight, got {type(q).__name__}")
     out_type = _dtypes.input_type(q.dtype if dtype is None else dtype, "dtype")
     module = importlib.import_module(f"{__package__}.{q.scheme.family}")
     return module._dequantize(q, out_type, out)

@@ -1,0 +1,340 @@
+// weight.cu: weight-only quantization (INT4 symmetric uint4b8 as GPTQ/Marlin, INT4 asymmetric with
+// zero points as AWQ, FP8 E4M3 for W8A16), its dequantization, and the decode matmul
+// y = a @ dequant(w).T that dequantizes the weights in registers.
+//
+// What it computes (reference: cupyquant.reference.quantize_weight / dequantize_weight; every float
+// step IEEE float32, T the weight's dtype):
+//   weight_quantize   per (row n, group of G along K): int4 s = T(amax / 7), q = clamp(rne(w / s),
+//                     -8, 7) + 8; uint4 s = T(max(max - min, 1e-5) / 15), z = clamp(rne(-min / s),
+//                     0, 15), q = clamp(rne(w / s) + z, 0, 15); fp8 s = T(amax / 448),
+//                     q = e4m3_satfinite(w / s). Maxima over the finite weights, NaN -> the zero
+//                     code (rne(NaN) = 0), +-inf clamps, a zero scale gives the zero code.
+//   weight_dequantize y = round(float(q - z) * float(s)) (z = 8 for int4), or fp8(q) * s.
+//   w4a16_matmul      see below.
+// Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
+// (N, K); scales (N, K / G) of T; uint4 zero codes unpacked (N, K / G) bytes here (the wrapper
+// packs them two per byte).
+
+#include "common.cuh"
+
+using namespace cq;
+
+#define W_INT4 0   // symmetric, codes q - 8
+#define W_UINT4 1  // asymmetric, codes q - z
+#define W_FP8 2    // E4M3 values
+
+namespace cq {
+template <class A, class B> struct same_t { static constexpr bool value = false; };
+template <class A> struct same_t<A, A> { static constexpr bool value = true; };
+}  // namespace cq
+
+// rne(v) as an integer clamped to [lo, hi]; NaN -> 0 (cvt.rni gives 0 for NaN and saturates inf).
+__device__ __forceinline__ int rne_clamp(float v, int lo, int hi) {
+    return min(max(__float2int_rn(v), lo), hi);
+}
+
+// ---------------------------------------------------------------- quantize
+struct WQuantArgs {
+    i64 N, K;
+    i64 ng;  // groups per row, K / G
+    int G;
+};
+
+// One warp per (row, group): lanes stride over the group for the maxima (shuffle reduction), then
+// over element pairs (INT4: one byte each) or elements (FP8) to write the codes.
+template <typename T, int S>
+__global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, unsigned char* __restrict__ q, T* __restrict__ scales,
+                                                       unsigned char* __restrict__ zeros, WQuantArgs a) {
+    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (gw >= a.N * a.ng) return;
+    const i64 n = gw / a.ng, g = gw - n * a.ng;
+    const T* src = w + n * a.K + g * a.G;
+
+    unsigned key = 0;  // max |w| as float bits, over the finite weights
+    float mx = __uint_as_float(0xff800000u), mn = __uint_as_float(0x7f800000u);  // max / min of the finite weights (from -inf, +inf)
+    for (int i = lane; i < a.G; i += 32) {
+        const float v = to_float(src[i]);
+        if (is_finite_bits(__float_as_uint(v))) {
+            key = max(key, __float_as_uint(v) & 0x7fffffffu);
+            mx = fmax_ieee(mx, v);
+            mn = fmin_ieee(mn, v);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+        mx = fmax_ieee(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        mn = fmin_ieee(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    }
+    if (__float_as_uint(mx) == 0xff800000u && __float_as_uint(mn) == 0x7f800000u) mx = mn = 0.0f;  // none finite
+
+    float s32;
+    if constexpr (S == W_UINT4) s32 = div_rn(fmax_ieee(add_rn(mx, -mn), 1e-5f), 15.0f);
+    else s32 = div_rn(__uint_as_float(key), S == W_INT4 ? 7.0f : 448.0f);
+    const T st = from_float<T>(s32);
+    const float sf = to_float(st);
+    const bool zero_scale = (__float_as_uint(sf) & 0x7fffffffu) == 0u;  // on bits: -ftz would flush a compare
+    const int z = S == W_UINT4 ? (zero_scale ? rne_clamp(0.0f, 0, 15) : rne_clamp(div_rn(-mn, sf), 0, 15)) : 8;
+    if (lane == 0) {
+        scales[n * a.ng + g] = st;
+        if constexpr (S == W_UINT4) zeros[n * a.ng + g] = (unsigned char)z;
+    }
+
+    if constexpr (S == W_FP8) {
+        unsigned char* dst = q + n * a.K + g * a.G;
+        for (int i = lane; i < a.G; i += 32) {
+            const float v = to_float(src[i]);
+            const bool nan = (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
+            dst[i] = zero_scale || nan ? 0 : (unsigned char)(to_fp8x2<E4M3>(div_rn(v, sf), 0.0f) & 0xffu);
+        }
+    } else {
+        unsigned char* dst = q + n * (a.K / 2) + g * (a.G / 2);
+        for (int i = lane; i < a.G / 2; i += 32) {
+            unsigned c[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float v = div_rn(to_float(src[2 * i + h]), sf);
+                if constexpr (S == W_INT4) c[h] = zero_scale ? 8u : (unsigned)(rne_clamp(v, -8, 7) + 8);
+                else c[h] = zero_scale ? (unsigned)z : (unsigned)min(max(rne_clamp(v, -(1 << 20), 1 << 20) + z, 0), 15);
+            }
+            dst[i] = (unsigned char)(c[0] | (c[1] << 4));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- dequantize
+struct WDequantArgs {
+    i64 N, K;
+    i64 ng;
+    int G;
+};
+
+// Grid (ceil(K / 2 / 256), rows): one thread per element pair of a row.
+template <typename T, typename O, int S>
+__global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __restrict__ q, const T* __restrict__ scales,
+                                                         const unsigned char* __restrict__ zeros, O* __restrict__ y, WDequantArgs a) {
+    const i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;  // pair index within the row
+    if (2 * p >= a.K) return;
+    for (i64 n = blockIdx.y; n < a.N; n += gridDim.y) {
+        const i64 g = 2 * p / a.G;
+        const float s = to_float(scales[n * a.ng + g]);
+        float v[2];
+        if constexpr (S == W_FP8) {
+            fp8x2_to_float2<E4M3>(*reinterpret_cast<const unsigned short*>(q + n * a.K + 2 * p), v[0], v[1]);
+        } else {
+            const unsigned b = q[n * (a.K / 2) + p];
+            const int z = S == W_UINT4 ? (int)((zeros[n * ((a.ng + 1) / 2) + g / 2] >> (4 * (g % 2))) & 15u) : 8;
+            v[0] = (float)((int)(b & 15u) - z);
+            v[1] = (float)((int)(b >> 4) - z);
+        }
+        O* d = y + n * a.K + 2 * p;
+        d[0] = from_float<O>(mul_rn(v[0], s));
+        d[1] = from_float<O>(mul_rn(v[1], s));
+    }
+}
+
+// ---------------------------------------------------------------- decode matmul
+// y (M, N) = a (M, K) @ dequant(w).T, fp32 accumulation on mma.sync.m16n8k16 (f16 or bf16), the
+// weights dequantized in registers from the plain layout, each weight byte read once per M tile
+// of 16 rows.
+//
+// Tiling. A block of 8 warps owns 32 output columns (4 n8 tiles) and one M tile of 16 rows; its
+// warps split K (warp w takes K chunks w, w + 8, ...) and add their partial sums through shared
+// memory at the end. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8): lane
+// (g, t) = (lane / 4, lane % 4) loads 16 bytes of weight row n0 + 8j + g (tile j) at chunk offset
+// t * VALS, and the matching 16 x VALS activations of rows g and g + 8 of the M tile.
+//
+// K order. The sum over K does not care in which order the products come, so each thread's VALS
+// consecutive k are assigned to the mma's k slots (2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) in
+// the order that is cheapest for the weights: INT4 step j takes from 32-bit word i = j / 2 the
+// nibble pairs (p, p + 4) and (p + 1, p + 5), p = 2 (j % 2) (one shift and one lop3 each put two
+// codes in the two 16-bit halves); the activations are permuted to match with one prmt per register,
+// shared by the 4 tiles. FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
+//
+// Dequantization (exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
+// (fp16, exponent 0x64) or 128 + q (bf16, 0x43) by one lop3, minus 1024 + z (or 128 + z) exactly,
+// times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
+// conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16.
+static constexpr int MM_WARPS = 8;
+static constexpr int MM_NT = 4;  // n8 tiles per warp
+static constexpr int MM_PF = 2;  // chunks whose weights are loaded before any is used
+
+struct MatmulArgs {
+    i64 M, N, K;
+    i64 lda;  // elements between rows of a
+    i64 ng;   // groups per weight row
+    int G;
+};
+
+template <typename T> struct HalfOps;
+template <> struct HalfOps<__half> {
+    static constexpr unsigned MAGIC = 0x64006400u;  // 1024.0 in each half
+    static constexpr unsigned BIAS = 0x6400u;
+    static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static constexpr unsigned ONE = 0x3c003c00u;
+};
+template <> struct HalfOps<__nv_bfloat16> {
+    static constexpr unsigned MAGIC = 0x43004300u;  // 128.0 in each half
+    static constexpr unsigned BIAS = 0x4300u;
+    static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static constexpr unsigned ONE = 0x3f803f80u;
+};
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    if constexpr (same_t<T, __half>::value) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+__device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
+    return d;
+}
+
+// Two fp8 (E4M3) bytes -> their values times s as a T pair, one rounding.
+template <typename T>
+__device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(b, __NV_E4M3);
+    if constexpr (same_t<T, __half>::value) {
+        return HalfOps<__half>::fma2((unsigned)h.x | ((unsigned)h.y << 16), s2, 0x80008000u);
+    } else {
+        const float lo = mul_rn(__half2float(__ushort_as_half(h.x)), sf);
+        const float hi = mul_rn(__half2float(__ushort_as_half(h.y)), sf);
+        return (unsigned)bits16_rn<__nv_bfloat16>(lo) | ((unsigned)bits16_rn<__nv_bfloat16>(hi) << 16);
+    }
+}
+
+template <typename T, int S, bool TWO>  // TWO: the M tile has rows past 8 (load rows g + 8)
+__global__ void __launch_bounds__(MM_WARPS * 32) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+                                                                const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
+                                                                T* __restrict__ y, MatmulArgs a) {
+    constexpr bool FP8 = S == W_FP8;
+    constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
+    constexpr int CHUNK = 4 * VALS;
+    constexpr int STEPS = VALS / 4;      // k16 mma steps per chunk
+    constexpr int AREGS = VALS / 2;      // activation registers per row per chunk
+    using H = HalfOps<T>;
+    __shared__ float red[MM_WARPS][MM_NT][4][32];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const i64 n0 = (i64)blockIdx.x * (8 * MM_NT);
+    const i64 m0 = (i64)blockIdx.y * 16;
+    const i64 nchunks = a.K / CHUNK;
+    const i64 wrow = FP8 ? a.K : a.K / 2;  // bytes per weight row
+    const bool row0 = m0 + g < a.M, row1 = TWO && m0 + g + 8 < a.M;
+    const T* arow0 = act + (m0 + g) * a.lda;
+    const T* arow1 = act + (m0 + g + 8) * a.lda;
+
+    float acc[MM_NT][4];
+#pragma unroll
+    for (int j = 0; j < MM_NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+#pragma unroll 1
+    for (i64 cbase = warp; cbase < nchunks; cbase += MM_WARPS * MM_PF) {
+        uint4 wv[MM_PF][MM_NT];
+#pragma unroll
+        for (int p = 0; p < MM_PF; ++p) {
+            const i64 c = cbase + p * MM_WARPS;
+#pragma unroll
+            for (int j = 0; j < MM_NT; ++j) {
+                const i64 n = n0 + 8 * j + g;
+                wv[p][j] = (c < nchunks && n < a.N) ? ld16(wq + n * wrow + (FP8 ? c * CHUNK + t * VALS : (c * CHUNK + t * VALS) / 2))
+                                                    : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < MM_PF; ++p) {
+            const i64 c = cbase + p * MM_WARPS;
+            if (c >= nchunks) break;
+            const i64 k0 = c * CHUNK + t * VALS;
+            unsigned ar0[AREGS], ar1[AREGS];
+#pragma unroll
+            for (int i = 0; i < AREGS / 4; ++i) {
+                const uint4 v0 = row0 ? ld16(arow0 + k0 + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+                ar0[4 * i] = v0.x; ar0[4 * i + 1] = v0.y; ar0[4 * i + 2] = v0.z; ar0[4 * i + 3] = v0.w;
+                const uint4 v1 = row1 ? ld16(arow1 + k0 + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+                ar1[4 * i] = v1.x; ar1[4 * i + 1] = v1.y; ar1[4 * i + 2] = v1.z; ar1[4 * i + 3] = v1.w;
+            }
+            // per tile: the group's scale (and zero) for this thread's VALS weights
+            unsigned s2[MM_NT], zb[MM_NT];
+            float sf[MM_NT];
+            const i64 grp = k0 / a.G;
+#pragma unroll
+            for (int j = 0; j < MM_NT; ++j) {
+                const i64 n = n0 + 8 * j + g;
+                const unsigned short sb = n < a.N ? __ldg(reinterpret_cast<const unsigned short*>(scales) + n * a.ng + grp) : (unsigned short)0;
+                s2[j] = (unsigned)sb * 0x10001u;
+                sf[j] = __uint_as_float(same_t<T, __half>::value ? 0u : ((unsigned)sb << 16));
+                unsigned z = 8u;
+                if constexpr (S == W_UINT4) z = n < a.N ? (unsigned)((zeros[n * ((a.ng + 1) / 2) + grp / 2] >> (4 * (grp % 2))) & 15u) : 0u;
+                zb[j] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;  // -(bias + z) in each half
+            }
+#pragma unroll
+            for (int st = 0; st < STEPS; ++st) {
+                unsigned af[4];
+                if constexpr (FP8) {
+                    af[0] = ar0[2 * st]; af[1] = ar1[2 * st]; af[2] = ar0[2 * st + 1]; af[3] = ar1[2 * st + 1];
+                } else {
+                    const int i = st / 2, h = st % 2;
+                    af[0] = __byte_perm(ar0[4 * i + h], ar0[4 * i + 2 + h], 0x5410);
+                    af[1] = __byte_perm(ar1[4 * i + h], ar1[4 * i + 2 + h], 0x5410);
+                    af[2] = __byte_perm(ar0[4 * i + h], ar0[4 * i + 2 + h], 0x7632);
+                    af[3] = __byte_perm(ar1[4 * i + h], ar1[4 * i + 2 + h], 0x7632);
+                }
+#pragma unroll
+                for (int j = 0; j < MM_NT; ++j) {
+                    const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[p][j]);
+                    unsigned b0, b1;
+                    if constexpr (FP8) {
+                        b0 = fp8x2_scaled<T>((unsigned short)(ww[st] & 0xffffu), s2[j], sf[j]);
+                        b1 = fp8x2_scaled<T>((unsigned short)(ww[st] >> 16), s2[j], sf[j]);
+                    } else {
+                        const unsigned word = ww[st / 2];
+                        const int sh = 8 * (st % 2);  // pairs p = 2 (st % 2) and p + 1: shifts 4p and 4p + 4
+                        const unsigned x0 = lop3_and_or(word >> sh, 0x000f000fu, H::MAGIC);
+                        const unsigned x1 = lop3_and_or(word >> (sh + 4), 0x000f000fu, H::MAGIC);
+                        b0 = H::fma2(H::fma2(x0, H::ONE, zb[j]), s2[j], 0x80008000u);
+                        b1 = H::fma2(H::fma2(x1, H::ONE, zb[j]), s2[j], 0x80008000u);
+                    }
+                    mma16816<T>(acc[j], af, b0, b1);
+                }
+            }
+        }
+    }
+
+    // split-K across the warps: partial sums through shared memory
+#pragma unroll
+    for (int j = 0; j < MM_NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) red[warp][j][r][lane] = acc[j][r];
+    __syncthreads();
+#pragma unroll
+    for (int o = threadIdx.x; o < MM_NT * 4 * 32; o += MM_WARPS * 32) {
+        const int j = o / 128, r = (o / 32) % 4, l = o % 32;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MM_WARPS; ++w) sum = add_rn(sum, red[w][j][r][l]);
+        const i64 m = m0 + (l >> 2) + 8 * (r >> 1);
+        const i64 n = n0 + 8 * j + 2 * (l & 3) + (r & 1);
+        if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(sum);
+    }
+}

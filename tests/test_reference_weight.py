@@ -1,0 +1,249 @@
+"""The NumPy weight-only reference (``weight_scheme``, ``quantize_weight``, ``dequantize_weight``)
+against hand-worked values, an independent float64 model and error bounds (CPU only, no CuPy)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupyquant import reference as ref
+
+BF16, E4M3 = np.dtype(ml_dtypes.bfloat16), "float8_e4m3fn"
+DTYPES = (np.dtype(np.float16), BF16, np.dtype(np.float32))
+SCHEMES = ("int4", "uint4", E4M3)
+SUB16 = 2.0**-24  # the smallest float16 subnormal
+
+
+def _codes(data, K):
+    """Unpack INT4 bytes by hand: element 2i is the low nibble of byte i."""
+    d = np.asarray(data, np.uint8)
+    return np.stack([d & 0xF, d >> 4], axis=-1).reshape(d.shape[0], -1)[:, :K]
+
+
+def _group(vals, dtype=np.float32, G=32):
+    """One row, one group of G: ``vals`` then zeros."""
+    w = np.zeros((1, G), np.float64)
+    w[0, : len(vals)] = vals
+    return w.astype(dtype)
+
+
+def _rand(shape, seed, dtype):
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(shape) * np.exp(rng.standard_normal(shape))
+    return v.astype(np.float32).astype(dtype)
+
+
+def _f32(x):
+    """Round float64 to float32 and back: one +, -, / of float32 operands done in float64 and
+    rounded once like this equals the IEEE float32 operation (53 >= 2 * 24 + 2 bits)."""
+    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
+
+
+def _model(w, scheme, G):
+    """Independent model of the docstring: returns (codes (N, K), scales as float64, z or None)."""
+    N, K = w.shape
+    g = w.astype(np.float64).reshape(N, K // G, G)
+    z = None
+    if scheme == "uint4":
+        mx, mn = g.max(-1), g.min(-1)
+        s = _f32(np.maximum(_f32(mx - mn), _f32(1e-5)) / 15)
+    else:
+        s = _f32(np.abs(g).max(-1) / (7 if scheme == "int4" else 448))
+    s = s.astype(np.float32).astype(w.dtype).astype(np.float64)[..., None]
+    v = _f32(g / s)
+    if scheme == "int4":
+        q = np.clip(np.rint(v), -8, 7) + 8
+    elif scheme == "uint4":
+        z = np.clip(np.rint(_f32(-mn[..., None] / s)), 0, 15)
+        q = np.clip(np.rint(v) + z, 0, 15)
+    else:
+        q = np.clip(v, -448, 448).astype(np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return q.reshape(N, K).astype(np.uint8), s[..., 0], z
+
+
+@pytest.mark.parametrize("dtype, symmetric, scheme", [
+    ("int4", True, "int4"), ("int4", False, "uint4"), ("uint4", True, "uint4"),
+    ("uint4", False, "uint4"), (E4M3, True, E4M3)])
+def test_weight_scheme(dtype, symmetric, scheme):
+    assert ref.weight_scheme(dtype, symmetric) == scheme
+
+
+def test_int4_hand_worked():
+    # amax 1.4 -> s = f32(1.4f / 7) = 0.2f exactly; 0.7f / 0.2f rounds in float32 to 3.5 -> even 4
+    # -> code 12; -1.4f / 0.2f = -7 -> code 1; 0.1f / 0.2f = 0.5 -> even 0 -> code 8; 0 -> 8.
+    # byte 0 = 12 | 1 << 4 = 28, byte 1 = 8 | 8 << 4 = 136. -0.3 / 0.2 = -1.5 -> even -2 -> code 6.
+    data, s, zeros = ref.quantize_weight(_group([0.7, -1.4, 0.1, 0, -0.3]), group_size=32)
+    assert zeros is None and s.dtype == np.float32 and s.tolist() == [[np.float32(0.2)]]
+    assert data[0, :3].tolist() == [28, 136, 6 | 8 << 4]
+    y = ref.dequantize_weight(data, s)
+    assert y[0, :5].tolist() == [np.float32(4 * np.float32(0.2)), np.float32(-7 * np.float32(0.2)), 0, 0,
+                                 np.float32(-2 * np.float32(0.2))]
+
+
+def test_int4_clamps_to_0_15():
+    # float16 [10, -10, -9] * 2^-24: amax / 7 = 1.43 * 2^-24 -> s = 2^-24 (rounded down), so
+    # w / s = 10, -10, -9 -> clamp to 7, -8, -8 -> codes 15, 0, 0: bytes 15 | 0 << 4, 0 | 8 << 4.
+    data, s, _ = ref.quantize_weight(_group(np.array([10, -10, -9]) * SUB16, np.float16), group_size=32)
+    assert s.astype(np.float32).tolist() == [[SUB16]] and data[0, :2].tolist() == [15, 128]
+
+
+def test_uint4_hand_worked():
+    # group 0: min -3, max 4.5 -> s = 7.5 / 15 = 0.5, z = rne(3 / 0.5) = 6; 4.5 -> 9 + 6 = 15,
+    # -3 -> 0, 1.25 -> 2.5 -> even 2 -> 8, 1.75 -> 3.5 -> even 4 -> 10, 0 -> 6.
+    # group 1: min -0.75, max 6.75 -> s = 0.5, z = rne(1.5) = 2 (tie, even); 6.75 -> 13.5 -> 14,
+    # + 2 = 16 -> clamps to 15 (dequant (15 - 2) * 0.5 = 6.5); -0.75 -> -1.5 -> even -2, + 2 = 0;
+    # 0 -> 2. zeros byte = 6 | 2 << 4 = 38.
+    w = np.concatenate([_group([4.5, -3, 1.25, 1.75]), _group([6.75, -0.75])], axis=1)
+    data, s, zeros = ref.quantize_weight(w, "uint4", group_size=32)
+    assert s.tolist() == [[0.5, 0.5]] and zeros.dtype == np.uint8 and zeros.tolist() == [[38]]
+    c = _codes(data, 64)[0]
+    assert c[:5].tolist() == [15, 0, 8, 10, 6] and c[32:35].tolist() == [15, 0, 2]
+    y = ref.dequantize_weight(data, s, zeros, "uint4")
+    assert y[0, :5].tolist() == [4.5, -3, 1, 2, 0] and y[0, 32:34].tolist() == [6.5, -1]
+    assert ref.quantize_weight(w, "int4", group_size=32, symmetric=False)[2].tolist() == [[38]]
+
+
+def test_fp8_hand_worked():
+    # amax 28 -> s = 28 / 448 = 2^-4. w / s: 28 -> 448 = 0x7e; -1 -> -16 = 2^4 -> 0xd8;
+    # 2^-5 -> 0.5 -> 0x30; 0.1f -> 1.6000000238 -> nearest 1.625 -> 0x3d; ties to even:
+    # 1.0625 -> 1.0 (0x38), 1.1875 -> 1.25 (0x3a).
+    w = _group([28, -1, 2.0**-5, 0.1, 1.0625 / 16, 1.1875 / 16])
+    data, s, zeros = ref.quantize_weight(w, E4M3, group_size=32)
+    assert zeros is None and data.shape == (1, 32) and s.tolist() == [[0.0625]]
+    assert data[0, :7].tolist() == [0x7E, 0xD8, 0x30, 0x3D, 0x38, 0x3A, 0x00]
+    assert ref.dequantize_weight(data, s, dtype=E4M3)[0, :4].tolist() == [28, -1, 2.0**-5, 1.625 / 16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group_size", [32, 64, 128, None])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_layout(scheme, group_size, dtype):
+    N, K = 4, 384
+    data, s, zeros = ref.quantize_weight(_rand((N, K), 1, dtype), scheme, group_size=group_size)
+    ng = 1 if group_size is None else K // group_size
+    assert data.dtype == np.uint8 and data.shape == ((N, K) if scheme == E4M3 else (N, K // 2))
+    assert s.dtype == dtype and s.shape == (N, ng)
+    if scheme == "uint4":
+        assert zeros.dtype == np.uint8 and zeros.shape == (N, (ng + 1) // 2)
+        if ng % 2:  # the padding nibble of an odd group count is 0
+            assert not (zeros[:, -1] >> 4).any()
+    else:
+        assert zeros is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group_size", [32, 64, 128, None])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_matches_model_and_round_trip_bound(scheme, group_size, dtype, seed):
+    N, K = 8, 256
+    w = _rand((N, K), seed, dtype)
+    G = K if group_size is None else group_size
+    data, s, zeros = ref.quantize_weight(w, scheme, group_size=group_size)
+    q, s_model, z = _model(w, scheme, G)
+    assert np.array_equal(s.astype(np.float64), s_model)
+    codes = data if scheme == E4M3 else _codes(data, K)
+    assert np.array_equal(codes.astype(np.int32), q.astype(np.int32))
+    if scheme == "uint4":
+        assert np.array_equal(_codes(zeros, K // G).astype(np.int32), z[..., 0].astype(np.int32))
+
+    y = ref.dequantize_weight(data, s, zeros, scheme, np.float32).astype(np.float64)
+    wf, sf = w.astype(np.float64), np.repeat(s.astype(np.float64), G, axis=1)
+    err = np.abs(wf - y)
+    # Slack 2^-20 * s: the float32 quotient w / s (|w / s| <= 7.03) is off by < 2^-21 in units of
+    # s and can land on a tie, and for float32 scales the product q * s rounds once (2^-24 * 8 s).
+    if scheme == "int4":
+        # T(s) may round below amax / 7, but amax / s <= 7 * (1 + 2^-8) < 7.5: 7 never clamps.
+        assert (err <= sf / 2 + sf * 2.0**-20).all()
+    elif scheme == "uint4":
+        g = wf.reshape(N, K // G, G)
+        assert (g.min(-1) < 0).all() and (g.max(-1) > 0).all()  # 0 inside [min, max]
+        # When T(s) rounds below (max - min) / 15, (max - min) / s exceeds 15 and the top code may
+        # clamp by that excess: slack max(0, (max - min) - 15 s) (<= 15 * 2^-8 s for bfloat16).
+        excess = np.repeat(np.maximum(0, (g.max(-1) - g.min(-1)) - 15 * s.astype(np.float64)), G, axis=1)
+        assert (err <= sf / 2 + excess + sf * 2.0**-20).all()
+    else:
+        normal = np.abs(wf) >= sf * 2.0**-6  # E4M3 normals: 3 mantissa bits, rel. error <= 1/17
+        assert (err[normal] <= np.abs(wf[normal]) * 2.0**-4).all()
+        assert (err[~normal] <= sf[~normal] * (2.0**-10 + 2.0**-20)).all()  # half of 2^-9 spacing
+        assert not np.isin(data, [0x7F, 0xFF]).any()  # saturates, never NaN
+    for out in (np.float16, BF16):  # other outputs: the float32 result rounded to nearest even
+        y2 = ref.dequantize_weight(data, s, zeros, scheme, out)
+        assert y2.dtype == out and np.array_equal(y2, y.astype(np.float32).astype(out))
+
+
+ZERO_CODE = {"int4": 8, "uint4": 0, E4M3: 0}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_all_zero_group(scheme, dtype):
+    w = np.concatenate([_group([], dtype), _group([1, -2], dtype)], axis=1)
+    data, s, zeros = ref.quantize_weight(w, scheme, group_size=32)
+    codes = data if scheme == E4M3 else _codes(data, 64)
+    assert (codes[0, :32] == ZERO_CODE[scheme]).all()
+    # AWQ floors max - min at 1e-5, so a uint4 zero group keeps a nonzero scale and z = 0; the
+    # second group [1, -2]: s = 3 / 15 = 0.2, z = rne(2 / 0.2) = 10 -> zeros byte 0 | 10 << 4.
+    s0 = np.float32(np.float32(1e-5) / np.float32(15)).astype(dtype) if scheme == "uint4" else 0
+    assert s[0, 0] == s0 and (scheme != "uint4" or zeros.tolist() == [[0 | 10 << 4]])
+    y = ref.dequantize_weight(data, s, zeros, scheme)
+    assert (y[0, :32] == 0).all() and not np.signbit(y[0, :32]).any()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_nan_weight_quantizes_to_zero_code(scheme):
+    w = _group([np.nan, 1.0, -2.0, 0.5])
+    data, s, zeros = ref.quantize_weight(w, scheme, group_size=32)
+    data0, s0, _ = ref.quantize_weight(np.nan_to_num(w), scheme, group_size=32)
+    assert s.tolist() == s0.tolist()  # max / min / amax ignore the NaN (0 is inside [-2, 1])
+    codes = data if scheme == E4M3 else _codes(data, 32)
+    zero = _codes(zeros, 1)[0, 0] if scheme == "uint4" else ZERO_CODE[scheme]
+    assert codes[0, 0] == zero, f"NaN weight -> code {codes[0, 0]:#x}, expected the zero code {zero:#x}"
+    assert np.array_equal(codes[0, 1:], (data0 if scheme == E4M3 else _codes(data0, 32))[0, 1:])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_inf_weight_clamps(scheme):
+    # The docstring: "+-inf clamps", i.e. +inf -> the top code, -inf -> the bottom code.
+    data, _, _ = ref.quantize_weight(_group([np.inf, -np.inf, 1.0]), scheme, group_size=32)
+    codes = data if scheme == E4M3 else _codes(data, 32)
+    hi, lo = (0x7E, 0xFE) if scheme == E4M3 else (15, 0)
+    assert codes[0, :2].tolist() == [hi, lo], f"+-inf -> codes {codes[0, :2].tolist()}"
+
+
+@pytest.mark.parametrize("scheme", ["int4", E4M3])
+def test_float16_scale_underflow(scheme):
+    # amax 3 * 2^-24: amax / 7 = 0.43 * 2^-24 and amax / 448 both round to float16 0 -> zero codes.
+    w = _group(np.array([2, -1, 3]) * SUB16, np.float16)
+    data, s, _ = ref.quantize_weight(w, scheme, group_size=32)
+    assert s.tolist() == [[0.0]]
+    assert ((data if scheme == E4M3 else _codes(data, 32)) == ZERO_CODE[scheme]).all()
+    assert (ref.dequantize_weight(data, s, dtype=scheme) == 0).all()
+
+
+W, W96, W0 = (np.ones((4, k), np.float32) for k in (64, 96, 0))
+ERRORS = {  # id: (call, exception, message fragment naming the argument)
+    "scheme-int8": (lambda: ref.weight_scheme("int8"), ValueError, "dtype"),
+    "scheme-type": (lambda: ref.weight_scheme(np.float16), ValueError, "dtype"),
+    "scheme-fp8-asym": (lambda: ref.weight_scheme(E4M3, False), ValueError, "symmetric"),
+    "int8": (lambda: ref.quantize_weight(W, "int8"), ValueError, "dtype"),
+    "fp8-asym": (lambda: ref.quantize_weight(W, E4M3, symmetric=False), ValueError, "symmetric"),
+    "g48": (lambda: ref.quantize_weight(W, group_size=48), ValueError, "group_size"),
+    "g256": (lambda: ref.quantize_weight(W, group_size=256), ValueError, "group_size"),
+    "g128-K64": (lambda: ref.quantize_weight(W, group_size=128), ValueError, "group_size"),
+    "g64-K96": (lambda: ref.quantize_weight(W96, group_size=64), ValueError, "group_size"),
+    "1d": (lambda: ref.quantize_weight(np.ones(64, np.float32)), ValueError, "w must be 2-D"),
+    "3d": (lambda: ref.quantize_weight(np.ones((2, 4, 64), np.float32)), ValueError, "w must be 2-D"),
+    "int32": (lambda: ref.quantize_weight(W.astype(np.int32)), TypeError, "w must be float"),
+    "float64": (lambda: ref.quantize_weight(W.astype(np.float64)), TypeError, "w must be float"),
+    "K0-g32": (lambda: ref.quantize_weight(W0, group_size=32), ValueError, "group_size"),
+    "K0-gNone": (lambda: ref.quantize_weight(W0, group_size=None), ValueError, "group_size"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_errors(case):
+    call, exc, match = ERRORS[case]
+    with pytest.raises(exc, match=match):
+        call()

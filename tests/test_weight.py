@@ -1,0 +1,267 @@
+"""Weight-only quantization and the in-register-dequantizing matmul on the GPU: quantized bytes,
+scales and zero points bit-exact with cupyquant.reference; dequantization bit-exact; matmul against
+a float64 product of the dequantized weight by a stated relative-error bound; validation errors."""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_bits_equal, poisoned
+
+import cupyquant as cq
+from cupyquant import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+SCHEMES = [("int4", True), ("uint4", False), ("float8_e4m3fn", True)]
+GROUPS = [32, 64, 128, None]
+W_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32]
+HALF = [np.float16, ml_dtypes.bfloat16]
+
+
+def _id(v):
+    return np.dtype(v).name if not isinstance(v, (str, tuple, type(None), int, bool)) else str(v)
+
+
+def _seed(*parts):
+    return zlib.crc32(repr(parts).encode())
+
+
+def _weights(shape, seed, dtype, outliers=True):
+    """Gaussian rows with per-row magnitudes over 2^-6..2^6, a few outliers, an exact-zero group,
+    and exact ties at k + 1/2 of the int4 step."""
+    rng = np.random.default_rng(seed)
+    N, K = shape
+    w = rng.standard_normal(shape) * 2.0 ** rng.uniform(-6, 6, (N, 1))
+    if outliers:
+        w.reshape(-1)[rng.integers(0, w.size, max(1, w.size // 997))] *= 40
+    if K >= 32 and N >= 2:
+        w[1, :32] = 0.0
+    return w.astype(np.float32).astype(dtype)
+
+
+def _check_quantized(qw, wh, scheme, group_size):
+    d, s, z = ref.quantize_weight(wh, scheme, group_size=group_size, symmetric=scheme != "uint4")
+    assert_bits_equal(qw.data, d, f"{scheme} data")
+    assert_bits_equal(qw.scales, s, f"{scheme} scales")
+    if z is None:
+        assert qw.zeros is None
+    else:
+        assert_bits_equal(qw.zeros, z, "zero points")
+    return d, s, z
+
+
+# ---------------------------------------------------------------- quantize / dequantize bytes
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
+@pytest.mark.parametrize("w_dtype", W_DTYPES, ids=_id)
+def test_quantize_and_dequantize_bit_exact(w_dtype, scheme, sym, group_size):
+    for shape in [(256, 256), (1000, 384), (7, 1024), (3, 128)]:
+        wh = _weights(shape, _seed(shape, w_dtype, scheme, group_size), w_dtype)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        assert qw.scheme == scheme and qw.shape == shape and qw.dtype == np.dtype(w_dtype)
+        d, s, z = _check_quantized(qw, wh, scheme, group_size)
+        for out_dtype in W_DTYPES:
+            want = ref.dequantize_weight(d, s, z, scheme, out_dtype)
+            out = poisoned(shape, out_dtype)
+            y = qw.dequantize(out_dtype, out=out)
+            assert y is out
+            assert_bits_equal(y, want, f"dequantized to {_id(out_dtype)}")
+        assert_bits_equal(cq.dequantize(qw), ref.dequantize_weight(d, s, z, scheme, w_dtype), "cq.dequantize")
+
+
+@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
+def test_large_weights_bit_exact(scheme, sym):
+    """The benchmark-sized shapes, one group size and dtype each."""
+    for shape, g in [((4096, 4096), 128), ((11008, 4096), 64), ((4096, 11008), None)]:
+        wh = _weights(shape, _seed("big", shape, scheme), ml_dtypes.bfloat16)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=g, symmetric=sym)
+        _check_quantized(qw, wh, scheme, g)
+
+
+@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
+@pytest.mark.parametrize("w_dtype", W_DTYPES, ids=_id)
+def test_special_values(w_dtype, scheme, sym):
+    """All-zero groups, NaN (ignored by the maxima, quantized to the zero), +-inf (clamped), a
+    lone max-finite, subnormal groups whose scale underflows, and exact rounding ties."""
+    info = ml_dtypes.finfo(w_dtype)
+    rng = np.random.default_rng(_seed("special", w_dtype, scheme))
+    w = rng.standard_normal((10, 64)).astype(np.float32)
+    w[0] = 0
+    w[1, 5] = np.nan
+    w[2, :] = np.nan
+    w[3, 7], w[3, 8] = np.inf, -np.inf
+    w[4, 9] = float(info.max)
+    w[5] = float(info.smallest_subnormal) * rng.integers(-3, 4, 64)
+    w[6] = np.arange(64) - 32.0  # int4 step 32 / 7: many exact quotients
+    w[7] = (np.arange(64) % 15 - 7) + 0.5  # halves
+    w[8, :32] = -1.0  # a negative-only group (uint4 zero point clamps to 15)
+    w[9, :32] = 3.0  # a positive-only group (zero point clamps to 0)
+    wh = w.astype(w_dtype)
+    for g in (32, None):
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=g, symmetric=sym)
+        d, s, z = _check_quantized(qw, wh, scheme, g)
+        assert_bits_equal(qw.dequantize(np.float32), ref.dequantize_weight(d, s, z, scheme, np.float32), "dequantized")
+    # hand-checked anchors: an all-zero group has scale 0 and the zero code (uint4: AWQ's 1e-5
+    # floor of max - min keeps the scale positive, and the zero point is 0); +inf clamps
+    d, s, z = ref.quantize_weight(wh, scheme, group_size=32, symmetric=sym)
+    if scheme == "uint4":
+        assert float(s[0, 0]) > 0 and (ref.unpack_fp4(d[0:1], 64) == 0).all()
+    else:
+        assert float(s[0, 0]) == 0.0
+    if scheme == "int4":
+        assert (ref.unpack_fp4(d[0:1], 64) == 8).all() and ref.unpack_fp4(d[3:4], 64)[0, 7] == 15
+    if scheme == "float8_e4m3fn":
+        assert d[0].max() == 0 and d[1, 5] == 0 and d[3, 7] == 0x7E
+
+
+def test_to_host_and_repr():
+    wh = _weights((64, 256), 1, ml_dtypes.bfloat16)
+    qw = cq.quantize_weight(cupy.asarray(wh), "uint4", group_size=64)
+    h = qw.to_host()
+    d, s, z = ref.quantize_weight(wh, "uint4", group_size=64)
+    np.testing.assert_array_equal(h["data"], d)
+    np.testing.assert_array_equal(h["codes"], ref.unpack_fp4(d, 256))
+    np.testing.assert_array_equal(h["zeros"], ref.unpack_fp4(z, 4))
+    assert h["scales"].dtype == ml_dtypes.bfloat16
+    assert "uint4" in repr(qw) and "group_size=64" in repr(qw)
+    assert qw.nbytes == 64 * 128 + 64 * 4 * 2 + 64 * 2
+    q8 = cq.quantize_weight(cupy.asarray(wh), "float8_e4m3fn", group_size=None)
+    assert q8.to_host()["codes"].dtype == ml_dtypes.float8_e4m3fn and q8.to_host()["zeros"] is None
+
+
+# ---------------------------------------------------------------- matmul
+# Bound on ||y - ref|| / ||ref||, ref = float64 a @ dequant(w).T with dequant(w) in a's dtype (the
+# kernel's dequantized weights are bit-identical to it, and each product a * w is exact in float32):
+# what remains is float32 accumulation (relative ~K * 2^-24 at worst, ~sqrt(K) * 2^-24 typically,
+# below 1e-4 for K <= 11008) plus one rounding of each output to a's dtype, at most 2^-9 (bf16) or
+# 2^-12 (fp16) relative per element. Bounds: 2^-8 for bf16, 2^-10 for fp16.
+TOL = {np.dtype(np.float16): 2.0**-10, np.dtype(ml_dtypes.bfloat16): 2.0**-8}
+MM_SHAPES = [(256, 256), (4096, 4096), (11008, 4096), (4096, 11008), (1000, 384)]
+MS = [1, 2, 3, 8, 16, 33, 64]
+
+
+def _matmul_ref(a, qw):
+    wd = qw.dequantize(a.dtype).astype(cupy.float64)
+    return a.reshape(-1, a.shape[-1]).astype(cupy.float64) @ wd.T
+
+
+def _rel_err(y, want):
+    y = y.reshape(want.shape).astype(cupy.float64)
+    return float(cupy.linalg.norm(y - want) / cupy.linalg.norm(want))
+
+
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
+@pytest.mark.parametrize("dtype", HALF, ids=_id)
+def test_matmul_relative_error(dtype, scheme, sym, group_size):
+    tol = TOL[np.dtype(dtype)]
+    for N, K in MM_SHAPES:
+        if scheme == "float8_e4m3fn" and K % 64 or K % 128 and scheme != "float8_e4m3fn":
+            continue
+        wh = _weights((N, K), _seed("mm", N, K, scheme, group_size, dtype), dtype, outliers=False)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        rng = np.random.default_rng(_seed("a", N, K))
+        for M in MS:
+            a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
+            y = cq.matmul(a, qw)
+            assert y.shape == (M, N) and y.dtype == np.dtype(dtype)
+            err = _rel_err(y, _matmul_ref(a, qw))
+            assert err <= tol, f"M={M} N={N} K={K}: relative error {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
+def test_matmul_batched_strided_and_out(scheme, sym):
+    dtype = ml_dtypes.bfloat16
+    N, K = 384, 512
+    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 5, dtype)), scheme, group_size=128, symmetric=sym)
+    rng = np.random.default_rng(6)
+    a = cupy.asarray(rng.standard_normal((2, 3, K)).astype(np.float32).astype(dtype))
+    y = cq.matmul(a, qw)
+    assert y.shape == (2, 3, N)
+    assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+    # the same rows one at a time: the kernel's result for a row does not depend on the others
+    y1 = cq.matmul(a[1, 2], qw)
+    assert y1.shape == (N,)
+    assert_bits_equal(y1, cupy.asnumpy(y[1, 2]), "row alone")
+    # strided (every other column of a wider array) and offset views are copied first
+    wide = cupy.asarray(rng.standard_normal((5, 2 * K + 1)).astype(np.float32).astype(dtype))
+    for view in (wide[:, 1:2 * K + 1:2], wide[:, 1:K + 1]):
+        want = cq.matmul(cupy.ascontiguousarray(view), qw)
+        assert_bits_equal(cq.matmul(view, qw), cupy.asnumpy(want), "view")
+    out = poisoned((2, 3, N), dtype)
+    assert cq.matmul(a, qw, out=out) is out
+    assert_bits_equal(out, cupy.asnumpy(y), "out=")
+    # M = 0
+    assert cq.matmul(a[:0], qw).shape == (0, 3, N)
+
+
+def test_matmul_exact_small_case():
+    """Small integers and power-of-two scales make every product and sum exact in float32: the
+    result must equal the float64 product bit for bit after rounding."""
+    dtype = np.float16
+    rng = np.random.default_rng(9)
+    N, K = 64, 256
+    w = rng.integers(-7, 8, (N, K)).astype(np.float32)
+    w[:, 0] = 7  # amax 7 in every group: scale exactly 1
+    w[:, 128] = -7
+    qw = cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128)
+    a = rng.integers(-4, 5, (5, K)).astype(np.float16)
+    y = cq.matmul(cupy.asarray(a), qw)
+    want = (a.astype(np.float64) @ w.T).astype(np.float16)
+    assert_bits_equal(y, want, "exact integer matmul")
+
+
+def _untouched(buf, before):
+    assert_bits_equal(buf, before, "buffer changed by a failed call")
+
+
+def test_validation_errors():
+    dtype = ml_dtypes.bfloat16
+    w = cupy.asarray(_weights((64, 256), 3, dtype))
+    with pytest.raises(ValueError, match="group_size"):
+        cq.quantize_weight(w, "int4", group_size=48)
+    with pytest.raises(ValueError, match="group_size"):
+        cq.quantize_weight(w[:, :96], "int4", group_size=64)
+    with pytest.raises(ValueError, match="dtype"):
+        cq.quantize_weight(w, "int8")
+    with pytest.raises(ValueError, match="symmetric"):
+        cq.quantize_weight(w, "float8_e4m3fn", symmetric=False)
+    with pytest.raises(ValueError, match="w must be C-contiguous"):
+        cq.quantize_weight(w[:, ::2], "int4", group_size=32)
+    with pytest.raises(ValueError, match="2-D"):
+        cq.quantize_weight(w[0], "int4")
+    with pytest.raises(TypeError, match="w must be a cupy.ndarray"):
+        cq.quantize_weight(cupy.asnumpy(w), "int4")
+    with pytest.raises(TypeError, match="w"):
+        cq.quantize_weight(w.astype(cupy.int32), "int4")
+
+    qw = cq.quantize_weight(w, "int4", group_size=128)
+    a = cupy.ones((4, 256), dtype=dtype)
+    out = poisoned((4, 64), dtype)
+    before = cupy.asnumpy(out)
+    with pytest.raises(ValueError, match="K = 256"):
+        cq.matmul(cupy.ones((4, 128), dtype=dtype), qw, out=out)
+    with pytest.raises(TypeError, match="a must be float16 or bfloat16"):
+        cq.matmul(a.astype(cupy.float32), qw, out=out)
+    with pytest.raises(ValueError, match="scales are bfloat16 but a is float16"):
+        cq.matmul(a.astype(cupy.float16), qw)
+    with pytest.raises(TypeError, match="w must be a QuantizedWeight"):
+        cq.matmul(a, w)
+    with pytest.raises(ValueError, match="out must have shape"):
+        cq.matmul(a, qw, out=poisoned((4, 65), dtype))
+    with pytest.raises(ValueError, match="overlaps a"):
+        cq.matmul(a, qw, out=a[:, :64])
+    _untouched(out, before)
+    q_odd = cq.quantize_weight(cupy.asarray(_weights((8, 96), 4, dtype)), "int4", group_size=32)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        cq.matmul(cupy.ones((1, 96), dtype=dtype), q_odd)
+    q_nc = cq.quantize_weight(w, "int4", group_size=128)
+    q_nc.data = q_nc.data[:, ::-1]
+    with pytest.raises(ValueError, match="w.data must be C-contiguous"):
+        cq.matmul(a, q_nc)
