@@ -129,3 +129,18 @@ def time_torch_graph(torch, fn, args_list, reps: int = 20) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times) / 1e3 / len(args_list)
+
+
+def time_loop(fn, args_list, calls: int = 100) -> float:
+    """Seconds per call over ``calls`` back-to-back calls between two events (for calls that cannot
+    be captured in a graph, such as cuBLAS through cupy.matmul; host-bound when one call's GPU time
+    is below its Python launch time)."""
+    for args in args_list[:2]:
+        fn(*args)
+    s, e = cupy.cuda.Event(), cupy.cuda.Event()
+    s.record()
+    for i in range(calls):
+        fn(*args_list[i % len(args_list)])
+    e.record()
+    e.synchronize()
+    return cupy.cuda.get_elapsed_time(s, e) / 1e3 / calls

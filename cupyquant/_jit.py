@@ -128,7 +128,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "weight": tuple(
         _product("weight_quantize", _IN_CTYPES, _WEIGHT_SCHEMES)
         + _product("weight_dequantize", _IN_CTYPES, _IN_CTYPES, _WEIGHT_SCHEMES)
-        + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, _BOOLS)
+        + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, _BOOLS, _BOOLS)
     ),
 }
 

@@ -237,11 +237,13 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
             args["ng"], args["G"] = K // w.G, w.G
             zeros = w.zeros if w.zeros is not None else 0
             y2 = y.reshape(M, N)
+            # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums
+            post = w.scheme != "float8_e4m3fn" and w.G % 128 == 0
             rows_per_launch = _MM_M * _MAX_GRID_Y
             for m0 in range(0, M, rows_per_launch):
                 mrows = min(rows_per_launch, M - m0)
                 args["M"] = mrows
-                k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8)
+                k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8, post)
                 grid = (-(-N // _MM_N), -(-mrows // _MM_M))
                 k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]))
     return y

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16.
 static constexpr int MM_WARPS = 8;
 static constexpr int MM_NT = 4;  // n8 tiles per warp
-static constexpr int MM_PF = 2;  // chunks whose weights are loaded before any is used
+static constexpr int MM_PF = 1;  // chunks whose weights are loaded before any is used
 
 struct MatmulArgs {
     i64 M, N, K;
@@ -204,6 +204,12 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
     }
 }
 
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
+
 __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
     unsigned d;
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
@@ -223,8 +229,11 @@ __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, 
     }
 }
 
-template <typename T, int S, bool TWO>  // TWO: the M tile has rows past 8 (load rows g + 8)
-__global__ void __launch_bounds__(MM_WARPS * 32) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+// TWO: the M tile has rows past 8 (load rows g + 8). POST (INT4 with G a multiple of 128: a chunk is
+// one group): the mma multiplies the exact q - z, and each chunk's partial sums are scaled in float32
+// afterwards (one FMA per output instead of one multiply per weight pair).
+template <typename T, int S, bool TWO, bool POST>
+__global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                 const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                                 T* __restrict__ y, MatmulArgs a) {
     constexpr bool FP8 = S == W_FP8;
@@ -276,8 +285,19 @@ __global__ void __launch_bounds__(MM_WARPS * 32) w4a16_matmul(const T* __restric
             }
             // per tile: the group's scale (and zero) for this thread's VALS weights
             unsigned s2[MM_NT], zb[MM_NT];
-            float sf[MM_NT];
+            float sf[MM_NT], cs[MM_NT][2], part[MM_NT][4];
             const i64 grp = k0 / a.G;
+            if constexpr (POST) {
+#pragma unroll
+                for (int j = 0; j < MM_NT; ++j) {
+                    part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {  // the scales of this thread's accumulator columns
+                        const i64 n = n0 + 8 * j + 2 * t + h;
+                        cs[j][h] = n < a.N ? to_float(scales[n * a.ng + grp]) : 0.0f;
+                    }
+                }
+            }
 #pragma unroll
             for (int j = 0; j < MM_NT; ++j) {
                 const i64 n = n0 + 8 * j + g;
@@ -312,11 +332,21 @@ __global__ void __launch_bounds__(MM_WARPS * 32) w4a16_matmul(const T* __restric
                         const int sh = 8 * (st % 2);  // pairs p = 2 (st % 2) and p + 1: shifts 4p and 4p + 4
                         const unsigned x0 = lop3_and_or(word >> sh, 0x000f000fu, H::MAGIC);
                         const unsigned x1 = lop3_and_or(word >> (sh + 4), 0x000f000fu, H::MAGIC);
-                        b0 = H::fma2(H::fma2(x0, H::ONE, zb[j]), s2[j], 0x80008000u);
-                        b1 = H::fma2(H::fma2(x1, H::ONE, zb[j]), s2[j], 0x80008000u);
+                        b0 = H::fma2(x0, H::ONE, zb[j]);  // q - z, exact
+                        b1 = H::fma2(x1, H::ONE, zb[j]);
+                        if constexpr (!POST) {
+                            b0 = H::fma2(b0, s2[j], 0x80008000u);
+                            b1 = H::fma2(b1, s2[j], 0x80008000u);
+                        }
                     }
-                    mma16816<T>(acc[j], af, b0, b1);
+                    mma16816<T>(POST ? part[j] : acc[j], af, b0, b1);
                 }
+            }
+            if constexpr (POST) {
+#pragma unroll
+                for (int j = 0; j < MM_NT; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[j][r] = fma_rn(part[j][r], cs[j][r & 1], acc[j][r]);
             }
         }
     }

@@ -227,7 +227,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="group_size"):
         cq.quantize_weight(w, "int4", group_size=48)
     with pytest.raises(ValueError, match="group_size"):
-        cq.quantize_weight(w[:, :96], "int4", group_size=64)
+        cq.quantize_weight(cupy.ascontiguousarray(w[:, :96]), "int4", group_size=64)
     with pytest.raises(ValueError, match="dtype"):
         cq.quantize_weight(w, "int8")
     with pytest.raises(ValueError, match="symmetric"):
@@ -256,7 +256,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="out must have shape"):
         cq.matmul(a, qw, out=poisoned((4, 65), dtype))
     with pytest.raises(ValueError, match="overlaps a"):
-        cq.matmul(a, qw, out=a[:, :64])
+        cq.matmul(a, qw, out=a.reshape(-1)[:256].reshape(4, 64))
     _untouched(out, before)
     q_odd = cq.quantize_weight(cupy.asarray(_weights((8, 96), 4, dtype)), "int4", group_size=32)
     with pytest.raises(ValueError, match="multiple of 128"):
