@@ -201,9 +201,12 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     Notes
     -----
     This is the decode kernel (tensor-core ``mma.sync`` on one 16-row M tile per block); it is
-    correct for any M and fastest for M <= 16. Dequantized weights are bit-identical to
-    ``w.dequantize(a.dtype)``: the products are exact, only the float32 summation order differs from
-    a sequential sum.
+    correct for any M and fastest for M <= 16. INT4 with ``group_size`` 128 or per-channel: the
+    tensor cores multiply ``a`` by the exact integers ``q - z`` and each 128-wide chunk's float32
+    partial sums are multiplied by the group's scale (``s * sum((q - z) * a)``, the weights never
+    rounded to a's dtype). Group sizes 32 and 64, and FP8: the weights are dequantized to a's dtype
+    first, bit-identical to ``w.dequantize(a.dtype)``. Either way each product is exact and the sums
+    are float32, in an order that differs from a sequential sum.
     """
     _check_weight(w)
     t = _validate.float_input(a, "a")

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // codes in the two 16-bit halves); the activations are permuted to match with one prmt per register,
 // shared by the 4 tiles. FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
 //
-// Dequantization (exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
+// Dequantization (without POST exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
 // (fp16, exponent 0x64) or 128 + q (bf16, 0x43) by one lop3, minus 1024 + z (or 128 + z) exactly,
 // times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16.

@@ -136,11 +136,14 @@ def test_to_host_and_repr():
 
 
 # ---------------------------------------------------------------- matmul
-# Bound on ||y - ref|| / ||ref||, ref = float64 a @ dequant(w).T with dequant(w) in a's dtype (the
-# kernel's dequantized weights are bit-identical to it, and each product a * w is exact in float32):
-# what remains is float32 accumulation (relative ~K * 2^-24 at worst, ~sqrt(K) * 2^-24 typically,
-# below 1e-4 for K <= 11008) plus one rounding of each output to a's dtype, at most 2^-9 (bf16) or
-# 2^-12 (fp16) relative per element. Bounds: 2^-8 for bf16, 2^-10 for fp16.
+# Bound on ||y - ref|| / ||ref||, ref = float64 a @ dequant(w).T with dequant(w) in a's dtype. Groups
+# 32/64 and FP8: the kernel's weights are bit-identical to dequant(w) and each product is exact in
+# float32. Groups 128/per-channel INT4: the kernel computes s * sum((q - z) a) without rounding
+# (q - z) * s to a's dtype, so it differs from ref by that rounding, at most 2^-9 (bf16) or 2^-12
+# (fp16) relative per weight and of random sign (norm-wise far smaller). What else remains is float32
+# accumulation (relative ~K * 2^-24 at worst, ~sqrt(K) * 2^-24 typically, below 1e-4 for K <= 11008)
+# plus one rounding of each output to a's dtype, at most 2^-9 (bf16) or 2^-12 (fp16) relative.
+# Bounds: 2^-8 for bf16, 2^-10 for fp16.
 TOL = {np.dtype(np.float16): 2.0**-10, np.dtype(ml_dtypes.bfloat16): 2.0**-8}
 MM_SHAPES = [(256, 256), (4096, 4096), (11008, 4096), (4096, 11008), (1000, 384)]
 MS = [1, 2, 3, 8, 16, 33, 64]
