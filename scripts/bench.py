@@ -586,11 +586,16 @@ def main(argv=None):
 
     table = [f"| {' | '.join(cols)} |", "|" + "---|" * len(cols)]
     table += [f"| {' | '.join(_fmt(r.get(c)) for c in cols)} |" for r in rows]
-    text = header + "\n\n" + "\n".join(table) + "\n"
+    _emit(header, table, a.markdown)
+
+
+def _emit(header, table_lines, markdown):
+    """Print the header and markdown table, and write them to ``markdown`` when given."""
+    text = header + "\n\n" + "\n".join(table_lines) + "\n"
     print()
     print(text)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
+    if markdown:
+        with open(markdown, "w") as f:
             f.write(text)
 
 
@@ -622,12 +627,7 @@ def main_matmul(a):
         print("  ".join(f"{c}={_fmt(row.get(c))}" for c in cols), flush=True)
 
     bench_matmul(torch, MATMUL_SHAPES, MATMUL_MS, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row)
-    text = header + "\n\n" + "\n".join(lines) + "\n"
-    print()
-    print(text)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(text)
+    _emit(header, lines, a.markdown)
 
 
 def _fmt(v):
