@@ -94,6 +94,9 @@ FP8_SCALE_FROM_AMAX, FP8_SCALE_FROM_DEVICE, FP8_SCALE_FROM_ARG = 0, 1, 2
 WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8 = 0, 1, 2
 _WEIGHT_SCHEMES = (WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8)
 _HALF_CTYPES = ("__half", "__nv_bfloat16")
+#: w4a16_gemm tile configurations (MT m16 tiles per warp, WM warps along M, STAGES) and the POST
+#: values each is built with (kernels/weight_gemm.cu: MT = 4 has no registers for POST's partials).
+GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2, 3): (False,)}
 
 _MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 
@@ -129,6 +132,11 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
         _product("weight_quantize", _IN_CTYPES, _WEIGHT_SCHEMES)
         + _product("weight_dequantize", _IN_CTYPES, _IN_CTYPES, _WEIGHT_SCHEMES)
         + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, _BOOLS, _BOOLS)
+    ),
+    "weight_gemm": tuple(
+        e
+        for cfg, posts in GEMM_CONFIGS.items()
+        for e in _product("w4a16_gemm", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg], posts)
     ),
 }
 

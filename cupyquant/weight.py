@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import cupy
+from cupy.cuda import driver as _driver
 import ml_dtypes
 import numpy as np
 
@@ -30,7 +31,7 @@ _MAX_GRID_Y = 65535
 
 _WQ_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
 _MM_ARGS = np.dtype(
-    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("G", np.int32)],
+    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32)],
     align=True,
 )
 
@@ -125,11 +126,13 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     _validate.c_contiguous(w, "w")
     N, K = w.shape
-    if group_size not in _ref.WEIGHT_GROUP_SIZES:
+    if group_size not in _ref.WEIGHT_GROUP_SIZES or isinstance(group_size, (float, bool, np.floating)):
         raise ValueError(f"group_size must be one of {_ref.WEIGHT_GROUP_SIZES}, got {group_size!r}")
-    G = K if group_size is None else group_size
-    if K == 0 or K % G or K % 2:
-        raise ValueError(f"group_size={group_size} must divide K = {K}, and K must be even and nonzero")
+    if K == 0 or K % 2:
+        raise ValueError(f"w's K = {K} must be even and nonzero (two INT4 codes per byte)")
+    G = K if group_size is None else int(group_size)
+    if K % G:
+        raise ValueError(f"group_size={group_size} must divide K = {K}")
     ng = K // G
     with _validate.on_device_of(w):
         data = cupy.empty((N, K if scheme == "float8_e4m3fn" else K // 2), dtype=np.uint8)
@@ -143,15 +146,23 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
             k((-(-warps // 8),), (256,), (w, data, scales, zcodes if zcodes is not None else 0, a[()]))
         zeros = None
         if zcodes is not None:
+            temps = [zcodes]
             if ng % 2:
-                zcodes = cupy.concatenate([zcodes, cupy.zeros((N, 1), np.uint8)], axis=1)
-            zeros = (zcodes[:, 0::2] | (zcodes[:, 1::2] << 4)).astype(np.uint8)
+                temps.append(cupy.zeros((N, 1), np.uint8))
+                zcodes = cupy.concatenate([zcodes, temps[-1]], axis=1)
+                temps.append(zcodes)
+            hi = zcodes[:, 1::2] << 4
+            packed = zcodes[:, 0::2] | hi
+            zeros = packed.astype(np.uint8)
+            _validate.keep_if_capturing(*temps, hi, packed)
     return QuantizedWeight(data, scales, zeros, scheme, group_size, (N, K), w.dtype)
 
 
 def _check_weight(w) -> None:
     if not isinstance(w, QuantizedWeight):
         raise TypeError(f"w must be a QuantizedWeight (from cupyquant.quantize_weight), got {type(w).__name__}")
+    for name in ("data", "scales") + (("zeros",) if w.zeros is not None else ()):
+        _validate.cupy_array(getattr(w, name), f"w.{name}")
     _validate.c_contiguous(w.data, "w.data")
     _validate.c_contiguous(w.scales, "w.scales")
     N, K = w.shape
@@ -183,9 +194,92 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
     return y
 
 
+# The pipelined tensor-core kernel (kernels/weight_gemm.cu): tile configuration by M.
+_GEMM_BN = 128  # output columns per block (GM_BN)
+_GEMM_BK = 128  # K per pipeline stage (GM_BK)
+# (largest M, (MT, WM, STAGES)): the smallest tile that covers M, so each weight byte is read once
+# per ceil(M / BM) row tiles; past 64 rows, 128-row tiles of 8 warps.
+_GEMM_TILES = ((16, (1, 1, 4)), (32, (2, 1, 4)), (64, (4, 1, 4)), (None, (4, 2, 3)))
+# Which kernel takes INT4 weights, by M and the weight's size N * K, from scripts/bench.py --matmul
+# --matmul-paths on an H200 (2026-11-21; bf16, group 128, us per call, decode / pipelined):
+#   N x K          M=1        16         32          64          128         256          1024
+#   4096x4096      9.0/18     11/26      15/69       25/113      46/115      87/114       312/189
+#   14336x4096     21/34      26/45      45/68       78/100      149/132     288/171      -
+#   28672x8192     68/93      88/107     160/141     311/212     612/333     1226/667     4537/2593
+# The decode kernel reads each weight once per 16 rows, so its time grows with M from the start;
+# the pipelined kernel reads it once per 16..128-row tile but pays a pipeline fill and a split-K
+# fixup, which a small weight does not amortize. So: decode for M <= DECODE_MAX_M, or up to
+# _DECODE_SMALL_M for weights of fewer than _SMALL_W elements and _DECODE_MID_M below _MID_W.
+DECODE_MAX_M = 16
+_DECODE_SMALL_M, _SMALL_W = 256, 1 << 25
+_DECODE_MID_M, _MID_W = 64, 1 << 26
+# FP8 weights always take the decode kernel (the pipelined kernel is INT4 only).
+
+_GM_ARGS = np.dtype(
+    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
+     ("splits", np.int32), ("iters", np.int32)],
+    align=True,
+)
+_occupancy: dict = {}
+_sm_count: dict = {}
+
+
+def _gemm_config(M: int):
+    for limit, cfg in _GEMM_TILES:
+        if limit is None or M <= limit:
+            return cfg
+
+
+def matmul_path(M: int, w: QuantizedWeight) -> str:
+    """The kernel :func:`matmul` uses for ``M`` rows of activations: ``"decode"`` (the split-K
+    kernel of ``weight.cu``, one 16-row tile per block) or ``"pipelined"`` (``weight_gemm.cu``)."""
+    if w.scheme == "float8_e4m3fn" or M <= DECODE_MAX_M:
+        return "decode"
+    N, K = w.shape
+    if DECODE_MAX_M and (M <= _DECODE_SMALL_M and N * K < _SMALL_W or M <= _DECODE_MID_M and N * K < _MID_W):
+        return "decode"
+    return "pipelined"
+
+
+def _gemm_kernel(device, t, w, M):
+    mt, wm, stages = _gemm_config(M)
+    post = w.G % _GEMM_BK == 0 and mt < 4
+    k = _jit.kernel(device, "weight_gemm", "w4a16_gemm", t.ctype, _SCHEME_IDS[w.scheme], mt, wm, stages, post)
+    bm = 16 * mt * wm
+    smem = stages * (bm * _GEMM_BK * 2 + _GEMM_BN * _GEMM_BK // 2)
+    threads = 128 * wm
+    key = (device, id(k))
+    occ = _occupancy.get(key)
+    if occ is None:
+        k.max_dynamic_shared_size_bytes = smem  # past the 48 KiB default (with the kernel's static bytes)
+        occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, threads, smem))
+    return k, bm, threads, smem, occ
+
+
+def _sms(device) -> int:
+    n = _sm_count.get(device)
+    if n is None:
+        n = _sm_count[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    return n
+
+
+_MIN_SPLIT_STAGES = 4  # each split streams at least this many stages of K (pipeline fill, reduction)
+
+
+def _splits(tiles: int, iters_total: int, blocks: int):
+    """(splits, stages per split): split K across blocks until the tiles fill ``blocks`` slots,
+    keeping at least ``_MIN_SPLIT_STAGES`` stages per split."""
+    if tiles >= blocks:
+        return 1, iters_total
+    splits = max(1, min(iters_total // _MIN_SPLIT_STAGES, -(-blocks // tiles)))
+    iters = -(-iters_total // splits)
+    return -(-iters_total // iters), iters
+
+
 def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     """``a @ dequant(w).T`` in ``a``'s dtype, accumulated in float32, the weights dequantized in
-    registers (each weight byte read once per 16 rows of ``a``).
+    registers on their way to the tensor cores (``mma.sync``); the 4-bit form is never expanded in
+    memory.
 
     Parameters
     ----------
@@ -193,20 +287,33 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
         float16 or bfloat16, shape ``(..., K)``; leading dimensions are flattened into M rows.
         Rows that are not 16-byte aligned with a unit stride along K are copied first.
     w : QuantizedWeight
-        Its scales must have ``a``'s dtype (the kernel dequantizes in that dtype; quantize a
-        weight of the activation dtype). K must be a multiple of 128 (INT4) or 64 (FP8).
+        In the plain layout of :func:`quantize_weight` (both kernels read it; there is no
+        ``prepare`` step). Its scales must have ``a``'s dtype (the kernel dequantizes in that dtype;
+        quantize a weight of the activation dtype). K must be a multiple of 128 (INT4) or 64 (FP8).
     out : cupy.ndarray, optional
         ``(..., N)`` of ``a``'s dtype, C-contiguous.
 
     Notes
     -----
-    This is the decode kernel (tensor-core ``mma.sync`` on one 16-row M tile per block); it is
-    correct for any M and fastest for M <= 16. INT4 with ``group_size`` 128 or per-channel: the
+    Two kernels; :func:`matmul_path` says which one a call takes:
+
+    * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 8 warps
+      splitting K; each weight byte is read once per 16 rows. INT4 takes it for M <= 16, for M <= 64
+      when the weight has fewer than 2^26 elements, and for M <= 256 when it has fewer than 2^25.
+      FP8 weights take it for every M.
+    * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M. Tiles of 16, 32, 64 or 128
+      rows by 128 columns, K streamed through shared memory in stages of 128 with ``cp.async``, 3-4
+      stages deep; when the tiles cannot fill the GPU, K is split across blocks and the last block
+      of a tile adds the float32 partials in split order (the result does not depend on timing).
+
+    The thresholds come from measurements recorded in ``weight.py`` (``DECODE_MAX_M``). INT4 with
+    ``group_size`` 128 or per-channel (decode kernel, and pipelined tiles of up to 32 rows): the
     tensor cores multiply ``a`` by the exact integers ``q - z`` and each 128-wide chunk's float32
     partial sums are multiplied by the group's scale (``s * sum((q - z) * a)``, the weights never
-    rounded to a's dtype). Group sizes 32 and 64, and FP8: the weights are dequantized to a's dtype
-    first, bit-identical to ``w.dequantize(a.dtype)``. Either way each product is exact and the sums
-    are float32, in an order that differs from a sequential sum.
+    rounded to a's dtype). Otherwise (groups of 32 and 64, FP8, larger pipelined tiles) the weights
+    are dequantized to a's dtype first, bit-identical to ``w.dequantize(a.dtype)``. Either way each
+    product is exact and the sums are float32, in an order that differs from a sequential sum, and
+    that depends on the path and tile (so a row's result can change in the last bits with M).
     """
     _check_weight(w)
     t = _validate.float_input(a, "a")
@@ -232,21 +339,57 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     with _validate.on_device_of(w.data):
         a2 = a.reshape(M, K) if M else a.reshape(0, K)
         if M and (a2.strides[1] != a2.itemsize or a2.strides[0] % 16 or a2.data.ptr % 16 or a2.strides[0] < 0):
-            a2 = cupy.ascontiguousarray(a2)
+            a2 = a2.copy(order="C")  # not ascontiguousarray: that returns a misaligned contiguous view as is
+            _validate.keep_if_capturing(a2)
         y = cupy.empty(lead + (N,), dtype=a.dtype) if out is None else out
         if M and N:
-            args = np.zeros((), dtype=_MM_ARGS)
-            args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
-            args["ng"], args["G"] = K // w.G, w.G
             zeros = w.zeros if w.zeros is not None else 0
-            y2 = y.reshape(M, N)
-            # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums
-            post = w.scheme != "float8_e4m3fn" and w.G % 128 == 0
-            rows_per_launch = _MM_M * _MAX_GRID_Y
-            for m0 in range(0, M, rows_per_launch):
-                mrows = min(rows_per_launch, M - m0)
-                args["M"] = mrows
-                k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8, post)
-                grid = (-(-N // _MM_N), -(-mrows // _MM_M))
-                k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]))
+            if matmul_path(M, w) == "decode":
+                _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
+            else:
+                _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
     return y
+
+
+def _gshift(w) -> int:
+    """The kernels find k's group as k >> gshift: log2 of the group size, or 62 (every k < 2^62) for
+    one group per row."""
+    return 62 if w.group_size is None else int(w.group_size).bit_length() - 1
+
+
+def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
+    args = np.zeros((), dtype=_MM_ARGS)
+    args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
+    args["ng"], args["gshift"] = K // w.G, _gshift(w)
+    # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums
+    post = w.scheme != "float8_e4m3fn" and w.G % 128 == 0
+    rows_per_launch = _MM_M * _MAX_GRID_Y
+    for m0 in range(0, M, rows_per_launch):
+        mrows = min(rows_per_launch, M - m0)
+        args["M"] = mrows
+        k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8, post)
+        grid = (-(-N // _MM_N), -(-mrows // _MM_M))
+        k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]))
+
+
+def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):
+    k, bm, threads, smem, occ = _gemm_kernel(device, t, w, M)
+    args = np.zeros((), dtype=_GM_ARGS)
+    args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
+    args["ng"], args["gshift"] = K // w.G, _gshift(w)
+    iters_total = K // _GEMM_BK
+    ntiles = -(-N // _GEMM_BN)
+    rows_per_launch = bm * _MAX_GRID_Y
+    for m0 in range(0, M, rows_per_launch):
+        mrows = min(rows_per_launch, M - m0)
+        mtiles = -(-mrows // bm)
+        splits, iters = _splits(ntiles * mtiles, iters_total, occ * _sms(device))
+        args["M"], args["splits"], args["iters"] = mrows, splits, iters
+        if splits > 1:  # float32 partial tiles, and per-tile arrival counters (reset by the kernel)
+            ws = cupy.empty((splits, mrows, N), dtype=np.float32)
+            counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
+            _validate.keep_if_capturing(ws, counters)
+        else:
+            ws = counters = 0
+        k((ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args[()]),
+          shared_mem=smem)

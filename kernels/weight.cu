@@ -16,17 +16,9 @@
 // packs them two per byte).
 
 #include "common.cuh"
+#include "weight_mma.cuh"
 
 using namespace cq;
-
-#define W_INT4 0   // symmetric, codes q - 8
-#define W_UINT4 1  // asymmetric, codes q - z
-#define W_FP8 2    // E4M3 values
-
-namespace cq {
-template <class A, class B> struct same_t { static constexpr bool value = false; };
-template <class A> struct same_t<A, A> { static constexpr bool value = true; };
-}  // namespace cq
 
 // rne(v) as an integer clamped to [lo, hi]; NaN -> 0 (cvt.rni gives 0 for NaN and saturates inf).
 __device__ __forceinline__ int rne_clamp(float v, int lo, int hi) {
@@ -162,59 +154,10 @@ static constexpr int MM_PF = 1;  // chunks whose weights are loaded before any i
 
 struct MatmulArgs {
     i64 M, N, K;
-    i64 lda;  // elements between rows of a
-    i64 ng;   // groups per weight row
-    int G;
+    i64 lda;     // elements between rows of a
+    i64 ng;      // groups per weight row
+    int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
 };
-
-template <typename T> struct HalfOps;
-template <> struct HalfOps<__half> {
-    static constexpr unsigned MAGIC = 0x64006400u;  // 1024.0 in each half
-    static constexpr unsigned BIAS = 0x6400u;
-    static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
-        unsigned d;
-        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-        return d;
-    }
-    static constexpr unsigned ONE = 0x3c003c00u;
-};
-template <> struct HalfOps<__nv_bfloat16> {
-    static constexpr unsigned MAGIC = 0x43004300u;  // 128.0 in each half
-    static constexpr unsigned BIAS = 0x4300u;
-    static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
-        unsigned d;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-        return d;
-    }
-    static constexpr unsigned ONE = 0x3f803f80u;
-};
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    if constexpr (same_t<T, __half>::value) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-__device__ __forceinline__ float fma_rn(float a, float b, float c) {
-    float d;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
-    return d;
-}
-
-__device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
-    unsigned d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
-    return d;
-}
 
 // Two fp8 (E4M3) bytes -> their values times s as a T pair, one rounding.
 template <typename T>
@@ -286,7 +229,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
             // per tile: the group's scale (and zero) for this thread's VALS weights
             unsigned s2[MM_NT], zb[MM_NT];
             float sf[MM_NT], cs[MM_NT][2], part[MM_NT][4];
-            const i64 grp = k0 / a.G;
+            const i64 grp = k0 >> a.gshift;
             if constexpr (POST) {
 #pragma unroll
                 for (int j = 0; j < MM_NT; ++j) {

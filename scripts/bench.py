@@ -444,13 +444,18 @@ def _mx_ops():
 
 MATMUL_SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
 MATMUL_MS = [1, 2, 4, 8, 16]
+PREFILL_MS = [16, 32, 64, 128, 256, 1024, 4096]
 
 
-def bench_matmul(torch, shapes, ms, schemes, reps, print_row):
+def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
     """W4A16 / W8A16 decode matmul (cupyquant.matmul, bf16 activations, group 128) against cuBLAS
     fp16 (cupy.matmul) and torch bf16 matmul, every call replayed from a CUDA graph (a single
     4096 x 4096 call lasts a few microseconds, less than a Python launch), the weights rotated over
-    enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points)."""
+    enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points);
+    TFLOP/s is 2 M N K / t. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined),
+    whatever matmul_path would pick."""
+    from cupyquant import weight as _weight
+
     rows = []
     rng = cupy.random.default_rng(0)
     for N, K in shapes:
@@ -475,6 +480,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row):
             # shorter than its launch); the same cuBLAS GEMM through torch.matmul in a graph is
             # the reference column when torch is there.
             t_cupy = _bench.time_loop(lambda w: cupy.matmul(a16, w.T, out=y16), [(w,) for w in w16s])
+            flop = 2.0 * M * N * K
             row = {"N x K": f"{N}x{K}", "M": M, "cupy.matmul fp16 us": t_cupy * 1e6}
             t_cublas = t_cupy
             if torch is not None:
@@ -482,6 +488,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row):
                 tws16 = [torch.from_dlpack(w) for w in w16s]
                 t_cublas = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta16, w.t()), [(w,) for w in tws16], reps)
                 row["cuBLAS fp16 graph us"] = t_cublas * 1e6
+                row["cuBLAS TFLOP/s"] = flop / t_cublas / 1e12
                 tws = [torch.from_dlpack(w.astype(ml_dtypes.bfloat16)) for w in w16s]
                 row["torch bf16 us"] = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
                 del tws, tws16
@@ -490,8 +497,19 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row):
                 t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
                 tag = "W4A16" if scheme != "float8_e4m3fn" else "W8A16"
                 row[f"{tag} us"] = t * 1e6
+                row[f"{tag} path"] = _weight.matmul_path(M, qs[0])
                 row[f"{tag} weight GB/s"] = qs[0].nbytes / t / 1e9
+                row[f"{tag} TFLOP/s"] = flop / t / 1e12
                 row[f"{tag} x cuBLAS"] = t_cublas / t
+                if paths and scheme != "float8_e4m3fn":
+                    saved = _weight.DECODE_MAX_M
+                    try:
+                        for path, limit in (("decode", 1 << 62), ("pipelined", 0)):
+                            _weight.DECODE_MAX_M = limit
+                            tp = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
+                            row[f"{tag} {path} us"] = tp * 1e6
+                    finally:
+                        _weight.DECODE_MAX_M = saved
             rows.append(row)
             print_row(row)
         del qws, w16s
@@ -518,6 +536,10 @@ def main(argv=None):
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--matmul", action="store_true", help="the weight-only matmul table instead of the ops")
     p.add_argument("--matmul-schemes", default="int4,float8_e4m3fn", help="weight schemes for --matmul")
+    p.add_argument("--matmul-ms", default=",".join(map(str, MATMUL_MS)),
+                   help=f"rows of a for --matmul, or 'prefill' for {PREFILL_MS}")
+    p.add_argument("--matmul-shapes", default=None, help="N x K list for --matmul, e.g. 4096x4096,14336x4096")
+    p.add_argument("--matmul-paths", action="store_true", help="also time INT4 on each kernel forced")
     a = p.parse_args(argv)
     if a.matmul:
         return main_matmul(a)
@@ -626,7 +648,9 @@ def main_matmul(a):
         lines.append(f"| {' | '.join(_fmt(row.get(c)) for c in cols)} |")
         print("  ".join(f"{c}={_fmt(row.get(c))}" for c in cols), flush=True)
 
-    bench_matmul(torch, MATMUL_SHAPES, MATMUL_MS, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row)
+    ms = PREFILL_MS if a.matmul_ms == "prefill" else [int(v) for v in a.matmul_ms.split(",")]
+    shapes = MATMUL_SHAPES if a.matmul_shapes is None else [tuple(int(v) for v in s.split("x")) for s in a.matmul_shapes.split(",")]
+    bench_matmul(torch, shapes, ms, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row, a.matmul_paths)
     _emit(header, lines, a.markdown)
 
 

@@ -13,6 +13,7 @@ from conftest import assert_bits_equal, poisoned
 
 import cupyquant as cq
 from cupyquant import reference as ref
+from cupyquant import weight as cqw
 
 pytestmark = pytest.mark.gpu
 
@@ -159,23 +160,128 @@ def _rel_err(y, want):
     return float(cupy.linalg.norm(y - want) / cupy.linalg.norm(want))
 
 
-@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
-@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
-@pytest.mark.parametrize("dtype", HALF, ids=_id)
-def test_matmul_relative_error(dtype, scheme, sym, group_size):
+class _forced:
+    """Within the block, INT4 matmuls take ``path`` ("decode" or "pipelined") whatever M is."""
+
+    def __init__(self, path):
+        self.limit = {"decode": 1 << 62, "pipelined": 0, "auto": None}[path]
+
+    def __enter__(self):
+        self.saved = cqw.DECODE_MAX_M
+        if self.limit is not None:
+            cqw.DECODE_MAX_M = self.limit
+
+    def __exit__(self, *exc):
+        cqw.DECODE_MAX_M = self.saved
+
+
+def _check_matmul(qw, ms, dtype, seed, what=""):
     tol = TOL[np.dtype(dtype)]
+    N, K = qw.shape
+    rng = np.random.default_rng(seed)
+    for M in ms:
+        a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
+        y = cq.matmul(a, qw)
+        assert y.shape == (M, N) and y.dtype == np.dtype(dtype)
+        err = _rel_err(y, _matmul_ref(a, qw))
+        assert err <= tol, f"{what} M={M} N={N} K={K} ({cqw.matmul_path(M, qw)}): relative error {err:.3g} > {tol:.3g}"
+
+
+# (scheme, symmetric, path): both kernels for INT4; FP8 weights have the decode kernel only
+MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "pipelined") if s != "float8_e4m3fn" or p == "decode"]
+
+
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("scheme,sym,path", MM_PATHS, ids=[f"{s}-{p}" for s, _, p in MM_PATHS])
+@pytest.mark.parametrize("dtype", HALF, ids=_id)
+def test_matmul_relative_error(dtype, scheme, sym, group_size, path):
+    """Both kernels at the decode sizes M = 1..64."""
     for N, K in MM_SHAPES:
         if scheme == "float8_e4m3fn" and K % 64 or K % 128 and scheme != "float8_e4m3fn":
             continue
         wh = _weights((N, K), _seed("mm", N, K, scheme, group_size, dtype), dtype, outliers=False)
         qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
-        rng = np.random.default_rng(_seed("a", N, K))
-        for M in MS:
-            a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
-            y = cq.matmul(a, qw)
-            assert y.shape == (M, N) and y.dtype == np.dtype(dtype)
-            err = _rel_err(y, _matmul_ref(a, qw))
-            assert err <= tol, f"M={M} N={N} K={K}: relative error {err:.3g} > {tol:.3g}"
+        with _forced(path):
+            _check_matmul(qw, MS, dtype, _seed("a", N, K), path)
+
+
+PREFILL_MS = [16, 17, 64, 128, 1000, 4096]
+INT4_SCHEMES = SCHEMES[:2]
+
+
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("scheme,sym", INT4_SCHEMES, ids=[s for s, _ in INT4_SCHEMES])
+@pytest.mark.parametrize("dtype", HALF, ids=_id)
+def test_prefill_relative_error(dtype, scheme, sym, group_size):
+    """Prefill sizes, M not a multiple of any tile (17, 1000) included, on the path matmul picks."""
+    for N, K in MM_SHAPES:
+        wh = _weights((N, K), _seed("pf", N, K, scheme, group_size, dtype), dtype, outliers=False)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        _check_matmul(qw, PREFILL_MS, dtype, _seed("pa", N, K))
+
+
+BENCH_SHAPES = [(14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+
+
+@pytest.mark.parametrize("dtype,scheme,sym,group_size",
+                         [(ml_dtypes.bfloat16, "int4", True, 128), (np.float16, "uint4", False, 64)], ids=["int4-g128-bf16", "uint4-g64-f16"])
+def test_prefill_benchmark_shapes(dtype, scheme, sym, group_size):
+    for N, K in BENCH_SHAPES:
+        wh = _weights((N, K), _seed("bs", N, K), dtype, outliers=False)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        _check_matmul(qw, [1, 16, 64, 256, 1024, 4096], dtype, _seed("ba", N, K))
+        del qw
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+# The path table that matmul's docstring states: (M, (N, K), path) for INT4 weights.
+DOC_PATHS = [
+    (1, (4096, 4096), "decode"), (16, (28672, 8192), "decode"), (17, (28672, 8192), "pipelined"),
+    (64, (14336, 4096), "decode"), (65, (14336, 4096), "pipelined"), (256, (4096, 4096), "decode"),
+    (257, (4096, 4096), "pipelined"), (4096, (256, 512), "pipelined"), (100, (256, 512), "decode"),
+]
+
+
+def test_matmul_path_follows_docs(monkeypatch):
+    doc = cqw.matmul.__doc__
+    for M, (N, K), want in DOC_PATHS:
+        for scheme in ("int4", "uint4", "float8_e4m3fn"):
+            shell = cqw.QuantizedWeight(None, None, None, scheme, 128, (N, K), np.float16)  # only its shape is read
+            assert cqw.matmul_path(M, shell) == ("decode" if scheme == "float8_e4m3fn" else want), (M, N, K, scheme)
+    assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
+    # and matmul launches the kernel matmul_path names
+    dtype = ml_dtypes.bfloat16
+    N, K = 256, 512
+    wh = cupy.asarray(_weights((N, K), 11, dtype))
+    called = []
+    for name in ("_launch_decode", "_launch_gemm"):
+        orig = getattr(cqw, name)
+        monkeypatch.setattr(cqw, name, (lambda orig, name: lambda *a: (called.append(name), orig(*a)))(orig, name))
+    for scheme, sym in SCHEMES:
+        qw = cq.quantize_weight(wh, scheme, group_size=128, symmetric=sym)
+        for M in (1, 100, 256, 257, 1000):
+            want = cqw.matmul_path(M, qw)
+            called.clear()
+            y = cq.matmul(cupy.ones((M, K), dtype=dtype), qw)
+            assert called == [{"decode": "_launch_decode", "pipelined": "_launch_gemm"}[want]], (scheme, M, called)
+            assert y.shape == (M, N)
+
+
+def test_pipelined_split_k_is_deterministic():
+    """Small M and N leave most of the GPU idle unless K is split across blocks; the partial tiles
+    are added in split order, so repeated calls give the same bits."""
+    dtype = ml_dtypes.bfloat16
+    N, K = 256, 8192
+    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 12, dtype, outliers=False)), "int4", group_size=128)
+    tiles = -(-N // cqw._GEMM_BN)
+    splits, _ = cqw._splits(tiles, K // cqw._GEMM_BK, cupy.cuda.Device().attributes["MultiProcessorCount"])
+    assert splits > 1
+    a = cupy.asarray(np.random.default_rng(13).standard_normal((16, K)).astype(np.float32).astype(dtype))
+    with _forced("pipelined"):
+        first = cupy.asnumpy(cq.matmul(a, qw))
+        for _ in range(5):
+            assert_bits_equal(cq.matmul(a, qw), first, "repeat")
+    assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
 
 
 @pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])

@@ -1,0 +1,284 @@
+// weight_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 weights (prefill
+// sizes of M), reading the plain layout of weight.cu (codes (N, K / 2) with element 0 in the low
+// nibble, scales (N, K / G) of a's dtype, uint4 zero points (N, ceil(K / G / 2)) packed likewise).
+// Numerics as weight.cu's decode matmul: each product exact, float32 sums (see w4a16_gemm).
+
+#include "common.cuh"
+#include "weight_mma.cuh"
+
+using namespace cq;
+
+// ---------------------------------------------------------------- pipelined tensor-core matmul
+// The same y = a @ dequant(w).T for INT4 weights at any M, built for prefill: a block computes a
+// BM x 128 tile of y (BM = 16 * MT * WM rows, 4 x WM warps, each warp MT m16 tiles by 4 n8 tiles),
+// streaming K in stages of 128 through shared memory with cp.async, STAGES deep, so the loads of
+// stage i + STAGES - 1 are in flight while stage i is multiplied. Each weight byte is read once per
+// BM rows of a. When the tiles alone cannot fill the GPU, K is split across blocks (gridDim.z):
+// each split writes its float32 partial tile to a workspace, and the last split of a tile to arrive
+// (a per-tile counter) adds the partials in split order 0, 1, ... and writes y, so the result does
+// not depend on which block finishes first.
+//
+// K order. Within a stage, lane (g, t) of a warp owns k = 32t .. 32t + 31: 16 bytes of each of its
+// weight rows and 64 bytes of each of its activation rows. Sub-block i (k = 32t + 8i .. + 7) gives
+// two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and (2t + 8, 2t + 9) take k pairs 4h, 4h + 1
+// and 4h + 2, 4h + 3 of the sub-block. So the activation registers go to the mma as loaded, and a
+// weight register is one byte of the 32-bit word: one prmt puts its two nibbles in the two halves,
+// one lop3 makes them 1024 + q (or 128 + q), and the dequantization is the decode kernel's.
+//
+// Shared memory per stage: a (BM rows of 256 bytes, its 16-byte chunks XOR-swizzled so that the
+// 8 lanes of a quarter warp, reading chunk 4t + i of rows g, hit 8 distinct bank groups), then w
+// (128 rows of 64 bytes, read conflict-free as loaded).
+static constexpr int GM_BK = 128;  // K per stage
+static constexpr int GM_WN = 4;    // warps along N
+static constexpr int GM_NT = 4;    // n8 tiles per warp
+static constexpr int GM_BN = 8 * GM_NT * GM_WN;
+
+struct GemmArgs {
+    i64 M, N, K;
+    i64 lda;
+    i64 ng;
+    int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
+    int splits;  // gridDim.z
+    int iters;   // stages of K per split (the last split may have fewer)
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// position of 16-byte chunk c of activation row r within the row
+__device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) ^ (r & 1); }
+
+// POST: false = the weights are dequantized exactly to T (the decode kernel's rule without POST);
+// true = (groups of 128, or per-channel) the mma takes the exact q - z and each stage's float32
+// partial sums are multiplied by the stage's scale (one FMA per output per stage). MT = 4 is built
+// without POST: the second set of accumulators would not fit in the registers.
+template <typename T, int S, int MT, int WM, int STAGES, bool POST>
+__global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+                                                              const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
+                                                              T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
+                                                              GemmArgs a) {
+    constexpr int THREADS = 32 * GM_WN * WM;
+    constexpr int BM = 16 * MT * WM;
+    constexpr int A_BYTES = BM * GM_BK * 2;
+    constexpr int STAGE_BYTES = A_BYTES + GM_BN * GM_BK / 2;
+    using H = HalfOps<T>;
+    extern __shared__ uint4 gm_smem[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(gm_smem);
+    __shared__ int s_last;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wm = warp / GM_WN, wn = warp % GM_WN;
+    const i64 n0 = (i64)blockIdx.x * GM_BN, m0 = (i64)blockIdx.y * BM;
+    const i64 it0 = (i64)blockIdx.z * a.iters;
+    const int niter = (int)min((i64)a.iters, a.K / GM_BK - it0);
+    const i64 wrow = a.K / 2;
+    const i64 zrow = (a.ng + 1) / 2;
+
+    // The 16-byte chunks this thread copies each stage: a fixed chunk column and rows a fixed step
+    // apart, so the addresses are set up once and each stage adds its K offset.
+    constexpr int A_CH = BM * 16 / THREADS, A_RSTEP = THREADS / 16;  // activation rows: 16 chunks each
+    constexpr int W_CH = GM_BN * 4 / THREADS, W_RSTEP = THREADS / 4;  // weight rows: 4 chunks each
+    const int ar0 = tid >> 4, ach = tid & 15, wr0 = tid >> 2, wch = tid & 3;
+    const T* a_src = act + (m0 + ar0) * a.lda + ach * 8;
+    const unsigned char* w_src = wq + (n0 + wr0) * wrow + wch * 16;
+    const int a_dst = ar0 * 256 + (gm_swz(ar0, ach) << 4);  // row parity is the same for every chunk
+    const int w_dst = A_BYTES + wr0 * 64 + wch * 16;
+
+    auto load_stage = [&](int slot, i64 it) {
+        unsigned char* st = smem + slot * STAGE_BYTES;
+        const i64 k0 = it * GM_BK;
+#pragma unroll
+        for (int q = 0; q < A_CH; ++q) {
+            const bool ok = m0 + ar0 + q * A_RSTEP < a.M;
+            cp_async16(st + a_dst + q * A_RSTEP * 256, ok ? a_src + q * A_RSTEP * a.lda + k0 : act, ok);
+        }
+#pragma unroll
+        for (int q = 0; q < W_CH; ++q) {
+            const bool ok = n0 + wr0 + q * W_RSTEP < a.N;
+            cp_async16(st + w_dst + q * W_RSTEP * 64, ok ? w_src + q * W_RSTEP * wrow + k0 / 2 : wq, ok);
+        }
+    };
+
+    // scales (as T pairs, without POST), zero biases, and the accumulator columns' scales (POST)
+    struct SZ {
+        unsigned s2[GM_NT], zb[GM_NT];
+        float cs[GM_NT][2];
+    };
+    const i64 nb = n0 + wn * 32 + g;           // this lane's B column in tile j: nb + 8 j
+    const i64 nc = n0 + wn * 32 + 2 * t;       // its accumulator columns in tile j: nc + 8 j + {0, 1}
+    const unsigned short* s_b = reinterpret_cast<const unsigned short*>(scales) + nb * a.ng;
+    const T* s_c = scales + nc * a.ng;
+    const unsigned char* z_b = zeros + nb * zrow;
+    auto load_sz = [&](i64 it) {
+        SZ r;
+        const i64 grp = (it * GM_BK + (POST ? 0 : 32 * t)) >> a.gshift;
+#pragma unroll
+        for (int j = 0; j < GM_NT; ++j) {
+            const bool ok = nb + 8 * j < a.N;
+            unsigned short sb = 0;
+            if (!POST && ok) sb = __ldg(s_b + 8 * j * a.ng + grp);
+            r.s2[j] = (unsigned)sb * 0x10001u;
+            unsigned z = 8u;
+            if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + 8 * j * zrow + (grp >> 1)) >> (4 * (grp & 1))) & 15u) : 0u;
+            r.zb[j] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                r.cs[j][h] = POST && nc + 8 * j + h < a.N ? to_float(s_c[(8 * j + h) * a.ng + grp]) : 0.0f;
+        }
+        return r;
+    };
+
+    float acc[MT][GM_NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < GM_NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < niter) load_stage(s, it0 + s);
+        cp_async_commit();
+    }
+    SZ cur = load_sz(it0);
+    const int arow = wm * MT * 16 + g;  // this lane's first activation row in the tile
+
+#pragma unroll 1
+    for (int i = 0; i < niter; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // stage i has landed for every thread, and slot (i - 1) % STAGES is free
+        if (i + STAGES - 1 < niter) load_stage((i + STAGES - 1) % STAGES, it0 + i + STAGES - 1);
+        cp_async_commit();
+        const SZ nxt = load_sz(it0 + min(i + 1, niter - 1));
+
+        const unsigned char* sa = smem + (i % STAGES) * STAGE_BYTES;
+        const unsigned char* sw = sa + A_BYTES;
+        uint4 wv[GM_NT];
+#pragma unroll
+        for (int j = 0; j < GM_NT; ++j) wv[j] = *reinterpret_cast<const uint4*>(sw + (wn * 32 + 8 * j + g) * 64 + t * 16);
+        float part[POST ? MT : 1][GM_NT][4];
+        if constexpr (POST) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int j = 0; j < GM_NT; ++j) part[mt][j][0] = part[mt][j][1] = part[mt][j][2] = part[mt][j][3] = 0.0f;
+        }
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub) {
+            unsigned ar[MT][2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int r = arow + 16 * mt + 8 * hr;
+                    const uint4 v = *reinterpret_cast<const uint4*>(sa + r * 256 + (gm_swz(r, 4 * t + sub) << 4));
+                    ar[mt][hr][0] = v.x; ar[mt][hr][1] = v.y; ar[mt][hr][2] = v.z; ar[mt][hr][3] = v.w;
+                }
+            // the mma wants each A fragment in 4 consecutive registers, rows g and g + 8 interleaved:
+            // build each once per k16 step and use it for every n8 tile
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                unsigned bw[GM_NT][2];
+#pragma unroll
+                for (int j = 0; j < GM_NT; ++j) {
+                    const unsigned word = reinterpret_cast<const unsigned*>(&wv[j])[sub];
+                    const unsigned hi = word >> 4;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const unsigned byte = 2 * h + e;  // its low nibble to half 0, its high nibble to half 1
+                        const unsigned x = lop3_and_or(__byte_perm(word, hi, byte | ((4 + byte) << 8)), 0x000f000fu, H::MAGIC);
+                        bw[j][e] = H::fma2(x, H::ONE, cur.zb[j]);  // q - z, exact
+                        if constexpr (!POST) bw[j][e] = H::fma2(bw[j][e], cur.s2[j], 0x80008000u);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const unsigned af[4] = {ar[mt][0][2 * h], ar[mt][1][2 * h], ar[mt][0][2 * h + 1], ar[mt][1][2 * h + 1]};
+#pragma unroll
+                    for (int j = 0; j < GM_NT; ++j) mma16816<T>(POST ? part[mt][j] : acc[mt][j], af, bw[j][0], bw[j][1]);
+                }
+            }
+        }
+        if constexpr (POST) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int j = 0; j < GM_NT; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[mt][j][r] = fma_rn(part[mt][j][r], cur.cs[j][r & 1], acc[mt][j][r]);
+        }
+        cur = nxt;
+    }
+    cp_async_wait<0>();
+
+    // this thread's outputs: rows arow + 16 mt + 8 hr, columns n0 + wn * 32 + 8 j + 2 t + {0, 1}
+    if (a.splits > 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const i64 m = m0 + arow + 16 * mt + 8 * hr;
+                if (m >= a.M) continue;
+#pragma unroll
+                for (int j = 0; j < GM_NT; ++j) {
+                    const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
+                    float* p = ws + ((i64)blockIdx.z * a.M + m) * a.N + n;
+                    if (n < a.N) __stcg(p, acc[mt][j][2 * hr]);
+                    if (n + 1 < a.N) __stcg(p + 1, acc[mt][j][2 * hr + 1]);
+                }
+            }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(counters + blockIdx.y * gridDim.x + blockIdx.x, 1) == a.splits - 1;
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        // The last split adds every split's partials, this one's included, in split order. The
+        // splits are the outer loop, so each step's loads (all of this thread's outputs) are in
+        // flight together.
+        const i64 stride = a.M * a.N;
+#pragma unroll 1
+        for (int s = 0; s < a.splits; ++s) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const i64 m = m0 + arow + 16 * mt + 8 * hr;
+#pragma unroll
+                    for (int j = 0; j < GM_NT; ++j) {
+                        const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            if (m >= a.M || n + e >= a.N) continue;
+                            const float v = __ldcg(ws + s * stride + m * a.N + n + e);
+                            float& sum = acc[mt][j][2 * hr + e];
+                            sum = s == 0 ? v : add_rn(sum, v);
+                        }
+                    }
+                }
+        }
+        if (tid == 0) counters[blockIdx.y * gridDim.x + blockIdx.x] = 0;  // ready for the next call
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const i64 m = m0 + arow + 16 * mt + 8 * hr;
+            if (m >= a.M) continue;
+#pragma unroll
+            for (int j = 0; j < GM_NT; ++j) {
+                const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
+                const unsigned short lo = bits16_rn<T>(acc[mt][j][2 * hr]), hi = bits16_rn<T>(acc[mt][j][2 * hr + 1]);
+                unsigned short* p = reinterpret_cast<unsigned short*>(y + m * a.N + n);
+                if (n + 1 < a.N && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {  // out= may be misaligned
+                    *reinterpret_cast<unsigned*>(p) = (unsigned)lo | ((unsigned)hi << 16);
+                } else {
+                    if (n < a.N) p[0] = lo;
+                    if (n + 1 < a.N) p[1] = hi;
+                }
+            }
+        }
+}

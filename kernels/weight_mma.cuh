@@ -1,0 +1,63 @@
+// weight_mma.cuh: what the weight kernels (weight.cu, weight_gemm.cu) share: the scheme ids, the
+// fp16/bf16 pair arithmetic that dequantizes INT4 codes, and the m16n8k16 tensor-core multiply.
+#pragma once
+
+#include "common.cuh"
+
+#define W_INT4 0   // symmetric, codes q - 8
+#define W_UINT4 1  // asymmetric, codes q - z
+#define W_FP8 2    // E4M3 values
+
+namespace cq {
+template <class A, class B> struct same_t { static constexpr bool value = false; };
+template <class A> struct same_t<A, A> { static constexpr bool value = true; };
+}  // namespace cq
+
+template <typename T> struct HalfOps;
+template <> struct HalfOps<__half> {
+    static constexpr unsigned MAGIC = 0x64006400u;  // 1024.0 in each half
+    static constexpr unsigned BIAS = 0x6400u;
+    static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static constexpr unsigned ONE = 0x3c003c00u;
+};
+template <> struct HalfOps<__nv_bfloat16> {
+    static constexpr unsigned MAGIC = 0x43004300u;  // 128.0 in each half
+    static constexpr unsigned BIAS = 0x4300u;
+    static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static constexpr unsigned ONE = 0x3f803f80u;
+};
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    if constexpr (cq::same_t<T, __half>::value) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
+
+__device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
+    return d;
+}
