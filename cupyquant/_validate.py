@@ -56,18 +56,49 @@ def out_array(out, arg: str, shape, dtype, device: int, inputs=()) -> cupy.ndarr
         raise TypeError(f"{arg} must have dtype {np.dtype(dtype).name}, got {out.dtype}")
     c_contiguous(out, arg)
     same_device(out, arg, device, "the input")
-    for name, a in inputs:
-        if a is not None and a.size and out.size and _overlap(out, a):
-            raise ValueError(f"{arg} overlaps {name}; give a separate buffer")
+    disjoint(out, arg, inputs)
     return out
 
 
+def disjoint(out: cupy.ndarray, arg: str, inputs, nbytes: int | None = None) -> None:
+    """Raise unless ``out`` shares no memory with any of ``inputs``, ``(name, array or None)`` pairs.
+    ``nbytes``: the bytes ``out`` covers from its start, where a layout's padding makes that more
+    than its elements span."""
+    lo, hi = _extent(out) if nbytes is None else (out.data.ptr, out.data.ptr + nbytes)
+    for name, a in inputs:
+        if a is not None and _intersect((lo, hi), _extent(a)):
+            raise ValueError(f"{arg} overlaps {name}; give a separate buffer")
+
+
+def _extent(a: cupy.ndarray) -> tuple:
+    """[first, last + 1) byte addresses of ``a``'s elements, by its strides (empty for no elements)."""
+    lo = hi = a.data.ptr
+    if not a.size:
+        return lo, hi
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
+def _intersect(a: tuple, b: tuple) -> bool:
+    """Whether two non-empty byte ranges [a0, a1) and [b0, b1) intersect."""
+    return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
+
+
 def _overlap(a: cupy.ndarray, b: cupy.ndarray) -> bool:
-    a0 = a.data.ptr
-    b0 = b.data.ptr
-    a1 = a0 + a.nbytes
-    b1 = b0 + b.nbytes
-    return a0 < b1 and b0 < a1
+    return _intersect(_extent(a), _extent(b))
+
+
+def shape_tuple(shape, arg: str = "shape") -> tuple:
+    """A tuple or list of ints (NumPy integers included), as a tuple of Python ints."""
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape
+    ):
+        raise TypeError(f"{arg} must be a tuple of ints, got {shape!r}")
+    return tuple(int(d) for d in shape)
 
 
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -81,3 +112,16 @@ def positive_finite_scalar(v, arg: str) -> np.float32:
     if not (0.0 < f <= _FLT_MAX) or np.float32(f) == 0:  # NaN fails the first test
         raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
     return np.float32(f)
+
+
+# Temporaries that kernels write while a CUDA graph is being captured: every replay of the graph
+# writes them again, so their memory must not go back to CuPy's pool (which would hand it to the next
+# allocation) when the op returns. They are kept for the life of the process: a graph is captured
+# once and replayed many times, so this costs one op's temporaries per capture.
+_graph_temporaries: list = []
+
+
+def keep_if_capturing(*arrays) -> None:
+    """Keep ``arrays`` (op temporaries) alive if the current stream is capturing a CUDA graph."""
+    if cupy.cuda.get_current_stream().is_capturing():
+        _graph_temporaries.extend(a for a in arrays if isinstance(a, cupy.ndarray))

@@ -129,7 +129,7 @@ def empty_scales(shape, group_size=128, scale_layout: str = "row", scale_dtype="
         float32 ``(..., NG)`` or, for UE8M0, int32 ``(..., ceil(NG / 4))``, with the layout's strides
         (see the module docstring); its allocation covers the padding.
     """
-    shape = tuple(int(d) for d in shape)
+    shape = _validate.shape_tuple(shape)
     if not shape:
         raise ValueError("shape must have at least one dimension")
     packed = _scale_kind(scale_layout, scale_dtype)
@@ -138,11 +138,13 @@ def empty_scales(shape, group_size=128, scale_layout: str = "row", scale_dtype="
     return lay.view(mem, np.int32 if packed else np.float32)
 
 
-def _check_scale_out(scale_out, lay: _Layout, packed: bool, device: int):
+def _check_scale_out(scale_out, lay: _Layout, packed: bool, device: int, inputs=()):
     dtype = np.dtype(np.int32 if packed else np.float32)
     _validate.cupy_array(scale_out, "scale_out")
-    if tuple(scale_out.shape) != lay.shape or scale_out.dtype != dtype:
+    if tuple(scale_out.shape) != lay.shape:
         raise ValueError(f"scale_out must be {dtype.name} of shape {lay.shape}, got {scale_out.dtype} {scale_out.shape}")
+    if scale_out.dtype != dtype:
+        raise TypeError(f"scale_out must have dtype {dtype.name}, got {scale_out.dtype}")
     if lay.words and tuple(scale_out.strides) != lay.strides:
         raise ValueError(
             f"scale_out must have strides {lay.strides} (the layout's padding included); "
@@ -152,6 +154,7 @@ def _check_scale_out(scale_out, lay: _Layout, packed: bool, device: int):
     if scale_out.data.ptr % 16 or scale_out.data.ptr - mem.ptr + lay.words * 4 > mem.size:
         raise ValueError("scale_out must start 16-byte aligned in an allocation that covers the layout's padding")
     _validate.same_device(scale_out, "scale_out", device, "x")
+    _validate.disjoint(scale_out, "scale_out", inputs, nbytes=lay.words * 4)  # the padding is written too
 
 
 def _rows_view(x: cupy.ndarray, arg: str = "x"):
@@ -183,8 +186,11 @@ def _ub(scale_ub, device):
     if scale_ub is None:
         return 0, np.float32(0), 0
     if isinstance(scale_ub, cupy.ndarray):
-        if scale_ub.dtype != np.float32 or scale_ub.size != 1:
-            raise ValueError(f"scale_ub must be a float32 array of one element, got {scale_ub.dtype} {scale_ub.shape}")
+        msg = f"scale_ub must be a float32 array of one element, got {scale_ub.dtype} {scale_ub.shape}"
+        if scale_ub.dtype != np.float32:
+            raise TypeError(msg)
+        if scale_ub.size != 1:
+            raise ValueError(msg)
         _validate.same_device(scale_ub, "scale_ub", device, "x")
         return scale_ub.data.ptr, np.float32(0), 1
     return 0, _validate.positive_finite_scalar(scale_ub, "scale_ub"), 1
@@ -204,7 +210,7 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     if out is not None:
         _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=((arg, x),))
     if scale_out is not None:
-        _check_scale_out(scale_out, lay, packed, device)
+        _check_scale_out(scale_out, lay, packed, device, inputs=(("out", out), (arg, x)))
     return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
 
 
@@ -279,11 +285,12 @@ def quantize_groupwise(
     Raises
     ------
     TypeError
-        ``x`` is not a CuPy array of a supported dtype; ``out`` has the wrong dtype.
+        ``x`` is not a CuPy array of a supported dtype; ``out``/``scale_out`` or a device
+        ``scale_ub`` has the wrong dtype.
     ValueError
         Unsupported ``dtype``, ``group_size``, ``scale_layout`` or ``scale_dtype``; a group size that
         does not divide K; a last axis that is not contiguous; ``out``/``scale_out`` of the wrong
-        shape, strides or device, or overlapping ``x``; a bad ``scale_ub``.
+        shape, strides or device, or overlapping ``x`` or each other; a bad ``scale_ub``.
 
     Notes
     -----
@@ -294,8 +301,9 @@ def quantize_groupwise(
     rounds half to even everywhere (vLLM's per-group INT8 truncates). One kernel launch, no host
     synchronization.
     """
+    shape = x.shape if isinstance(x, cupy.ndarray) else ()  # _prepare rejects anything else, after dtype
     fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
-        x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, x.shape, x.shape[-1] if x.ndim else 0
+        x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, shape, shape[-1] if shape else 0
     )
     pow2 = bool(scale_pow2) or packed
     with _validate.on_device_of(x):

@@ -71,7 +71,7 @@ def block_scale_shape(shape, block_size: int = 32, scale_layout: str = "dense") 
     :func:`quantize_nvfp4` (``block_size=16``) writes for a tensor of ``shape``: ``shape[:-1] +
     (ceil(K / block_size),)`` dense, ``(round_up(rows, 128), round_up(ceil(K / block_size), 4))``
     swizzled, with ``rows`` the product of ``shape[:-1]``."""
-    shape = tuple(int(d) for d in shape)
+    shape = _validate.shape_tuple(shape)
     if not shape:
         raise ValueError("shape must have at least one dimension")
     if block_size not in (_MX_BLOCK, _NV_BLOCK):
@@ -89,14 +89,17 @@ def _data_shape(shape, bits: int) -> tuple:
     return tuple(shape) if bits == 8 else tuple(shape[:-1]) + (-(-shape[-1] // 2),)
 
 
-def _check_scale_out(scale_out, shape, device):
+def _check_scale_out(scale_out, shape, device, inputs=()):
     _validate.cupy_array(scale_out, "scale_out")
-    if tuple(scale_out.shape) != tuple(shape) or scale_out.dtype != np.uint8:
+    if tuple(scale_out.shape) != tuple(shape):
         raise ValueError(f"scale_out must be uint8 of shape {tuple(shape)}, got {scale_out.dtype} {scale_out.shape}")
+    if scale_out.dtype != np.uint8:
+        raise TypeError(f"scale_out must have dtype uint8, got {scale_out.dtype}")
     _validate.c_contiguous(scale_out, "scale_out")
     if scale_out.data.ptr % 16:
         raise ValueError("scale_out must start 16-byte aligned")
     _validate.same_device(scale_out, "scale_out", device, "x")
+    _validate.disjoint(scale_out, "scale_out", inputs)
 
 
 def _prepare(x, fmt, block, scale_layout, out, scale_out):
@@ -110,11 +113,7 @@ def _prepare(x, fmt, block, scale_layout, out, scale_out):
     if out is not None:
         _validate.out_array(out, "out", q_shape, np.uint8, device, inputs=(("x", x),))
     if scale_out is not None:
-        _check_scale_out(scale_out, s_shape, device)
-        if out is not None and out.size and scale_out.size and _validate._overlap(out, scale_out):
-            raise ValueError("scale_out overlaps out; give separate buffers")
-        if x.size and scale_out.size and _validate._overlap(x, scale_out):
-            raise ValueError("scale_out overlaps x; give a separate buffer")
+        _check_scale_out(scale_out, s_shape, device, inputs=(("out", out), ("x", x)))
     return in_t, rows, K, row_stride, device, q_shape, s_shape
 
 
@@ -176,7 +175,7 @@ def quantize_mx(
     Raises
     ------
     TypeError
-        ``x`` is not a CuPy array of a supported dtype; ``out`` has the wrong dtype.
+        ``x`` is not a CuPy array of a supported dtype; ``out``/``scale_out`` has the wrong dtype.
     ValueError
         Unsupported ``dtype``, ``scale_layout`` or ``rounding``; a last axis that is not
         contiguous; ``out``/``scale_out`` of the wrong shape or device, misaligned, or overlapping
@@ -207,10 +206,11 @@ def quantize_mx(
 def _global_scale_source(global_scale, device):
     """(mode, value, pointer) for quantize_nvfp4's global_scale."""
     if isinstance(global_scale, cupy.ndarray):
-        if global_scale.dtype != np.float32 or global_scale.size != 1:
-            raise ValueError(
-                f"global_scale must be a float32 array of one element, got {global_scale.dtype} {global_scale.shape}"
-            )
+        msg = f"global_scale must be a float32 array of one element, got {global_scale.dtype} {global_scale.shape}"
+        if global_scale.dtype != np.float32:
+            raise TypeError(msg)
+        if global_scale.size != 1:
+            raise ValueError(msg)
         _validate.same_device(global_scale, "global_scale", device, "x")
         return _GS_FROM_DEVICE, np.float32(0), global_scale.data.ptr
     return _GS_FROM_ARG, _validate.positive_finite_scalar(global_scale, "global_scale"), 0

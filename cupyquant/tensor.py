@@ -145,7 +145,8 @@ def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
     Raises
     ------
     TypeError
-        ``q`` is not a QuantizedTensor, or ``dtype``/``out`` has an unsupported dtype.
+        ``q`` is not a QuantizedTensor, or its arrays are not CuPy arrays, or ``dtype``/``out`` has an
+        unsupported dtype.
     ValueError
         ``out`` has the wrong shape, is not contiguous, or is on another device.
 
@@ -158,6 +159,12 @@ def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
         return importlib.import_module(f"{__package__}.weight").dequantize_weight(q, dtype, out=out)
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q must be a cupyquant.QuantizedTensor or QuantizedWeight, got {type(q).__name__}")
+    from . import _validate  # imports CuPy, which this module must not at import
+
+    _validate.cupy_array(q.data, "q.data")
+    _validate.cupy_array(q.scale, "q.scale")
+    if q.global_scale is not None:
+        _validate.cupy_array(q.global_scale, "q.global_scale")
     out_type = _dtypes.input_type(q.dtype if dtype is None else dtype, "dtype")
     module = importlib.import_module(f"{__package__}.{q.scheme.family}")
     return module._dequantize(q, out_type, out)
