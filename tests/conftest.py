@@ -12,6 +12,7 @@ equal. Caller-given ``out=`` buffers are filled the same way by :func:`poisoned`
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import numpy as np
@@ -34,6 +35,54 @@ def _gpu_status():
 
 
 HAVE_GPU, NO_GPU_REASON = _gpu_status()
+
+# ------------------------------------------------------------------ fuzz options (tests/test_fuzz.py)
+FUZZ_DEFAULT_CASES = 256
+FUZZ_DEFAULT_SEED = 0
+
+
+def _fuzz_seed(text: str) -> int:
+    try:
+        v = int(text, 0)  # decimal, or 0x... as printed in failure messages
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= v < 1 << 63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
+    return v
+
+
+def _fuzz_count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("cupyquant-fuzz", "cupyquant fuzz tests (tests/test_fuzz.py)")
+    group.addoption(
+        "--fuzz-cases", type=_fuzz_count, default=FUZZ_DEFAULT_CASES, metavar="N",
+        help=f"number of random cases test_fuzz.py generates (default {FUZZ_DEFAULT_CASES})",
+    )
+    group.addoption(
+        "--fuzz-seed", type=_fuzz_seed, default=FUZZ_DEFAULT_SEED, metavar="S",
+        help="seed of the fuzz case list; case 0 has seed S itself, so '--fuzz-seed <a case's seed> "
+        f"--fuzz-cases 1' reruns that one case (default {FUZZ_DEFAULT_SEED})",
+    )
+
+
+def fuzz_options(config) -> tuple[int, int]:
+    """``(n_cases, seed)`` from ``--fuzz-cases`` and ``--fuzz-seed``."""
+    return config.getoption("--fuzz-cases"), config.getoption("--fuzz-seed")
+
+
+@pytest.fixture
+def fuzz_config(request) -> tuple[int, int]:
+    """``(n_cases, seed)`` of this run's fuzz options."""
+    return fuzz_options(request.config)
 
 
 def pytest_report_header(config):
