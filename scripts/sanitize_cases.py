@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Every kernel family on small, odd and tail-heavy shapes: the workload that scripts/sanitize.sh
+runs under compute-sanitizer (memcheck, racecheck, initcheck, synccheck).
+
+Each call's output is also checked against cupyquant.reference, byte for byte (the matmul by the
+relative-error bound of tests/test_weight.py), so a run both walks the kernels' edges (empty
+tensors, one element, tails after the vector units, partial blocks and tiles, padded scale layouts,
+misaligned and strided views, M from 1 to 300 in the matmul) and proves the bytes.
+
+CuPy's memory pool is switched off (``cupy.cuda.set_allocator(None)``) unless ``--pool`` is given:
+every array is then one cudaMalloc of exactly its size, so memcheck knows each array's bounds (inside
+a pool block an overrun lands in a neighbour and goes unseen) and initcheck sees every output start
+uninitialized (a pool block reused from an earlier array would count as written).
+
+    PYTHONPATH=. python scripts/sanitize_cases.py [--family mx,weight] [--pool]
+
+Exit status: 0 when every check passes, 3 when any output differs from the reference, 1 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import zlib
+
+import cupy
+import ml_dtypes
+import numpy as np
+
+import cupyquant as cq
+from cupyquant import group_quant
+from cupyquant import reference as ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+IN_DTYPES = (F32, F16, BF16)
+FAMILIES = ("fp8_tensor", "group_quant", "mx", "weight")
+E8M0 = "float8_e8m0fnu"
+TOL = {F16: 2.0**-10, BF16: 2.0**-8}  # matmul bounds, as tests/test_weight.py derives them
+
+
+class Run:
+    """Counts op calls and checks; keeps the first mismatches."""
+
+    def __init__(self):
+        self.calls = 0
+        self.checks = 0
+        self.bad = []
+
+    def op(self, value):
+        self.calls += 1
+        return value
+
+    def same(self, what, got, want):
+        self.checks += 1
+        g = np.ascontiguousarray(got.get() if isinstance(got, cupy.ndarray) else np.asarray(got))
+        e = np.ascontiguousarray(np.asarray(want))
+        if g.shape != e.shape or g.dtype.itemsize != e.dtype.itemsize:
+            self.bad.append(f"{what}: got {g.dtype} {g.shape}, expected {e.dtype} {e.shape}")
+            return
+        if g.size == 0:
+            return
+        uint = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[g.dtype.itemsize]
+        gb, eb = g.view(uint), e.view(uint)
+        diff = gb != eb
+        if diff.any():
+            i = tuple(int(v) for v in np.argwhere(diff)[0])
+            self.bad.append(f"{what}: {int(diff.sum())} of {diff.size} differ; first at {i}: "
+                            f"0x{int(gb[i]):x}, expected 0x{int(eb[i]):x}")
+
+    def within(self, what, err, tol):
+        self.checks += 1
+        if not err <= tol:
+            self.bad.append(f"{what}: relative error {err:.3g} > {tol:.3g}")
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def host_data(shape, dtype, seed, specials=False) -> np.ndarray:
+    """normal * exp(2 * normal): many binades. With ``specials``, a few zeros, a negative zero,
+    NaN, +-inf and a subnormal at fixed places."""
+    rng = np.random.default_rng(seed)
+    v = (rng.standard_normal(shape) * np.exp(2.0 * rng.standard_normal(shape))).astype(np.float32)
+    if specials and v.size >= 16:
+        flat = v.reshape(-1)
+        flat[[1, 2, 5, 9, 12, 15]] = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40]
+    return v.astype(dtype)
+
+
+def poison(shape, dtype) -> cupy.ndarray:
+    """A buffer whose bytes are all 0xFF (written, so initcheck counts it as initialized)."""
+    a = cupy.empty(shape, dtype=dtype)
+    if a.nbytes:
+        cupy.cuda.runtime.memsetAsync(a.data.ptr, 0xFF, a.nbytes, cupy.cuda.get_current_stream().ptr)
+    return a
+
+
+def offset_copy(h: np.ndarray) -> cupy.ndarray:
+    """A device copy of h that starts one element into its allocation (misaligned for 16-byte
+    vectors), ending at the allocation's last byte."""
+    flat = np.concatenate([np.zeros(1, h.dtype), h.reshape(-1)])
+    return cupy.asarray(flat)[1:].reshape(h.shape)
+
+
+def strided_rows(h: np.ndarray, extra: int) -> cupy.ndarray:
+    """A device view of the 2-D h whose rows are ``K + extra`` elements apart."""
+    wide = np.zeros((h.shape[0], h.shape[1] + extra), h.dtype)
+    wide[:, : h.shape[1]] = h
+    return cupy.asarray(wide)[:, : h.shape[1]]
+
+
+# ------------------------------------------------------------------ per-tensor FP8
+def run_fp8(run: Run):
+    shapes = [(0,), (1,), (7,), (33,), (4097,), (3, 5, 7), (2, 3, 1029)]
+    for shape in shapes:
+        for dt in IN_DTYPES:
+            xh = host_data(shape, dt, seed_of("fp8", shape, dt.name), specials=True)
+            views = [("", cupy.asarray(xh))]
+            if shape in ((4097,), (3, 5, 7)):
+                views.append(("offset ", offset_copy(xh)))
+            for vname, x in views:
+                tag = f"fp8 {vname}{shape} {dt.name}"
+                run.same(f"{tag} amax", run.op(cq.amax(x)), np.array([ref.amax(xh)], np.float32))
+                modes = ["dynamic"] + (["static", "device"] if dt == BF16 else [])
+                for mode in modes:
+                    fmts = ["float8_e4m3fn", "float8_e5m2"] if mode == "dynamic" and dt == BF16 else ["float8_e4m3fn"]
+                    for fmt in fmts:
+                        out = poison(shape, np.uint8)
+                        if mode == "dynamic":
+                            q = run.op(cq.quantize_fp8(x, fmt, out=out))
+                            eq, es = ref.quantize_fp8(xh, fmt)
+                        else:
+                            s = 0.37 if mode == "static" else cupy.asarray([0.37], np.float32)
+                            q = run.op(cq.quantize_fp8(x, fmt, scale=s, out=out))
+                            eq, es = ref.quantize_fp8(xh, fmt, scale=0.37)
+                        run.same(f"{tag} {mode} {fmt} q", q.data, eq)
+                        run.same(f"{tag} {mode} {fmt} scale_inv", q.scale, es)
+                        for odt in (dt, F32):
+                            y = run.op(cq.dequantize(q, odt, out=poison(shape, odt)))
+                            run.same(f"{tag} {mode} {fmt} dequantized {odt.name}", y,
+                                     ref.dequantize_fp8(q.data.get(), q.scale.get(), fmt, odt))
+
+
+# ------------------------------------------------------------------ per-group, per-token, SiLU*Mul
+GROUP_SHAPES = {
+    32: [(1, 32), (3, 96), (5, 7, 160)],
+    64: [(2, 192), (33, 64)],
+    128: [(5, 384), (2, 3, 256), (1, 128)],
+    256: [(3, 512)],
+    None: [(1, 1), (3, 33), (5, 4097), (2, 3, 7), (4, 1024)],
+}
+
+
+def _raw_scales(q, shape, n_groups, packed, layout) -> cupy.ndarray:
+    """The whole scale allocation (padding included) as uint32 words."""
+    n_cols = -(-n_groups // 4) if packed else n_groups
+    _, total = ref.scale_word_offsets(shape, n_cols, layout)
+    return cupy.ndarray((total,), np.uint32, memptr=q.scale.data)
+
+
+def _check_group(run, tag, q, eq, es, shape, G, layout, packed, fmt, xdt):
+    run.same(f"{tag} q", q.data, eq)
+    ng = 1 if G is None else shape[-1] // G
+    run.same(f"{tag} scale buffer", _raw_scales(q, shape, ng, packed, layout), ref.scale_buffer(es, shape, layout))
+    y = run.op(cq.dequantize(q, out=poison(shape, xdt)))
+    run.same(f"{tag} dequantized", y, ref.dequantize_groupwise(q.data.get(), es, fmt, xdt, group_size=G))
+
+
+def run_group(run: Run):
+    i = 0
+    for G, shapes in GROUP_SHAPES.items():
+        for shape in shapes:
+            for fmt in ("float8_e4m3fn", "int8", "float8_e5m2"):
+                for layout in ("row", "col"):
+                    for variant in ("plain", "pow2", "e8m0"):
+                        if fmt == "float8_e5m2" and (layout == "col" or variant != "plain"):
+                            continue
+                        i += 1
+                        dt = IN_DTYPES[i % 3]
+                        xh = host_data(shape, dt, seed_of("group", G, shape, fmt, layout, variant), specials=True)
+                        pow2 = variant == "pow2"
+                        sdt = E8M0 if variant == "e8m0" else "float32"
+                        packed = sdt == E8M0
+                        qdt = np.int8 if fmt == "int8" else np.uint8
+                        # the library's scale allocation half the time, an empty_scales buffer the other half
+                        scale_out = cq.empty_scales(shape, G, layout, sdt) if i % 2 else None
+                        q = run.op(cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=G, scale_layout=layout,
+                                                         scale_pow2=pow2, scale_dtype=sdt, out=poison(shape, qdt),
+                                                         scale_out=scale_out))
+                        eq, es = ref.quantize_groupwise(xh, fmt, group_size=G, scale_pow2=pow2, scale_dtype=sdt)
+                        _check_group(run, f"group G={G} {shape} {fmt} {layout} {variant} {dt.name}",
+                                     q, eq, es, shape, G, layout, packed, fmt, dt)
+    # misaligned and strided rows (scalar paths), scale_ub as a float and as a device array
+    for G, shape in ((128, (5, 384)), (None, (3, 1000)), (32, (7, 96))):
+        xh = host_data(shape, BF16, seed_of("group views", G, shape))
+        for vname, x in (("offset", offset_copy(xh)), ("strided", strided_rows(xh, 3)), ("strided16", strided_rows(xh, 8))):
+            for ub in (None, 1e-3, cupy.asarray([0.05], np.float32)):
+                ub_h = ub.get() if isinstance(ub, cupy.ndarray) else ub
+                q = run.op(cq.quantize_groupwise(x, "float8_e4m3fn", group_size=G, scale_layout="col", scale_ub=ub,
+                                                 out=poison(shape, np.uint8)))
+                eq, es = ref.quantize_groupwise(xh, "float8_e4m3fn", group_size=G, scale_ub=ub_h)
+                _check_group(run, f"group {vname} G={G} {shape} ub={ub_h}", q, eq, es, shape, G, "col", False,
+                             "float8_e4m3fn", BF16)
+    # SiLU * Mul: x (..., 2H), output (..., H)
+    for (shape, G) in (((1, 64), 32), ((3, 256), 128), ((5, 768), 128), ((2, 3, 192), 32), ((7, 512), 256)):
+        for fmt in ("float8_e4m3fn", "int8"):
+            for layout in ("row", "col"):
+                i += 1
+                dt = IN_DTYPES[i % 3]
+                xh = (host_data(shape, dt, seed_of("silu", shape, fmt, layout)).astype(np.float32) * 0.3).astype(dt)
+                x = cupy.asarray(xh)
+                oshape = shape[:-1] + (shape[-1] // 2,)
+                q = run.op(cq.silu_mul_quantize(x, fmt, group_size=G, scale_layout=layout,
+                                                out=poison(oshape, np.int8 if fmt == "int8" else np.uint8)))
+                r = run.op(group_quant._silu_mul_intermediate(x))[0].get()
+                eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=G)
+                tag = f"silu {shape} G={G} {fmt} {layout} {dt.name}"
+                run.same(f"{tag} q", q.data, eq)
+                run.same(f"{tag} scale buffer", _raw_scales(q, oshape, oshape[-1] // G, False, layout),
+                         ref.scale_buffer(es, oshape, layout))
+
+
+# ------------------------------------------------------------------ MXFP8 / MXFP4 / NVFP4
+MX_SHAPES = [(1, 1), (1, 32), (3, 33), (5, 17), (130, 48), (2, 3, 96), (7, 288), (129, 1000)]
+
+
+def _dense(q, shape, block):
+    s = q.scale.get()
+    nb = -(-shape[-1] // block)
+    return ref.unswizzle_scales(s, shape[:-1], nb) if q.scheme.scale_layout == "swizzled" else s
+
+
+def run_mx(run: Run):
+    i = 0
+    for shape in MX_SHAPES:
+        K = shape[-1]
+        for fmt in ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"):
+            for layout in ("dense", "swizzled"):
+                for rounding in ("ceil", "floor") if fmt != "float8_e5m2" else ("ceil",):
+                    i += 1
+                    dt = IN_DTYPES[i % 3]
+                    xh = host_data(shape, dt, seed_of("mx", shape, fmt, layout, rounding), specials=True)
+                    views = [("", cupy.asarray(xh))] + ([("offset ", offset_copy(xh))] if shape == (7, 288) else [])
+                    for vname, x in views:
+                        eq, es = ref.quantize_mx(xh, fmt, rounding=rounding)
+                        s_out = poison(cq.block_scale_shape(shape, 32, layout), np.uint8) if i % 2 else None
+                        q = run.op(cq.quantize_mx(x, fmt, scale_layout=layout, rounding=rounding,
+                                                  out=poison(eq.shape, np.uint8), scale_out=s_out))
+                        tag = f"mx {vname}{shape} {fmt} {layout} {rounding} {dt.name}"
+                        run.same(f"{tag} data", q.data, eq)
+                        run.same(f"{tag} scales", q.scale, ref.swizzle_scales(es) if layout == "swizzled" else es)
+                        for odt in (F32, BF16):
+                            y = run.op(cq.dequantize(q, odt, out=poison(shape, odt)))
+                            run.same(f"{tag} dequantized {odt.name}", y,
+                                     ref.dequantize_mx(q.data.get(), _dense(q, shape, 32), fmt, odt, K=K))
+        for layout in ("swizzled", "dense"):
+            for mode in ("dynamic", "static", "device"):
+                i += 1
+                dt = IN_DTYPES[i % 3]
+                xh = host_data(shape, dt, seed_of("nvfp4", shape, layout, mode), specials=mode != "dynamic")
+                gs = None if mode == "dynamic" else (37.5 if mode == "static" else cupy.asarray([37.5], np.float32))
+                x = cupy.asarray(xh)
+                eq, es, eg = ref.quantize_nvfp4(xh, global_scale=None if gs is None else 37.5)
+                q = run.op(cq.quantize_nvfp4(x, global_scale=gs, scale_layout=layout, out=poison(eq.shape, np.uint8)))
+                tag = f"nvfp4 {shape} {layout} {mode} {dt.name}"
+                run.same(f"{tag} data", q.data, eq)
+                run.same(f"{tag} scales", q.scale, ref.swizzle_scales(es) if layout == "swizzled" else es)
+                run.same(f"{tag} global scale", q.global_scale, np.array([eg], np.float32))
+                if gs is None:
+                    run.same(f"{tag} amax", q.amax, np.array([ref.amax(xh)], np.float32))
+                y = run.op(cq.dequantize(q, BF16, out=poison(shape, BF16)))
+                run.same(f"{tag} dequantized", y,
+                         ref.dequantize_nvfp4(q.data.get(), _dense(q, shape, 16), q.global_scale.get(), BF16, K=K))
+
+
+# ------------------------------------------------------------------ weights and the matmul
+WEIGHT_SHAPES = [((1, 32), 32), ((5, 96), 32), ((3, 128), None), ((17, 384), 128), ((9, 192), 64), ((4, 2), None)]
+SCHEMES = [("int4", True), ("uint4", False), ("float8_e4m3fn", True)]
+
+
+def run_weight(run: Run):
+    i = 0
+    for scheme, sym in SCHEMES:
+        for (N, K), G in WEIGHT_SHAPES:
+            i += 1
+            dt = IN_DTYPES[i % 3]
+            wh = host_data((N, K), dt, seed_of("weight", scheme, N, K, G), specials=True)
+            qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
+            d, s, z = ref.quantize_weight(wh, scheme, group_size=G, symmetric=sym)
+            tag = f"weight {scheme} ({N}, {K}) G={G} {dt.name}"
+            run.same(f"{tag} data", qw.data, d)
+            run.same(f"{tag} scales", qw.scales, s)
+            if z is not None:
+                run.same(f"{tag} zeros", qw.zeros, z)
+            for odt in (dt, F32):
+                y = run.op(cq.dequantize_weight(qw, odt, out=poison((N, K), odt)))
+                run.same(f"{tag} dequantized {odt.name}", y, ref.dequantize_weight(d, s, z, scheme, odt))
+    # the matmul: M = 1 and 16 (the decode kernel), 64 and 300 (a large-M path), N = 100 (a partial
+    # 32-column tile), batched and strided activations, M = 0
+    for scheme, sym, G, K in (("int4", True, 128, 384), ("int4", True, None, 256), ("int4", True, 32, 256),
+                              ("uint4", False, 64, 256), ("float8_e4m3fn", True, None, 320)):
+        for dt in (BF16, F16):
+            N = 100
+            rng = np.random.default_rng(seed_of("mm", scheme, G, K, dt.name))
+            wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
+            qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
+            deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
+                                        scheme, dt).astype(np.float64)
+            for M in (1, 16, 64, 300):
+                ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                out = poison((M, N), dt)
+                y = run.op(cq.matmul(cupy.asarray(ah), qw, out=out))
+                exact = ah.astype(np.float64) @ deq.T
+                err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                run.within(f"matmul {scheme} G={G} K={K} {dt.name} M={M}", err, TOL[dt])
+            ah = rng.standard_normal((2, 3, K)).astype(np.float32).astype(dt)
+            for vname, a in (("batched", cupy.asarray(ah)), ("strided", strided_rows(ah.reshape(6, K), 5).reshape(2, 3, K)),
+                             ("offset", offset_copy(ah))):
+                y = run.op(cq.matmul(a, qw))
+                exact = ah.reshape(6, K).astype(np.float64) @ deq.T
+                err = float(np.linalg.norm(y.get().reshape(6, N).astype(np.float64) - exact) / np.linalg.norm(exact))
+                run.within(f"matmul {vname} {scheme} G={G} {dt.name}", err, TOL[dt])
+            run.same(f"matmul M=0 {scheme}", run.op(cq.matmul(cupy.asarray(ah[:0]), qw)), np.zeros((0, 3, N), dt))
+
+
+RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", default=",".join(FAMILIES), help=f"comma-separated subset of {','.join(FAMILIES)}")
+    p.add_argument("--pool", action="store_true", help="keep CuPy's memory pool (off by default: see the module docstring)")
+    args = p.parse_args(argv)
+    families = [f for f in args.family.split(",") if f]
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        p.error(f"unknown families {unknown}; expected some of {FAMILIES}")
+    if not args.pool:
+        cupy.cuda.set_allocator(None)
+    run = Run()
+    for fam in families:
+        RUNNERS[fam](run)
+    cupy.cuda.get_current_stream().synchronize()
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    print(f"sanitize_cases: {','.join(families)} on {props['name'].decode()}: {run.calls} op calls, "
+          f"{run.checks} checks, {len(run.bad)} mismatches")
+    for line in run.bad[:30]:
+        print("  MISMATCH " + line)
+    return 3 if run.bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
