@@ -1,0 +1,272 @@
+"""First-call compile time of each kernel family, cold (empty CuPy cache) and warm (cache hit).
+
+Two modes:
+
+``python scripts/compile_time.py [--arch 90 --arch 100a] [--repeat 3]`` (default without a GPU)
+    Measures on the host, with NVRTC and no GPU, for the given architectures:
+
+    - *cold*: :func:`cupyquant._jit.compile_for_arch` of the whole family (every registered
+      template instantiation, the same source string and options CuPy compiles on a cache miss);
+      median and minimum of ``--repeat`` runs.
+    - *warm*: the host work a CuPy disk-cache hit does before the module is loaded onto the GPU:
+      reading the family's source (``cupyquant._jit.source``), hashing the cache key, reading the
+      ``.cubin`` file from a ``cupy.cuda._compiler_cache.DiskKernelCacheBackend`` and checking its
+      SHA-1, and splitting off the stored mangled names. ``cuModuleLoadData`` itself needs a GPU and
+      is not in this figure. Median of 20 runs.
+    - *probe*: the empty NVRTC compile CuPy runs once per process and option set to read NVRTC's
+      version banner (``cupy.cuda.compiler._preprocess``); a warm first call pays it too.
+
+``python scripts/compile_time.py --gpu`` (on a GPU machine)
+    For each family, a fresh Python process with an empty ``CUPY_CACHE_DIR`` times the first call
+    of one of its ops (synchronized), then the second call; a second fresh process with the now
+    filled cache does the same. ``first - second`` is the compile (cold) or cache-load (warm)
+    overhead that a user's first call sees; the device, CuPy and NVRTC versions are printed.
+
+``--markdown`` prints the table as Markdown (as docs/cache_and_troubleshooting.md shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# GPU mode: per family, (untimed setup, timed op); the op's first call compiles (or loads) the whole
+# family. x is a (1024, 1024) bfloat16 array of ones. A family missing here is reported as skipped.
+GPU_OPS = {
+    "fp8_tensor": ("", "cq.quantize_fp8(x)"),
+    "group_quant": ("", "cq.quantize_groupwise(x, 'float8_e4m3fn', group_size=128)"),
+    "mx": ("", "cq.quantize_mx(x, 'float8_e4m3fn')"),
+    "weight": ("", "cq.quantize_weight(x, 'int4', group_size=128)"),
+    # matmul picks its kernel by M; M = 1024 is meant to reach the large-M (prefill) family
+    "weight_gemm": ("w = cq.quantize_weight(x, 'int4', group_size=128)", "cq.matmul(x, w)"),
+}
+
+_CHILD = r"""
+import json, os, sys, time
+import cupy, ml_dtypes, numpy as np
+sys.path.insert(0, {root!r})
+import cupyquant as cq
+x = cupy.asarray(np.ones((1024, 1024), np.float32).astype(ml_dtypes.bfloat16))
+{setup}
+dev = cupy.cuda.Device()
+dev.synchronize()
+t0 = time.perf_counter()
+{op}
+dev.synchronize()
+t1 = time.perf_counter()
+{op}
+dev.synchronize()
+t2 = time.perf_counter()
+files = sorted(f for f in os.listdir(os.environ["CUPY_CACHE_DIR"]) if f.endswith(".cubin"))
+print(json.dumps({{"first": t1 - t0, "second": t2 - t1, "cubins": files}}))  # cubins: setup's too
+"""
+
+
+def _versions() -> dict:
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    return {"cupy": cupy.__version__, "nvrtc": "%d.%d" % nvrtc.getVersion(), "python": platform.python_version()}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _cubin(family: str, arch: str) -> bytes:
+    """The cubin of a family (for the warm measurement's cache file), compiled like compile_for_arch."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    from cupyquant import _jit
+
+    prog = nvrtc.createProgram(_jit.source(family), f"{family}.cu", [], [])
+    try:
+        for e in _jit.families()[family]:
+            nvrtc.addNameExpression(prog, e)
+        nvrtc.compileProgram(prog, list(_jit.options() + _jit.CUPY_ADDED_OPTIONS + (f"-arch=sm_{arch}",)))
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def _probe_seconds(arch: str) -> float:
+    """CuPy's once-per-process NVRTC version probe: an empty program compiled to PTX."""
+    from cupy.cuda import compiler
+
+    from cupyquant import _jit
+
+    digits = arch.rstrip("a")
+    t = time.perf_counter()
+    compiler._preprocess("", _jit.options() + ("-ftz=true",), digits, "nvrtc")
+    return time.perf_counter() - t
+
+
+def _warm_seconds(family: str, arch: str, cache_dir: str, runs: int = 20) -> float:
+    """Median host time of a CuPy disk-cache hit for the family, up to (not including) the module load."""
+    from cupy.cuda import compiler
+    from cupy.cuda._compiler_cache import DiskKernelCacheBackend
+
+    from cupyquant import _jit
+
+    exprs = sorted(_jit.families()[family])
+    backend = DiskKernelCacheBackend(cache_dir)
+
+    def key(src: str) -> str:
+        opts = _jit.options() + ("-ftz=true",)
+        text = f"{(arch, opts, 'nvrtc')} {src} ne1 " + "\0".join(exprs)
+        return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest() + ".cubin"
+
+    names = [f"_Z{i}" for i in range(len(exprs))]  # placeholder mangled names of realistic count
+    saved = key(_jit.source(family))
+    backend.save(saved, compiler._encode_cache_payload(names, _cubin(family, arch)), "")
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        key(_jit.source(family))  # the work of a lookup; load the saved name in case a kernel file changed
+        payload = backend.load(saved)
+        decoded = compiler._decode_cache_payload(payload, len(exprs))
+        times.append(time.perf_counter() - t)
+        assert decoded is not None and decoded[1]
+    return statistics.median(times)
+
+
+def measure_cpu(archs, repeat: int) -> dict:
+    from cupyquant import _jit
+
+    rows = []
+    load_before = os.getloadavg()  # other work on the machine slows NVRTC down: report the load
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for arch in archs:
+            probe = _probe_seconds(arch)  # also loads NVRTC, so the first cold run does not pay that
+            for family in sorted(_jit.families()):
+                if arch.endswith("a") and family not in _jit.ARCH_SPECIFIC_FAMILIES:
+                    continue
+                cold = []
+                try:
+                    for _ in range(repeat):
+                        t = time.perf_counter()
+                        _jit.compile_for_arch(family, arch)
+                        cold.append(time.perf_counter() - t)
+                except _jit.KernelCompileError as e:
+                    print(f"compile_time.py: {family} does not compile for sm_{arch}: {str(e).splitlines()[0]}",
+                          file=sys.stderr)
+                    continue
+                rows.append({
+                    "family": family, "arch": f"sm_{arch}", "instantiations": len(_jit.families()[family]),
+                    "cold_median_s": statistics.median(cold), "cold_min_s": min(cold),
+                    "warm_s": _warm_seconds(family, arch, cache_dir), "probe_s": probe,
+                })
+    return {"mode": "cpu", "machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", **_versions(), "rows": rows,
+            "load_before": load_before, "load_after": os.getloadavg()}
+
+
+def measure_gpu() -> dict:
+    import cupy
+
+    from cupyquant import _jit
+
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    rows = []
+    for family in sorted(_jit.families()):
+        if family not in GPU_OPS:
+            print(f"compile_time.py: no op listed for family {family!r} in GPU_OPS; skipped", file=sys.stderr)
+            continue
+        setup, op = GPU_OPS[family]
+        with tempfile.TemporaryDirectory() as cache_dir:
+            env = dict(os.environ, CUPY_CACHE_DIR=cache_dir)
+            code = _CHILD.format(root=str(ROOT), setup=setup, op=op)
+            res = {}
+            for phase in ("cold", "warm"):
+                out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+                res[phase] = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append({
+            "family": family, "arch": f"sm_{dev.compute_capability}", "op": op,
+            "instantiations": len(_jit.families()[family]),
+            "cold_first_s": res["cold"]["first"], "cold_second_s": res["cold"]["second"],
+            "warm_first_s": res["warm"]["first"], "warm_second_s": res["warm"]["second"],
+            "cubins": res["cold"]["cubins"],
+        })
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return {"mode": "gpu", "machine": name, **_versions(), "rows": rows}
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}" if s < 10 else f"{s * 1e3:.0f}"
+
+
+def markdown(res: dict) -> str:
+    head = f"{res['machine']}; CuPy {res['cupy']}, NVRTC {res['nvrtc']}, Python {res['python']}"
+    if "load_before" in res:
+        head += "; 1-minute load average %.2f before, %.2f after" % (res["load_before"][0], res["load_after"][0])
+    lines = [head, ""]
+    if res["mode"] == "cpu":
+        lines += [
+            "| family | target | instantiations | cold: NVRTC compile, median (min) | warm: cache hit before module load | NVRTC version probe (once per process) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in res["rows"]:
+            lines.append(
+                f"| {r['family']} | {r['arch']} | {r['instantiations']} | {r['cold_median_s']:.2f} s ({r['cold_min_s']:.2f} s) "
+                f"| {_ms(r['warm_s'])} ms | {_ms(r['probe_s'])} ms |"
+            )
+    else:
+        lines += [
+            "| family | target | first call, empty cache | first call, cache hit | second call | op |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in res["rows"]:
+            lines.append(
+                f"| {r['family']} | {r['arch']} | {r['cold_first_s']:.2f} s | {_ms(r['warm_first_s'])} ms "
+                f"| {_ms(r['warm_second_s'])} ms | `{r['op']}` |"
+            )
+    return "\n".join(lines)
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no driver, no device, no CuPy: all mean "no GPU"
+        return False
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpu", action="store_true", help="time real first calls on the current GPU")
+    p.add_argument("--arch", action="append", help="CPU mode: target such as 90 or 100a (repeatable; default 90)")
+    p.add_argument("--repeat", type=int, default=3, help="CPU mode: cold compiles per family (default 3)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args(argv)
+    if args.gpu and not _has_gpu():
+        print("compile_time.py --gpu: no usable CUDA device", file=sys.stderr)
+        return 1
+    res = measure_gpu() if args.gpu else measure_cpu(args.arch or ["90"], args.repeat)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    print(markdown(res) if args.markdown else json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
