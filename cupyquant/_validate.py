@@ -98,6 +98,8 @@ def shape_tuple(shape, arg: str = "shape") -> tuple:
         isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape
     ):
         raise TypeError(f"{arg} must be a tuple of ints, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{arg} must not have negative dimensions, got {tuple(shape)!r}")
     return tuple(int(d) for d in shape)
 
 

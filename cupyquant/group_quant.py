@@ -128,6 +128,14 @@ def empty_scales(shape, group_size=128, scale_layout: str = "row", scale_dtype="
     cupy.ndarray
         float32 ``(..., NG)`` or, for UE8M0, int32 ``(..., ceil(NG / 4))``, with the layout's strides
         (see the module docstring); its allocation covers the padding.
+
+    Raises
+    ------
+    TypeError
+        ``shape`` is not a tuple of integers.
+    ValueError
+        An empty ``shape`` or a negative dimension; an unsupported ``group_size``,
+        ``scale_layout`` or ``scale_dtype``; a group size that does not divide ``shape[-1]``.
     """
     shape = _validate.shape_tuple(shape)
     if not shape:
@@ -308,7 +316,8 @@ def quantize_groupwise(
     pow2 = bool(scale_pow2) or packed
     with _validate.on_device_of(x):
         q, scale_out = _outputs(out, scale_out, x.shape, q_dtype, lay, packed)
-        if rows and K:
+        # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
+        if rows and (K or group_size is None):
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, packed, pow2, ub)
             vec = K % 8 == 0 and x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
             if group_size is None:

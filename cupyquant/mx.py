@@ -70,7 +70,16 @@ def block_scale_shape(shape, block_size: int = 32, scale_layout: str = "dense") 
     """The shape of the uint8 scale array that :func:`quantize_mx` (``block_size=32``) or
     :func:`quantize_nvfp4` (``block_size=16``) writes for a tensor of ``shape``: ``shape[:-1] +
     (ceil(K / block_size),)`` dense, ``(round_up(rows, 128), round_up(ceil(K / block_size), 4))``
-    swizzled, with ``rows`` the product of ``shape[:-1]``."""
+    swizzled, with ``rows`` the product of ``shape[:-1]``.
+
+    Raises
+    ------
+    TypeError
+        ``shape`` is not a tuple of integers.
+    ValueError
+        An empty ``shape`` or a negative dimension; ``block_size`` not 32 or 16; an unsupported
+        ``scale_layout``.
+    """
     shape = _validate.shape_tuple(shape)
     if not shape:
         raise ValueError("shape must have at least one dimension")

@@ -189,7 +189,8 @@ def quantize_groupwise(x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=F
     xf = _as_f32(x)
     K = xf.shape[-1]
     G = K if group_size is None else int(group_size)
-    g = xf.reshape(xf.shape[:-1] + (K // G if G else 0, G))
+    # per token: one group of K, even when K = 0 (the scale of an all-zero row)
+    g = xf.reshape(xf.shape[:-1] + (1 if group_size is None else K // G, G))
     ub = _ub_value(scale_ub)
     qmax = np.float32(fmt.max)
     lo, hi = (np.float32(v) for v in _QRANGE[fmt.name])
@@ -593,6 +594,14 @@ def weight_scheme(dtype, symmetric=True) -> str:
     """The weight scheme a ``(dtype, symmetric)`` pair names: ``"int4"`` (symmetric, uint4b8),
     ``"uint4"`` (asymmetric with zero points: ``dtype="uint4"``, or ``"int4"`` with
     ``symmetric=False``) or ``"float8_e4m3fn"`` (symmetric only)."""
+    if not isinstance(dtype, str):
+        # ml_dtypes.float8_e4m3fn (the type or its np.dtype) names the FP8 scheme, as it does for
+        # quantize_fp8; int4/uint4 have names only (ml_dtypes' int4 types are not packed formats)
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            raise TypeError(f"dtype must be one of {WEIGHT_DTYPES} or ml_dtypes.float8_e4m3fn, got {dtype!r}") from None
+        dtype = name if name == "float8_e4m3fn" else dtype
     if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
     if dtype == "float8_e4m3fn":

@@ -19,13 +19,18 @@ class Scheme:
     format : str
         Element format, as ml_dtypes names it (``"float8_e4m3fn"``).
     granularity : str
-        ``"tensor"`` (one scale), later ``"token"``, ``"group"``, ``"block"``.
+        ``"tensor"`` (one scale, :func:`quantize_fp8`), ``"token"`` or ``"group"``
+        (:func:`quantize_groupwise`, :func:`silu_mul_quantize`), ``"block"`` (:func:`quantize_mx`,
+        :func:`quantize_nvfp4`).
     block : tuple of int or None
-        Elements per scale along each blocked axis, None for per-tensor.
+        Elements per scale along the last axis: None for per-tensor, ``(K,)`` per token, the group
+        size per group, ``(32,)`` for MX and ``(16,)`` for NVFP4.
     scale_dtype : str
-        dtype of the stored scales (``"float32"``).
+        dtype of the stored scales: ``"float32"``, ``"float8_e8m0fnu"`` (MX, and packed UE8M0 group
+        scales) or ``"float8_e4m3fn"`` (NVFP4).
     scale_layout : str
-        ``"scalar"`` for per-tensor; ``"row"``, ``"col"``, ``"dense"``, ``"swizzled"`` later.
+        ``"scalar"`` for per-tensor; ``"row"`` or ``"col"`` (DeepGEMM's MN-major) for token and group
+        scales; ``"dense"`` or ``"swizzled"`` (the 128x4 layout) for MX and NVFP4.
     family : str
         The kernel family (module ``cupyquant.<family>``) that dequantizes it.
     """

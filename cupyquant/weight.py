@@ -119,6 +119,14 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
     Returns
     -------
     QuantizedWeight
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not a CuPy array of float32, float16 or bfloat16; ``dtype`` names no dtype.
+    ValueError
+        ``w`` not 2-D, not C-contiguous or with an odd K; an unsupported ``dtype`` or
+        ``group_size``, or one that does not divide K; ``symmetric=False`` with FP8.
     """
     scheme = _ref.weight_scheme(dtype, symmetric)
     t = _validate.float_input(w, "w")
@@ -174,7 +182,16 @@ def _check_weight(w) -> None:
 
 def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarray:
     """``(N, K)`` weights in ``dtype`` (default the original's): ``round(float(q - z) * s)``
-    (``z = 8`` for int4) or ``round(fp8(q) * s)``, the product in float32 (exact)."""
+    (``z = 8`` for int4) or ``round(fp8(q) * s)``, the product in float32 (exact).
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not a :class:`QuantizedWeight` on the GPU; ``dtype`` is not float32, float16 or
+        bfloat16; ``out`` is not a CuPy array of that dtype.
+    ValueError
+        ``out`` of the wrong shape or device, not C-contiguous, or overlapping ``w``'s buffers.
+    """
     _check_weight(w)
     out_t = _dtypes.input_type(w.dtype if dtype is None else dtype, "dtype")
     device = w.data.data.device_id
@@ -314,6 +331,16 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     are dequantized to a's dtype first, bit-identical to ``w.dequantize(a.dtype)``. Either way each
     product is exact and the sums are float32, in an order that differs from a sequential sum, and
     that depends on the path and tile (so a row's result can change in the last bits with M).
+
+    Raises
+    ------
+    TypeError
+        ``a`` is not a CuPy array of float16 or bfloat16; ``w`` is not a :class:`QuantizedWeight`;
+        ``w``'s scales are not in ``a``'s dtype; ``out`` has the wrong dtype.
+    ValueError
+        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4) or 64 (FP8); ``a`` and
+        ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
+        overlapping ``a`` or ``w``.
     """
     _check_weight(w)
     t = _validate.float_input(a, "a")

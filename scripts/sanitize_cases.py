@@ -297,10 +297,13 @@ def run_weight(run: Run):
             for odt in (dt, F32):
                 y = run.op(cq.dequantize_weight(qw, odt, out=poison((N, K), odt)))
                 run.same(f"{tag} dequantized {odt.name}", y, ref.dequantize_weight(d, s, z, scheme, odt))
-    # the matmul: M = 1 and 16 (the decode kernel), 64 and 300 (a large-M path), N = 100 (a partial
-    # 32-column tile), batched and strided activations, M = 0
+    # the matmul: M = 1 and 16 (the decode kernel), 64 and 300 (300 takes the pipelined kernel),
+    # N = 100 (a partial 32-column decode tile and 128-column pipelined tile), batched and strided
+    # activations, M = 0. K = 1024 gives the pipelined kernel 8 stages, so its few tiles split K in
+    # two across blocks (the float32 workspace and the per-tile counter).
     for scheme, sym, G, K in (("int4", True, 128, 384), ("int4", True, None, 256), ("int4", True, 32, 256),
-                              ("uint4", False, 64, 256), ("float8_e4m3fn", True, None, 320)):
+                              ("uint4", False, 64, 256), ("float8_e4m3fn", True, None, 320),
+                              ("int4", True, 128, 1024), ("uint4", False, 32, 1024)):
         for dt in (BF16, F16):
             N = 100
             rng = np.random.default_rng(seed_of("mm", scheme, G, K, dt.name))

@@ -232,6 +232,7 @@ row(f, "scale_out_alias_x", lambda w: (lambda x, s: S(w(x), scale_out=w(s)))(
 f = "empty_scales"
 cpu(f, "shape_0d", lambda w: cq.empty_scales(()), ValueError, "shape")
 cpu(f, "shape_int", lambda w: cq.empty_scales(256), TypeError, "shape")
+cpu(f, "shape_negative", lambda w: cq.empty_scales((4, -256), None), ValueError, "shape")
 cpu(f, "group_size_unsupported", lambda w: cq.empty_scales((4, 256), 100), ValueError, "group_size")
 cpu(f, "group_size_not_dividing", lambda w: cq.empty_scales((4, 100), 128), ValueError, "group_size")
 cpu(f, "option_layout", lambda w: cq.empty_scales((4, 256), 128, "diag"), ValueError, "scale_layout")
@@ -306,6 +307,7 @@ row(f, "scale_out_alias_out", lambda w: (lambda buf: N4(w(_x()), scale_layout="d
 f = "block_scale_shape"
 cpu(f, "shape_0d", lambda w: cq.block_scale_shape(()), ValueError, "shape")
 cpu(f, "shape_int", lambda w: cq.block_scale_shape(256), TypeError, "shape")
+cpu(f, "shape_negative", lambda w: cq.block_scale_shape((-4, 256)), ValueError, "shape")
 cpu(f, "block_size", lambda w: cq.block_scale_shape((4, 256), 64), ValueError, "block_size")
 cpu(f, "option_layout", lambda w: cq.block_scale_shape((4, 256), 32, "row"), ValueError, "scale_layout")
 

@@ -36,7 +36,7 @@ def _seed(*parts):
 def raw_scale_words(q) -> np.ndarray:
     """The whole scale allocation of q (padding included) as uint32 words."""
     shape = q.shape
-    ng = shape[-1] // q.scheme.block[0]
+    ng = 1 if q.scheme.granularity == "token" else shape[-1] // q.scheme.block[0]
     n_cols = -(-ng // 4) if q.scheme.scale_dtype == E8M0 else ng
     _, total = ref.scale_word_offsets(shape, n_cols, q.scheme.scale_layout)
     return cupy.ndarray((total,), np.uint32, memptr=q.scale.data).get()
@@ -104,6 +104,19 @@ def test_per_token_any_k(K, fmt):
     xh = heavy_tailed((5, K), _seed(K, fmt), np.float16)
     for layout, pow2 in [("row", False), ("col", True)]:
         run_groupwise(xh, fmt, None, layout, pow2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_per_token_empty_rows(fmt):
+    # K = 0 per token: each row still gets one scale, that of an all-zero row (FP8 1 / (qmax * 512),
+    # INT8 0), written over a poisoned buffer in every layout, padding included
+    xh = np.zeros((5, 0), np.float16)
+    for layout, sdt in [("row", "float32"), ("col", "float32"), ("row", E8M0), ("col", E8M0)]:
+        s_out = cq.empty_scales(xh.shape, None, layout, sdt)
+        s_out.data.memset_async(0xFF, s_out.data.mem.size)
+        q, _, es = run_groupwise(xh, fmt, None, layout, scale_dtype=sdt, scale_out=s_out)
+        assert q.scale is s_out and es.shape == (5, 1)
+        assert cq.dequantize(q).shape == (5, 0)
 
 
 def _special_rows(in_dtype):

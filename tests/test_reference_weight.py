@@ -64,7 +64,9 @@ def _model(w, scheme, G):
 
 @pytest.mark.parametrize("dtype, symmetric, scheme", [
     ("int4", True, "int4"), ("int4", False, "uint4"), ("uint4", True, "uint4"),
-    ("uint4", False, "uint4"), (E4M3, True, E4M3)])
+    ("uint4", False, "uint4"), (E4M3, True, E4M3),
+    # the ml_dtypes type and its np.dtype name the FP8 scheme too, as they do for quantize_fp8
+    (ml_dtypes.float8_e4m3fn, True, E4M3), (np.dtype(ml_dtypes.float8_e4m3fn), True, E4M3)])
 def test_weight_scheme(dtype, symmetric, scheme):
     assert ref.weight_scheme(dtype, symmetric) == scheme
 
@@ -226,6 +228,8 @@ W, W96, W0 = (np.ones((4, k), np.float32) for k in (64, 96, 0))
 ERRORS = {  # id: (call, exception, message fragment naming the argument)
     "scheme-int8": (lambda: ref.weight_scheme("int8"), ValueError, "dtype"),
     "scheme-type": (lambda: ref.weight_scheme(np.float16), ValueError, "dtype"),
+    "scheme-e5m2": (lambda: ref.weight_scheme(ml_dtypes.float8_e5m2), ValueError, "dtype"),
+    "scheme-object": (lambda: ref.weight_scheme(object()), TypeError, "dtype"),
     "scheme-fp8-asym": (lambda: ref.weight_scheme(E4M3, False), ValueError, "symmetric"),
     "int8": (lambda: ref.quantize_weight(W, "int8"), ValueError, "dtype"),
     "fp8-asym": (lambda: ref.quantize_weight(W, E4M3, symmetric=False), ValueError, "symmetric"),

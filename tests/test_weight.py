@@ -134,6 +134,10 @@ def test_to_host_and_repr():
     assert qw.nbytes == 64 * 128 + 64 * 4 * 2 + 64 * 2
     q8 = cq.quantize_weight(cupy.asarray(wh), "float8_e4m3fn", group_size=None)
     assert q8.to_host()["codes"].dtype == ml_dtypes.float8_e4m3fn and q8.to_host()["zeros"] is None
+    # the ml_dtypes type names the FP8 scheme as the string does (as in quantize_fp8)
+    q8t = cq.quantize_weight(cupy.asarray(wh), ml_dtypes.float8_e4m3fn, group_size=None)
+    assert q8t.scheme == "float8_e4m3fn"
+    np.testing.assert_array_equal(q8t.data.get(), q8.data.get())
 
 
 # ---------------------------------------------------------------- matmul
