@@ -114,7 +114,7 @@ class QuantizedTensor:
                 scale = reference.unswizzle_scales(scale, self.shape[:-1], kb)
             out["scale"] = scale.view(_dtypes.SCALE_DTYPES[self.scheme.scale_dtype])
         elif self.scheme.scale_dtype == "float8_e8m0fnu" and scale.dtype == np.int32:
-            n = self.shape[-1] // self.scheme.block[0] if self.scheme.block[0] else 0
+            n = 1 if self.scheme.granularity == "token" else self.shape[-1] // self.scheme.block[0]
             out["scale_packed"] = scale
             out["scale"] = scale.view(np.uint8)[..., :n].view(_dtypes.SCALE_DTYPES["float8_e8m0fnu"])
         if self.amax is not None:

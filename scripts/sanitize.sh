@@ -26,6 +26,10 @@
 #                            counts as written by an earlier array.
 #   racecheck                shared-memory hazards; the summary line gives errors and warnings, and
 #                            only errors fail the run
+#   positive controls        after each tool's run, sanitize_cases.py --control TOOL launches one
+#                            deliberately broken kernel (out-of-bounds write, uninitialized read,
+#                            shared-memory race, divergent barrier); the tool must report it, so a
+#                            clean line cannot come from a sanitizer that never saw our kernels
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -92,8 +96,13 @@ for tool in "${tools[@]}"; do
         *) status="FAIL (exit $rc)" ;;
     esac
     if [ $rc -eq 0 ] && [ -z "$summary" ]; then status="FAIL (no sanitizer summary)"; fi
+    # the positive control: a deliberately broken kernel that this tool must report (exit 86)
+    "$SAN" --tool "$tool" --error-exitcode 86 --report-api-errors no --print-limit 5 "${flags[@]}" \
+        "$PY" scripts/sanitize_cases.py --control "$tool" >"$LOGDIR/$tool.control.log" 2>&1
+    crc=$?
+    if [ $crc -eq 86 ]; then control="control caught"; else control="CONTROL MISSED (exit $crc)"; status="FAIL (control missed)"; fi
+    printf '%-10s %-28s %5ss  %s | %s | %s\n' "$tool" "$status" $((SECONDS - start)) "${summary:-no summary}" "${cases:-no cases line}" "$control"
     [ "$status" != OK ] && failed+=("$tool")
-    printf '%-10s %-28s %5ss  %s | %s\n' "$tool" "$status" $((SECONDS - start)) "${summary:-no summary}" "${cases:-no cases line}"
     if [ "$status" != OK ]; then
         grep -m 5 -E '^=+ +(Invalid|Uninitialized|Error|Race|Barrier|Program hit|.*[Hh]azard)' "$log" | sed 's/^/    /'
         grep -m 5 'MISMATCH' "$log" | sed 's/^/    /'

@@ -330,12 +330,58 @@ def run_weight(run: Run):
 
 RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight}
 
+# Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
+# from a sanitizer that is attached and sees our launches (scripts/sanitize.sh requires each control
+# to be reported). Each is the bug class the tool exists for.
+_CONTROL_SRC = r"""
+extern "C" __global__ void oob_write(float* a, int n) { a[n + threadIdx.x] = 1.0f; }
+extern "C" __global__ void uninit_read(const float* a, float* b) { b[threadIdx.x] = a[threadIdx.x] + 1.0f; }
+extern "C" __global__ void smem_race(float* b) {
+    __shared__ float s[64];
+    s[threadIdx.x] = (float)threadIdx.x;
+    b[threadIdx.x] = s[(threadIdx.x + 1) % 64];  // reads a neighbour's word with no barrier
+}
+extern "C" __global__ void divergent_barrier(float* b) {
+    __shared__ float s[64];
+    s[threadIdx.x] = 1.0f;
+    if (threadIdx.x < 16) __syncthreads();  // only part of the block reaches the barrier
+    b[threadIdx.x] = s[threadIdx.x];
+}
+"""
+
+
+def run_control(tool: str) -> None:
+    mod = cupy.RawModule(code=_CONTROL_SRC)
+    a = cupy.cuda.alloc(256 * 4)  # pool off: exactly 256 floats
+    b = cupy.cuda.alloc(64 * 4)
+    if tool == "memcheck":
+        mod.get_function("oob_write")((1,), (32,), (a, np.int32(256)))
+    elif tool == "initcheck":
+        mod.get_function("uninit_read")((1,), (64,), (a, b))
+    elif tool == "racecheck":
+        mod.get_function("smem_race")((1,), (64,), (b,))
+    elif tool == "synccheck":
+        mod.get_function("divergent_barrier")((1,), (64,), (b,))
+    else:
+        raise SystemExit(f"no control for {tool}")
+    try:
+        cupy.cuda.get_current_stream().synchronize()
+    except cupy.cuda.runtime.CUDARuntimeError as e:  # memcheck may turn the fault into a launch error
+        print(f"sanitize_cases: control {tool}: {e}")
+    print(f"sanitize_cases: control {tool} launched")
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", default=",".join(FAMILIES), help=f"comma-separated subset of {','.join(FAMILIES)}")
     p.add_argument("--pool", action="store_true", help="keep CuPy's memory pool (off by default: see the module docstring)")
+    p.add_argument("--control", metavar="TOOL", help="run only the deliberately broken kernel for TOOL "
+                   "(memcheck, initcheck, racecheck, synccheck): the sanitizer must report it")
     args = p.parse_args(argv)
+    if args.control:
+        cupy.cuda.set_allocator(None)
+        run_control(args.control)
+        return 0
     families = [f for f in args.family.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
