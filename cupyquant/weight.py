@@ -27,6 +27,7 @@ _SCHEME_IDS = {"int4": _jit.WEIGHT_INT4, "uint4": _jit.WEIGHT_UINT4, "float8_e4m
 _CHUNK = {"int4": 128, "uint4": 128, "float8_e4m3fn": 64}  # K per warp iteration (weight.cu: 4 x VALS)
 _MM_N = 32  # output columns per block (weight.cu: 8 x MM_NT)
 _MM_M = 16  # rows of a per block (one mma M tile)
+_MM_SMEM = 8 * 4 * 4 * 32 * 16  # dynamic shared bytes (weight.cu MM_SMEM: 8 warps' rings of 4 x 2 KB)
 _MAX_GRID_Y = 65535
 
 _WQ_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
@@ -395,8 +396,10 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
         mrows = min(rows_per_launch, M - m0)
         args["M"] = mrows
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8, post)
+        if k.max_dynamic_shared_size_bytes < _MM_SMEM:  # past the 48 KiB default; an attribute the
+            k.max_dynamic_shared_size_bytes = _MM_SMEM  # function keeps, so set once per kernel
         grid = (-(-N // _MM_N), -(-mrows // _MM_M))
-        k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]))
+        k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=_MM_SMEM)
 
 
 def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):

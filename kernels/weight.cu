@@ -137,6 +137,12 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // (g, t) = (lane / 4, lane % 4) loads 16 bytes of weight row n0 + 8j + g (tile j) at chunk offset
 // t * VALS, and the matching 16 x VALS activations of rows g and g + 8 of the M tile.
 //
+// Weight stream. The weights are read once and nothing else hides their latency, so each warp keeps
+// MM_STAGES chunks of them in flight: a ring of MM_STAGES slots in shared memory (2 KB per slot),
+// filled by cp.async MM_STAGES - 1 chunks ahead of the chunk being multiplied. A lane reads back only
+// the 16-byte pieces it copied itself, so cp.async.wait_group orders each slot's fill and use with no
+// barrier; the slot refilled in an iteration is the one emptied into registers the iteration before.
+//
 // K order. The sum over K does not care in which order the products come, so each thread's VALS
 // consecutive k are assigned to the mma's k slots (2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) in
 // the order that is cheapest for the weights: INT4 step j takes from 32-bit word i = j / 2 the
@@ -149,8 +155,9 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16.
 static constexpr int MM_WARPS = 8;
-static constexpr int MM_NT = 4;  // n8 tiles per warp
-static constexpr int MM_PF = 1;  // chunks whose weights are loaded before any is used
+static constexpr int MM_NT = 4;      // n8 tiles per warp
+static constexpr int MM_STAGES = 4;  // weight chunks in flight per warp (the ring's slots)
+static constexpr int MM_SMEM = MM_WARPS * MM_STAGES * MM_NT * 32 * 16;  // dynamic shared bytes (64 KB)
 
 struct MatmulArgs {
     i64 M, N, K;
@@ -158,6 +165,12 @@ struct MatmulArgs {
     i64 ng;      // groups per weight row
     int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
 };
+
+// The fp16 / bf16 value with bits b (low 16 bits), as float (exact).
+template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned b) {
+    if constexpr (same_t<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)b));
+    else return __uint_as_float(b << 16);
+}
 
 // Two fp8 (E4M3) bytes -> their values times s as a T pair, one rounding.
 template <typename T>
@@ -185,7 +198,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
     constexpr int STEPS = VALS / 4;      // k16 mma steps per chunk
     constexpr int AREGS = VALS / 2;      // activation registers per row per chunk
     using H = HalfOps<T>;
-    __shared__ float red[MM_WARPS][MM_NT][4][32];
+    extern __shared__ uint4 mm_smem[];  // the warps' rings [MM_WARPS][MM_STAGES][MM_NT][32], then the reduction
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const i64 n0 = (i64)blockIdx.x * (8 * MM_NT);
@@ -200,32 +213,72 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
 #pragma unroll
     for (int j = 0; j < MM_NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-#pragma unroll 1
-    for (i64 cbase = warp; cbase < nchunks; cbase += MM_WARPS * MM_PF) {
-        uint4 wv[MM_PF][MM_NT];
+    uint4* ring = mm_smem + warp * (MM_STAGES * MM_NT * 32) + lane;
+    // chunk c of this warp's weights into ring slot `slot` (zeros past K or N), as one commit group
+    auto fill = [&](i64 c, int slot) {
 #pragma unroll
-        for (int p = 0; p < MM_PF; ++p) {
-            const i64 c = cbase + p * MM_WARPS;
-#pragma unroll
-            for (int j = 0; j < MM_NT; ++j) {
-                const i64 n = n0 + 8 * j + g;
-                wv[p][j] = (c < nchunks && n < a.N) ? ld16(wq + n * wrow + (FP8 ? c * CHUNK + t * VALS : (c * CHUNK + t * VALS) / 2))
-                                                    : make_uint4(0u, 0u, 0u, 0u);
-            }
+        for (int j = 0; j < MM_NT; ++j) {
+            const i64 n = n0 + 8 * j + g;
+            const bool ok = c < nchunks && n < a.N;
+            const unsigned char* src = wq + n * wrow + (FP8 ? c * CHUNK + t * VALS : (c * CHUNK + t * VALS) / 2);
+            cp_async16(ring + (slot * MM_NT + j) * 32, ok ? src : wq, ok);
         }
+        cp_async_commit();
+    };
 #pragma unroll
-        for (int p = 0; p < MM_PF; ++p) {
-            const i64 c = cbase + p * MM_WARPS;
-            if (c >= nchunks) break;
+    for (int s = 0; s < MM_STAGES - 1; ++s) fill(warp + (i64)s * MM_WARPS, s);
+
+    // Scales when a chunk lies in one group (G >= CHUNK: always with POST): lane l loads the scale of
+    // row n0 + l (and its zero code in the high half) one chunk ahead, and the lanes that need it
+    // take it by shuffle: one load per chunk instead of 4 (12 with POST) scattered ones.
+    const bool uni = POST || a.gshift >= (FP8 ? 6 : 7);
+    const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
+    auto scale_word = [&](i64 c) -> unsigned {
+        const i64 n = n0 + lane, grp = (c * CHUNK) >> a.gshift;
+        if (!uni || c >= nchunks || n >= a.N) return 0u;
+        unsigned v = __ldg(sc16 + n * a.ng + grp);
+        if constexpr (S == W_UINT4) v |= ((unsigned)(zeros[n * ((a.ng + 1) / 2) + grp / 2] >> (4 * (grp % 2))) & 15u) << 16;
+        return v;
+    };
+    // Activations of rows below 8 (M <= 8, the decode case) are loaded one chunk ahead too; with rows
+    // 8..15 as well the registers are short, and they are loaded where used.
+    constexpr bool PREF = !TWO;
+    auto load_act = [&](const T* row, bool ok, i64 c, unsigned* r) {
+        const i64 k0 = c * CHUNK + t * VALS;
+#pragma unroll
+        for (int q = 0; q < AREGS / 4; ++q) {
+            const uint4 v = ok && c < nchunks ? ld16(row + k0 + 8 * q) : make_uint4(0u, 0u, 0u, 0u);
+            r[4 * q] = v.x; r[4 * q + 1] = v.y; r[4 * q + 2] = v.z; r[4 * q + 3] = v.w;
+        }
+    };
+    unsigned sw_next = scale_word(warp);
+    unsigned ar0_next[PREF ? AREGS : 1];
+    if constexpr (PREF) load_act(arow0, row0, warp, ar0_next);
+
+#pragma unroll 1
+    for (i64 c = warp, i = 0; c < nchunks; c += MM_WARPS, ++i) {
+        constexpr int p = 0;
+        uint4 wv[1][MM_NT];
+        cp_async_wait<MM_STAGES - 2>();  // chunk i's group is complete (this lane's copies)
+        const int slot = (int)(i % MM_STAGES);
+#pragma unroll
+        for (int j = 0; j < MM_NT; ++j) wv[p][j] = ring[(slot * MM_NT + j) * 32];
+        fill(c + (i64)(MM_STAGES - 1) * MM_WARPS, (int)((i + MM_STAGES - 1) % MM_STAGES));  // the slot emptied last iteration
+        {
             const i64 k0 = c * CHUNK + t * VALS;
             unsigned ar0[AREGS], ar1[AREGS];
+            if constexpr (PREF) {
 #pragma unroll
-            for (int i = 0; i < AREGS / 4; ++i) {
-                const uint4 v0 = row0 ? ld16(arow0 + k0 + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-                ar0[4 * i] = v0.x; ar0[4 * i + 1] = v0.y; ar0[4 * i + 2] = v0.z; ar0[4 * i + 3] = v0.w;
-                const uint4 v1 = row1 ? ld16(arow1 + k0 + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-                ar1[4 * i] = v1.x; ar1[4 * i + 1] = v1.y; ar1[4 * i + 2] = v1.z; ar1[4 * i + 3] = v1.w;
+                for (int q = 0; q < AREGS; ++q) ar0[q] = ar0_next[q];
+                load_act(arow0, row0, c + MM_WARPS, ar0_next);
+#pragma unroll
+                for (int q = 0; q < AREGS; ++q) ar1[q] = 0u;
+            } else {
+                load_act(arow0, row0, c, ar0);
+                load_act(arow1, row1, c, ar1);
             }
+            const unsigned sw = sw_next;
+            sw_next = scale_word(c + MM_WARPS);
             // per tile: the group's scale (and zero) for this thread's VALS weights
             unsigned s2[MM_NT], zb[MM_NT];
             float sf[MM_NT], cs[MM_NT][2], part[MM_NT][4];
@@ -235,20 +288,24 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
                 for (int j = 0; j < MM_NT; ++j) {
                     part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {  // the scales of this thread's accumulator columns
-                        const i64 n = n0 + 8 * j + 2 * t + h;
-                        cs[j][h] = n < a.N ? to_float(scales[n * a.ng + grp]) : 0.0f;
-                    }
+                    for (int h = 0; h < 2; ++h)  // the scales of this thread's accumulator columns
+                        cs[j][h] = bits16_to_float<T>(__shfl_sync(0xffffffffu, sw, 8 * j + 2 * t + h) & 0xffffu);
                 }
             }
 #pragma unroll
             for (int j = 0; j < MM_NT; ++j) {
                 const i64 n = n0 + 8 * j + g;
-                const unsigned short sb = n < a.N ? __ldg(reinterpret_cast<const unsigned short*>(scales) + n * a.ng + grp) : (unsigned short)0;
-                s2[j] = (unsigned)sb * 0x10001u;
-                sf[j] = __uint_as_float(same_t<T, __half>::value ? 0u : ((unsigned)sb << 16));
-                unsigned z = 8u;
-                if constexpr (S == W_UINT4) z = n < a.N ? (unsigned)((zeros[n * ((a.ng + 1) / 2) + grp / 2] >> (4 * (grp % 2))) & 15u) : 0u;
+                unsigned sb, z = 8u;
+                if (uni) {
+                    const unsigned u = __shfl_sync(0xffffffffu, sw, 8 * j + g);
+                    sb = u & 0xffffu;
+                    if constexpr (S == W_UINT4) z = u >> 16;
+                } else {
+                    sb = n < a.N ? __ldg(sc16 + n * a.ng + grp) : 0u;
+                    if constexpr (S == W_UINT4) z = n < a.N ? (unsigned)((zeros[n * ((a.ng + 1) / 2) + grp / 2] >> (4 * (grp % 2))) & 15u) : 0u;
+                }
+                s2[j] = sb * 0x10001u;
+                sf[j] = __uint_as_float(same_t<T, __half>::value ? 0u : (sb << 16));
                 zb[j] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;  // -(bias + z) in each half
             }
 #pragma unroll
@@ -294,7 +351,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
         }
     }
 
-    // split-K across the warps: partial sums through shared memory
+    // split-K across the warps: partial sums through shared memory, over the emptied rings
+    cp_async_wait<0>();  // the fills past the last chunk (zeros) land before the memory is reused
+    __syncthreads();
+    float(*red)[MM_NT][4][32] = reinterpret_cast<float(*)[MM_NT][4][32]>(mm_smem);
 #pragma unroll
     for (int j = 0; j < MM_NT; ++j)
 #pragma unroll

@@ -42,13 +42,6 @@ struct GemmArgs {
     int iters;   // stages of K per split (the last split may have fewer)
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
 // position of 16-byte chunk c of activation row r within the row
 __device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) ^ (r & 1); }
 

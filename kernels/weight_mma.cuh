@@ -50,6 +50,16 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
     }
 }
 
+// 16 bytes global -> shared without passing through registers (sm_80+); pred false writes 16 zero
+// bytes and reads nothing. The "memory" clobbers keep the compiler from moving ordinary loads and
+// stores of the same buffers across the copy, the commit or the wait.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 __device__ __forceinline__ float fma_rn(float a, float b, float c) {
     float d;
     asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
