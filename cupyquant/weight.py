@@ -239,6 +239,7 @@ _GM_ARGS = np.dtype(
     align=True,
 )
 _occupancy: dict = {}
+_decode_smem_set: set = set()  # ids of the decode kernels whose shared-memory limit is raised
 _sm_count: dict = {}
 
 
@@ -396,8 +397,9 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
         mrows = min(rows_per_launch, M - m0)
         args["M"] = mrows
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8, post)
-        if k.max_dynamic_shared_size_bytes < _MM_SMEM:  # past the 48 KiB default; an attribute the
-            k.max_dynamic_shared_size_bytes = _MM_SMEM  # function keeps, so set once per kernel
+        if id(k) not in _decode_smem_set:  # past the 48 KiB default; the function keeps the
+            k.max_dynamic_shared_size_bytes = _MM_SMEM  # attribute, so it is set once per kernel
+            _decode_smem_set.add(id(k))
         grid = (-(-N // _MM_N), -(-mrows // _MM_M))
         k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=_MM_SMEM)
 

@@ -257,12 +257,11 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
 
 #pragma unroll 1
     for (i64 c = warp, i = 0; c < nchunks; c += MM_WARPS, ++i) {
-        constexpr int p = 0;
-        uint4 wv[1][MM_NT];
+        uint4 wv[MM_NT];
         cp_async_wait<MM_STAGES - 2>();  // chunk i's group is complete (this lane's copies)
         const int slot = (int)(i % MM_STAGES);
 #pragma unroll
-        for (int j = 0; j < MM_NT; ++j) wv[p][j] = ring[(slot * MM_NT + j) * 32];
+        for (int j = 0; j < MM_NT; ++j) wv[j] = ring[(slot * MM_NT + j) * 32];
         fill(c + (i64)(MM_STAGES - 1) * MM_WARPS, (int)((i + MM_STAGES - 1) % MM_STAGES));  // the slot emptied last iteration
         {
             const i64 k0 = c * CHUNK + t * VALS;
@@ -322,7 +321,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __rest
                 }
 #pragma unroll
                 for (int j = 0; j < MM_NT; ++j) {
-                    const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[p][j]);
+                    const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[j]);
                     unsigned b0, b1;
                     if constexpr (FP8) {
                         b0 = fp8x2_scaled<T>((unsigned short)(ww[st] & 0xffffu), s2[j], sf[j]);
