@@ -83,6 +83,10 @@ def _product(name: str, *axes) -> list[str]:
 
 
 _BOOLS = (False, True)
+# Configurations of the decode matmul (kernels/weight.cu MM_DEC3, MM_DEC4, MM_TWO): M <= 8 with 3 or
+# 4 blocks per SM, M tiles of 16 rows.
+MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO = 0, 1, 2
+MATMUL_CONFIGS = (MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO)
 _IN_CTYPES = tuple(t.ctype for t in _dtypes.INPUT_TYPES)
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
 _Q8_TAGS = _FP8_TAGS + (_dtypes.element_format("int8").ctag,)
@@ -131,7 +135,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "weight": tuple(
         _product("weight_quantize", _IN_CTYPES, _WEIGHT_SCHEMES)
         + _product("weight_dequantize", _IN_CTYPES, _IN_CTYPES, _WEIGHT_SCHEMES)
-        + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, _BOOLS, _BOOLS)
+        + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, MATMUL_CONFIGS, _BOOLS)
     ),
     "weight_gemm": tuple(
         e

@@ -25,9 +25,22 @@ from . import reference as _ref
 _FAMILY = "weight"
 _SCHEME_IDS = {"int4": _jit.WEIGHT_INT4, "uint4": _jit.WEIGHT_UINT4, "float8_e4m3fn": _jit.WEIGHT_FP8}
 _CHUNK = {"int4": 128, "uint4": 128, "float8_e4m3fn": 64}  # K per warp iteration (weight.cu: 4 x VALS)
-_MM_N = 32  # output columns per block (weight.cu: 8 x MM_NT)
-_MM_M = 16  # rows of a per block (one mma M tile)
-_MM_SMEM = 8 * 4 * 4 * 32 * 16  # dynamic shared bytes (weight.cu MM_SMEM: 8 warps' rings of 4 x 2 KB)
+_MM_M = 16  # rows of a per block (one M tile: one or two mma B fragments)
+
+
+def _mm_rows(two: bool) -> int:
+    """Weight rows (output columns) per decode block: weight.cu's 16 x mm_row_tiles(TWO)."""
+    return 32 if two else 16
+
+
+def _mm_smem(two: bool) -> int:
+    """Dynamic shared bytes of a decode block, weight.cu's mm_smem_bytes(TWO): 8 warps' rings of
+    mm_stages chunks, each 16 bytes per lane of the 2 x RT weight rows (+ 64 bytes of activations
+    at M <= 8)."""
+    stages = 4
+    slot = 2 * (_mm_rows(two) // 16)
+    return 8 * stages * 32 * 16 * slot
+
 _MAX_GRID_Y = 65535
 
 _WQ_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
@@ -359,6 +372,8 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     chunk = _CHUNK[w.scheme]
     if K % chunk:
         raise ValueError(f"w's K = {K} must be a multiple of {chunk} for {w.scheme} weights (the kernel's K step)")
+    if K // chunk >= 1 << 30:
+        raise ValueError(f"w's K = {K} must be below {chunk << 30} (the kernels count K steps in 32 bits)")
     device = w.data.data.device_id
     _validate.same_device(a, "a", device, "w")
     lead = a.shape[:-1]
@@ -386,6 +401,19 @@ def _gshift(w) -> int:
     return 62 if w.group_size is None else int(w.group_size).bit_length() - 1
 
 
+def _decode_config(blocks: int, sms: int) -> int:
+    """The M <= 8 decode kernel with 3 blocks per SM (80 registers), or with 4 (64 registers) when
+    that fills the last wave of blocks much better. A block is 16 weight rows by all of K, long
+    enough that a mostly idle last wave costs most of a block's time. Measured on the H100: 8192 x
+    28672 is 512 blocks, 1.3 waves of 3 per SM (65.8 us) but 0.97 of 4 (53.9 us); 14336 x 4096 is
+    896 blocks, 2.26 waves of 3 (19.5 us) or 1.70 of 4 (20.8 us): the fuller wave of 4 did not pay
+    for the smaller register budget there, hence the margin."""
+    def fill(per_sm):
+        waves = blocks / (per_sm * sms)
+        return waves / math.ceil(waves)
+    return _jit.MATMUL_DEC4 if fill(4) > fill(3) + 0.2 else _jit.MATMUL_DEC3
+
+
 def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
     args = np.zeros((), dtype=_MM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
@@ -396,12 +424,15 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
     for m0 in range(0, M, rows_per_launch):
         mrows = min(rows_per_launch, M - m0)
         args["M"] = mrows
-        k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], mrows > 8, post)
+        two = mrows > 8
+        cfg = _jit.MATMUL_TWO if two else _decode_config(-(-N // _mm_rows(False)), _sms(device))
+        k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
+        smem = _mm_smem(two)
         if id(k) not in _decode_smem_set:  # past the 48 KiB default; the function keeps the
-            k.max_dynamic_shared_size_bytes = _MM_SMEM  # attribute, so it is set once per kernel
+            k.max_dynamic_shared_size_bytes = smem  # attribute, so it is set once per kernel
             _decode_smem_set.add(id(k))
-        grid = (-(-N // _MM_N), -(-mrows // _MM_M))
-        k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=_MM_SMEM)
+        grid = (-(-N // _mm_rows(two)), -(-mrows // _MM_M))
+        k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=smem)
 
 
 def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):

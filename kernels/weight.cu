@@ -131,33 +131,53 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // weights dequantized in registers from the plain layout, each weight byte read once per M tile
 // of 16 rows.
 //
-// Tiling. A block of 8 warps owns 32 output columns (4 n8 tiles) and one M tile of 16 rows; its
-// warps split K (warp w takes K chunks w, w + 8, ...) and add their partial sums through shared
-// memory at the end. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8): lane
-// (g, t) = (lane / 4, lane % 4) loads 16 bytes of weight row n0 + 8j + g (tile j) at chunk offset
-// t * VALS, and the matching 16 x VALS activations of rows g and g + 8 of the M tile.
+// Operands. The weights are the mma's A operand (16 rows of N by 16 of K) and the activations its
+// B operand (16 of K by 8 rows of M): at decode (M <= 8) one mma covers 256 weights, and no mma row
+// is idle for want of activation rows. With M tile rows past 8 (TWO) each A fragment meets two B
+// fragments (rows 0-7 and 8-15 of the M tile).
+//
+// Tiling. A block of 8 warps owns RT 16-row tiles of weights (RT = 1 for M <= 8, so that N = 4096
+// already gives 256 blocks; 2 with TWO, halving the activation reads per weight byte) and one M
+// tile of 16 rows; its warps split K (warp w takes K chunks w, w + 8, ...) and add their partial
+// sums through shared memory at the end. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes)
+// or 16 (FP8): lane (g, t) = (lane / 4, lane % 4) copies 16 bytes of weight rows g and g + 8 of each
+// tile at chunk offset t * VALS, and loads the VALS activations of M rows g (and g + 8) there.
 //
 // Weight stream. The weights are read once and nothing else hides their latency, so each warp keeps
-// MM_STAGES chunks of them in flight: a ring of MM_STAGES slots in shared memory (2 KB per slot),
+// MM_STAGES chunks of them in flight: a ring of MM_STAGES slots in shared memory (RT KB per slot),
 // filled by cp.async MM_STAGES - 1 chunks ahead of the chunk being multiplied. A lane reads back only
 // the 16-byte pieces it copied itself, so cp.async.wait_group orders each slot's fill and use with no
 // barrier; the slot refilled in an iteration is the one emptied into registers the iteration before.
+// A lane's scales (and zero codes) are loaded one chunk ahead; the next chunk's activations are
+// loaded a quarter at a time into the registers of the quarter just used. (Tried and slower on the
+// H100: the activations in the cp.async ring too, 8x slower where lanes copied the same address and
+// still 1.5x with one copy per address; prefetch.global.L1 of two chunks ahead, 1.5x.)
 //
 // K order. The sum over K does not care in which order the products come, so each thread's VALS
 // consecutive k are assigned to the mma's k slots (2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) in
 // the order that is cheapest for the weights: INT4 step j takes from 32-bit word i = j / 2 the
 // nibble pairs (p, p + 4) and (p + 1, p + 5), p = 2 (j % 2) (one shift and one lop3 each put two
 // codes in the two 16-bit halves); the activations are permuted to match with one prmt per register,
-// shared by the 4 tiles. FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
+// shared by the RT tiles. FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
 //
 // Dequantization (without POST exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
 // (fp16, exponent 0x64) or 128 + q (bf16, 0x43) by one lop3, minus 1024 + z (or 128 + z) exactly,
 // times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
-// conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16.
+// conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16. A lane's VALS
+// weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
 static constexpr int MM_WARPS = 8;
-static constexpr int MM_NT = 4;      // n8 tiles per warp
+// 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tile rows past 8
+__host__ __device__ constexpr int mm_row_tiles(bool two) { return two ? 2 : 1; }
 static constexpr int MM_STAGES = 4;  // weight chunks in flight per warp (the ring's slots)
-static constexpr int MM_SMEM = MM_WARPS * MM_STAGES * MM_NT * 32 * 16;  // dynamic shared bytes (64 KB)
+// Kernel configurations (the CFG template argument): M tiles of up to 8 rows with 3 blocks per SM
+// (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
+// and M tiles of 16 rows (TWO), 2 blocks per SM.
+#define MM_DEC3 0
+#define MM_DEC4 1
+#define MM_TWO 2
+__host__ __device__ constexpr int mm_min_blocks(int cfg) { return cfg == MM_DEC4 ? 4 : cfg == MM_TWO ? 2 : 3; }
+// dynamic shared bytes: the 8 warps' rings of MM_STAGES x RT KB (32 KB, 64 KB with TWO)
+__host__ __device__ constexpr int mm_smem_bytes(bool two) { return MM_WARPS * MM_STAGES * 1024 * mm_row_tiles(two); }
 
 struct MatmulArgs {
     i64 M, N, K;
@@ -172,6 +192,17 @@ template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned 
     else return __uint_as_float(b << 16);
 }
 
+// A 16-byte read-only load that the compiler keeps where it is written (asm volatile keeps its place
+// among the mma's asm): without it the loads of the next chunk's activations sink to the loop's end.
+__device__ __forceinline__ uint4 ld16_ordered(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// An empty asm that "changes" p: the value must be held in a register across it, not recomputed.
+template <typename P> __device__ __forceinline__ void keep_reg(P*& p) { asm volatile("" : "+l"(p)); }
+
 // Two fp8 (E4M3) bytes -> their values times s as a T pair, one rounding.
 template <typename T>
 __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
@@ -185,188 +216,225 @@ __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, 
     }
 }
 
-// TWO: the M tile has rows past 8 (load rows g + 8). POST (INT4 with G a multiple of 128: a chunk is
-// one group): the mma multiplies the exact q - z, and each chunk's partial sums are scaled in float32
-// afterwards (one FMA per output instead of one multiply per weight pair).
-template <typename T, int S, bool TWO, bool POST>
-__global__ void __launch_bounds__(MM_WARPS * 32, 2) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
-                                                                const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
-                                                                T* __restrict__ y, MatmulArgs a) {
+// TWO: the M tile has rows past 8 (a second B fragment, RT = 2). POST (INT4 with G a multiple of
+// 128: a chunk is one group): the mma multiplies the exact q - z, and each chunk's partial sums are
+// scaled in float32 afterwards (one FMA per output instead of one multiply per weight pair).
+template <typename T, int S, int CFG, bool POST>
+__global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+                                                                         const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
+                                                                         T* __restrict__ y, MatmulArgs a) {
+    constexpr bool TWO = CFG == MM_TWO;
     constexpr bool FP8 = S == W_FP8;
     constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
-    constexpr int CHUNK = 4 * VALS;
+    constexpr int CHUNK = 4 * VALS;      // k per chunk
+    constexpr int CBYTES = 64;           // bytes of a weight row per chunk
     constexpr int STEPS = VALS / 4;      // k16 mma steps per chunk
-    constexpr int AREGS = VALS / 2;      // activation registers per row per chunk
+    constexpr int AREGS = VALS / 2;      // activation registers per M row per chunk
+    constexpr int MT = TWO ? 2 : 1;      // B fragments (8 M rows each)
+    constexpr int RT = mm_row_tiles(TWO);
+    constexpr int STAGES = MM_STAGES;
+    constexpr int SLOT = RT * 2 * 32;    // uint4 per ring slot: 16 bytes per lane of each weight row
     using H = HalfOps<T>;
-    extern __shared__ uint4 mm_smem[];  // the warps' rings [MM_WARPS][MM_STAGES][MM_NT][32], then the reduction
+    extern __shared__ uint4 mm_smem[];  // the warps' rings [MM_WARPS][STAGES][SLOT], then the reduction
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const i64 n0 = (i64)blockIdx.x * (8 * MM_NT);
+    const i64 n0 = (i64)blockIdx.x * (16 * RT);
     const i64 m0 = (i64)blockIdx.y * 16;
-    const i64 nchunks = a.K / CHUNK;
-    const i64 wrow = FP8 ? a.K : a.K / 2;  // bytes per weight row
-    const bool row0 = m0 + g < a.M, row1 = TWO && m0 + g + 8 < a.M;
-    const T* arow0 = act + (m0 + g) * a.lda;
-    const T* arow1 = act + (m0 + g + 8) * a.lda;
+    const int nchunks = (int)(a.K / CHUNK);  // the wrapper keeps it below 2^31
+    const i64 wrow = FP8 ? a.K : a.K / 2;    // bytes per weight row
+    const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
 
-    float acc[MM_NT][4];
+    // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes.
+    // Rows past N read row N - 1 and rows of a past M read row M - 1: valid memory, and what they give
+    // lands only in outputs that are not stored (an mma output depends on its own row of A and column
+    // of B alone), so no load needs a row predicate.
+    const unsigned char* wsrc[RT][2];
+    const unsigned short* srow[RT][2];
+    const unsigned char* zrow[RT][2];
 #pragma unroll
-    for (int j = 0; j < MM_NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-    uint4* ring = mm_smem + warp * (MM_STAGES * MM_NT * 32) + lane;
-    // chunk c of this warp's weights into ring slot `slot` (zeros past K or N), as one commit group
-    auto fill = [&](i64 c, int slot) {
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int j = 0; j < MM_NT; ++j) {
-            const i64 n = n0 + 8 * j + g;
-            const bool ok = c < nchunks && n < a.N;
-            const unsigned char* src = wq + n * wrow + (FP8 ? c * CHUNK + t * VALS : (c * CHUNK + t * VALS) / 2);
-            cp_async16(ring + (slot * MM_NT + j) * 32, ok ? src : wq, ok);
+        for (int h = 0; h < 2; ++h) {
+            const i64 n = min(n0 + 16 * r + 8 * h + g, a.N - 1);
+            wsrc[r][h] = wq + n * wrow + t * 16;
+            srow[r][h] = sc16 + n * a.ng;
+            zrow[r][h] = S == W_UINT4 ? zeros + n * ((a.ng + 1) / 2) : zeros;
         }
+    const T* arow[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * VALS;
+
+    uint4* ring = mm_smem + warp * (STAGES * SLOT) + lane;
+    // chunk c of this warp's weights into ring slot `slot` (zeros past K), as one commit group
+    auto fill = [&](int c, int slot) {
+        const bool ok = c < nchunks;
+        const i64 off = (i64)(unsigned)c * CBYTES;
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) cp_async16(ring + slot * SLOT + (2 * r + h) * 32, ok ? wsrc[r][h] + off : wq, ok);
         cp_async_commit();
     };
+    // the scale bits of this lane's rows for chunk c (the zero code in the high half for uint4); past
+    // the last chunk, the last chunk's again (never used)
+    auto load_groups = [&](int c, unsigned (&gd)[RT][2]) {
+        const i64 grp = ((i64)min(c, nchunks - 1) * CHUNK + t * VALS) >> a.gshift;
 #pragma unroll
-    for (int s = 0; s < MM_STAGES - 1; ++s) fill(warp + (i64)s * MM_WARPS, s);
-
-    // Scales when a chunk lies in one group (G >= CHUNK: always with POST): lane l loads the scale of
-    // row n0 + l (and its zero code in the high half) one chunk ahead, and the lanes that need it
-    // take it by shuffle: one load per chunk instead of 4 (12 with POST) scattered ones.
-    const bool uni = POST || a.gshift >= (FP8 ? 6 : 7);
-    const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
-    auto scale_word = [&](i64 c) -> unsigned {
-        const i64 n = n0 + lane, grp = (c * CHUNK) >> a.gshift;
-        if (!uni || c >= nchunks || n >= a.N) return 0u;
-        unsigned v = __ldg(sc16 + n * a.ng + grp);
-        if constexpr (S == W_UINT4) v |= ((unsigned)(zeros[n * ((a.ng + 1) / 2) + grp / 2] >> (4 * (grp % 2))) & 15u) << 16;
-        return v;
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                unsigned v = __ldg(srow[r][h] + grp);
+                if constexpr (S == W_UINT4) v |= ((unsigned)(__ldg(zrow[r][h] + grp / 2) >> (4 * (grp & 1))) & 15u) << 16;
+                gd[r][h] = v;
+            }
     };
-    // Activations of rows below 8 (M <= 8, the decode case) are loaded one chunk ahead too; with rows
-    // 8..15 as well the registers are short, and they are loaded where used.
-    constexpr bool PREF = !TWO;
-    auto load_act = [&](const T* row, bool ok, i64 c, unsigned* r) {
-        const i64 k0 = c * CHUNK + t * VALS;
+    // quarter q (16 bytes per M row) of this lane's activations of chunk c
+    auto load_act = [&](int c, int q, unsigned (&ar)[MT][AREGS]) {
+        const i64 k0 = (i64)min(c, nchunks - 1) * CHUNK;
 #pragma unroll
-        for (int q = 0; q < AREGS / 4; ++q) {
-            const uint4 v = ok && c < nchunks ? ld16(row + k0 + 8 * q) : make_uint4(0u, 0u, 0u, 0u);
-            r[4 * q] = v.x; r[4 * q + 1] = v.y; r[4 * q + 2] = v.z; r[4 * q + 3] = v.w;
+        for (int mt = 0; mt < MT; ++mt) {
+            const uint4 v = ld16_ordered(arow[mt] + k0 + 8 * q);
+            ar[mt][4 * q] = v.x; ar[mt][4 * q + 1] = v.y; ar[mt][4 * q + 2] = v.z; ar[mt][4 * q + 3] = v.w;
         }
     };
-    unsigned sw_next = scale_word(warp);
-    unsigned ar0_next[PREF ? AREGS : 1];
-    if constexpr (PREF) load_act(arow0, row0, warp, ar0_next);
 
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) fill(warp + s * MM_WARPS, s);
+    unsigned gd_next[RT][2];
+    load_groups(warp, gd_next);
+    // The activations of the next chunk are loaded a quarter at a time, each into the registers of
+    // the quarter just used (two mma steps), so that they arrive during this chunk's work at no
+    // register cost.
+    unsigned ar[MT][AREGS];
+#pragma unroll
+    for (int q = 0; q < AREGS / 4; ++q) load_act(warp, q, ar);
+
+    float acc[RT][MT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) acc[r][mt][0] = acc[r][mt][1] = acc[r][mt][2] = acc[r][mt][3] = 0.0f;
+
+    int i = 0;
 #pragma unroll 1
-    for (i64 c = warp, i = 0; c < nchunks; c += MM_WARPS, ++i) {
-        uint4 wv[MM_NT];
-        cp_async_wait<MM_STAGES - 2>();  // chunk i's group is complete (this lane's copies)
-        const int slot = (int)(i % MM_STAGES);
+    for (int c = warp; c < nchunks; c += MM_WARPS, ++i) {
+        // the row pointers stay in registers: without this the compiler recomputes them (64-bit
+        // multiplies and the clamps) in every iteration
 #pragma unroll
-        for (int j = 0; j < MM_NT; ++j) wv[j] = ring[(slot * MM_NT + j) * 32];
-        fill(c + (i64)(MM_STAGES - 1) * MM_WARPS, (int)((i + MM_STAGES - 1) % MM_STAGES));  // the slot emptied last iteration
-        {
-            const i64 k0 = c * CHUNK + t * VALS;
-            unsigned ar0[AREGS], ar1[AREGS];
-            if constexpr (PREF) {
+        for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int q = 0; q < AREGS; ++q) ar0[q] = ar0_next[q];
-                load_act(arow0, row0, c + MM_WARPS, ar0_next);
-#pragma unroll
-                for (int q = 0; q < AREGS; ++q) ar1[q] = 0u;
-            } else {
-                load_act(arow0, row0, c, ar0);
-                load_act(arow1, row1, c, ar1);
-            }
-            const unsigned sw = sw_next;
-            sw_next = scale_word(c + MM_WARPS);
-            // per tile: the group's scale (and zero) for this thread's VALS weights
-            unsigned s2[MM_NT], zb[MM_NT];
-            float sf[MM_NT], cs[MM_NT][2], part[MM_NT][4];
-            const i64 grp = k0 >> a.gshift;
-            if constexpr (POST) {
-#pragma unroll
-                for (int j = 0; j < MM_NT; ++j) {
-                    part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)  // the scales of this thread's accumulator columns
-                        cs[j][h] = bits16_to_float<T>(__shfl_sync(0xffffffffu, sw, 8 * j + 2 * t + h) & 0xffffu);
-                }
+            for (int h = 0; h < 2; ++h) {
+                keep_reg(wsrc[r][h]);
+                keep_reg(srow[r][h]);
+                if constexpr (S == W_UINT4) keep_reg(zrow[r][h]);
             }
 #pragma unroll
-            for (int j = 0; j < MM_NT; ++j) {
-                const i64 n = n0 + 8 * j + g;
-                unsigned sb, z = 8u;
-                if (uni) {
-                    const unsigned u = __shfl_sync(0xffffffffu, sw, 8 * j + g);
-                    sb = u & 0xffffu;
-                    if constexpr (S == W_UINT4) z = u >> 16;
-                } else {
-                    sb = n < a.N ? __ldg(sc16 + n * a.ng + grp) : 0u;
-                    if constexpr (S == W_UINT4) z = n < a.N ? (unsigned)((zeros[n * ((a.ng + 1) / 2) + grp / 2] >> (4 * (grp % 2))) & 15u) : 0u;
-                }
-                s2[j] = sb * 0x10001u;
-                sf[j] = __uint_as_float(same_t<T, __half>::value ? 0u : (sb << 16));
-                zb[j] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;  // -(bias + z) in each half
-            }
+        for (int mt = 0; mt < MT; ++mt) keep_reg(arow[mt]);
+        cp_async_wait<STAGES - 2>();  // chunk i's group is complete (this lane's copies)
+        const int slot = i % STAGES;
+        uint4 wv[RT][2];
 #pragma unroll
-            for (int st = 0; st < STEPS; ++st) {
-                unsigned af[4];
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) wv[r][h] = ring[slot * SLOT + (2 * r + h) * 32];
+        fill(c + (STAGES - 1) * MM_WARPS, (i + STAGES - 1) % STAGES);  // the slot emptied last iteration
+
+        unsigned gd[RT][2];
+#pragma unroll
+        for (int r = 0; r < RT; ++r) gd[r][0] = gd_next[r][0], gd[r][1] = gd_next[r][1];
+        load_groups(c + MM_WARPS, gd_next);
+
+        // per row: the scale pair (and float scale), -(bias + z) in each half
+        unsigned s2[RT][2], zb[RT][2];
+        float sf[RT][2];
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned sb = gd[r][h] & 0xffffu;
+                const unsigned z = S == W_UINT4 ? gd[r][h] >> 16 : 8u;
+                s2[r][h] = sb * 0x10001u;
+                sf[r][h] = bits16_to_float<T>(sb);
+                zb[r][h] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;
+            }
+        float part[POST ? RT : 1][MT][4];
+        if constexpr (POST) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) part[r][mt][0] = part[r][mt][1] = part[r][mt][2] = part[r][mt][3] = 0.0f;
+        }
+#pragma unroll
+        for (int st = 0; st < STEPS; ++st) {
+            unsigned bf[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
                 if constexpr (FP8) {
-                    af[0] = ar0[2 * st]; af[1] = ar1[2 * st]; af[2] = ar0[2 * st + 1]; af[3] = ar1[2 * st + 1];
+                    bf[mt][0] = ar[mt][2 * st];
+                    bf[mt][1] = ar[mt][2 * st + 1];
                 } else {
-                    const int i = st / 2, h = st % 2;
-                    af[0] = __byte_perm(ar0[4 * i + h], ar0[4 * i + 2 + h], 0x5410);
-                    af[1] = __byte_perm(ar1[4 * i + h], ar1[4 * i + 2 + h], 0x5410);
-                    af[2] = __byte_perm(ar0[4 * i + h], ar0[4 * i + 2 + h], 0x7632);
-                    af[3] = __byte_perm(ar1[4 * i + h], ar1[4 * i + 2 + h], 0x7632);
+                    const int q = st / 2, h = st % 2;
+                    bf[mt][0] = __byte_perm(ar[mt][4 * q + h], ar[mt][4 * q + 2 + h], 0x5410);
+                    bf[mt][1] = __byte_perm(ar[mt][4 * q + h], ar[mt][4 * q + 2 + h], 0x7632);
                 }
+            }
 #pragma unroll
-                for (int j = 0; j < MM_NT; ++j) {
-                    const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[j]);
-                    unsigned b0, b1;
+            for (int r = 0; r < RT; ++r) {
+                unsigned af[4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {  // rows g (a0, a2) and g + 8 (a1, a3)
+                    const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[r][h]);
                     if constexpr (FP8) {
-                        b0 = fp8x2_scaled<T>((unsigned short)(ww[st] & 0xffffu), s2[j], sf[j]);
-                        b1 = fp8x2_scaled<T>((unsigned short)(ww[st] >> 16), s2[j], sf[j]);
+                        af[h] = fp8x2_scaled<T>((unsigned short)(ww[st] & 0xffffu), s2[r][h], sf[r][h]);
+                        af[2 + h] = fp8x2_scaled<T>((unsigned short)(ww[st] >> 16), s2[r][h], sf[r][h]);
                     } else {
                         const unsigned word = ww[st / 2];
                         const int sh = 8 * (st % 2);  // pairs p = 2 (st % 2) and p + 1: shifts 4p and 4p + 4
-                        const unsigned x0 = lop3_and_or(word >> sh, 0x000f000fu, H::MAGIC);
-                        const unsigned x1 = lop3_and_or(word >> (sh + 4), 0x000f000fu, H::MAGIC);
-                        b0 = H::fma2(x0, H::ONE, zb[j]);  // q - z, exact
-                        b1 = H::fma2(x1, H::ONE, zb[j]);
+                        unsigned b0 = H::fma2(lop3_and_or(word >> sh, 0x000f000fu, H::MAGIC), H::ONE, zb[r][h]);  // q - z, exact
+                        unsigned b1 = H::fma2(lop3_and_or(word >> (sh + 4), 0x000f000fu, H::MAGIC), H::ONE, zb[r][h]);
                         if constexpr (!POST) {
-                            b0 = H::fma2(b0, s2[j], 0x80008000u);
-                            b1 = H::fma2(b1, s2[j], 0x80008000u);
+                            b0 = H::fma2(b0, s2[r][h], 0x80008000u);
+                            b1 = H::fma2(b1, s2[r][h], 0x80008000u);
                         }
+                        af[h] = b0;
+                        af[2 + h] = b1;
                     }
-                    mma16816<T>(POST ? part[j] : acc[j], af, b0, b1);
                 }
-            }
-            if constexpr (POST) {
 #pragma unroll
-                for (int j = 0; j < MM_NT; ++j)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[j][r] = fma_rn(part[j][r], cs[j][r & 1], acc[j][r]);
+                for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
             }
+            if (st % 2 == 1) load_act(c + MM_WARPS, st / 2, ar);  // steps st - 1 and st used quarter st / 2
+        }
+        if constexpr (POST) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) acc[r][mt][q] = fma_rn(part[r][mt][q], sf[r][q >> 1], acc[r][mt][q]);
         }
     }
 
     // split-K across the warps: partial sums through shared memory, over the emptied rings
+    constexpr int OUTS = RT * MT * 4 * 32;
     cp_async_wait<0>();  // the fills past the last chunk (zeros) land before the memory is reused
     __syncthreads();
-    float(*red)[MM_NT][4][32] = reinterpret_cast<float(*)[MM_NT][4][32]>(mm_smem);
+    float* red = reinterpret_cast<float*>(mm_smem);  // [MM_WARPS][RT][MT][4][32]
 #pragma unroll
-    for (int j = 0; j < MM_NT; ++j)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) red[warp][j][r][lane] = acc[j][r];
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) red[warp * OUTS + ((r * MT + mt) * 4 + q) * 32 + lane] = acc[r][mt][q];
     __syncthreads();
 #pragma unroll
-    for (int o = threadIdx.x; o < MM_NT * 4 * 32; o += MM_WARPS * 32) {
-        const int j = o / 128, r = (o / 32) % 4, l = o % 32;
+    for (int o = threadIdx.x; o < OUTS; o += MM_WARPS * 32) {
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MM_WARPS; ++w) sum = add_rn(sum, red[w][j][r][l]);
-        const i64 m = m0 + (l >> 2) + 8 * (r >> 1);
-        const i64 n = n0 + 8 * j + 2 * (l & 3) + (r & 1);
+        for (int w = 0; w < MM_WARPS; ++w) sum = add_rn(sum, red[w * OUTS + o]);
+        const int l = o & 31, q = (o >> 5) & 3, mt = (o >> 7) % MT, r = (o >> 7) / MT;
+        const i64 m = m0 + 8 * mt + 2 * (l & 3) + (q & 1);
+        const i64 n = n0 + 16 * r + (l >> 2) + 8 * (q >> 1);
         if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(sum);
     }
 }

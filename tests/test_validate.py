@@ -83,3 +83,17 @@ def test_magic_division_for_col_scale_rows():
         assert m < (1 << 33)  # row * m fits in 64 bits for rows below 2^31
         got = [(int(v) * m) >> sh for v in n]
         assert got == [int(v) // int(d) for v in n], d
+
+
+def test_decode_config_fills_waves():
+    """The M <= 8 decode kernel takes 4 blocks per SM only where that fills the last wave much
+    better (132 SMs: N = 8192 is 512 blocks of 16 rows, 1.3 waves of 3 per SM but 0.97 of 4;
+    N = 14336, 2.26 waves of 3 against 1.70 of 4, stays with 3)."""
+    from cupyquant import _jit
+    from cupyquant import weight as cqw
+
+    pick = {n: cqw._decode_config(-(-n // 16), 132) for n in (256, 4096, 8192, 11008, 14336, 28672)}
+    assert pick == {256: _jit.MATMUL_DEC3, 4096: _jit.MATMUL_DEC3, 8192: _jit.MATMUL_DEC4,
+                    11008: _jit.MATMUL_DEC3, 14336: _jit.MATMUL_DEC3, 28672: _jit.MATMUL_DEC3}
+    assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
+    assert cqw._mm_smem(False) == 32 * 1024 and cqw._mm_smem(True) == 64 * 1024
