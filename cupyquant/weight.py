@@ -188,6 +188,8 @@ def _check_weight(w) -> None:
     _validate.c_contiguous(w.data, "w.data")
     _validate.c_contiguous(w.scales, "w.scales")
     N, K = w.shape
+    if K <= 0 or N < 0:
+        raise ValueError(f"w.shape must be (N >= 0, K > 0), got {w.shape}")
     if w.data.shape != ((N, K) if w.scheme == "float8_e4m3fn" else (N, K // 2)) or w.data.dtype != np.uint8:
         raise ValueError(f"w.data must be uint8 of shape matching w.shape {w.shape}, got {w.data.dtype} {w.data.shape}")
     if w.scales.shape != (N, K // w.G):

@@ -335,6 +335,16 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
         assert_bits_equal(cupy.asarray(y4), y3, f"M={M}: 4 blocks per SM vs 3")
 
 
+def test_weight_with_empty_k_is_rejected():
+    """quantize_weight never makes K = 0; a hand-built one is a ValueError, not a kernel reading
+    before its rows (or a division by the zero group size)."""
+    w = cq.QuantizedWeight(cupy.zeros((4, 0), np.uint8), cupy.zeros((4, 0), np.float16), None, "int4", None, (4, 0), np.float16)
+    with pytest.raises(ValueError, match=r"w\.shape must be"):
+        cq.matmul(cupy.zeros((1, 0), np.float16), w)
+    with pytest.raises(ValueError, match=r"w\.shape must be"):
+        w.dequantize()
+
+
 def test_matmul_exact_small_case():
     """Small integers and power-of-two scales make every product and sum exact in float32: the
     result must equal the float64 product bit for bit after rounding."""
