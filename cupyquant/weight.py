@@ -33,13 +33,17 @@ def _mm_rows(two: bool) -> int:
     return 32 if two else 16
 
 
+# weight.cu MM_STAGES: weight chunks in flight per warp. Measured on the H100 (M = 1, bf16, INT4
+# g128): 2 stages beat 3, 4, 6 and 8 on every benchmark shape (4096^2: 6.2 us with 2, 6.9 with 4,
+# 7.4 with 6; 8192 x 28672: 48 us with 2, 53 with 4, 59 with 6); asking for a minimal shared-memory
+# carveout (more L1) instead made no difference.
+_MM_STAGES = 2
+
+
 def _mm_smem(two: bool) -> int:
     """Dynamic shared bytes of a decode block, weight.cu's mm_smem_bytes(TWO): 8 warps' rings of
-    mm_stages chunks, each 16 bytes per lane of the 2 x RT weight rows (+ 64 bytes of activations
-    at M <= 8)."""
-    stages = 4
-    slot = 2 * (_mm_rows(two) // 16)
-    return 8 * stages * 32 * 16 * slot
+    MM_STAGES chunks, each 16 bytes per lane of the 2 x RT weight rows (1 KB per 16 rows)."""
+    return 8 * _MM_STAGES * 1024 * (_mm_rows(two) // 16)
 
 _MAX_GRID_Y = 65535
 
@@ -406,10 +410,11 @@ def _gshift(w) -> int:
 def _decode_config(blocks: int, sms: int) -> int:
     """The M <= 8 decode kernel with 3 blocks per SM (80 registers), or with 4 (64 registers) when
     that fills the last wave of blocks much better. A block is 16 weight rows by all of K, long
-    enough that a mostly idle last wave costs most of a block's time. Measured on the H100: 8192 x
-    28672 is 512 blocks, 1.3 waves of 3 per SM (65.8 us) but 0.97 of 4 (53.9 us); 14336 x 4096 is
-    896 blocks, 2.26 waves of 3 (19.5 us) or 1.70 of 4 (20.8 us): the fuller wave of 4 did not pay
-    for the smaller register budget there, hence the margin."""
+    enough that a mostly idle last wave costs most of a block's time. Measured on the H100 (M = 1):
+    8192 x 28672 is 512 blocks, 1.3 waves of 3 per SM (63.3 us) but 0.97 of 4 (48.4 us); 14336 x
+    4096 is 896 blocks, 2.26 waves of 3 (16.4 us) or 1.70 of 4 (16.2 us), and 4096 x 14336 (256
+    blocks) takes 15.4 us with 3 and 16.1 with 4: a fuller wave of 4 pays for the smaller register
+    budget only when the difference is large, hence the margin."""
     def fill(per_sm):
         waves = blocks / (per_sm * sms)
         return waves / math.ceil(waves)

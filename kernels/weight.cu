@@ -143,9 +143,10 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // or 16 (FP8): lane (g, t) = (lane / 4, lane % 4) copies 16 bytes of weight rows g and g + 8 of each
 // tile at chunk offset t * VALS, and loads the VALS activations of M rows g (and g + 8) there.
 //
-// Weight stream. The weights are read once and nothing else hides their latency, so each warp keeps
-// MM_STAGES chunks of them in flight: a ring of MM_STAGES slots in shared memory (RT KB per slot),
-// filled by cp.async MM_STAGES - 1 chunks ahead of the chunk being multiplied. A lane reads back only
+// Weight stream. Each warp keeps the chunks after the one it multiplies in flight: a ring of
+// MM_STAGES slots in shared memory (RT KB per slot), filled by cp.async MM_STAGES - 1 chunks ahead
+// (MM_STAGES = 2: one chunk ahead, with 24-32 warps per SM, measured faster than 3 to 8 stages on
+// the H100, and a staged copy of a (below) slower still). A lane reads back only
 // the 16-byte pieces it copied itself, so cp.async.wait_group orders each slot's fill and use with no
 // barrier; the slot refilled in an iteration is the one emptied into registers the iteration before.
 // A lane's scales (and zero codes) are loaded one chunk ahead; the next chunk's activations are
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 static constexpr int MM_WARPS = 8;
 // 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tile rows past 8
 __host__ __device__ constexpr int mm_row_tiles(bool two) { return two ? 2 : 1; }
-static constexpr int MM_STAGES = 4;  // weight chunks in flight per warp (the ring's slots)
+static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ring's slots; 2 measured fastest, weight.py)
 // Kernel configurations (the CFG template argument): M tiles of up to 8 rows with 3 blocks per SM
 // (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
 // and M tiles of 16 rows (TWO), 2 blocks per SM.
@@ -176,7 +177,7 @@ static constexpr int MM_STAGES = 4;  // weight chunks in flight per warp (the ri
 #define MM_DEC4 1
 #define MM_TWO 2
 __host__ __device__ constexpr int mm_min_blocks(int cfg) { return cfg == MM_DEC4 ? 4 : cfg == MM_TWO ? 2 : 3; }
-// dynamic shared bytes: the 8 warps' rings of MM_STAGES x RT KB (32 KB, 64 KB with TWO)
+// dynamic shared bytes: the 8 warps' rings of MM_STAGES x RT KB (16 KB, 32 KB with TWO)
 __host__ __device__ constexpr int mm_smem_bytes(bool two) { return MM_WARPS * MM_STAGES * 1024 * mm_row_tiles(two); }
 
 struct MatmulArgs {

@@ -96,4 +96,4 @@ def test_decode_config_fills_waves():
     assert pick == {256: _jit.MATMUL_DEC3, 4096: _jit.MATMUL_DEC3, 8192: _jit.MATMUL_DEC4,
                     11008: _jit.MATMUL_DEC3, 14336: _jit.MATMUL_DEC3, 28672: _jit.MATMUL_DEC3}
     assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
-    assert cqw._mm_smem(False) == 32 * 1024 and cqw._mm_smem(True) == 64 * 1024
+    assert cqw._mm_smem(False) == 16 * 1024 and cqw._mm_smem(True) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
