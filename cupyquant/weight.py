@@ -40,10 +40,15 @@ def _mm_rows(two: bool) -> int:
 _MM_STAGES = 2
 
 
-def _mm_smem(two: bool) -> int:
-    """Dynamic shared bytes of a decode block, weight.cu's mm_smem_bytes(TWO): 8 warps' rings of
-    MM_STAGES chunks, each 16 bytes per lane of the 2 x RT weight rows (1 KB per 16 rows)."""
-    return 8 * _MM_STAGES * 1024 * (_mm_rows(two) // 16)
+def _mm_warps(cfg: int) -> int:
+    """Warps per decode block: weight.cu's mm_warps(CFG)."""
+    return 16 if cfg == _jit.MATMUL_WIDE else 8
+
+
+def _mm_smem(two: bool, warps: int = 8) -> int:
+    """Dynamic shared bytes of a decode block: the warps' rings of MM_STAGES chunks, each 16 bytes
+    per lane of the 2 x RT weight rows (1 KB per 16 rows): weight.cu's mm_smem_bytes(TWO) x warps / 8."""
+    return warps * _MM_STAGES * 1024 * (_mm_rows(two) // 16)
 
 _MAX_GRID_Y = 65535
 
@@ -407,14 +412,25 @@ def _gshift(w) -> int:
     return 62 if w.group_size is None else int(w.group_size).bit_length() - 1
 
 
-def _decode_config(blocks: int, sms: int) -> int:
-    """The M <= 8 decode kernel with 3 blocks per SM (80 registers), or with 4 (64 registers) when
-    that fills the last wave of blocks much better. A block is 16 weight rows by all of K, long
+def _decode_config(blocks: int, sms: int, nchunks: int) -> int:
+    """The M <= 8 decode kernel for ``blocks`` blocks of 16 weight rows whose K is ``nchunks``
+    chunks (weight.cu's CHUNK: 128 INT4 or 64 FP8 elements).
+
+    At most two blocks per SM (N = 4096 on an H100): blocks of 16 warps, so that an SM has 32 warps
+    at work, when each warp still gets 4 chunks or more (measured, M = 1: FP8 4096 x 4096 9.41 ->
+    8.55 us, 4096 x 14336 27.2 -> 23.7; INT4 4096 x 14336 15.5 -> 14.8, but INT4 4096 x 4096,
+    2 chunks a warp, 6.19 -> 6.96, so it keeps blocks of 8).
+
+    Otherwise 3 blocks of 8 warps per SM (80 registers), or 4 (64 registers) when that fills the last
+    wave of blocks much better. A block is 16 weight rows by all of K, long
     enough that a mostly idle last wave costs most of a block's time. Measured on the H100 (M = 1):
     8192 x 28672 is 512 blocks, 1.3 waves of 3 per SM (63.3 us) but 0.97 of 4 (48.4 us); 14336 x
     4096 is 896 blocks, 2.26 waves of 3 (16.4 us) or 1.70 of 4 (16.2 us), and 4096 x 14336 (256
     blocks) takes 15.4 us with 3 and 16.1 with 4: a fuller wave of 4 pays for the smaller register
     budget only when the difference is large, hence the margin."""
+    if blocks <= 2 * sms and nchunks >= 64:
+        return _jit.MATMUL_WIDE
+
     def fill(per_sm):
         waves = blocks / (per_sm * sms)
         return waves / math.ceil(waves)
@@ -432,14 +448,15 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
         mrows = min(rows_per_launch, M - m0)
         args["M"] = mrows
         two = mrows > 8
-        cfg = _jit.MATMUL_TWO if two else _decode_config(-(-N // _mm_rows(False)), _sms(device))
+        cfg = _jit.MATMUL_TWO if two else _decode_config(-(-N // _mm_rows(False)), _sms(device), K // _CHUNK[w.scheme])
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
-        smem = _mm_smem(two)
+        warps = _mm_warps(cfg)
+        smem = _mm_smem(two, warps)
         if id(k) not in _decode_smem_set:  # past the 48 KiB default; the function keeps the
             k.max_dynamic_shared_size_bytes = smem  # attribute, so it is set once per kernel
             _decode_smem_set.add(id(k))
         grid = (-(-N // _mm_rows(two)), -(-mrows // _MM_M))
-        k(grid, (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=smem)
+        k(grid, (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=smem)
 
 
 def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):

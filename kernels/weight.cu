@@ -173,10 +173,14 @@ static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ri
 // Kernel configurations (the CFG template argument): M tiles of up to 8 rows with 3 blocks per SM
 // (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
 // and M tiles of 16 rows (TWO), 2 blocks per SM.
+// MM_WIDE (M <= 8, few blocks: N up to 32 x the SM count) gives a block 16 warps instead of 8, so
+// that the K split is twice as fine and an SM holding two blocks has 32 warps in flight.
 #define MM_DEC3 0
 #define MM_DEC4 1
 #define MM_TWO 2
-__host__ __device__ constexpr int mm_min_blocks(int cfg) { return cfg == MM_DEC4 ? 4 : cfg == MM_TWO ? 2 : 3; }
+#define MM_WIDE 3
+__host__ __device__ constexpr int mm_min_blocks(int cfg) { return cfg == MM_DEC4 ? 4 : cfg == MM_DEC3 ? 3 : 2; }
+__host__ __device__ constexpr int mm_warps(int cfg) { return cfg == MM_WIDE ? 16 : MM_WARPS; }
 // dynamic shared bytes: the 8 warps' rings of MM_STAGES x RT KB (16 KB, 32 KB with TWO)
 __host__ __device__ constexpr int mm_smem_bytes(bool two) { return MM_WARPS * MM_STAGES * 1024 * mm_row_tiles(two); }
 
@@ -221,7 +225,7 @@ __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, 
 // 128: a chunk is one group): the mma multiplies the exact q - z, and each chunk's partial sums are
 // scaled in float32 afterwards (one FMA per output instead of one multiply per weight pair).
 template <typename T, int S, int CFG, bool POST>
-__global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+__global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                          const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                                          T* __restrict__ y, MatmulArgs a) {
     constexpr bool TWO = CFG == MM_TWO;
@@ -236,7 +240,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
     constexpr int STAGES = MM_STAGES;
     constexpr int SLOT = RT * 2 * 32;    // uint4 per ring slot: 16 bytes per lane of each weight row
     using H = HalfOps<T>;
-    extern __shared__ uint4 mm_smem[];  // the warps' rings [MM_WARPS][STAGES][SLOT], then the reduction
+    constexpr int WARPS = mm_warps(CFG);
+    extern __shared__ uint4 mm_smem[];  // the warps' rings [WARPS][STAGES][SLOT], then the reduction
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const i64 n0 = (i64)blockIdx.x * (16 * RT);
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
     };
 
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) fill(warp + s * MM_WARPS, s);
+    for (int s = 0; s < STAGES - 1; ++s) fill(warp + s * WARPS, s);
     unsigned gd_next[RT][2];
     load_groups(warp, gd_next);
     // The activations of the next chunk are loaded a quarter at a time, each into the registers of
@@ -318,7 +323,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
 
     int i = 0;
 #pragma unroll 1
-    for (int c = warp; c < nchunks; c += MM_WARPS, ++i) {
+    for (int c = warp; c < nchunks; c += WARPS, ++i) {
         // the row pointers stay in registers: without this the compiler recomputes them (64-bit
         // multiplies and the clamps) in every iteration
 #pragma unroll
@@ -338,12 +343,12 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) wv[r][h] = ring[slot * SLOT + (2 * r + h) * 32];
-        fill(c + (STAGES - 1) * MM_WARPS, (i + STAGES - 1) % STAGES);  // the slot emptied last iteration
+        fill(c + (STAGES - 1) * WARPS, (i + STAGES - 1) % STAGES);  // the slot emptied last iteration
 
         unsigned gd[RT][2];
 #pragma unroll
         for (int r = 0; r < RT; ++r) gd[r][0] = gd_next[r][0], gd[r][1] = gd_next[r][1];
-        load_groups(c + MM_WARPS, gd_next);
+        load_groups(c + WARPS, gd_next);
 
         // per row: the scale pair (and float scale), -(bias + z) in each half
         unsigned s2[RT][2], zb[RT][2];
@@ -404,7 +409,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
             }
-            if (st % 2 == 1) load_act(c + MM_WARPS, st / 2, ar);  // steps st - 1 and st used quarter st / 2
+            if (st % 2 == 1) load_act(c + WARPS, st / 2, ar);  // steps st - 1 and st used quarter st / 2
         }
         if constexpr (POST) {
 #pragma unroll
@@ -420,7 +425,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
     constexpr int OUTS = RT * MT * 4 * 32;
     cp_async_wait<0>();  // the fills past the last chunk (zeros) land before the memory is reused
     __syncthreads();
-    float* red = reinterpret_cast<float*>(mm_smem);  // [MM_WARPS][RT][MT][4][32]
+    float* red = reinterpret_cast<float*>(mm_smem);  // [WARPS][RT][MT][4][32]
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -429,10 +434,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32, mm_min_blocks(CFG)) w4a16_matmu
             for (int q = 0; q < 4; ++q) red[warp * OUTS + ((r * MT + mt) * 4 + q) * 32 + lane] = acc[r][mt][q];
     __syncthreads();
 #pragma unroll
-    for (int o = threadIdx.x; o < OUTS; o += MM_WARPS * 32) {
+    for (int o = threadIdx.x; o < OUTS; o += WARPS * 32) {
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MM_WARPS; ++w) sum = add_rn(sum, red[w * OUTS + o]);
+        for (int w = 0; w < WARPS; ++w) sum = add_rn(sum, red[w * OUTS + o]);
         const int l = o & 31, q = (o >> 5) & 3, mt = (o >> 7) % MT, r = (o >> 7) / MT;
         const i64 m = m0 + 8 * mt + 2 * (l & 3) + (q & 1);
         const i64 n = n0 + 16 * r + (l >> 2) + 8 * (q >> 1);

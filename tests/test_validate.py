@@ -88,12 +88,16 @@ def test_magic_division_for_col_scale_rows():
 def test_decode_config_fills_waves():
     """The M <= 8 decode kernel takes 4 blocks per SM only where that fills the last wave much
     better (132 SMs: N = 8192 is 512 blocks of 16 rows, 1.3 waves of 3 per SM but 0.97 of 4;
-    N = 14336, 2.26 waves of 3 against 1.70 of 4, stays with 3)."""
+    N = 14336, 2.26 waves of 3 against 1.70 of 4, stays with 3); at most two blocks per SM (N <= 4224)
+    take blocks of 16 warps if K is at least 64 chunks."""
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    pick = {n: cqw._decode_config(-(-n // 16), 132) for n in (256, 4096, 8192, 11008, 14336, 28672)}
-    assert pick == {256: _jit.MATMUL_DEC3, 4096: _jit.MATMUL_DEC3, 8192: _jit.MATMUL_DEC4,
+    pick = {n: cqw._decode_config(-(-n // 16), 132, 64) for n in (256, 4096, 4225, 8192, 11008, 14336, 28672)}
+    assert pick == {256: _jit.MATMUL_WIDE, 4096: _jit.MATMUL_WIDE, 4225: _jit.MATMUL_DEC3, 8192: _jit.MATMUL_DEC4,
                     11008: _jit.MATMUL_DEC3, 14336: _jit.MATMUL_DEC3, 28672: _jit.MATMUL_DEC3}
+    assert cqw._mm_warps(_jit.MATMUL_WIDE) == 16 and cqw._mm_smem(False, 16) == 32 * 1024
+    # blocks of 16 warps only when each warp still gets 4 chunks of K (INT4 K = 4096 is 32 chunks)
+    assert cqw._decode_config(256, 132, 32) == _jit.MATMUL_DEC3
     assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
     assert cqw._mm_smem(False) == 16 * 1024 and cqw._mm_smem(True) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
