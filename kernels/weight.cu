@@ -197,8 +197,10 @@ template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned 
     else return __uint_as_float(b << 16);
 }
 
-// A 16-byte read-only load that the compiler keeps where it is written (asm volatile keeps its place
-// among the mma's asm): without it the loads of the next chunk's activations sink to the loop's end.
+// A 16-byte read-only load written as asm volatile, so that it keeps its place among the mma's asm
+// statements in what NVVM emits; ptxas still schedules it (in the sm_90 SASS at 80 registers the
+// next chunk's activation loads issue after the third of the chunk's eight mma steps, at 64
+// registers at the end of the iteration, the same as with __ldg).
 __device__ __forceinline__ uint4 ld16_ordered(const void* p) {
     uint4 v;
     asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
