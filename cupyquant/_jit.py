@@ -102,6 +102,9 @@ _HALF_CTYPES = ("__half", "__nv_bfloat16")
 #: values each is built with (kernels/weight_gemm.cu: MT = 4 has no registers for POST's partials).
 GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2, 3): (False,)}
 
+#: w4a16_wgmma tile configurations: (rows of a per tile, ring stages) (kernels/weight_wgmma.cu).
+WGMMA_CONFIGS = ((64, 8), (128, 8), (256, 6))
+
 _MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 
 #: family -> every instantiation its wrappers may request.
@@ -142,13 +145,25 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
         for cfg, posts in GEMM_CONFIGS.items()
         for e in _product("w4a16_gemm", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg], posts)
     ),
+    "weight_wgmma": tuple(
+        e
+        for bma, stages in WGMMA_CONFIGS
+        for e in _product("w4a16_wgmma", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), (bma,), (stages,))
+    ),
 }
 
 #: Families compiled for the family-specific target (``-arch=sm_100a``, ``sm_120a``, ...) on GPUs
-#: that have one, because their FP4 and UE8M0 conversions exist as instructions only there. NVRTC
-#: given both CuPy's ``-arch=sm_XX`` and ``-arch=sm_XXa`` compiles for the latter.
-ARCH_SPECIFIC_FAMILIES = frozenset({"mx"})
-_ARCHS_WITH_SPECIFIC_TARGET = ("100", "101", "103", "110", "120", "121")
+#: that have one: mx because its FP4 and UE8M0 conversions exist as instructions only there, and
+#: weight_wgmma because Hopper's wgmma exists only on sm_90a. NVRTC given both CuPy's
+#: ``-arch=sm_XX`` and ``-arch=sm_XXa`` compiles for the latter.
+_SPECIFIC_TARGETS = {
+    "mx": ("100", "101", "103", "110", "120", "121"),
+    "weight_wgmma": ("90",),
+}
+ARCH_SPECIFIC_FAMILIES = frozenset(_SPECIFIC_TARGETS)
+#: Families with no portable build to fall back to: without the specific target their kernels are
+#: stubs (weight_wgmma traps), so a failed specific build is an error, not a fallback.
+_SPECIFIC_REQUIRED = frozenset({"weight_wgmma"})
 
 
 def families() -> dict[str, tuple[str, ...]]:
@@ -249,7 +264,7 @@ _kernels: dict = {}
 def specific_target(family: str, arch: str):
     """The family-specific ``-arch`` option for a family on a GPU of compute capability ``arch``
     (``"100"``), or None where there is none to ask for."""
-    if family in ARCH_SPECIFIC_FAMILIES and arch in _ARCHS_WITH_SPECIFIC_TARGET:
+    if arch in _SPECIFIC_TARGETS.get(family, ()):
         return f"-arch=sm_{arch}a"
     return None
 
@@ -263,6 +278,8 @@ def _build_module(family: str, requested: str, device: int):
     extra = specific_target(family, cupy.cuda.Device(device).compute_capability)
     if extra:  # an NVRTC too old for the target falls back to the portable (software) build
         attempts.insert(0, base + (extra,))
+        if family in _SPECIFIC_REQUIRED:
+            attempts = attempts[:1]
     for i, opts in enumerate(attempts):
         mod = cupy.RawModule(code=source(family), options=opts, name_expressions=list(_FAMILIES[family]))
         try:

@@ -255,7 +255,24 @@ _GEMM_TILES = ((16, (1, 1, 4)), (32, (2, 1, 4)), (64, (4, 1, 4)), (None, (4, 2, 
 DECODE_MAX_M = 16
 _DECODE_SMALL_M, _SMALL_W = 256, 1 << 25
 _DECODE_MID_M, _MID_W = 64, 1 << 26
-# FP8 weights always take the decode kernel (the pipelined kernel is INT4 only).
+# FP8 weights always take the decode kernel (the tensor-core kernels are INT4 only).
+# On compute capability 9.0 the tensor-core path is weight_wgmma.cu. It does not split K (see
+# _wg_splits), so a weight of few 128-row tiles leaves SMs idle: for M <= _WG_DECODE_MAX_M the
+# decode kernel keeps the call when the wgmma tiles would fill fewer than half the SMs. Measured on
+# the H100 (scripts/bench.py --matmul --matmul-paths, bf16, g128; us, decode / wgmma):
+#   N x K         M=32         64           128          256          1024
+#   4096x4096     12.2/35.4    21.2/35.5    38.8/42.0    71.7/59.2    271/60.4
+#   14336x4096    41.1/39.4    65.7/36.9    121/43.3     237/61.1     929/241
+#   4096x14336    30.6/120     54.5/116     103/139      201/195      813/197
+#   28672x8192    124/125      243/129      496/182      1064/267     3979/842
+#   8192x28672    109/248      210/250      415/282      849/417      3573/820
+# (the wgmma column with one tile height for M <= 128, before _wg_tile weighed waves).
+_WGMMA_ARCHS = ("90",)
+_WG_DECODE_MAX_M = 256
+#: Tests and benchmarks set this to "decode", "pipelined" or "wgmma" to force INT4 matmuls onto one
+#: kernel ("wgmma" needs compute capability 9.0; FP8 weights always take "decode").
+FORCE_PATH = None
+_arch_of: dict = {}
 
 _GM_ARGS = np.dtype(
     [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
@@ -273,15 +290,49 @@ def _gemm_config(M: int):
             return cfg
 
 
-def matmul_path(M: int, w: QuantizedWeight) -> str:
+def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     """The kernel :func:`matmul` uses for ``M`` rows of activations: ``"decode"`` (the split-K
-    kernel of ``weight.cu``, one 16-row tile per block) or ``"pipelined"`` (``weight_gemm.cu``)."""
+    kernel of ``weight.cu``, one 16-row tile per block), ``"wgmma"`` (``weight_wgmma.cu``, Hopper's
+    warpgroup tensor-core instructions, on GPUs of compute capability 9.0) or ``"pipelined"``
+    (``weight_gemm.cu``, ``mma.sync``, on the other GPUs).
+
+    ``arch`` is the compute capability as CuPy spells it (``"90"``) and ``sms`` the GPU's
+    multiprocessor count; by default the current device's, or (no GPU) none, which gives
+    ``"pipelined"`` for the tensor-core path, and 132 (an H100 SXM)."""
+    if FORCE_PATH is not None and (w.scheme != "float8_e4m3fn" or FORCE_PATH == "decode"):
+        return FORCE_PATH
     if w.scheme == "float8_e4m3fn" or M <= DECODE_MAX_M:
         return "decode"
     N, K = w.shape
-    if DECODE_MAX_M and (M <= _DECODE_SMALL_M and N * K < _SMALL_W or M <= _DECODE_MID_M and N * K < _MID_W):
+    if arch is None:
+        arch = _current_arch()
+    if arch in _WGMMA_ARCHS:
+        if sms is None:
+            sms = _current_sms()
+        if M <= _WG_DECODE_MAX_M and 2 * _wg_tile(M, N, sms)[1] < sms:
+            return "decode"
+        return "wgmma"
+    if M <= _DECODE_SMALL_M and N * K < _SMALL_W or M <= _DECODE_MID_M and N * K < _MID_W:
         return "decode"
     return "pipelined"
+
+
+def _current_sms():
+    try:
+        return _sms(cupy.cuda.Device().id)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return 132
+
+
+def _current_arch():
+    try:
+        dev = cupy.cuda.Device()
+        arch = _arch_of.get(dev.id)
+        if arch is None:
+            arch = _arch_of[dev.id] = dev.compute_capability
+        return arch
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return None
 
 
 def _gemm_kernel(device, t, w, M):
@@ -297,6 +348,13 @@ def _gemm_kernel(device, t, w, M):
         k.max_dynamic_shared_size_bytes = smem  # past the 48 KiB default (with the kernel's static bytes)
         occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, threads, smem))
     return k, bm, threads, smem, occ
+
+
+def _arch(device) -> str:
+    arch = _arch_of.get(device)
+    if arch is None:
+        arch = _arch_of[device] = cupy.cuda.Device(device).compute_capability
+    return arch
 
 
 def _sms(device) -> int:
@@ -338,22 +396,29 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
 
     Notes
     -----
-    Two kernels; :func:`matmul_path` says which one a call takes:
+    Three kernels; :func:`matmul_path` says which one a call takes:
 
     * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 8 warps
-      splitting K; each weight byte is read once per 16 rows. INT4 takes it for M <= 16, for M <= 64
-      when the weight has fewer than 2^26 elements, and for M <= 256 when it has fewer than 2^25.
-      FP8 weights take it for every M.
-    * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M. Tiles of 16, 32, 64 or 128
-      rows by 128 columns, K streamed through shared memory in stages of 128 with ``cp.async``, 3-4
-      stages deep; when the tiles cannot fill the GPU, K is split across blocks and the last block
-      of a tile adds the float32 partials in split order (the result does not depend on timing).
+      splitting K; each weight byte is read once per 16 rows. FP8 weights take it for every M. INT4
+      takes it for M <= 16; on compute capability 9.0 also for M <= 256 when the wgmma kernel's
+      tiles would fill fewer than half the SMs; on other GPUs also for M <= 64 when the weight has
+      fewer than 2^26 elements, and for M <= 256 when it has fewer than 2^25.
+    * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
+      (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
+      operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a`` (the height that makes the
+      fewest waves of the least work), K streamed through shared memory in stages of 64 with
+      ``cp.async``, 6-8 stages deep.
+    * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M on the other GPUs
+      (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
+      3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
+      block of a tile adds the float32 partials in split order (the result does not depend on
+      timing).
 
     The thresholds come from measurements recorded in ``weight.py`` (``DECODE_MAX_M``). INT4 with
     ``group_size`` 128 or per-channel (decode kernel, and pipelined tiles of up to 32 rows): the
     tensor cores multiply ``a`` by the exact integers ``q - z`` and each 128-wide chunk's float32
     partial sums are multiplied by the group's scale (``s * sum((q - z) * a)``, the weights never
-    rounded to a's dtype). Otherwise (groups of 32 and 64, FP8, larger pipelined tiles) the weights
+    rounded to a's dtype). Otherwise (groups of 32 and 64, FP8, larger pipelined tiles, wgmma) the weights
     are dequantized to a's dtype first, bit-identical to ``w.dequantize(a.dtype)``. Either way each
     product is exact and the sums are float32, in an order that differs from a sequential sum, and
     that depends on the path and tile (so a row's result can change in the last bits with M).
@@ -399,8 +464,14 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
         y = cupy.empty(lead + (N,), dtype=a.dtype) if out is None else out
         if M and N:
             zeros = w.zeros if w.zeros is not None else 0
-            if matmul_path(M, w) == "decode":
+            path = matmul_path(M, w, arch=_arch(device), sms=_sms(device))
+            if path == "decode":
                 _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
+            elif path == "wgmma":
+                if _arch(device) not in _WGMMA_ARCHS:
+                    raise ValueError(f"the wgmma path needs a GPU of compute capability 9.0, device {device} is "
+                                     f"{_arch(device)}")
+                _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
             else:
                 _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
     return y
@@ -479,4 +550,74 @@ def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):
         else:
             ws = counters = 0
         k((ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args[()]),
+          shared_mem=smem)
+
+
+# The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 64, 128 or 256 rows of a,
+# K in stages of 64, and the ring depth that fits each tile in shared memory.
+_WG_BN, _WG_BK = 128, 64
+_WG_STAGES = {64: 8, 128: 8, 256: 6}
+_WG_MIN_SPLIT_STAGES = 8
+
+
+_WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
+
+
+def _wg_tile(M: int, N: int, sms: int):
+    """(rows of a per tile, tiles) for the wgmma kernel: the tile height with the least estimated
+    time, waves of blocks x each block's cost, counted as its rows of a plus 128 rows' worth of
+    fixed per-stage cost (weight loads, dequantization, the barrier: measured, a 64-row tile's stage
+    takes about 0.6 of a 256-row one's); ties go to the taller tile."""
+    best = None
+    for bma in (256, 128, 64):
+        tiles = -(-N // _WG_BN) * -(-M // bma)
+        cost = -(-tiles // (_WG_BLOCKS_PER_SM[bma] * sms)) * (bma + 128)
+        if best is None or cost < best[0]:
+            best = (cost, bma, tiles)
+    return best[1], best[2]
+
+
+def _wg_smem(bma: int) -> int:
+    """The ring (STAGES slots of activations and weights), the two-slot scale ring (4 KB), and 1 KB
+    to align the first slot to 1024 bytes."""
+    return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32) + 4096 + 1024
+
+
+def _wg_splits(tiles: int, iters_total: int, slots: int):
+    """(splits, stages per split) for the wgmma kernel: one split. Measured on the H100 (4096 x 4096,
+    bf16, g128, us per call with K split 1 / 2 / 4 / 8 ways): M = 16 37 / 46 / 45 / 43, M = 64
+    38 / 47 / 45 / 74, M = 256 60 / 109 / 169 / 398, M = 1024 61 / 192 / 315 / 559: the float32
+    partial tiles and their reduction by the last block of a tile cost more than the idle SMs they
+    fill. The kernel keeps its split-K path (the tests force it), for a future reduction that pays."""
+    return 1, iters_total
+
+
+def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros):
+    bma, _ = _wg_tile(M, N, _sms(device))
+    stages = _WG_STAGES[bma]
+    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages)
+    smem = _wg_smem(bma)
+    key = (device, id(k))
+    occ = _occupancy.get(key)
+    if occ is None:
+        k.max_dynamic_shared_size_bytes = smem
+        occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, 256, smem))
+    args = np.zeros((), dtype=_GM_ARGS)
+    args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
+    args["ng"], args["gshift"] = K // w.G, _gshift(w)
+    iters_total = K // _WG_BK
+    ntiles = -(-N // _WG_BN)
+    rows_per_launch = bma * _MAX_GRID_Y
+    for m0 in range(0, M, rows_per_launch):
+        mrows = min(rows_per_launch, M - m0)
+        mtiles = -(-mrows // bma)
+        splits, iters = _wg_splits(ntiles * mtiles, iters_total, occ * _sms(device))
+        args["M"], args["splits"], args["iters"] = mrows, splits, iters
+        if splits > 1:
+            ws = cupy.empty((splits, mrows, N), dtype=np.float32)
+            counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
+            _validate.keep_if_capturing(ws, counters)
+        else:
+            ws = counters = 0
+        k((ntiles, mtiles, splits), (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args[()]),
           shared_mem=smem)

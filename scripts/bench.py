@@ -452,8 +452,8 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
     fp16 (cupy.matmul) and torch bf16 matmul, every call replayed from a CUDA graph (a single
     4096 x 4096 call lasts a few microseconds, less than a Python launch), the weights rotated over
     enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points);
-    TFLOP/s is 2 M N K / t. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined),
-    whatever matmul_path would pick."""
+    TFLOP/s is 2 M N K / t. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined,
+    and wgmma on compute capability 9.0), whatever matmul_path would pick."""
     from cupyquant import weight as _weight
 
     rows = []
@@ -502,14 +502,15 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
                 row[f"{tag} TFLOP/s"] = flop / t / 1e12
                 row[f"{tag} x cuBLAS"] = t_cublas / t
                 if paths and scheme != "float8_e4m3fn":
-                    saved = _weight.DECODE_MAX_M
+                    saved = _weight.FORCE_PATH
+                    hopper = cupy.cuda.Device().compute_capability in _weight._WGMMA_ARCHS
                     try:
-                        for path, limit in (("decode", 1 << 62), ("pipelined", 0)):
-                            _weight.DECODE_MAX_M = limit
+                        for path in ("decode", "pipelined") + (("wgmma",) if hopper else ()):
+                            _weight.FORCE_PATH = path
                             tp = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
                             row[f"{tag} {path} us"] = tp * 1e6
                     finally:
-                        _weight.DECODE_MAX_M = saved
+                        _weight.FORCE_PATH = saved
             rows.append(row)
             print_row(row)
         del qws, w16s

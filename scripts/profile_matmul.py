@@ -2,7 +2,9 @@
 """Run the weight-only matmul a few times on one shape, for a profiler.
 
     ncu --kernel-name regex:w4a16 --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
-        python scripts/profile_matmul.py 28672 8192 1 int4
+        python scripts/profile_matmul.py 28672 8192 1 int4 [path]
+
+path: "decode", "pipelined" or "wgmma" forces that kernel (cupyquant.weight.FORCE_PATH).
 """
 
 import os
@@ -17,6 +19,10 @@ import cupyquant as cq  # noqa: E402
 if __name__ == "__main__":
     N, K, M = (int(v) for v in sys.argv[1:4])
     scheme = sys.argv[4] if len(sys.argv) > 4 else "int4"
+    if len(sys.argv) > 5:
+        from cupyquant import weight as _weight
+
+        _weight.FORCE_PATH = sys.argv[5]
     rng = cupy.random.default_rng(0)
     w = rng.standard_normal((N, K), dtype="float32").astype(ml_dtypes.bfloat16)
     qw = cq.quantize_weight(w, scheme, group_size=None if scheme == "float8_e4m3fn" else 128)

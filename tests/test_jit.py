@@ -121,3 +121,32 @@ def test_specific_target_is_asked_only_where_it_exists():
     assert _jit.specific_target("mx", "120") == "-arch=sm_120a"
     assert _jit.specific_target("mx", "90") is None
     assert _jit.specific_target("fp8_tensor", "100") is None
+
+
+def test_hopper_matmul_uses_wgmma_only_on_sm90a():
+    """weight_wgmma is built for sm_90a, the only target with wgmma: there its kernels issue
+    wgmma.mma_async with the A operand in registers (64 x BMA x 16 per instruction); on every other
+    target they compile to stubs that the host never launches."""
+    ptx = []
+    lowered = _jit.compile_for_arch("weight_wgmma", "90a", ptx_out=ptx)
+    assert set(lowered) == set(_jit.families()["weight_wgmma"])
+    for bma, _ in _jit.WGMMA_CONFIGS:
+        for t in ("f16", "bf16"):
+            assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
+    assert "fence.proxy.async.shared::cta" in ptx[0]
+    ptx90 = []
+    _jit.compile_for_arch("weight_wgmma", "90", ptx_out=ptx90)
+    assert "wgmma" not in ptx90[0].replace("w4a16_wgmma", "")
+    assert _jit.specific_target("weight_wgmma", "90") == "-arch=sm_90a"
+    assert _jit.specific_target("weight_wgmma", "100") is None
+
+
+def test_generated_wgmma_wrappers_are_current():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gen_wgmma.py"
+    spec = importlib.util.spec_from_file_location("gen_wgmma", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.current() == gen.generated(), "run python scripts/gen_wgmma.py"

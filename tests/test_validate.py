@@ -8,6 +8,7 @@ import pytest
 
 import cupyquant as cq
 from cupyquant import _dtypes, _validate
+from cupyquant import weight as _weight
 
 
 def test_numpy_array_is_a_type_error_naming_x():
@@ -101,3 +102,40 @@ def test_decode_config_fills_waves():
     assert cqw._decode_config(256, 132, 32) == _jit.MATMUL_DEC3
     assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
     assert cqw._mm_smem(False) == 16 * 1024 and cqw._mm_smem(True) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
+
+
+# The path table that matmul's docstring states: (M, (N, K), path elsewhere, path on compute
+# capability 9.0, on 132 SMs) for INT4 weights.
+DOC_PATHS = [
+    (1, (4096, 4096), "decode", "decode"), (16, (28672, 8192), "decode", "decode"),
+    (17, (28672, 8192), "pipelined", "wgmma"), (64, (14336, 4096), "decode", "wgmma"),
+    (65, (14336, 4096), "pipelined", "wgmma"), (128, (4096, 4096), "decode", "decode"),
+    (129, (4096, 4096), "decode", "wgmma"), (256, (4096, 4096), "decode", "wgmma"),
+    (257, (4096, 4096), "pipelined", "wgmma"), (4096, (256, 512), "pipelined", "wgmma"),
+    (100, (256, 512), "decode", "decode"), (17, (256, 512), "decode", "decode"),
+    (64, (8192, 28672), "pipelined", "decode"), (128, (8192, 28672), "pipelined", "wgmma"),
+    (256, (4096, 14336), "pipelined", "wgmma"), (128, (4096, 14336), "pipelined", "decode"),
+]
+
+
+def test_wgmma_tile_heights():
+    """_wg_tile: the height with the fewest waves of the least work (132 SMs)."""
+    assert _weight._wg_tile(4096, 4096, 132) == (256, 512)
+    assert _weight._wg_tile(1024, 4096, 132) == (256, 128)
+    assert _weight._wg_tile(128, 8192, 132) == (64, 128)
+    assert _weight._wg_tile(17, 28672, 132) == (64, 224)
+    assert _weight._wg_tile(300, 1001, 132) == (64, 40)
+
+
+@pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
+def test_matmul_path_table(arch):
+    """The table of matmul's docstring, for each architecture (no GPU needed: arch is given)."""
+    doc = _weight.matmul.__doc__
+    for M, (N, K), other, hopper in DOC_PATHS:
+        want = hopper if arch == "90" else other
+        for scheme in ("int4", "uint4", "float8_e4m3fn"):
+            shell = _weight.QuantizedWeight(None, None, None, scheme, 128, (N, K), np.float16)  # only its shape is read
+            got = _weight.matmul_path(M, shell, arch=arch or "none", sms=132)
+            assert got == ("decode" if scheme == "float8_e4m3fn" else want), (arch, M, N, K, scheme)
+    assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
+    assert "compute capability 9.0" in doc and '``"wgmma"``' in doc and "fill fewer than half the SMs" in doc

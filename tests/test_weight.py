@@ -164,19 +164,25 @@ def _rel_err(y, want):
     return float(cupy.linalg.norm(y - want) / cupy.linalg.norm(want))
 
 
+def _hopper():
+    return cupy.cuda.Device().compute_capability in cqw._WGMMA_ARCHS
+
+
 class _forced:
-    """Within the block, INT4 matmuls take ``path`` ("decode" or "pipelined") whatever M is."""
+    """Within the block, INT4 matmuls take ``path`` ("decode", "pipelined" or "wgmma") whatever M
+    is; "wgmma" skips the test on GPUs other than compute capability 9.0 (the only ones with it)."""
 
     def __init__(self, path):
-        self.limit = {"decode": 1 << 62, "pipelined": 0, "auto": None}[path]
+        self.path = None if path == "auto" else path
 
     def __enter__(self):
-        self.saved = cqw.DECODE_MAX_M
-        if self.limit is not None:
-            cqw.DECODE_MAX_M = self.limit
+        if self.path == "wgmma" and not _hopper():
+            pytest.skip(f"the wgmma kernel needs compute capability 9.0, this GPU is {cupy.cuda.Device().compute_capability}")
+        self.saved = cqw.FORCE_PATH
+        cqw.FORCE_PATH = self.path
 
     def __exit__(self, *exc):
-        cqw.DECODE_MAX_M = self.saved
+        cqw.FORCE_PATH = self.saved
 
 
 def _check_matmul(qw, ms, dtype, seed, what=""):
@@ -191,15 +197,15 @@ def _check_matmul(qw, ms, dtype, seed, what=""):
         assert err <= tol, f"{what} M={M} N={N} K={K} ({cqw.matmul_path(M, qw)}): relative error {err:.3g} > {tol:.3g}"
 
 
-# (scheme, symmetric, path): both kernels for INT4; FP8 weights have the decode kernel only
-MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "pipelined") if s != "float8_e4m3fn" or p == "decode"]
+# (scheme, symmetric, path): every kernel for INT4; FP8 weights have the decode kernel only
+MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "pipelined", "wgmma") if s != "float8_e4m3fn" or p == "decode"]
 
 
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)
 @pytest.mark.parametrize("scheme,sym,path", MM_PATHS, ids=[f"{s}-{p}" for s, _, p in MM_PATHS])
 @pytest.mark.parametrize("dtype", HALF, ids=_id)
 def test_matmul_relative_error(dtype, scheme, sym, group_size, path):
-    """Both kernels at the decode sizes M = 1..64."""
+    """Every kernel at the decode sizes M = 1..64."""
     for N, K in MM_SHAPES:
         if scheme == "float8_e4m3fn" and K % 64 or K % 128 and scheme != "float8_e4m3fn":
             continue
@@ -238,54 +244,93 @@ def test_prefill_benchmark_shapes(dtype, scheme, sym, group_size):
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-# The path table that matmul's docstring states: (M, (N, K), path) for INT4 weights.
-DOC_PATHS = [
-    (1, (4096, 4096), "decode"), (16, (28672, 8192), "decode"), (17, (28672, 8192), "pipelined"),
-    (64, (14336, 4096), "decode"), (65, (14336, 4096), "pipelined"), (256, (4096, 4096), "decode"),
-    (257, (4096, 4096), "pipelined"), (4096, (256, 512), "pipelined"), (100, (256, 512), "decode"),
-]
+_LAUNCHERS = {"decode": "_launch_decode", "pipelined": "_launch_gemm", "wgmma": "_launch_wgmma"}
 
 
-def test_matmul_path_follows_docs(monkeypatch):
-    doc = cqw.matmul.__doc__
-    for M, (N, K), want in DOC_PATHS:
-        for scheme in ("int4", "uint4", "float8_e4m3fn"):
-            shell = cqw.QuantizedWeight(None, None, None, scheme, 128, (N, K), np.float16)  # only its shape is read
-            assert cqw.matmul_path(M, shell) == ("decode" if scheme == "float8_e4m3fn" else want), (M, N, K, scheme)
-    assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
-    # and matmul launches the kernel matmul_path names
+def test_matmul_launches_the_path_it_names(monkeypatch):
     dtype = ml_dtypes.bfloat16
     N, K = 256, 512
     wh = cupy.asarray(_weights((N, K), 11, dtype))
     called = []
-    for name in ("_launch_decode", "_launch_gemm"):
+    for name in _LAUNCHERS.values():
         orig = getattr(cqw, name)
         monkeypatch.setattr(cqw, name, (lambda orig, name: lambda *a: (called.append(name), orig(*a)))(orig, name))
+    seen = set()
     for scheme, sym in SCHEMES:
         qw = cq.quantize_weight(wh, scheme, group_size=128, symmetric=sym)
         for M in (1, 100, 256, 257, 1000):
             want = cqw.matmul_path(M, qw)
+            assert want == cqw.matmul_path(M, qw, arch=cupy.cuda.Device().compute_capability)
+            seen.add(want)
             called.clear()
             y = cq.matmul(cupy.ones((M, K), dtype=dtype), qw)
-            assert called == [{"decode": "_launch_decode", "pipelined": "_launch_gemm"}[want]], (scheme, M, called)
+            assert called == [_LAUNCHERS[want]], (scheme, M, called)
             assert y.shape == (M, N)
+    assert seen == {"decode", "wgmma" if _hopper() else "pipelined"}
 
 
-def test_pipelined_split_k_is_deterministic():
+@pytest.mark.parametrize("path", ["pipelined", "wgmma"])
+def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
     """Small M and N leave most of the GPU idle unless K is split across blocks; the partial tiles
-    are added in split order, so repeated calls give the same bits."""
+    are added in split order, so repeated calls give the same bits. (matmul never splits K on the
+    wgmma kernel, whose split-K path is slower where measured: it is forced here, 2..8 ways.)"""
     dtype = ml_dtypes.bfloat16
     N, K = 256, 8192
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 12, dtype, outliers=False)), "int4", group_size=128)
-    tiles = -(-N // cqw._GEMM_BN)
-    splits, _ = cqw._splits(tiles, K // cqw._GEMM_BK, cupy.cuda.Device().attributes["MultiProcessorCount"])
-    assert splits > 1
-    a = cupy.asarray(np.random.default_rng(13).standard_normal((16, K)).astype(np.float32).astype(dtype))
-    with _forced("pipelined"):
-        first = cupy.asnumpy(cq.matmul(a, qw))
-        for _ in range(5):
-            assert_bits_equal(cq.matmul(a, qw), first, "repeat")
-    assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    if path == "pipelined":
+        splits, _ = cqw._splits(-(-N // cqw._GEMM_BN), K // cqw._GEMM_BK, sms)
+        assert splits > 1
+        cases = [None]
+    else:
+        assert cqw._wg_splits(2, K // cqw._WG_BK, 2 * sms) == (1, K // cqw._WG_BK)
+        cases = [2, 3, 8]
+    for forced in cases:
+        if forced is not None:
+            monkeypatch.setattr(cqw, "_wg_splits", lambda tiles, iters, slots, f=forced: (f, -(-iters // f)))
+        for M in (16, 200):
+            a = cupy.asarray(np.random.default_rng(13).standard_normal((M, K)).astype(np.float32).astype(dtype))
+            with _forced(path):
+                first = cupy.asnumpy(cq.matmul(a, qw))
+                for _ in range(3):
+                    assert_bits_equal(cq.matmul(a, qw), first, f"repeat, {forced} splits")
+            assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+
+
+@pytest.mark.parametrize("group_size", [32, 128, None], ids=_id)
+@pytest.mark.parametrize("scheme,sym", INT4_SCHEMES, ids=[s for s, _ in INT4_SCHEMES])
+@pytest.mark.parametrize("dtype", HALF, ids=_id)
+def test_prefill_other_tensor_core_kernel(dtype, scheme, sym, group_size):
+    """On compute capability 9.0 matmul picks the wgmma kernel; the mma.sync kernel (every other
+    GPU's) is held to the same bound here, at prefill sizes, and vice versa elsewhere."""
+    other = "pipelined" if _hopper() else "wgmma"
+    for N, K in [(1000, 384), (4096, 4096)]:
+        wh = _weights((N, K), _seed("po", N, K, scheme, group_size, dtype), dtype, outliers=False)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        with _forced(other):
+            _check_matmul(qw, PREFILL_MS, dtype, _seed("poa", N, K), other)
+
+
+@pytest.mark.parametrize("path", ["pipelined", "wgmma"])
+def test_tensor_core_out_tails_and_batches(path):
+    """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
+    out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
+    the aligned call."""
+    dtype = ml_dtypes.bfloat16
+    N, K = 1001, 640
+    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 21, dtype)), "uint4", group_size=64, symmetric=False)
+    rng = np.random.default_rng(22)
+    a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
+    with _forced(path):
+        y = cq.matmul(a, qw)
+        assert y.shape == (3, 97, N)
+        assert _rel_err(y, _matmul_ref(a.reshape(-1, K), qw)) <= TOL[np.dtype(dtype)]
+        for off in (1, 3):
+            buf = poisoned((3 * 97 * N + off,), dtype)
+            out = buf[off:].reshape(3, 97, N)
+            assert cq.matmul(a, qw, out=out) is out
+            assert_bits_equal(out, cupy.asnumpy(y), f"out= offset {off}")
+            assert_bits_equal(buf[:off], cupy.asnumpy(poisoned((off,), dtype)), "before out=")
 
 
 @pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
