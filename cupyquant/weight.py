@@ -258,7 +258,8 @@ _DECODE_MID_M, _MID_W = 64, 1 << 26
 # FP8 weights always take the decode kernel (the tensor-core kernels are INT4 only).
 # On compute capability 9.0 the tensor-core path is weight_wgmma.cu. It does not split K (see
 # _wg_splits), so a weight of few 128-row tiles leaves SMs idle: for M <= _WG_DECODE_MAX_M the
-# decode kernel keeps the call when the wgmma tiles would fill fewer than half the SMs. Measured on
+# decode kernel keeps the call when the wgmma kernel's smallest tiles (64 rows of a) would fill
+# fewer than half the SMs. Measured on
 # the H100 (scripts/bench.py --matmul --matmul-paths, bf16, g128; us, decode / wgmma):
 #   N x K         M=32         64           128          256          1024
 #   4096x4096     12.2/35.4    21.2/35.5    38.8/42.0    71.7/59.2    271/60.4
@@ -309,7 +310,7 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     if arch in _WGMMA_ARCHS:
         if sms is None:
             sms = _current_sms()
-        if M <= _WG_DECODE_MAX_M and 2 * _wg_tile(M, N, sms)[1] < sms:
+        if M <= _WG_DECODE_MAX_M and 2 * -(-N // _WG_BN) * -(-M // 64) < sms:
             return "decode"
         return "wgmma"
     if M <= _DECODE_SMALL_M and N * K < _SMALL_W or M <= _DECODE_MID_M and N * K < _MID_W:
@@ -401,8 +402,8 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 8 warps
       splitting K; each weight byte is read once per 16 rows. FP8 weights take it for every M. INT4
       takes it for M <= 16; on compute capability 9.0 also for M <= 256 when the wgmma kernel's
-      tiles would fill fewer than half the SMs; on other GPUs also for M <= 64 when the weight has
-      fewer than 2^26 elements, and for M <= 256 when it has fewer than 2^25.
+      64-row tiles would fill fewer than half the SMs; on other GPUs also for M <= 64 when the
+      weight has fewer than 2^26 elements, and for M <= 256 when it has fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a`` (the height that makes the
@@ -563,15 +564,19 @@ _WG_MIN_SPLIT_STAGES = 8
 _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
 
 
+# Time of one stage for a full wave of blocks, relative to 256-row tiles (H100, bf16: 256 rows
+# 1.03 us per stage at one block per SM, 128 rows 0.70, 64 rows 0.95 at two blocks per SM).
+_WG_WAVE_COST = {256: 1.0, 128: 0.7, 64: 0.92}
+
+
 def _wg_tile(M: int, N: int, sms: int):
     """(rows of a per tile, tiles) for the wgmma kernel: the tile height with the least estimated
-    time, waves of blocks x each block's cost, counted as its rows of a plus 128 rows' worth of
-    fixed per-stage cost (weight loads, dequantization, the barrier: measured, a 64-row tile's stage
-    takes about 0.6 of a 256-row one's); ties go to the taller tile."""
+    time, waves of blocks x the measured cost of a wave's stage (_WG_WAVE_COST); ties go to the
+    taller tile."""
     best = None
     for bma in (256, 128, 64):
         tiles = -(-N // _WG_BN) * -(-M // bma)
-        cost = -(-tiles // (_WG_BLOCKS_PER_SM[bma] * sms)) * (bma + 128)
+        cost = -(-tiles // (_WG_BLOCKS_PER_SM[bma] * sms)) * _WG_WAVE_COST[bma]
         if best is None or cost < best[0]:
             best = (cost, bma, tiles)
     return best[1], best[2]

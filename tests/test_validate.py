@@ -122,9 +122,10 @@ def test_wgmma_tile_heights():
     """_wg_tile: the height with the fewest waves of the least work (132 SMs)."""
     assert _weight._wg_tile(4096, 4096, 132) == (256, 512)
     assert _weight._wg_tile(1024, 4096, 132) == (256, 128)
-    assert _weight._wg_tile(128, 8192, 132) == (64, 128)
+    assert _weight._wg_tile(128, 8192, 132) == (128, 64)
     assert _weight._wg_tile(17, 28672, 132) == (64, 224)
-    assert _weight._wg_tile(300, 1001, 132) == (64, 40)
+    assert _weight._wg_tile(300, 1001, 132) == (128, 24)
+    assert _weight._wg_tile(1024, 14336, 132) == (256, 448)
 
 
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
