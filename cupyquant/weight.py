@@ -327,11 +327,7 @@ def _current_sms():
 
 def _current_arch():
     try:
-        dev = cupy.cuda.Device()
-        arch = _arch_of.get(dev.id)
-        if arch is None:
-            arch = _arch_of[dev.id] = dev.compute_capability
-        return arch
+        return _arch(cupy.cuda.Device().id)
     except cupy.cuda.runtime.CUDARuntimeError:
         return None
 
@@ -343,12 +339,18 @@ def _gemm_kernel(device, t, w, M):
     bm = 16 * mt * wm
     smem = stages * (bm * _GEMM_BK * 2 + _GEMM_BN * _GEMM_BK // 2)
     threads = 128 * wm
+    return k, bm, threads, smem
+
+
+def _occupancy_of(device, k, threads: int, smem: int) -> int:
+    """Blocks of ``k`` per SM; the first call per kernel also raises its shared-memory limit past
+    the 48 KiB default (the function keeps the attribute)."""
     key = (device, id(k))
     occ = _occupancy.get(key)
     if occ is None:
-        k.max_dynamic_shared_size_bytes = smem  # past the 48 KiB default (with the kernel's static bytes)
+        k.max_dynamic_shared_size_bytes = smem
         occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, threads, smem))
-    return k, bm, threads, smem, occ
+    return occ
 
 
 def _arch(device) -> str:
@@ -532,17 +534,25 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
 
 
 def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):
-    k, bm, threads, smem, occ = _gemm_kernel(device, t, w, M)
+    k, bm, threads, smem = _gemm_kernel(device, t, w, M)
+    _launch_tiled(device, k, threads, smem, bm, _GEMM_BN, _GEMM_BK, _splits, a2, w, y2, M, N, K, zeros)
+
+
+def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros):
+    """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
+    bm x bn tiles of y, K in stages of bk, split as ``split(tiles, stages, slots)`` says; at most
+    _MAX_GRID_Y row tiles per launch."""
+    occ = _occupancy_of(device, k, threads, smem)
     args = np.zeros((), dtype=_GM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
     args["ng"], args["gshift"] = K // w.G, _gshift(w)
-    iters_total = K // _GEMM_BK
-    ntiles = -(-N // _GEMM_BN)
+    iters_total = K // bk
+    ntiles = -(-N // bn)
     rows_per_launch = bm * _MAX_GRID_Y
     for m0 in range(0, M, rows_per_launch):
         mrows = min(rows_per_launch, M - m0)
         mtiles = -(-mrows // bm)
-        splits, iters = _splits(ntiles * mtiles, iters_total, occ * _sms(device))
+        splits, iters = split(ntiles * mtiles, iters_total, occ * _sms(device))
         args["M"], args["splits"], args["iters"] = mrows, splits, iters
         if splits > 1:  # float32 partial tiles, and per-tile arrival counters (reset by the kernel)
             ws = cupy.empty((splits, mrows, N), dtype=np.float32)
@@ -599,30 +609,5 @@ def _wg_splits(tiles: int, iters_total: int, slots: int):
 
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros):
     bma, _ = _wg_tile(M, N, _sms(device))
-    stages = _WG_STAGES[bma]
-    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages)
-    smem = _wg_smem(bma)
-    key = (device, id(k))
-    occ = _occupancy.get(key)
-    if occ is None:
-        k.max_dynamic_shared_size_bytes = smem
-        occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, 256, smem))
-    args = np.zeros((), dtype=_GM_ARGS)
-    args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
-    args["ng"], args["gshift"] = K // w.G, _gshift(w)
-    iters_total = K // _WG_BK
-    ntiles = -(-N // _WG_BN)
-    rows_per_launch = bma * _MAX_GRID_Y
-    for m0 in range(0, M, rows_per_launch):
-        mrows = min(rows_per_launch, M - m0)
-        mtiles = -(-mrows // bma)
-        splits, iters = _wg_splits(ntiles * mtiles, iters_total, occ * _sms(device))
-        args["M"], args["splits"], args["iters"] = mrows, splits, iters
-        if splits > 1:
-            ws = cupy.empty((splits, mrows, N), dtype=np.float32)
-            counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
-            _validate.keep_if_capturing(ws, counters)
-        else:
-            ws = counters = 0
-        k((ntiles, mtiles, splits), (256,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args[()]),
-          shared_mem=smem)
+    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, _WG_STAGES[bma])
+    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, _wg_splits, a2, w, y2, M, N, K, zeros)
