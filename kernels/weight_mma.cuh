@@ -57,6 +57,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0) : "memory");
 }
+// 16 bytes to shared address s when pred, nothing otherwise (no zero fill: for rows whose results are
+// never stored)
+__device__ __forceinline__ void cp_async16_if(unsigned s, const void* gmem, bool pred) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}" ::"r"(s), "l"(gmem),
+                 "r"((int)pred)
+                 : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 

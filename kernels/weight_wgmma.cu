@@ -166,26 +166,26 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
 
     // Copies. Activations: chunk ac of rows ar0 + 32 q, at swizzled chunk ac ^ (row & 7) (the same for
     // every q); weights: chunk wc of row wr, rows of 32 bytes. Stages are loaded in order, so the
-    // source pointers advance by one stage per load; the row checks are 32-bit compares against
-    // a_rows, the rows of a left from ar0 (rows past M and N are zero-filled).
+    // source pointers advance by one stage per load. Rows past M and N are not copied: their slot
+    // rows hold stale data, which only reaches accumulators of rows that are never stored.
     constexpr int A_CH = BMA * 8 / WG_THREADS;
     const int ac = tid & 7, ar0 = tid >> 3;
-    const int a_rows = (int)min(a.M - m0 - ar0, (i64)BMA);
+    const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
     const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * WG_BK + ac * 8);
     const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
-    const int a_dst = ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
+    const unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
     const int wr = tid >> 1, wc = tid & 1;
     const bool w_ok = n0 + wr < a.N;
-    const unsigned char* w_next = wq + (w_ok ? n0 + wr : 0) * wrow + it0 * (WG_BK / 2) + wc * 16;
-    const int w_dst = A_BYTES + wr * 32 + wc * 16;
+    const unsigned char* w_next = wq + (n0 + wr) * wrow + it0 * (WG_BK / 2) + wc * 16;
+    const unsigned w_dst = sbase + A_BYTES + wr * 32 + wc * 16;
     auto load_stage = [&](int slot) {
-        unsigned char* st = smem + slot * STAGE;
+        const char* src = a_next;
 #pragma unroll
         for (int q = 0; q < A_CH; ++q) {
-            const bool ok = 32 * q < a_rows;
-            cp_async16(st + a_dst + q * 32 * 128, ok ? a_next + q * a_qstep : reinterpret_cast<const char*>(act), ok);
+            cp_async16_if(a_dst + slot * STAGE + q * 32 * 128, src, q < a_nq);
+            src += a_qstep;
         }
-        cp_async16(st + w_dst, w_ok ? w_next : wq, w_ok);
+        cp_async16_if(w_dst + slot * STAGE, w_next, w_ok);
         a_next += WG_BK * sizeof(T);
         w_next += WG_BK / 2;
     };
@@ -204,8 +204,9 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     struct SQ {
         unsigned s, z;
     };
+    const int k_sz = (int)(it0 * WG_BK) + 32 * sh, gsh = min(a.gshift, 31);  // K < 2^31 (host)
     auto fetch_sz = [&](int i) {  // stage i of this split (clamped to the last)
-        const i64 grp = ((it0 + min(i, niter - 1)) * WG_BK + 32 * sh) >> a.gshift;
+        const int grp = (k_sz + min(i, niter - 1) * WG_BK) >> gsh;
         SQ q;
         q.s = __ldg(s_src + grp);
         q.z = S == W_UINT4 ? (unsigned)__ldg(z_src + (grp >> 1)) >> (4 * (int)(grp & 1)) : 8u;
@@ -258,6 +259,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
             }
     };
     int slot = 0, ld_slot = STAGES - 2;  // the slot of stage i, and of stage i + STAGES - 2
+    unsigned af[4][4];                    // the A fragments of the four k16 steps of a stage
     auto stage = [&](int i, SQ& q) {
         cp_async_wait<STAGES - 3>();
         fence_proxy_async();
@@ -280,12 +282,10 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                 zc[r][h] = S == W_UINT4 ? ring[256 + h * WG_BN + nrow + 8 * r] : zb8;
             }
         const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
-        wg_wait<0>();  // this warpgroup's stage i - 1 is done: af is free
-        unsigned af[4][4];
-        dq(af[0], wv, sc, zc, 0);
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            if (s < 3) dq(af[s + 1], wv, sc, zc, s + 1);
+            wg_wait<3>();  // four groups back, step s of stage i - 1, is done: af[s] is free
+            dq(af[s], wv, sc, zc, s);
             wg_fence();
             Wgmma<T, BMA>::mma(acc, af[s], desc + 2 * s);  // + 32 bytes of K per k16 step
             wg_commit();
