@@ -256,20 +256,21 @@ DECODE_MAX_M = 16
 _DECODE_SMALL_M, _SMALL_W = 256, 1 << 25
 _DECODE_MID_M, _MID_W = 64, 1 << 26
 # FP8 weights always take the decode kernel (the tensor-core kernels are INT4 only).
-# On compute capability 9.0 the tensor-core path is weight_wgmma.cu. It does not split K (see
-# _wg_splits), so a weight of few 128-row tiles leaves SMs idle: for M <= _WG_DECODE_MAX_M the
-# decode kernel keeps the call when the wgmma kernel's smallest tiles (64 rows of a) would fill
-# fewer than half the SMs. Measured on
-# the H100 (scripts/bench.py --matmul --matmul-paths, bf16, g128; us, decode / wgmma):
-#   N x K         M=32         64           128          256          1024
-#   4096x4096     12.2/35.4    21.2/35.5    38.8/42.0    71.7/59.2    271/60.4
-#   14336x4096    41.1/39.4    65.7/36.9    121/43.3     237/61.1     929/241
-#   4096x14336    30.6/120     54.5/116     103/139      201/195      813/197
-#   28672x8192    124/125      243/129      496/182      1064/267     3979/842
-#   8192x28672    109/248      210/250      415/282      849/417      3573/820
-# (the wgmma column with one tile height for M <= 128, before _wg_tile weighed waves).
+# On compute capability 9.0 the tensor-core path is weight_wgmma.cu, which splits K when its tiles
+# cannot fill the GPU (_wg_splits). Its time hardly grows with M while the tiles are few, and the
+# decode kernel's grows in proportion to M, so the crossover falls with N: measured on the H100
+# (scripts/bench.py --matmul --matmul-paths, bf16, g128; us, decode / wgmma):
+#   N x K         M=32         64           128          256
+#   4096x4096     12.2/36.9    21.3/41.7    38.9/38.6    71.7/39.1
+#   14336x4096    39.5/37.9    66.9/39.0    124/41.1     237/52.2
+#   4096x14336    30.1/58.0    55.1/72.3    104/101      200/102
+#   28672x8192    124/108      244/110      474/155      925/200
+#   8192x28672    109/137      210/149      415/170      820/286
+# So the decode kernel keeps M <= _WG_DECODE_MAX_M while M x N < _WG_DECODE_MN_PER_SM x SMs
+# (405,504 on 132 SMs: N = 4096 up to M = 98, N = 8192 up to M = 49, N = 14336 up to M = 28).
 _WGMMA_ARCHS = ("90",)
 _WG_DECODE_MAX_M = 256
+_WG_DECODE_MN_PER_SM = 3072
 #: Tests and benchmarks set this to "decode", "pipelined" or "wgmma" to force INT4 matmuls onto one
 #: kernel ("wgmma" needs compute capability 9.0; FP8 weights always take "decode").
 FORCE_PATH = None
@@ -307,10 +308,10 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     N, K = w.shape
     if arch is None:
         arch = _current_arch()
-    if arch in _WGMMA_ARCHS:
+    if arch in _WGMMA_ARCHS and K < 1 << 31:  # the kernel's group index is 32-bit
         if sms is None:
             sms = _current_sms()
-        if M <= _WG_DECODE_MAX_M and 2 * -(-N // _WG_BN) * -(-M // 64) < sms:
+        if M <= _WG_DECODE_MAX_M and M * N < _WG_DECODE_MN_PER_SM * sms:
             return "decode"
         return "wgmma"
     if M <= _DECODE_SMALL_M and N * K < _SMALL_W or M <= _DECODE_MID_M and N * K < _MID_W:
@@ -403,14 +404,16 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
 
     * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 8 warps
       splitting K; each weight byte is read once per 16 rows. FP8 weights take it for every M. INT4
-      takes it for M <= 16; on compute capability 9.0 also for M <= 256 when the wgmma kernel's
-      64-row tiles would fill fewer than half the SMs; on other GPUs also for M <= 64 when the
-      weight has fewer than 2^26 elements, and for M <= 256 when it has fewer than 2^25.
+      takes it for M <= 16; on compute capability 9.0 also for M <= 256 while M x N is under
+      3072 per SM (405,504 on an H100 SXM: N = 4096 up to M = 98); on other GPUs also for
+      M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it has
+      fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a`` (the height that makes the
       fewest waves of the least work), K streamed through shared memory in stages of 64 with
-      ``cp.async``, 6-8 stages deep.
+      ``cp.async``, 6-8 stages deep; K is split across blocks (as below) when few tiles and a
+      long K make that pay.
     * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
@@ -598,16 +601,30 @@ def _wg_smem(bma: int) -> int:
     return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32) + 4096 + 1024
 
 
-def _wg_splits(tiles: int, iters_total: int, slots: int):
-    """(splits, stages per split) for the wgmma kernel: one split. Measured on the H100 (4096 x 4096,
-    bf16, g128, us per call with K split 1 / 2 / 4 / 8 ways): M = 16 37 / 46 / 45 / 43, M = 64
-    38 / 47 / 45 / 74, M = 256 60 / 109 / 169 / 398, M = 1024 61 / 192 / 315 / 559: the float32
-    partial tiles and their reduction by the last block of a tile cost more than the idle SMs they
-    fill. The kernel keeps its split-K path (the tests force it), for a future reduction that pays."""
-    return 1, iters_total
+def _wg_splits(tiles: int, iters_total: int, slots: int, M: int):
+    """(splits, stages per split) for the wgmma kernel. Splitting K s ways cuts the stages a block
+    runs by a factor s but writes s float32 partial tiles that the last block of each tile adds up
+    (a cost that grows with M x s); it only pays while the split blocks still fit in one wave. The
+    rule, fitted to the H100 (bf16, g128; us with K split 1 / 2 / 4 ways, scripts in BENCHMARKS.md):
+    split s ways where 5 x stages x (1 - 1/s) - M x s is largest and positive, e.g.
+      4096x4096   (64 stages, 32 tiles)  M = 16  44 / 34 / 31    M = 64  44 / 44 / 51   M = 128  44 / 58 / 79
+      4096x14336  (224 stages, 32 tiles) M = 16 144 / 84 / 56    M = 128 144 / 107 / 104
+      4096x14336  (224 stages, 64 tiles) M = 256 147 / 111 / (two waves)
+      8192x28672  (448 stages, 64 tiles) M = 64 291 / 171 / (two waves)
+    """
+    best, splits = 0.0, 1
+    for s in (2, 4):
+        if tiles * s > slots:
+            break
+        gain = 5.0 * iters_total * (1.0 - 1.0 / s) - M * s
+        if gain > best:
+            best, splits = gain, s
+    iters = -(-iters_total // splits)
+    return -(-iters_total // iters), iters
 
 
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros):
     bma, _ = _wg_tile(M, N, _sms(device))
     k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, _WG_STAGES[bma])
-    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, _wg_splits, a2, w, y2, M, N, K, zeros)
+    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, lambda t, i, s: _wg_splits(t, i, s, M), a2, w, y2,
+                  M, N, K, zeros)

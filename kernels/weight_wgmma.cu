@@ -135,6 +135,11 @@ template <> struct WgDq<__nv_bfloat16> {
     static constexpr float BIAS_LO = 128.0f, BIAS_HI = 16.0f;
 };
 
+// The multiplier pair read from constant memory, not as an immediate: the INT4 zero bias takes the
+// FMA's immediate operand, and the 256-row build, short of registers, would otherwise rebuild the
+// multiplier in a register for every FMA (16 moves a stage).
+__constant__ unsigned wg_mul[2] = {WgDq<__half>::MUL, WgDq<__nv_bfloat16>::MUL};
+
 template <typename T> __device__ __forceinline__ unsigned zero_bias(unsigned z) {  // (-(BIAS_LO + z), -(BIAS_HI + z))
     return (unsigned)bits16_rn<T>(-(WgDq<T>::BIAS_LO + (float)z)) | ((unsigned)bits16_rn<T>(-(WgDq<T>::BIAS_HI + (float)z)) << 16);
 }
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                 const int wi = 2 * s + e;
                 const unsigned word = reinterpret_cast<const unsigned*>(&wv[r][wi >> 2])[wi & 3];
                 const unsigned x = lop3_and_or(__byte_perm(word, word >> D::SHIFT, sel), D::MASK, H::MAGIC);
-                const unsigned qz = H::fma2(x, D::MUL, zc[r][h]);  // q - z, exact
+                const unsigned qz = H::fma2(x, wg_mul[sizeof(T) == 2 && D::SHIFT], zc[r][h]);  // q - z, exact
                 f[2 * e + r] = H::fma2(qz, sc[r][h], 0x80008000u);  // round(s (q - z))
             }
     };

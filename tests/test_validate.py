@@ -109,12 +109,16 @@ def test_decode_config_fills_waves():
 DOC_PATHS = [
     (1, (4096, 4096), "decode", "decode"), (16, (28672, 8192), "decode", "decode"),
     (17, (28672, 8192), "pipelined", "wgmma"), (64, (14336, 4096), "decode", "wgmma"),
-    (65, (14336, 4096), "pipelined", "wgmma"), (128, (4096, 4096), "decode", "decode"),
+    (65, (14336, 4096), "pipelined", "wgmma"), (98, (4096, 4096), "decode", "decode"),
+    (128, (4096, 4096), "decode", "wgmma"),
     (129, (4096, 4096), "decode", "wgmma"), (256, (4096, 4096), "decode", "wgmma"),
     (257, (4096, 4096), "pipelined", "wgmma"), (4096, (256, 512), "pipelined", "wgmma"),
     (100, (256, 512), "decode", "decode"), (17, (256, 512), "decode", "decode"),
-    (64, (8192, 28672), "pipelined", "decode"), (128, (8192, 28672), "pipelined", "wgmma"),
-    (256, (4096, 14336), "pipelined", "wgmma"), (128, (4096, 14336), "pipelined", "decode"),
+    (49, (8192, 28672), "pipelined", "decode"), (50, (8192, 28672), "pipelined", "wgmma"),
+    (64, (8192, 28672), "pipelined", "wgmma"), (128, (8192, 28672), "pipelined", "wgmma"),
+    (256, (4096, 14336), "pipelined", "wgmma"), (98, (4096, 14336), "pipelined", "decode"),
+    (99, (4096, 14336), "pipelined", "wgmma"), (28, (14336, 4096), "decode", "decode"),
+    (29, (14336, 4096), "decode", "wgmma"),
 ]
 
 
@@ -128,6 +132,21 @@ def test_wgmma_tile_heights():
     assert _weight._wg_tile(1024, 14336, 132) == (256, 448)
 
 
+def test_wgmma_split_rule():
+    """_wg_splits: K split s ways where 5 x stages x (1 - 1/s) - M x s is largest and positive, and
+    only while the split blocks fit in one wave (132 slots)."""
+    assert _weight._wg_splits(32, 64, 132, 16) == (4, 16)
+    assert _weight._wg_splits(32, 64, 132, 64) == (2, 32)
+    assert _weight._wg_splits(32, 64, 132, 128) == (1, 64)
+    assert _weight._wg_splits(32, 224, 132, 128) == (4, 56)
+    assert _weight._wg_splits(64, 224, 132, 256) == (2, 112)
+    assert _weight._wg_splits(64, 448, 132, 64) == (2, 224)  # 4 ways would be two waves
+    assert _weight._wg_splits(224, 128, 264, 16) == (1, 128)
+    assert _weight._wg_splits(2, 7, 264, 16) == (1, 7)
+    assert _weight._wg_splits(2, 30, 264, 1) == (4, 8)  # 8 + 8 + 8 + 6 stages
+    assert _weight._wg_splits(2, 1, 264, 1) == (1, 1)
+
+
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
 def test_matmul_path_table(arch):
     """The table of matmul's docstring, for each architecture (no GPU needed: arch is given)."""
@@ -139,4 +158,4 @@ def test_matmul_path_table(arch):
             got = _weight.matmul_path(M, shell, arch=arch or "none", sms=132)
             assert got == ("decode" if scheme == "float8_e4m3fn" else want), (arch, M, N, K, scheme)
     assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
-    assert "compute capability 9.0" in doc and '``"wgmma"``' in doc and "fill fewer than half the SMs" in doc
+    assert "compute capability 9.0" in doc and '``"wgmma"``' in doc and "M x N is under\n      3072 per SM" in doc
