@@ -257,7 +257,7 @@ _DECODE_SMALL_M, _SMALL_W = 256, 1 << 25
 _DECODE_MID_M, _MID_W = 64, 1 << 26
 # FP8 weights always take the decode kernel (the tensor-core kernels are INT4 only).
 # On compute capability 9.0 the tensor-core path is weight_wgmma.cu, which splits K when its tiles
-# cannot fill the GPU (_wg_splits). Its time hardly grows with M while the tiles are few, and the
+# cannot fill the GPU (_wg_plan). Its time hardly grows with M while the tiles are few, and the
 # decode kernel's grows in proportion to M, so the crossover falls with N: measured on the H100
 # (scripts/bench.py --matmul --matmul-paths, bf16, g128; us, decode / wgmma):
 #   N x K         M=32         64           128          256
@@ -571,27 +571,55 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
 # K in stages of 64, and the ring depth that fits each tile in shared memory.
 _WG_BN, _WG_BK = 128, 64
 _WG_STAGES = {64: 8, 128: 8, 256: 6}
-_WG_MIN_SPLIT_STAGES = 8
 
 
 _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
 
 
-# Time of one stage for a full wave of blocks, relative to 256-row tiles (H100, bf16: 256 rows
-# 1.03 us per stage at one block per SM, 128 rows 0.70, 64 rows 0.95 at two blocks per SM).
-_WG_WAVE_COST = {256: 1.0, 128: 0.7, 64: 0.92}
+# Estimated microseconds per stage of K for a block, on the H100 (bf16, g128; scripts/bench.py
+# and per-tile timings): 64-row tiles 0.53 us when one block runs per SM and 0.92 us per pair of
+# blocks sharing one; 128-row tiles 0.60 us while they fit in one wave, 0.70 us per wave beyond;
+# 256-row tiles 1.10 us per wave. Splitting K s ways costs about 8 + 0.12 x s x min(rows, M) us:
+# the float32 partial tiles, which the last block of each tile reads back alone, in split order.
+_WG_STAGE_US = {64: (0.53, 0.46), 128: (0.60, 0.70), 256: (1.10, 1.10)}
+_WG_SPLIT_US = (8.0, 0.12)
 
 
-def _wg_tile(M: int, N: int, sms: int):
-    """(rows of a per tile, tiles) for the wgmma kernel: the tile height with the least estimated
-    time, waves of blocks x the measured cost of a wave's stage (_WG_WAVE_COST); ties go to the
-    taller tile."""
+def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int) -> float:
+    """Estimated microseconds of the wgmma kernel's main loop (see _WG_STAGE_US)."""
+    blocks = tiles * splits
+    one, per = _WG_STAGE_US[bma]
+    if bma == 64:
+        per_sm = -(-blocks // sms)
+        stage = one if per_sm == 1 else per * per_sm
+    else:
+        stage = one if blocks <= sms else per * -(-blocks // sms)
+    fixed, per_row = _WG_SPLIT_US
+    return stage * -(-iters // splits) + (fixed + per_row * splits * min(bma, M) if splits > 1 else 0.0)
+
+
+def _wg_plan(M: int, N: int, iters: int, sms: int):
+    """(rows of a per tile, K splits) for the wgmma kernel: the least _wg_estimate over tile heights
+    64 / 128 / 256 and splits 1 / 2 / 4 (a split only while its blocks fit in one wave); ties go to
+    the taller tile and fewer splits. Checked against the H100 (us, tile/splits: measured):
+      4096x4096   M = 256  64/1 34, 128/1 39, 64/2 48            -> 64/1
+      14336x4096  M = 64   64/1 35, 128/1 39, 64/2 51            -> 64/1
+      14336x4096  M = 128  128/1 41, 64/1 54, 256/1 49           -> 128/1
+      4096x14336  M = 128  64/2 77, 64/4 83, 128/2 100, 128/4 102 -> 64/2
+      4096x14336  M = 256  128/2 102, 64/2 112, 64/1 115         -> 128/2
+      8192x28672  M = 64   64/4 140, 64/2 147, 128/2 147         -> 64/2
+      8192x28672  M = 256  128/1 255, 256/2 269, 64/1 355        -> 128/1
+      28672x8192  M = 128  128/1 154, 256/1 189, 64/1 215        -> 128/1
+    """
     best = None
     for bma in (256, 128, 64):
         tiles = -(-N // _WG_BN) * -(-M // bma)
-        cost = -(-tiles // (_WG_BLOCKS_PER_SM[bma] * sms)) * _WG_WAVE_COST[bma]
-        if best is None or cost < best[0]:
-            best = (cost, bma, tiles)
+        for splits in (1, 2, 4):
+            if splits > 1 and (tiles * splits > _WG_BLOCKS_PER_SM[bma] * sms or splits > iters):
+                break
+            est = _wg_estimate(bma, tiles, splits, iters, sms, M)
+            if best is None or est < best[0] * 0.999:
+                best = (est, bma, splits)
     return best[1], best[2]
 
 
@@ -601,30 +629,12 @@ def _wg_smem(bma: int) -> int:
     return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32) + 4096 + 1024
 
 
-def _wg_splits(tiles: int, iters_total: int, slots: int, M: int):
-    """(splits, stages per split) for the wgmma kernel. Splitting K s ways cuts the stages a block
-    runs by a factor s but writes s float32 partial tiles that the last block of each tile adds up
-    (a cost that grows with M x s); it only pays while the split blocks still fit in one wave. The
-    rule, fitted to the H100 (bf16, g128; us with K split 1 / 2 / 4 ways, scripts in BENCHMARKS.md):
-    split s ways where 5 x stages x (1 - 1/s) - M x s is largest and positive, e.g.
-      4096x4096   (64 stages, 32 tiles)  M = 16  44 / 34 / 31    M = 64  44 / 44 / 51   M = 128  44 / 58 / 79
-      4096x14336  (224 stages, 32 tiles) M = 16 144 / 84 / 56    M = 128 144 / 107 / 104
-      4096x14336  (224 stages, 64 tiles) M = 256 147 / 111 / (two waves)
-      8192x28672  (448 stages, 64 tiles) M = 64 291 / 171 / (two waves)
-    """
-    best, splits = 0.0, 1
-    for s in (2, 4):
-        if tiles * s > slots:
-            break
-        gain = 5.0 * iters_total * (1.0 - 1.0 / s) - M * s
-        if gain > best:
-            best, splits = gain, s
-    iters = -(-iters_total // splits)
-    return -(-iters_total // iters), iters
-
-
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros):
-    bma, _ = _wg_tile(M, N, _sms(device))
+    bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device))
     k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, _WG_STAGES[bma])
-    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, lambda t, i, s: _wg_splits(t, i, s, M), a2, w, y2,
-                  M, N, K, zeros)
+
+    def split(tiles, iters_total, slots):
+        iters = -(-iters_total // splits)
+        return -(-iters_total // iters), iters
+
+    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, split, a2, w, y2, M, N, K, zeros)

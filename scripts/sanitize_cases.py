@@ -29,6 +29,7 @@ import numpy as np
 
 import cupyquant as cq
 from cupyquant import group_quant
+from cupyquant import weight as cqw
 from cupyquant import reference as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -326,6 +327,27 @@ def run_weight(run: Run):
                 err = float(np.linalg.norm(y.get().reshape(6, N).astype(np.float64) - exact) / np.linalg.norm(exact))
                 run.within(f"matmul {vname} {scheme} G={G} {dt.name}", err, TOL[dt])
             run.same(f"matmul M=0 {scheme}", run.op(cq.matmul(cupy.asarray(ah[:0]), qw)), np.zeros((0, 3, N), dt))
+            if scheme != "float8_e4m3fn" and cupy.cuda.Device().compute_capability in cqw._WGMMA_ARCHS:
+                _wgmma_edges(run, qw, deq, dt, rng)
+
+
+def _wgmma_edges(run, qw, deq, dt, rng):
+    """The wgmma kernel (Hopper) at sizes matmul would give the decode kernel: rows of a past M and
+    weight rows past N in a tile (copies predicated off), and K split 1 and 3 ways across blocks."""
+    N, K = qw.shape
+    saved = cqw.FORCE_PATH, cqw._wg_plan
+    try:
+        cqw.FORCE_PATH = "wgmma"
+        for splits in (1, 3):
+            cqw._wg_plan = lambda M, N_, iters, sms, s=splits: (64, min(s, iters))
+            for M in (17, 130):
+                ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
+                exact = ah.astype(np.float64) @ deq.T
+                err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                run.within(f"matmul wgmma {qw.scheme} G={qw.group_size} K={K} {dt.name} M={M} splits={splits}", err, TOL[dt])
+    finally:
+        cqw.FORCE_PATH, cqw._wg_plan = saved
 
 
 RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight}

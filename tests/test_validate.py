@@ -122,29 +122,25 @@ DOC_PATHS = [
 ]
 
 
-def test_wgmma_tile_heights():
-    """_wg_tile: the height with the fewest waves of the least work (132 SMs)."""
-    assert _weight._wg_tile(4096, 4096, 132) == (256, 512)
-    assert _weight._wg_tile(1024, 4096, 132) == (256, 128)
-    assert _weight._wg_tile(128, 8192, 132) == (128, 64)
-    assert _weight._wg_tile(17, 28672, 132) == (64, 224)
-    assert _weight._wg_tile(300, 1001, 132) == (128, 24)
-    assert _weight._wg_tile(1024, 14336, 132) == (256, 448)
-
-
-def test_wgmma_split_rule():
-    """_wg_splits: K split s ways where 5 x stages x (1 - 1/s) - M x s is largest and positive, and
-    only while the split blocks fit in one wave (132 slots)."""
-    assert _weight._wg_splits(32, 64, 132, 16) == (4, 16)
-    assert _weight._wg_splits(32, 64, 132, 64) == (2, 32)
-    assert _weight._wg_splits(32, 64, 132, 128) == (1, 64)
-    assert _weight._wg_splits(32, 224, 132, 128) == (4, 56)
-    assert _weight._wg_splits(64, 224, 132, 256) == (2, 112)
-    assert _weight._wg_splits(64, 448, 132, 64) == (2, 224)  # 4 ways would be two waves
-    assert _weight._wg_splits(224, 128, 264, 16) == (1, 128)
-    assert _weight._wg_splits(2, 7, 264, 16) == (1, 7)
-    assert _weight._wg_splits(2, 30, 264, 1) == (4, 8)  # 8 + 8 + 8 + 6 stages
-    assert _weight._wg_splits(2, 1, 264, 1) == (1, 1)
+def test_wgmma_plan():
+    """_wg_plan: tile height and K splits with the least estimated time (132 SMs); the cases of its
+    docstring, measured on the H100, plus the prefill sizes that keep one 256-row tile per block."""
+    plan = _weight._wg_plan
+    assert plan(256, 4096, 64, 132) == (64, 1)
+    assert plan(64, 14336, 64, 132) == (64, 1)
+    assert plan(128, 14336, 64, 132) == (128, 1)
+    assert plan(128, 4096, 224, 132) == (64, 2)
+    assert plan(256, 4096, 224, 132) == (128, 2)
+    assert plan(64, 8192, 448, 132) == (64, 4)
+    assert plan(256, 8192, 448, 132) == (128, 1)
+    assert plan(128, 28672, 128, 132) == (128, 1)
+    for M, N in [(4096, 4096), (1024, 4096), (4096, 28672), (1024, 8192), (256, 14336)]:
+        assert plan(M, N, 64, 132) == (256, 1), (M, N)
+    assert plan(16, 256, 128, 132) == (64, 4)  # two tiles: split as far as the rule goes
+    assert plan(16, 256, 1, 132) == (64, 1)  # one stage cannot be split
+    assert _weight._wg_estimate(64, 50, 2, 64, 132, 16) == pytest.approx(0.53 * 32 + 8 + 0.12 * 2 * 16)
+    assert _weight._wg_estimate(64, 100, 2, 64, 132, 16) == pytest.approx(0.92 * 32 + 8 + 0.12 * 2 * 16)
+    assert _weight._wg_estimate(128, 300, 1, 10, 132, 300) == pytest.approx(0.70 * 3 * 10)
 
 
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])

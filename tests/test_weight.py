@@ -273,7 +273,7 @@ def test_matmul_launches_the_path_it_names(monkeypatch):
 def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
     """Small M and N leave most of the GPU idle unless K is split across blocks; the partial tiles
     are added in split order, so repeated calls give the same bits. (On the wgmma kernel matmul
-    splits this shape 4 ways at M = 16; 2, 3 and 8 ways are forced too.)"""
+    splits this shape at M = 16; 2, 3 and 8 ways on 64-row tiles are forced too.)"""
     dtype = ml_dtypes.bfloat16
     N, K = 256, 8192
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 12, dtype, outliers=False)), "int4", group_size=128)
@@ -283,11 +283,11 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
         assert splits > 1
         cases = [None]
     else:
-        assert cqw._wg_splits(2, K // cqw._WG_BK, 2 * sms, 16) == (4, K // cqw._WG_BK // 4)
+        assert cqw._wg_plan(16, N, K // cqw._WG_BK, sms)[1] > 1
         cases = [None, 2, 3, 8]
     for forced in cases:
         if forced is not None:
-            monkeypatch.setattr(cqw, "_wg_splits", lambda tiles, iters, slots, M, f=forced: (f, -(-iters // f)))
+            monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, f=forced: (64, f))
         for M in (16, 200):
             a = cupy.asarray(np.random.default_rng(13).standard_normal((M, K)).astype(np.float32).astype(dtype))
             with _forced(path):
