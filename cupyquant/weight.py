@@ -410,10 +410,10 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
       fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
-      operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a`` (the height that makes the
-      fewest waves of the least work), K streamed through shared memory in stages of 64 with
-      ``cp.async``, 6-8 stages deep; K is split across blocks (as below) when few tiles and a
-      long K make that pay.
+      operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a``, K streamed through
+      shared memory in stages of 64 with ``cp.async``, 6-8 stages deep, and split across blocks
+      (as below) when few tiles and a long K make that pay; the tile height and the splits are
+      chosen together by an estimate fitted to H100 timings.
     * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
@@ -607,7 +607,7 @@ def _wg_plan(M: int, N: int, iters: int, sms: int):
       14336x4096  M = 128  128/1 41, 64/1 54, 256/1 49           -> 128/1
       4096x14336  M = 128  64/2 77, 64/4 83, 128/2 100, 128/4 102 -> 64/2
       4096x14336  M = 256  128/2 102, 64/2 112, 64/1 115         -> 128/2
-      8192x28672  M = 64   64/4 140, 64/2 147, 128/2 147         -> 64/2
+      8192x28672  M = 64   64/4 140, 64/2 147, 128/2 147         -> 64/4
       8192x28672  M = 256  128/1 255, 256/2 269, 64/1 355        -> 128/1
       28672x8192  M = 128  128/1 154, 256/1 189, 64/1 215        -> 128/1
     """
