@@ -209,32 +209,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 
     // this thread's outputs: rows arow + 16 mt + 8 hr, columns n0 + wn * 32 + 8 j + 2 t + {0, 1}
     if (a.splits > 1) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const i64 m = m0 + arow + 16 * mt + 8 * hr;
-                if (m >= a.M) continue;
-#pragma unroll
-                for (int j = 0; j < GM_NT; ++j) {
-                    const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
-                    float* p = ws + ((i64)blockIdx.z * a.M + m) * a.N + n;
-                    if (n < a.N) __stcg(p, acc[mt][j][2 * hr]);
-                    if (n + 1 < a.N) __stcg(p + 1, acc[mt][j][2 * hr + 1]);
-                }
-            }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) s_last = atomicAdd(counters + blockIdx.y * gridDim.x + blockIdx.x, 1) == a.splits - 1;
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        // The last split adds every split's partials, this one's included, in split order. The
-        // splits are the outer loop, so each step's loads (all of this thread's outputs) are in
-        // flight together.
-        const i64 stride = a.M * a.N;
-#pragma unroll 1
-        for (int s = 0; s < a.splits; ++s) {
+        auto visit = [&](auto f) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -244,16 +219,12 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
                     for (int j = 0; j < GM_NT; ++j) {
                         const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            if (m >= a.M || n + e >= a.N) continue;
-                            const float v = __ldcg(ws + s * stride + m * a.N + n + e);
-                            float& sum = acc[mt][j][2 * hr + e];
-                            sum = s == 0 ? v : add_rn(sum, v);
-                        }
+                        for (int e = 0; e < 2; ++e)
+                            if (m < a.M && n + e < a.N) f(m, n + e, acc[mt][j][2 * hr + e]);
                     }
                 }
-        }
-        if (tid == 0) counters[blockIdx.y * gridDim.x + blockIdx.x] = 0;  // ready for the next call
+        };
+        if (!split_k_reduce(ws, counters, a.M, a.N, a.splits, s_last, visit)) return;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

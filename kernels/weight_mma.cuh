@@ -78,3 +78,36 @@ __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsig
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
     return d;
 }
+
+// ---------------------------------------------------------------- split K across blocks
+// Blocks (x, y, z), z the split of K (weight_gemm.cu, weight_wgmma.cu): each stores its float32
+// partial outputs to ws[z] (M x N, through L2), and the last block of tile (x, y) to arrive (a
+// per-tile counter) adds every split's partials, its own included, in split order 0, 1, ... (the
+// splits are the outer loop, so each step's loads are all in flight together): the sum does not
+// depend on which block finishes first. visit(f) calls f(m, n, v) for each output (m, n) of this
+// thread inside M x N, v its float accumulator by reference. Returns true in the last block, with
+// the sums in the accumulators and the counter reset for the next call; the other blocks are done.
+// s_last: an int in the block's shared memory.
+namespace cq {
+template <typename Visit>
+__device__ __forceinline__ bool split_k_reduce(float* __restrict__ ws, int* __restrict__ counters, i64 M, i64 N, int splits,
+                                               int& s_last, Visit visit) {
+    visit([&](i64 m, i64 n, float& v) { __stcg(ws + ((i64)blockIdx.z * M + m) * N + n, v); });
+    __threadfence();  // this thread's partials are visible before its block counts as arrived
+    __syncthreads();
+    int* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!s_last) return false;
+    __threadfence();  // and the other splits' partials are read after their arrival
+    const i64 stride = M * N;
+#pragma unroll 1
+    for (int sp = 0; sp < splits; ++sp)
+        visit([&](i64 m, i64 n, float& v) {
+            const float x = __ldcg(ws + sp * stride + m * N + n);
+            v = sp == 0 ? x : add_rn(v, x);
+        });
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next call
+    return true;
+}
+}  // namespace cq

@@ -313,33 +313,16 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
 
     // accumulator acc[4 j + r]: weight row nrow + 8 (r >> 1), activation row 8 j + 2 t + (r & 1)
     if (a.splits > 1) {
-#pragma unroll
-        for (int j = 0; j < BMA / 8; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const i64 m = m0 + 8 * j + 2 * t + (r & 1), n = n0 + nrow + 8 * (r >> 1);
-                if (m < a.M && n < a.N) __stcg(ws + ((i64)blockIdx.z * a.M + m) * a.N + n, acc[4 * j + r]);
-            }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) s_last = atomicAdd(counters + blockIdx.y * gridDim.x + blockIdx.x, 1) == a.splits - 1;
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        const i64 stride = a.M * a.N;
-#pragma unroll 1
-        for (int sp = 0; sp < a.splits; ++sp) {
+        auto visit = [&](auto f) {
 #pragma unroll
             for (int j = 0; j < BMA / 8; ++j)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     const i64 m = m0 + 8 * j + 2 * t + (r & 1), n = n0 + nrow + 8 * (r >> 1);
-                    if (m >= a.M || n >= a.N) continue;
-                    const float v = __ldcg(ws + sp * stride + m * a.N + n);
-                    acc[4 * j + r] = sp == 0 ? v : add_rn(acc[4 * j + r], v);
+                    if (m < a.M && n < a.N) f(m, n, acc[4 * j + r]);
                 }
-        }
-        if (tid == 0) counters[blockIdx.y * gridDim.x + blockIdx.x] = 0;  // ready for the next call
+        };
+        if (!split_k_reduce(ws, counters, a.M, a.N, a.splits, s_last, visit)) return;
     }
 
     // through shared memory, BMA rows of a by 128 weight rows (LD halves apart: conflict-free writes)
