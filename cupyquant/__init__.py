@@ -22,6 +22,7 @@ _EXPORTS = {
     "block_scale_shape": "mx",
     "quantize_weight": "weight",
     "dequantize_weight": "weight",
+    "prepare_weight": "weight",
     "matmul": "weight",
     "QuantizedWeight": "weight",
     "dequantize": "tensor",

@@ -701,3 +701,39 @@ def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float
     with np.errstate(over="ignore", invalid="ignore"):
         y = (v.reshape(N, ng, G) * s[..., None]).astype(np.float32).reshape(N, K)
     return round_to(y, out_dtype)
+
+
+def prepare_weight(data, scales, zeros=None):
+    """The prepared (tile-major) layout that the matmul kernels read, from the plain layout of
+    :func:`quantize_weight` (``data`` ``(N, B)`` uint8 with B = K / 2 for INT4 or K for FP8, a
+    multiple of 64; ``scales`` ``(N, ng)``; ``zeros`` ``(N, ceil(ng / 2))`` or None). Returns
+    ``(data, scales, zeros)``, the rows padded with zeros to ``16 T``, ``T = ceil(N / 16)`` tiles:
+
+    - data ``(T, B / 64, 16, 64)``: byte b of row n at ``[n // 16, b // 64, n % 16, b % 64]`` (a
+      tile's 16 rows x 64 bytes of each chunk contiguous);
+    - scales ``(T, ng, 16)``: the scale of row n, group j at ``[n // 16, j, n % 16]``;
+    - zeros ``(T, ng, 8)``: zero code of row n, group j in byte ``[n // 16, j, (n % 16) // 2]``,
+      the low nibble for even ``n % 16``.
+
+    Written as the scatter of each element to its flat offset, not as the reshape and transpose of
+    ``cupyquant.weight``, so that the two are independent checks of each other."""
+    data = np.asarray(data, dtype=np.uint8)
+    scales = np.asarray(scales)
+    N, B = data.shape
+    ng = scales.shape[1]
+    if B % 64:
+        raise ValueError(f"the data's row of {B} bytes must be a multiple of 64 (128 INT4 or 64 FP8 elements)")
+    T, nch = -(-N // 16), B // 64
+    n, b = np.indices((N, B), dtype=np.int64)
+    flat = np.zeros(T * nch * 1024, np.uint8)
+    flat[((n // 16) * nch + b // 64) * 1024 + (n % 16) * 64 + b % 64] = data
+    n, j = np.indices((N, ng), dtype=np.int64)
+    at = ((n // 16) * ng + j) * 16 + n % 16
+    s = np.zeros(T * ng * 16, scales.dtype)
+    s[at] = scales
+    z = None
+    if zeros is not None:
+        codes = np.zeros(T * ng * 16, np.uint8)
+        codes[at] = unpack_fp4(zeros, ng)
+        z = pack_fp4(codes.reshape(T, ng, 16))
+    return flat.reshape(T, nch, 16, 64), s.reshape(T, ng, 16), z

@@ -4,10 +4,21 @@ dequantizes the weights in registers.
 Kernels: ``kernels/weight.cu``. Reference: :func:`cupyquant.reference.quantize_weight` and
 :func:`cupyquant.reference.dequantize_weight`.
 
-Layout (the interchange format, and the one :func:`matmul` reads: no ``prepare`` step is needed):
-``w`` is ``(N, K)`` in PyTorch Linear's ``[out, in]`` order; INT4 data ``(N, K / 2)`` uint8 with
-element 0 in the low nibble, FP8 data ``(N, K)`` uint8; scales ``(N, K / G)`` in the weight's
-dtype; uint4 zero points ``(N, ceil(K / G / 2))`` uint8, packed like the data.
+Layouts. The plain layout is the interchange format (what :func:`quantize_weight` returns, what
+:meth:`QuantizedWeight.to_host` gives, what to store): ``w`` is ``(N, K)`` in PyTorch Linear's
+``[out, in]`` order; INT4 data ``(N, K / 2)`` uint8 with element 0 in the low nibble, FP8 data
+``(N, K)`` uint8; scales ``(N, K / G)`` in the weight's dtype; uint4 zero points
+``(N, ceil(K / G / 2))`` uint8, packed like the data.
+
+The matmul kernels read the prepared layout that :func:`prepare_weight` makes on the GPU (once, at
+load time, as Marlin's repacking): the rows in tiles of 16 (the last padded with zero rows), each
+tile's rows cut into chunks of 64 bytes (128 INT4 or 64 FP8 elements of K) stored one after the
+other, so that the 16 rows x 64 bytes a warp of the decode kernel copies per chunk are 1 KB
+contiguous: data ``(ceil(N / 16), K / chunk, 16, 64)`` uint8; scales ``(ceil(N / 16), K / G, 16)``
+(a tile's 16 scales of a group together); uint4 zero points ``(ceil(N / 16), K / G, 8)`` uint8
+(row ``i`` of the tile in the low nibble of byte ``i / 2`` when ``i`` is even, the high one when
+odd). It is private to the kernels and may change between versions; :func:`matmul` takes a plain
+weight too, converting it on every call (a copy of the weight: prepare once instead).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ def _mm_smem(two: bool, warps: int = 8) -> int:
     return warps * _MM_STAGES * 1024 * (_mm_rows(two) // 16)
 
 _MAX_GRID_Y = 65535
+_LAYOUTS = ("plain", "prepared")
 
 _WQ_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
 _MM_ARGS = np.dtype(
@@ -65,11 +77,14 @@ class QuantizedWeight:
     Attributes
     ----------
     data : cupy.ndarray
-        uint8 ``(N, K / 2)`` (INT4, element 0 in the low nibble) or ``(N, K)`` (FP8 bytes).
+        uint8 ``(N, K / 2)`` (INT4, element 0 in the low nibble) or ``(N, K)`` (FP8 bytes); prepared:
+        ``(ceil(N / 16), K / chunk, 16, 64)`` (the module's docstring).
     scales : cupy.ndarray
-        ``(N, K / group_size)`` in the original weight's dtype.
+        ``(N, K / group_size)`` in the original weight's dtype; prepared:
+        ``(ceil(N / 16), K / group_size, 16)``.
     zeros : cupy.ndarray or None
-        uint4 only: zero points, uint8 ``(N, ceil(K / group_size / 2))``, packed like the data.
+        uint4 only: zero points, uint8 ``(N, ceil(K / group_size / 2))``, packed like the data;
+        prepared: ``(ceil(N / 16), K / group_size, 8)``.
     scheme : str
         ``"int4"`` (symmetric, codes ``q - 8``), ``"uint4"`` (asymmetric, ``q - z``) or
         ``"float8_e4m3fn"``.
@@ -79,12 +94,17 @@ class QuantizedWeight:
         ``(N, K)`` of the original weight.
     dtype : numpy.dtype
         The original weight's dtype (and the scales').
+    layout : {"plain", "prepared"}
+        ``"plain"`` from :func:`quantize_weight`, ``"prepared"`` from :func:`prepare_weight`.
     """
 
-    def __init__(self, data, scales, zeros, scheme, group_size, shape, dtype):
+    def __init__(self, data, scales, zeros, scheme, group_size, shape, dtype, layout="plain"):
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
         self.data, self.scales, self.zeros = data, scales, zeros
         self.scheme, self.group_size = scheme, group_size
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.layout = layout
 
     @property
     def G(self) -> int:
@@ -100,22 +120,43 @@ class QuantizedWeight:
         :func:`cupyquant.reference.dequantize_weight`."""
         return dequantize_weight(self, dtype, out=out)
 
+    def copy(self) -> "QuantizedWeight":
+        """A copy with its own device arrays (same layout)."""
+        z = None if self.zeros is None else self.zeros.copy()
+        return QuantizedWeight(self.data.copy(), self.scales.copy(), z, self.scheme, self.group_size, self.shape,
+                               self.dtype, self.layout)
+
+    def prepare(self) -> "QuantizedWeight":
+        """:func:`prepare_weight` of this weight."""
+        return prepare_weight(self)
+
+    def plain(self) -> "QuantizedWeight":
+        """This weight in the plain layout (itself if it is plain; a new copy if prepared)."""
+        if self.layout == "plain":
+            return self
+        _check_weight(self)
+        with _validate.on_device_of(self.data):
+            return _plain_of(self)
+
     def to_host(self) -> dict:
-        """NumPy copies: ``data`` (packed), ``codes`` (INT4 unpacked, one per byte, or FP8 as
-        ``ml_dtypes.float8_e4m3fn``), ``scales``, ``zeros`` (unpacked codes, or None)."""
-        data = cupy.asnumpy(self.data)
-        N, K = self.shape
-        ng = K // self.G
-        if self.scheme == "float8_e4m3fn":
+        """NumPy copies in the plain layout (a prepared weight is converted first): ``data``
+        (packed), ``codes`` (INT4 unpacked, one per byte, or FP8 as ``ml_dtypes.float8_e4m3fn``),
+        ``scales``, ``zeros`` (unpacked codes, or None)."""
+        w = self.plain()
+        data = cupy.asnumpy(w.data)
+        N, K = w.shape
+        ng = K // w.G
+        if w.scheme == "float8_e4m3fn":
             codes = data.view(ml_dtypes.float8_e4m3fn)
         else:
             codes = _ref.unpack_fp4(data, K)
-        zeros = None if self.zeros is None else _ref.unpack_fp4(cupy.asnumpy(self.zeros), ng)
-        return {"data": data, "codes": codes, "scales": cupy.asnumpy(self.scales), "zeros": zeros}
+        zeros = None if w.zeros is None else _ref.unpack_fp4(cupy.asnumpy(w.zeros), ng)
+        return {"data": data, "codes": codes, "scales": cupy.asnumpy(w.scales), "zeros": zeros}
 
     def __repr__(self) -> str:
         g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
-        return (f"QuantizedWeight({self.scheme}, shape={self.shape}, {g}, scales {self.dtype.name}, "
+        lay = "" if self.layout == "plain" else ", prepared"
+        return (f"QuantizedWeight({self.scheme}, shape={self.shape}, {g}, scales {self.dtype.name}{lay}, "
                 f"{self.nbytes} bytes)")
 
 
@@ -199,10 +240,114 @@ def _check_weight(w) -> None:
     N, K = w.shape
     if K <= 0 or N < 0:
         raise ValueError(f"w.shape must be (N >= 0, K > 0), got {w.shape}")
-    if w.data.shape != ((N, K) if w.scheme == "float8_e4m3fn" else (N, K // 2)) or w.data.dtype != np.uint8:
-        raise ValueError(f"w.data must be uint8 of shape matching w.shape {w.shape}, got {w.data.dtype} {w.data.shape}")
-    if w.scales.shape != (N, K // w.G):
-        raise ValueError(f"w.scales must have shape {(N, K // w.G)}, got {w.scales.shape}")
+    ng = K // w.G
+    if w.layout == "prepared":
+        n16, chunk = -(-N // 16), _CHUNK[w.scheme]
+        shapes = {"data": (n16, K // chunk, 16, 64), "scales": (n16, ng, 16), "zeros": (n16, ng, 8)}
+        if K % chunk:
+            raise ValueError(f"a prepared weight's K must be a multiple of {chunk}, got w.shape {w.shape}")
+    else:
+        shapes = {"data": (N, K) if w.scheme == "float8_e4m3fn" else (N, K // 2), "scales": (N, ng),
+                  "zeros": (N, (ng + 1) // 2)}
+    if w.data.shape != shapes["data"] or w.data.dtype != np.uint8:
+        raise ValueError(f"w.data must be uint8 of shape {shapes['data']} for a {w.layout} weight of shape {w.shape}, "
+                         f"got {w.data.dtype} {w.data.shape}")
+    if w.scales.shape != shapes["scales"]:
+        raise ValueError(f"w.scales must have shape {shapes['scales']}, got {w.scales.shape}")
+    if w.zeros is not None and (w.zeros.shape != shapes["zeros"] or w.zeros.dtype != np.uint8):
+        raise ValueError(f"w.zeros must be uint8 of shape {shapes['zeros']}, got {w.zeros.dtype} {w.zeros.shape}")
+    if (w.zeros is not None) != (w.scheme == "uint4"):
+        raise ValueError(f"w.zeros must be given for uint4 weights and only for them (scheme {w.scheme!r})")
+
+
+def prepare_weight(w: QuantizedWeight) -> QuantizedWeight:
+    """``w`` in the layout the matmul kernels read (the module's docstring): a new
+    :class:`QuantizedWeight` with ``layout="prepared"``, made on the GPU by copies, bit-exact with
+    :func:`cupyquant.reference.prepare_weight`; a prepared ``w`` is returned as is. Prepare a weight
+    once and pass the result to every :func:`matmul`; :meth:`QuantizedWeight.plain` goes back.
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not a :class:`QuantizedWeight` on the GPU.
+    ValueError
+        K is not a multiple of 128 (INT4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
+        match its shape.
+    """
+    _check_weight(w)
+    if w.layout == "prepared":
+        return w
+    N, K = w.shape
+    chunk = _CHUNK[w.scheme]
+    if K % chunk:
+        raise ValueError(f"w's K = {K} must be a multiple of {chunk} for {w.scheme} weights (the kernel's K step)")
+    with _validate.on_device_of(w.data):
+        return _prepared_of(w)
+
+
+def _pad_rows(x, rows, keep):
+    if x.shape[0] == rows:
+        return x
+    y = keep(cupy.zeros((rows,) + x.shape[1:], x.dtype))
+    y[: x.shape[0]] = x
+    return y
+
+
+def _nibbles(z, keep):
+    """Packed uint8 (..., B) -> codes (..., 2 B), element 2 i the low nibble of byte i."""
+    return keep(cupy.stack([keep(z & 15), keep(z >> 4)], axis=-1)).reshape(z.shape[:-1] + (2 * z.shape[-1],))
+
+
+def _pack_pairs(codes, keep):
+    """Codes (..., 2 B) -> packed uint8 (..., B), element 2 i in the low nibble of byte i."""
+    out = keep(codes[..., 0::2] | keep(codes[..., 1::2] << 4))
+    return out if out.dtype == np.uint8 else out.astype(np.uint8)
+
+
+def _temps():
+    """(keep, done): keep(x) records an intermediate array and returns it; done() keeps them all
+    alive with the graph if the stream is capturing (every array made inside a capture must outlive
+    the graph's replays, not return to the pool when the function returns)."""
+    temps: list = []
+
+    def keep(x):
+        temps.append(x)
+        return x
+
+    return keep, lambda: _validate.keep_if_capturing(*temps)
+
+
+def _prepared_of(w: QuantizedWeight) -> QuantizedWeight:
+    """The copies of prepare_weight (plain w, on its device)."""
+    N, K = w.shape
+    n16, ng, chunk = -(-N // 16), K // w.G, _CHUNK[w.scheme]
+    keep, done = _temps()
+    data = cupy.ascontiguousarray(_pad_rows(w.data, 16 * n16, keep).reshape(n16, 16, K // chunk, 64).transpose(0, 2, 1, 3))
+    scales = cupy.ascontiguousarray(_pad_rows(w.scales, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
+    zeros = None
+    if w.zeros is not None:
+        codes = _nibbles(w.zeros, keep)[:, :ng]
+        tiles = keep(_pad_rows(codes, 16 * n16, keep).reshape(n16, 16, ng)).transpose(0, 2, 1)
+        zeros = _pack_pairs(keep(cupy.ascontiguousarray(tiles)), keep)
+    done()
+    return QuantizedWeight(data, scales, zeros, w.scheme, w.group_size, w.shape, w.dtype, layout="prepared")
+
+
+def _plain_of(w: QuantizedWeight) -> QuantizedWeight:
+    """The inverse of _prepared_of (prepared w, on its device)."""
+    N, K = w.shape
+    n16, ng = w.data.shape[0], K // w.G
+    keep, done = _temps()
+    data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
+    scales = cupy.ascontiguousarray(keep(w.scales.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
+    zeros = None
+    if w.zeros is not None:
+        codes = keep(_nibbles(w.zeros, keep).transpose(0, 2, 1).reshape(16 * n16, ng))[:N]
+        if ng % 2:
+            codes = keep(cupy.concatenate([codes, keep(cupy.zeros((N, 1), np.uint8))], axis=1))
+        zeros = _pack_pairs(keep(cupy.ascontiguousarray(codes)), keep)
+    done()
+    return QuantizedWeight(data, scales, zeros, w.scheme, w.group_size, w.shape, w.dtype)
 
 
 def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarray:
@@ -224,6 +369,9 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
     if out is not None:
         _validate.out_array(out, "out", (N, K), out_t.dtype, device, inputs=(("w.data", w.data), ("w.scales", w.scales)))
     with _validate.on_device_of(w.data):
+        if w.layout == "prepared":
+            w = _plain_of(w)
+            _validate.keep_if_capturing(w.data, w.scales, w.zeros)
         y = cupy.empty((N, K), dtype=out_t.dtype) if out is None else out
         if N and K:
             a = np.zeros((), dtype=_WQ_ARGS)
@@ -392,9 +540,11 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
         float16 or bfloat16, shape ``(..., K)``; leading dimensions are flattened into M rows.
         Rows that are not 16-byte aligned with a unit stride along K are copied first.
     w : QuantizedWeight
-        In the plain layout of :func:`quantize_weight` (both kernels read it; there is no
-        ``prepare`` step). Its scales must have ``a``'s dtype (the kernel dequantizes in that dtype;
-        quantize a weight of the activation dtype). K must be a multiple of 128 (INT4) or 64 (FP8).
+        Prepared by :func:`prepare_weight` (the layout the kernels read), or plain, which is then
+        converted on every call: a copy of the weight through memory, several times the matmul's
+        own time at decode, so prepare a weight once and reuse it. Its scales must have ``a``'s
+        dtype (the kernel dequantizes in that dtype; quantize a weight of the activation dtype).
+        K must be a multiple of 128 (INT4) or 64 (FP8).
     out : cupy.ndarray, optional
         ``(..., N)`` of ``a``'s dtype, C-contiguous.
 
@@ -469,6 +619,9 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
             _validate.keep_if_capturing(a2)
         y = cupy.empty(lead + (N,), dtype=a.dtype) if out is None else out
         if M and N:
+            if w.layout == "plain":  # the kernels read the prepared layout: a copy per call
+                w = _prepared_of(w)
+                _validate.keep_if_capturing(w.data, w.scales, w.zeros)
             zeros = w.zeros if w.zeros is not None else 0
             path = matmul_path(M, w, arch=_arch(device), sms=_sms(device))
             if path == "decode":

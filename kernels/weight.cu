@@ -13,7 +13,8 @@
 //   w4a16_matmul      see below.
 // Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
 // (N, K); scales (N, K / G) of T; uint4 zero codes unpacked (N, K / G) bytes here (the wrapper
-// packs them two per byte).
+// packs them two per byte). The matmul reads the prepared (tile-major) layout instead: see
+// w4a16_matmul.
 
 #include "common.cuh"
 #include "weight_mma.cuh"
@@ -128,8 +129,8 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 
 // ---------------------------------------------------------------- decode matmul
 // y (M, N) = a (M, K) @ dequant(w).T, fp32 accumulation on mma.sync.m16n8k16 (f16 or bf16), the
-// weights dequantized in registers from the plain layout, each weight byte read once per M tile
-// of 16 rows.
+// weights dequantized in registers from the prepared layout, each weight byte read once per M
+// tile of 16 rows.
 //
 // Operands. The weights are the mma's A operand (16 rows of N by 16 of K) and the activations its
 // B operand (16 of K by 8 rows of M): at decode (M <= 8) one mma covers 256 weights, and no mma row
@@ -249,24 +250,28 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     const i64 n0 = (i64)blockIdx.x * (16 * RT);
     const i64 m0 = (i64)blockIdx.y * 16;
     const int nchunks = (int)(a.K / CHUNK);  // the wrapper keeps it below 2^31
-    const i64 wrow = FP8 ? a.K : a.K / 2;    // bytes per weight row
     const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
 
-    // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes.
-    // Rows past N read row N - 1 and rows of a past M read row M - 1: valid memory, and what they give
-    // lands only in outputs that are not stored (an mma output depends on its own row of A and column
-    // of B alone), so no load needs a row predicate.
+    // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes,
+    // in the prepared layout (weight.py prepare_weight): tile n16 of 16 rows holds chunk c at
+    // (n16 * nchunks + c) KB, row i of the tile at 64 i; scales [n16][group][16], zero codes
+    // [n16][group][8 bytes] (row i in nibble i % 2 of byte i / 2). Rows past N are the zero padding
+    // of the last tile, a block's second tile past the last reads the last again, and rows of a past
+    // M read row M - 1: valid memory, and what they give lands only in outputs that are not stored
+    // (an mma output depends on its own row of A and column of B alone), so no load needs a row
+    // predicate.
     const unsigned char* wsrc[RT][2];
     const unsigned short* srow[RT][2];
     const unsigned char* zrow[RT][2];
+    const i64 ntiles = (a.N + 15) / 16;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const i64 n = min(n0 + 16 * r + 8 * h + g, a.N - 1);
-            wsrc[r][h] = wq + n * wrow + t * 16;
-            srow[r][h] = sc16 + n * a.ng;
-            zrow[r][h] = S == W_UINT4 ? zeros + n * ((a.ng + 1) / 2) : zeros;
+            const i64 tile = min(n0 / 16 + r, ntiles - 1);
+            wsrc[r][h] = wq + (tile * nchunks * 16 + 8 * h + g) * CBYTES + t * 16;
+            srow[r][h] = sc16 + tile * a.ng * 16 + 8 * h + g;
+            zrow[r][h] = S == W_UINT4 ? zeros + tile * a.ng * 8 + 4 * h + g / 2 : zeros;
         }
     const T* arow[MT];
 #pragma unroll
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     // chunk c of this warp's weights into ring slot `slot` (zeros past K), as one commit group
     auto fill = [&](int c, int slot) {
         const bool ok = c < nchunks;
-        const i64 off = (i64)(unsigned)c * CBYTES;
+        const i64 off = (i64)(unsigned)c * (16 * CBYTES);  // chunk c of the tile
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -291,8 +296,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                unsigned v = __ldg(srow[r][h] + grp);
-                if constexpr (S == W_UINT4) v |= ((unsigned)(__ldg(zrow[r][h] + grp / 2) >> (4 * (grp & 1))) & 15u) << 16;
+                unsigned v = __ldg(srow[r][h] + grp * 16);
+                if constexpr (S == W_UINT4) v |= ((unsigned)(__ldg(zrow[r][h] + grp * 8) >> (4 * (g & 1))) & 15u) << 16;
                 gd[r][h] = v;
             }
     };

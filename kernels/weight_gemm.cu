@@ -1,6 +1,6 @@
 // weight_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 weights (prefill
-// sizes of M), reading the plain layout of weight.cu (codes (N, K / 2) with element 0 in the low
-// nibble, scales (N, K / G) of a's dtype, uint4 zero points (N, ceil(K / G / 2)) packed likewise).
+// sizes of M), reading the prepared layout of weight.cu's matmul (tiles of 16 weight rows by 128 k
+// stored as 1 KB each, scales and zero codes per tile and group: see weight.py prepare_weight).
 // Numerics as weight.cu's decode matmul: each product exact, float32 sums (see w4a16_gemm).
 
 #include "common.cuh"
@@ -68,8 +68,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
     const i64 n0 = (i64)blockIdx.x * GM_BN, m0 = (i64)blockIdx.y * BM;
     const i64 it0 = (i64)blockIdx.z * a.iters;
     const int niter = (int)min((i64)a.iters, a.K / GM_BK - it0);
-    const i64 wrow = a.K / 2;
-    const i64 zrow = (a.ng + 1) / 2;
+    const i64 nchunks = a.K / GM_BK;  // the prepared layout's 128-k chunks: one per stage
 
     // The 16-byte chunks this thread copies each stage: a fixed chunk column and rows a fixed step
     // apart, so the addresses are set up once and each stage adds its K offset.
@@ -77,7 +76,9 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
     constexpr int W_CH = GM_BN * 4 / THREADS, W_RSTEP = THREADS / 4;  // weight rows: 4 chunks each
     const int ar0 = tid >> 4, ach = tid & 15, wr0 = tid >> 2, wch = tid & 3;
     const T* a_src = act + (m0 + ar0) * a.lda + ach * 8;
-    const unsigned char* w_src = wq + (n0 + wr0) * wrow + wch * 16;
+    // prepared layout: row n's 64 bytes of chunk (stage) c at ((n / 16) nchunks + c) KB + 64 (n % 16)
+    const unsigned char* w_src = wq + ((n0 + wr0) >> 4) * nchunks * 1024 + ((n0 + wr0) & 15) * 64 + wch * 16;
+    static_assert(W_RSTEP % 16 == 0, "a thread's weight rows are whole tiles apart");
     const int a_dst = ar0 * 256 + (gm_swz(ar0, ach) << 4);  // row parity is the same for every chunk
     const int w_dst = A_BYTES + wr0 * 64 + wch * 16;
 
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 #pragma unroll
         for (int q = 0; q < W_CH; ++q) {
             const bool ok = n0 + wr0 + q * W_RSTEP < a.N;
-            cp_async16(st + w_dst + q * W_RSTEP * 64, ok ? w_src + q * W_RSTEP * wrow + k0 / 2 : wq, ok);
+            cp_async16(st + w_dst + q * W_RSTEP * 64, ok ? w_src + (q * (W_RSTEP / 16) * nchunks + it) * 1024 : wq, ok);
         }
     };
 
@@ -103,9 +104,13 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
     };
     const i64 nb = n0 + wn * 32 + g;           // this lane's B column in tile j: nb + 8 j
     const i64 nc = n0 + wn * 32 + 2 * t;       // its accumulator columns in tile j: nc + 8 j + {0, 1}
-    const unsigned short* s_b = reinterpret_cast<const unsigned short*>(scales) + nb * a.ng;
-    const T* s_c = scales + nc * a.ng;
-    const unsigned char* z_b = zeros + nb * zrow;
+    // prepared layout: scales [N / 16][group][16], zero codes [N / 16][group][8 bytes] (row i of a
+    // tile in nibble i % 2 of byte i / 2). Rows nb + 8 j and nc + 8 j + h lie in tile (nb >> 4) +
+    // j / 2 at row (nb & 15) + 8 (j % 2) (nb & 15 = g, nc & 15 = 2 t: n0 and 32 wn are whole tiles).
+    const i64 tstep = a.ng * 16;  // scales per tile
+    const unsigned short* s_b = reinterpret_cast<const unsigned short*>(scales) + (nb >> 4) * tstep + g;
+    const T* s_c = scales + (nc >> 4) * tstep + 2 * t;
+    const unsigned char* z_b = zeros + (nb >> 4) * a.ng * 8 + g / 2;
     auto load_sz = [&](i64 it) {
         SZ r;
         const i64 grp = (it * GM_BK + (POST ? 0 : 32 * t)) >> a.gshift;
@@ -113,14 +118,15 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
         for (int j = 0; j < GM_NT; ++j) {
             const bool ok = nb + 8 * j < a.N;
             unsigned short sb = 0;
-            if (!POST && ok) sb = __ldg(s_b + 8 * j * a.ng + grp);
+            const i64 tj = (j >> 1) * tstep + grp * 16 + 8 * (j & 1);
+            if (!POST && ok) sb = __ldg(s_b + tj);
             r.s2[j] = (unsigned)sb * 0x10001u;
             unsigned z = 8u;
-            if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + 8 * j * zrow + (grp >> 1)) >> (4 * (grp & 1))) & 15u) : 0u;
+            if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + (tj >> 1)) >> (4 * (g & 1))) & 15u) : 0u;
             r.zb[j] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                r.cs[j][h] = POST && nc + 8 * j + h < a.N ? to_float(s_c[(8 * j + h) * a.ng + grp]) : 0.0f;
+                r.cs[j][h] = POST && nc + 8 * j + h < a.N ? to_float(s_c[tj + h]) : 0.0f;
         }
         return r;
     };

@@ -1,7 +1,7 @@
 // weight_wgmma.cu: y = a @ dequant(w).T for INT4 weights on Hopper's warpgroup tensor-core
-// instructions (wgmma, sm_90a only), reading the plain layout of weight.cu (codes (N, K / 2) with
-// element 0 in the low nibble, scales (N, K / G) of a's dtype, uint4 zero points (N, ceil(K / G / 2))
-// packed likewise). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
+// instructions (wgmma, sm_90a only), reading the prepared layout of weight.cu's matmul (tiles of 16
+// weight rows by 128 k stored as 1 KB each, scales and zero codes per tile and group: see
+// weight.py prepare_weight). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
 // other target the kernel is an empty stub that traps, and the host never launches it there.
 //
 // Roles are swapped against y = a @ w.T: the wgmma computes y.T = w @ a.T, so the weights are the
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const i64 n0 = (i64)blockIdx.x * WG_BN, m0 = (i64)blockIdx.y * BMA;
     const i64 it0 = (i64)blockIdx.z * a.iters;
     const int niter = (int)min((i64)a.iters, a.K / WG_BK - it0);
-    const i64 wrow = a.K / 2, zrow = (a.ng + 1) / 2;
+    const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
 
     // Copies. Activations: chunk ac of rows ar0 + 32 q, at swizzled chunk ac ^ (row & 7) (the same for
     // every q); weights: chunk wc of row wr, rows of 32 bytes. Stages are loaded in order, so the
@@ -181,7 +181,11 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
     const int wr = tid >> 1, wc = tid & 1;
     const bool w_ok = n0 + wr < a.N;
-    const unsigned char* w_next = wq + (n0 + wr) * wrow + it0 * (WG_BK / 2) + wc * 16;
+    // prepared layout: row n's 64 bytes of chunk c at ((n / 16) nchunks + c) KB + 64 (n % 16); a
+    // stage is half a chunk (32 bytes of each row), so the source steps 32 and 992 bytes in turn
+    const i64 wn = n0 + wr;
+    const unsigned char* w_next = wq + ((wn >> 4) * nchunks + (it0 >> 1)) * 1024 + (wn & 15) * 64 + (it0 & 1) * 32 + wc * 16;
+    int w_odd = (int)(it0 & 1);
     const unsigned w_dst = sbase + A_BYTES + wr * 32 + wc * 16;
     auto load_stage = [&](int slot) {
         const char* src = a_next;
@@ -192,7 +196,8 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         }
         cp_async16_if(w_dst + slot * STAGE, w_next, w_ok);
         a_next += WG_BK * sizeof(T);
-        w_next += WG_BK / 2;
+        w_next += w_odd ? 1024 - WG_BK / 2 : WG_BK / 2;
+        w_odd ^= 1;
     };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
@@ -202,9 +207,12 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // register queue (one scale and one zero point per thread: row sr, k16 steps 2 sh .. 2 sh + 1)
     // and stored, as the pairs the dequantization multiplies by, the stage before their use.
     const int sr = tid >> 1, sh = tid & 1;
-    const i64 srow = min(n0 + sr, a.N - 1);  // rows past N read row N - 1
-    const unsigned short* s_src = reinterpret_cast<const unsigned short*>(scales) + srow * a.ng;
-    const unsigned char* z_src = zeros + srow * zrow;
+    // prepared layout: scales [N / 16][group][16], zero codes [N / 16][group][8 bytes] (row i of a
+    // tile in nibble i % 2 of byte i / 2); rows past N read row N - 1
+    const i64 srow = min(n0 + sr, a.N - 1);
+    const unsigned short* s_src = reinterpret_cast<const unsigned short*>(scales) + (srow >> 4) * a.ng * 16 + (srow & 15);
+    const unsigned char* z_src = zeros + (srow >> 4) * a.ng * 8 + ((srow & 15) >> 1);
+    const int z_sh = 4 * (int)(srow & 1);
     const unsigned zb8 = zero_bias<T>(8u);  // INT4: z = 8
     struct SQ {
         unsigned s, z;
@@ -213,8 +221,8 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     auto fetch_sz = [&](int i) {  // stage i of this split (clamped to the last)
         const int grp = (k_sz + min(i, niter - 1) * WG_BK) >> gsh;
         SQ q;
-        q.s = __ldg(s_src + grp);
-        q.z = S == W_UINT4 ? (unsigned)__ldg(z_src + (grp >> 1)) >> (4 * (int)(grp & 1)) : 8u;
+        q.s = __ldg(s_src + grp * 16);
+        q.z = S == W_UINT4 ? (unsigned)__ldg(z_src + grp * 8) >> z_sh : 8u;
         return q;
     };
     unsigned char* sz_ring = smem + STAGES * STAGE;  // 2 slots of [2 h][128 rows] scale pairs, then zero biases

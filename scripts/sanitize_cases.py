@@ -312,10 +312,18 @@ def run_weight(run: Run):
             qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
             deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
                                         scheme, dt).astype(np.float64)
+            # the prepared layout (bytes against the reference) for the single calls; the batched
+            # ones below pass the plain weight, which matmul converts itself
+            qp = run.op(cq.prepare_weight(qw))
+            pd, ps, pz = ref.prepare_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get())
+            run.same(f"prepared data {scheme} G={G} K={K}", qp.data, pd)
+            run.same(f"prepared scales {scheme} G={G} K={K}", qp.scales, ps)
+            if pz is not None:
+                run.same(f"prepared zeros {scheme} G={G} K={K}", qp.zeros, pz)
             for M in (1, 16, 64, 300):
                 ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                 out = poison((M, N), dt)
-                y = run.op(cq.matmul(cupy.asarray(ah), qw, out=out))
+                y = run.op(cq.matmul(cupy.asarray(ah), qp, out=out))
                 exact = ah.astype(np.float64) @ deq.T
                 err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
                 run.within(f"matmul {scheme} G={G} K={K} {dt.name} M={M}", err, TOL[dt])

@@ -388,6 +388,22 @@ row(f, "out_alias_w", lambda w: (lambda q: MM(w(_x((4, 256), BF16)), q, out=q.da
     _watch_qw(w, _qw())), ValueError, "out")
 row(f, "out_device", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_dev1(lambda: _P((4, 64), BF16)))),
     ValueError, "out")
+row(f, "w_prepared_data_shape", lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:1]))(_watch_qw(w, _qw().prepare()))),
+    ValueError, "w.data")
+row(f, "w_prepared_scales_shape", lambda w: MM(w(_x((4, 256), BF16)),
+                                              (lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw().prepare()))),
+    ValueError, "w.scales")
+
+# prepare_weight(w): a QuantizedWeight whose K is whole chunks (128 INT4, 64 FP8)
+f = "prepare_weight"
+PW = cq.prepare_weight
+cpu(f, "numpy", lambda w: PW(w(np.zeros((64, 128), U8))), TypeError, "w")
+cpu(f, "host_arrays", lambda w: PW(_watch_qw(w, _host_qw())), TypeError, "w.data")
+row(f, "k_not_whole_chunks", lambda w: PW(_watch_qw(w, _qw((64, 96), group_size=32))), ValueError, "w")
+row(f, "data_noncontig", lambda w: PW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))), ValueError, "w.data")
+row(f, "scales_shape", lambda w: PW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
+    ValueError, "w.scales")
+row(f, "zeros_missing", lambda w: PW((lambda q: _with(q, zeros=None))(_watch_qw(w, _qw(scheme="uint4")))), ValueError, "w.zeros")
 
 
 def _watch_q(w, q):

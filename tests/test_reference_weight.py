@@ -251,3 +251,45 @@ def test_errors(case):
     call, exc, match = ERRORS[case]
     with pytest.raises(exc, match=match):
         call()
+
+
+# ---------------------------------------------------------------- the prepared layout
+def test_prepare_weight_hand_worked():
+    """N = 17 rows, K = 256 INT4 (128 bytes per row: 2 chunks), 2 groups of 128: two tiles (the
+    second padded with 15 zero rows). Byte b of row n lands at [n // 16, b // 64, n % 16, b % 64]."""
+    N, B = 17, 128
+    data = (np.arange(N * B) % 251 + 1).astype(np.uint8).reshape(N, B)  # no zero byte
+    scales = (np.arange(N * 2) + 1).astype(np.float16).reshape(N, 2)
+    zc = np.arange(N * 2).astype(np.uint8).reshape(N, 2) % 16
+    d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc))
+    assert d.shape == (2, 2, 16, 64) and s.shape == (2, 2, 16) and z.shape == (2, 2, 8)
+    assert d[0, 0, 0, 0] == data[0, 0] and d[0, 1, 0, 0] == data[0, 64] and d[0, 0, 1, 0] == data[1, 0]
+    assert d[1, 1, 0, 6] == data[16, 70] and d[0, 1, 15, 63] == data[15, 127]
+    assert not d[1, :, 1:].any()  # padding rows
+    assert d.reshape(-1)[1024] == data[0, 64]  # chunk 1 of tile 0 starts 1 KB in
+    assert s[0, 1, 5] == scales[5, 1] and s[1, 0, 0] == scales[16, 0] and not s[1, :, 1:].any()
+    # zero codes: row i of a tile in nibble i % 2 of byte i // 2
+    assert z[0, 1, 2] == zc[4, 1] | (zc[5, 1] << 4)
+    assert z[1, 0, 0] == zc[16, 0] and not z[1, :, 1:].any()
+
+
+@pytest.mark.parametrize("N,B,ng", [(1, 64, 1), (16, 64, 2), (33, 192, 3), (100, 256, 8)])
+def test_prepare_weight_is_the_tile_transpose(N, B, ng):
+    """The scatter of ref.prepare_weight against the reshape and transpose of the padded rows."""
+    rng = np.random.default_rng(N * B)
+    data = rng.integers(0, 256, (N, B), dtype=np.uint8)
+    scales = rng.standard_normal((N, ng)).astype(BF16)
+    zc = rng.integers(0, 16, (N, ng), dtype=np.uint8)
+    d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc))
+    T = -(-N // 16)
+    pad = lambda x: np.concatenate([x, np.zeros((16 * T - N,) + x.shape[1:], x.dtype)])
+    np.testing.assert_array_equal(d, pad(data).reshape(T, 16, B // 64, 64).transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(s.view(np.uint16), pad(scales).reshape(T, 16, ng).transpose(0, 2, 1).view(np.uint16))
+    tz = pad(zc).reshape(T, 16, ng).transpose(0, 2, 1)
+    np.testing.assert_array_equal(ref.unpack_fp4(z, 16), tz)
+    assert ref.prepare_weight(data, scales)[2] is None
+
+
+def test_prepare_weight_rejects_partial_chunks():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        ref.prepare_weight(np.zeros((4, 96), np.uint8), np.zeros((4, 1), np.float16))

@@ -140,6 +140,71 @@ def test_to_host_and_repr():
     np.testing.assert_array_equal(q8t.data.get(), q8.data.get())
 
 
+# ---------------------------------------------------------------- the prepared layout
+PREP_SHAPES = [(1, 128), (17, 256), (1000, 384), (64, 1024)]
+
+
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
+@pytest.mark.parametrize("w_dtype", HALF, ids=_id)
+def test_prepare_weight_bit_exact(w_dtype, scheme, sym, group_size):
+    """prepare_weight against reference.prepare_weight (bytes, padding rows included, into poisoned
+    memory: every byte of the result is compared), and back: plain(), to_host and dequantize of
+    the prepared weight equal the plain weight's."""
+    for N, K in PREP_SHAPES:
+        if group_size is not None and K % group_size:
+            continue
+        wh = _weights((N, K), _seed("prep", N, K, scheme, group_size), w_dtype)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        d, s, z = ref.prepare_weight(cupy.asnumpy(qw.data), cupy.asnumpy(qw.scales),
+                                     None if qw.zeros is None else cupy.asnumpy(qw.zeros))
+        cupy.get_default_memory_pool().free_all_blocks()
+        poisoned((1 << 20,), np.uint8)  # freed at once: the prepared arrays likely reuse bytes of 0xff
+        qp = cq.prepare_weight(qw)
+        assert qp.layout == "prepared" and qw.layout == "plain" and qp.shape == qw.shape
+        assert_bits_equal(qp.data, d, f"{scheme} N={N} K={K} prepared data")
+        assert_bits_equal(qp.scales, s, f"{scheme} N={N} K={K} prepared scales")
+        if z is None:
+            assert qp.zeros is None
+        else:
+            assert_bits_equal(qp.zeros, z, f"{scheme} N={N} K={K} prepared zeros")
+        assert cq.prepare_weight(qp) is qp and qp.prepare() is qp and qw.plain() is qw
+        back = qp.plain()
+        assert back.layout == "plain"
+        for name in ("data", "scales", "zeros"):
+            if getattr(qw, name) is not None:
+                assert_bits_equal(getattr(back, name), cupy.asnumpy(getattr(qw, name)), f"plain() {name}")
+        hp, hq = qp.to_host(), qw.to_host()
+        for k in hq:
+            if hq[k] is not None:
+                np.testing.assert_array_equal(hp[k].view(np.uint8), hq[k].view(np.uint8))
+        assert_bits_equal(qp.dequantize(), cupy.asnumpy(qw.dequantize()), "dequantize of the prepared weight")
+        assert "prepared" in repr(qp) and "prepared" not in repr(qw)
+
+
+def test_prepare_weight_errors():
+    dtype = np.float16
+    w = cupy.asarray(_weights((8, 64), 21, dtype))
+    q64 = cq.quantize_weight(w, "int4", group_size=32)  # K = 64: half an INT4 chunk
+    with pytest.raises(ValueError, match="multiple of 128"):
+        cq.prepare_weight(q64)
+    with pytest.raises(TypeError, match="w must be a QuantizedWeight"):
+        cq.prepare_weight(w)
+    with pytest.raises(ValueError, match="layout"):
+        cq.QuantizedWeight(q64.data, q64.scales, None, "int4", 32, (8, 64), dtype, layout="marlin")
+    qp = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((20, 256), 22, dtype)), "uint4", group_size=64))
+    a = cupy.ones((2, 256), dtype)
+    bad = cq.QuantizedWeight(qp.data[:1], qp.scales, qp.zeros, "uint4", 64, (20, 256), dtype, layout="prepared")
+    with pytest.raises(ValueError, match=r"w\.data must be uint8 of shape \(2, 2, 16, 64\)"):
+        cq.matmul(a, bad)
+    bad = cq.QuantizedWeight(qp.data, qp.scales, qp.zeros[:, :2], "uint4", 64, (20, 256), dtype, layout="prepared")
+    with pytest.raises(ValueError, match=r"w\.zeros must be uint8 of shape \(2, 4, 8\)"):
+        cq.matmul(a, bad)
+    bad = cq.QuantizedWeight(qp.data, qp.scales, None, "uint4", 64, (20, 256), dtype, layout="prepared")
+    with pytest.raises(ValueError, match="w.zeros must be given for uint4"):
+        bad.dequantize()
+
+
 # ---------------------------------------------------------------- matmul
 # Bound on ||y - ref|| / ||ref||, ref = float64 a @ dequant(w).T with dequant(w) in a's dtype. Groups
 # 32/64 and FP8: the kernel's weights are bit-identical to dequant(w) and each product is exact in
@@ -186,15 +251,20 @@ class _forced:
 
 
 def _check_matmul(qw, ms, dtype, seed, what=""):
+    """matmul of the prepared weight against the float64 reference for each M; for the first M also
+    the plain weight (converted inside the call), which must give the same bits."""
     tol = TOL[np.dtype(dtype)]
     N, K = qw.shape
+    qp = cq.prepare_weight(qw)
     rng = np.random.default_rng(seed)
-    for M in ms:
+    for i, M in enumerate(ms):
         a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
-        y = cq.matmul(a, qw)
+        y = cq.matmul(a, qp)
         assert y.shape == (M, N) and y.dtype == np.dtype(dtype)
         err = _rel_err(y, _matmul_ref(a, qw))
         assert err <= tol, f"{what} M={M} N={N} K={K} ({cqw.matmul_path(M, qw)}): relative error {err:.3g} > {tol:.3g}"
+        if i == 0:
+            assert_bits_equal(cq.matmul(a, qw), cupy.asnumpy(y), f"{what} M={M}: plain vs prepared weight")
 
 
 # (scheme, symmetric, path): every kernel for INT4; FP8 weights have the decode kernel only
