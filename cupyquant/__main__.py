@@ -230,10 +230,8 @@ def weight_report(xh, x) -> bool:
         all_equal &= equal
         y = qw.dequantize(np.float32).get().astype(np.float64)
         snr = 10 * np.log10(np.sum(x64**2) / max(np.sum((y - x64) ** 2), 1e-300))
-        qb = cq.quantize_weight(big, scheme, group_size=g)
-        copies = [qb] + [cq.QuantizedWeight(qb.data.copy(), qb.scales.copy(), None if qb.zeros is None else qb.zeros.copy(),
-                                            qb.scheme, qb.group_size, qb.shape, qb.dtype)
-                         for _ in range(max(0, _bench.copies_for(qb.nbytes) - 1))]
+        qb = cq.prepare_weight(cq.quantize_weight(big, scheme, group_size=g))
+        copies = [qb] + [qb.copy() for _ in range(max(0, _bench.copies_for(qb.nbytes) - 1))]
         t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in copies])
         del copies, qb
         name = f"{scheme} " + ("per-channel" if g is None else f"group-{g}")

@@ -464,10 +464,8 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
         qws = {}
         for scheme in schemes:
             wb = w16.astype(ml_dtypes.bfloat16)
-            qws[scheme] = [cq.quantize_weight(wb, scheme, group_size=128) for _ in range(1)]
-            qws[scheme] += [cq.QuantizedWeight(q.data.copy(), q.scales.copy(), None if q.zeros is None else q.zeros.copy(),
-                                               q.scheme, q.group_size, q.shape, q.dtype)
-                            for q in qws[scheme] * (ncopy - 1)]
+            q = cq.prepare_weight(cq.quantize_weight(wb, scheme, group_size=128))  # once, as at load time
+            qws[scheme] = [q] + [q.copy() for _ in range(ncopy - 1)]
             del wb
         w16s = [w16] + [w16.copy() for _ in range(max(0, _bench.copies_for(N * K * 2) - 1))]
         for M in ms:

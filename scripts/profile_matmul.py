@@ -25,7 +25,7 @@ if __name__ == "__main__":
         _weight.FORCE_PATH = sys.argv[5]
     rng = cupy.random.default_rng(0)
     w = rng.standard_normal((N, K), dtype="float32").astype(ml_dtypes.bfloat16)
-    qw = cq.quantize_weight(w, scheme, group_size=None if scheme == "float8_e4m3fn" else 128)
+    qw = cq.prepare_weight(cq.quantize_weight(w, scheme, group_size=None if scheme == "float8_e4m3fn" else 128))
     a = rng.standard_normal((M, K), dtype="float32").astype(ml_dtypes.bfloat16)
     for _ in range(4):
         cq.matmul(a, qw)
