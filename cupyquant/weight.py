@@ -30,7 +30,7 @@ from cupy.cuda import driver as _driver
 import ml_dtypes
 import numpy as np
 
-from . import _dtypes, _jit, _validate
+from . import _dtypes, _jit, _launch, _validate
 from . import reference as _ref
 
 _FAMILY = "weight"
@@ -237,6 +237,8 @@ def _check_weight(w) -> None:
         _validate.cupy_array(getattr(w, name), f"w.{name}")
     _validate.c_contiguous(w.data, "w.data")
     _validate.c_contiguous(w.scales, "w.scales")
+    if w.zeros is not None:
+        _validate.c_contiguous(w.zeros, "w.zeros")
     N, K = w.shape
     if K <= 0 or N < 0:
         raise ValueError(f"w.shape must be (N >= 0, K > 0), got {w.shape}")
@@ -245,7 +247,7 @@ def _check_weight(w) -> None:
         n16, chunk = -(-N // 16), _CHUNK[w.scheme]
         shapes = {"data": (n16, K // chunk, 16, 64), "scales": (n16, ng, 16), "zeros": (n16, ng, 8)}
         if K % chunk:
-            raise ValueError(f"a prepared weight's K must be a multiple of {chunk}, got w.shape {w.shape}")
+            raise ValueError(f"w.shape's K must be a multiple of {chunk} for a prepared weight, got w.shape {w.shape}")
     else:
         shapes = {"data": (N, K) if w.scheme == "float8_e4m3fn" else (N, K // 2), "scales": (N, ng),
                   "zeros": (N, (ng + 1) // 2)}
@@ -529,7 +531,7 @@ def _splits(tiles: int, iters_total: int, blocks: int):
     return -(-iters_total // iters), iters
 
 
-def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
+def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     """``a @ dequant(w).T`` in ``a``'s dtype, accumulated in float32, the weights dequantized in
     registers on their way to the tensor cores (``mma.sync``); the 4-bit form is never expanded in
     memory.
@@ -547,6 +549,14 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
         K must be a multiple of 128 (INT4) or 64 (FP8).
     out : cupy.ndarray, optional
         ``(..., N)`` of ``a``'s dtype, C-contiguous.
+    pdl : bool, optional
+        Programmatic dependent launch (FlashInfer's ``enable_pdl``): the matmul kernel is launched
+        so that it may start while the kernel before it on the stream is still running, its
+        blocks set up on the SMs and waiting there, before any load, for that kernel to complete;
+        and it lets the kernel after it (another PDL launch) do the same. The result is the same
+        either way. None (the default) turns it on on GPUs of compute capability 9.0 and newer,
+        the ones that have it; True elsewhere is a ``ValueError``. It works in CUDA graphs (the
+        launch becomes a programmatic edge).
 
     Notes
     -----
@@ -587,7 +597,7 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
     ValueError
         ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4) or 64 (FP8); ``a`` and
         ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
-        overlapping ``a`` or ``w``.
+        overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """
     _check_weight(w)
     t = _validate.float_input(a, "a")
@@ -608,6 +618,13 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
         raise ValueError(f"w's K = {K} must be below {chunk << 30} (the kernels count K steps in 32 bits)")
     device = w.data.data.device_id
     _validate.same_device(a, "a", device, "w")
+    if pdl is not None and not isinstance(pdl, (bool, np.bool_)):
+        raise TypeError(f"pdl must be None, True or False, got {type(pdl).__name__}")
+    pdl_ok = int(_arch(device)) >= 90
+    if pdl and not pdl_ok:
+        raise ValueError(f"pdl=True needs a GPU of compute capability 9.0 or newer (programmatic dependent launch), "
+                         f"device {device} is {_arch(device)}")
+    pdl = pdl_ok if pdl is None else bool(pdl)
     lead = a.shape[:-1]
     M = math.prod(lead)
     if out is not None:
@@ -625,14 +642,14 @@ def matmul(a, w: QuantizedWeight, *, out=None) -> cupy.ndarray:
             zeros = w.zeros if w.zeros is not None else 0
             path = matmul_path(M, w, arch=_arch(device), sms=_sms(device))
             if path == "decode":
-                _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
+                _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
             elif path == "wgmma":
                 if _arch(device) not in _WGMMA_ARCHS:
                     raise ValueError(f"the wgmma path needs a GPU of compute capability 9.0, device {device} is "
                                      f"{_arch(device)}")
-                _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
+                _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
             else:
-                _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros)
+                _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
     return y
 
 
@@ -667,7 +684,16 @@ def _decode_config(blocks: int, sms: int, nchunks: int) -> int:
     return _jit.MATMUL_DEC4 if fill(4) > fill(3) + 0.2 else _jit.MATMUL_DEC3
 
 
-def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
+def _run(k, grid, block, args, smem, pdl):
+    """One launch of a matmul kernel: through cuLaunchKernelEx with programmatic dependent launch
+    (_launch.py) or CuPy's RawKernel call; ``args`` ends with the 0-d argument struct."""
+    if pdl:
+        _launch.launch(k, grid, block, args, smem)
+    else:
+        k(grid, block, args[:-1] + (args[-1][()],), shared_mem=smem)
+
+
+def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl):
     args = np.zeros((), dtype=_MM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
     args["ng"], args["gshift"] = K // w.G, _gshift(w)
@@ -686,15 +712,15 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros):
             k.max_dynamic_shared_size_bytes = smem  # attribute, so it is set once per kernel
             _decode_smem_set.add(id(k))
         grid = (-(-N // _mm_rows(two)), -(-mrows // _MM_M))
-        k(grid, (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args[()]), shared_mem=smem)
+        _run(k, grid, (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args), smem, pdl)
 
 
-def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros):
+def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros, pdl):
     k, bm, threads, smem = _gemm_kernel(device, t, w, M)
-    _launch_tiled(device, k, threads, smem, bm, _GEMM_BN, _GEMM_BK, _splits, a2, w, y2, M, N, K, zeros)
+    _launch_tiled(device, k, threads, smem, bm, _GEMM_BN, _GEMM_BK, _splits, a2, w, y2, M, N, K, zeros, pdl)
 
 
-def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros):
+def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl):
     """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
     bm x bn tiles of y, K in stages of bk, split as ``split(tiles, stages, slots)`` says; at most
     _MAX_GRID_Y row tiles per launch."""
@@ -716,8 +742,8 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
             _validate.keep_if_capturing(ws, counters)
         else:
             ws = counters = 0
-        k((ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args[()]),
-          shared_mem=smem)
+        _run(k, (ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args),
+             smem, pdl)
 
 
 # The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 64, 128 or 256 rows of a,
@@ -782,7 +808,7 @@ def _wg_smem(bma: int) -> int:
     return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32) + 4096 + 1024
 
 
-def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros):
+def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
     bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device))
     k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, _WG_STAGES[bma])
 
@@ -790,4 +816,4 @@ def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros):
         iters = -(-iters_total // splits)
         return -(-iters_total // iters), iters
 
-    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, split, a2, w, y2, M, N, K, zeros)
+    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, split, a2, w, y2, M, N, K, zeros, pdl)

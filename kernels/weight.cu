@@ -277,6 +277,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * VALS;
 
+    pdl_wait_then_release();  // no global access above this line
     uint4* ring = mm_smem + warp * (STAGES * SLOT) + lane;
     // chunk c of this warp's weights into ring slot `slot` (zeros past K), as one commit group
     auto fill = [&](int c, int slot) {

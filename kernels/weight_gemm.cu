@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 #pragma unroll
         for (int j = 0; j < GM_NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
 
+    pdl_wait_then_release();  // no global access above this line
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < niter) load_stage(s, it0 + s);

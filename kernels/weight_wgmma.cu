@@ -232,6 +232,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         p[256] = S == W_UINT4 ? zero_bias<T>(q.z & 15u) : zb8;
     };
 
+    pdl_wait_then_release();  // no global access above this line
     float acc[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[i] = 0.0f;

@@ -16,11 +16,17 @@ FAMILIES = sorted(_jit.families())
 @pytest.mark.parametrize("arch", _jit.TEST_ARCHS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_instantiation_compiles(family, arch):
-    lowered = _jit.compile_for_arch(family, arch)
+    ptx = []
+    lowered = _jit.compile_for_arch(family, arch, ptx_out=ptx)
     exprs = _jit.families()[family]
     assert set(lowered) == set(exprs)
     assert len(set(lowered.values())) == len(exprs), "two expressions lowered to one symbol"
     assert all(name.startswith("_Z") for name in lowered.values())
+    # programmatic dependent launch: each matmul kernel waits for the kernel before (and releases
+    # the one after) once, on the targets that have it (9.0 and newer); nothing else does
+    pdl_kernels = sum(e.startswith(("w4a16_matmul", "w4a16_gemm")) for e in exprs) if int(arch) >= 90 else 0
+    assert ptx[0].count("griddepcontrol.wait;") == pdl_kernels
+    assert ptx[0].count("griddepcontrol.launch_dependents;") == pdl_kernels
 
 
 def test_registry_is_not_empty_and_has_no_duplicates():
@@ -134,6 +140,7 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
         for t in ("f16", "bf16"):
             assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
     assert "fence.proxy.async.shared::cta" in ptx[0]
+    assert ptx[0].count("griddepcontrol.wait;") == len(lowered)  # PDL, as the other matmul kernels
     ptx90 = []
     _jit.compile_for_arch("weight_wgmma", "90", ptx_out=ptx90)
     assert "wgmma" not in ptx90[0].replace("w4a16_wgmma", "")

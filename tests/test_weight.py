@@ -197,8 +197,12 @@ def test_prepare_weight_errors():
     bad = cq.QuantizedWeight(qp.data[:1], qp.scales, qp.zeros, "uint4", 64, (20, 256), dtype, layout="prepared")
     with pytest.raises(ValueError, match=r"w\.data must be uint8 of shape \(2, 2, 16, 64\)"):
         cq.matmul(a, bad)
-    bad = cq.QuantizedWeight(qp.data, qp.scales, qp.zeros[:, :2], "uint4", 64, (20, 256), dtype, layout="prepared")
+    bad = cq.QuantizedWeight(qp.data, qp.scales, cupy.ascontiguousarray(qp.zeros[:, :2]), "uint4", 64, (20, 256), dtype,
+                             layout="prepared")
     with pytest.raises(ValueError, match=r"w\.zeros must be uint8 of shape \(2, 4, 8\)"):
+        cq.matmul(a, bad)
+    bad = cq.QuantizedWeight(qp.data, qp.scales, qp.zeros[:, ::-1], "uint4", 64, (20, 256), dtype, layout="prepared")
+    with pytest.raises(ValueError, match=r"w\.zeros must be C-contiguous"):
         cq.matmul(a, bad)
     bad = cq.QuantizedWeight(qp.data, qp.scales, None, "uint4", 64, (20, 256), dtype, layout="prepared")
     with pytest.raises(ValueError, match="w.zeros must be given for uint4"):
@@ -365,6 +369,83 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
                 for _ in range(3):
                     assert_bits_equal(cq.matmul(a, qw), first, f"repeat, {forced} splits")
             assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+
+
+# (path, M): every kernel, and on the tensor-core kernels a split-K launch (the 256 x 4096 weight of
+# the chain below at M = 16: few tiles, long K) besides a plain one
+PDL_CASES = [("decode", 1), ("decode", 16), ("pipelined", 16), ("pipelined", 200), ("wgmma", 16), ("wgmma", 200)]
+
+
+@pytest.mark.parametrize("path,M", PDL_CASES, ids=[f"{p}-M{m}" for p, m in PDL_CASES])
+def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
+    """Programmatic dependent launch: in a CUDA graph, a CuPy kernel writes ``a`` and then a chain of
+    matmuls each reads the output of the one before (x -> w1 -> w2 -> w1 -> w2), every one launched
+    with PDL, so that each may start while its producer still runs. Each waits for its producer
+    before any load, so the chain gives the bits of the same calls made one after another without
+    PDL. Replayed several times over outputs poisoned in between."""
+    dtype = ml_dtypes.bfloat16
+    rng = np.random.default_rng(_seed("pdl", path, M))
+    w1 = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((256, 4096), 21, dtype, outliers=False)), "int4"))
+    w2 = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((4096, 256), 22, dtype, outliers=False)), "uint4",
+                                              group_size=64, symmetric=False))
+    ws = [w1, w2, w1, w2]
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    if M == 16 and path == "pipelined":
+        assert cqw._splits(-(-256 // cqw._GEMM_BN), 4096 // cqw._GEMM_BK, sms)[0] > 1  # split-K launches in the chain
+    if M == 16 and path == "wgmma":
+        assert cqw._wg_plan(16, 256, 4096 // cqw._WG_BK, sms)[1] > 1
+    src = cupy.asarray(rng.standard_normal((M, 4096)).astype(np.float32).astype(dtype))
+    hopper = _hopper()
+    launches = []
+    real = cqw._launch.launch
+    monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
+    with _forced(path):
+        want, h = [], src
+        for w in ws:
+            h = cq.matmul(h, w, pdl=False)
+            want.append(cupy.asnumpy(h))
+        assert not launches
+        x = cupy.empty_like(src)
+        outs = [cupy.empty((M, w.shape[0]), dtype) for w in ws]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            cq.matmul(x, w1, out=outs[0], pdl=hopper)  # compile and allocate outside the capture
+            stream.begin_capture()
+            cupy.multiply(src, 1, out=x)  # the producer of x, right before the first matmul
+            h = x
+            for w, o in zip(ws, outs):
+                h = cq.matmul(h, w, out=o, pdl=hopper)
+            graph = stream.end_capture()
+            for rep in range(3):
+                x.fill(0)
+                for o in outs:
+                    o.view(np.uint16).fill(0x7FC1)  # NaN: an output left unwritten fails
+                graph.launch(stream)
+                stream.synchronize()
+                for i, o in enumerate(outs):
+                    assert_bits_equal(o, want[i], f"graph replay {rep}, matmul {i} of the chain")
+            # the same eagerly, default pdl (on where the GPU has it)
+            h = src
+            for i, w in enumerate(ws):
+                h = cq.matmul(h, w)
+                assert_bits_equal(h, want[i], f"eager, matmul {i} of the chain")
+            stream.synchronize()
+    assert bool(launches) == hopper, "PDL launches are made exactly on GPUs of compute capability 9.0+"
+
+
+def test_matmul_pdl_argument(monkeypatch):
+    a = cupy.ones((2, 256), ml_dtypes.bfloat16)
+    qw = cq.quantize_weight(cupy.ones((64, 256), ml_dtypes.bfloat16), "int4")
+    with pytest.raises(TypeError, match="^pdl must be None, True or False"):
+        cq.matmul(a, qw, pdl="yes")
+    # a GPU below compute capability 9.0 has no PDL: None turns it off there and True is an error
+    monkeypatch.setattr(cqw, "_arch", lambda device: "80")
+    with pytest.raises(ValueError, match="^pdl=True needs a GPU of compute capability 9.0"):
+        cq.matmul(a, qw, pdl=True)
+    monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: pytest.fail("PDL launch below compute capability 9.0"))
+    with _forced("decode"):
+        y = cq.matmul(a, qw)
+    assert_bits_equal(y, cupy.asnumpy(cq.matmul(a, qw, pdl=False)), "pdl off")
 
 
 @pytest.mark.parametrize("group_size", [32, 128, None], ids=_id)

@@ -1,0 +1,118 @@
+"""Kernel launches with programmatic dependent launch (PDL), through the driver's
+``cuLaunchKernelEx``: CuPy's ``RawKernel`` call has no launch attributes.
+
+With PDL (compute capability 9.0 and newer) a kernel may be launched while the kernel before it on
+the stream still runs: its blocks start as soon as that kernel's blocks have all signalled
+(``griddepcontrol.launch_dependents``) and there is room on the SMs, and each block waits at
+``griddepcontrol.wait`` until the kernel before has completed and its writes are visible. A kernel
+launched this way must therefore execute that wait before it touches any memory that another kernel
+may write (kernels/weight.cu says what the matmul does before it: address arithmetic and L2
+prefetches, which have no effect on what any load returns). Under stream capture the launch becomes
+a programmatic edge of the graph.
+
+Everything here is host-side marshalling of the launch; nothing runs without a GPU except the
+checks of the structure layouts and the parameter array (tests/test_launch.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
+ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, and a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig."""
+
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("numAttrs", ctypes.c_uint),
+    ]
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _driver():
+    """libcuda's cuLaunchKernelEx and cuGetErrorString, loaded at the first PDL launch."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                lib = ctypes.CDLL("libcuda.so.1")
+                launch = lib.cuLaunchKernelEx
+                launch.restype = ctypes.c_int
+                launch.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+                err = lib.cuGetErrorString
+                err.restype = ctypes.c_int
+                err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+                _lib = (launch, err)
+    return _lib
+
+
+def kernel_params(args) -> tuple:
+    """The ``void**`` array of a launch and the ctypes object whose memory it points into (keep it
+    alive until the launch returns). ``args`` holds CuPy arrays (passed as their data pointers),
+    ints (pointers: 0 for a null one; every int argument of the kernels launched here is a pointer)
+    and 0-d NumPy structured arrays (the kernels' argument structs, passed by value, from the
+    array's own memory)."""
+    n = len(args)
+    values = (ctypes.c_void_p * n)()
+    params = (ctypes.c_void_p * n)()
+    base = ctypes.addressof(values)
+    for i, v in enumerate(args):
+        if isinstance(v, np.ndarray):
+            if v.ndim or v.dtype.names is None:
+                raise TypeError("a NumPy kernel argument must be a 0-d structured array")
+            params[i] = v.ctypes.data
+            continue
+        values[i] = v.data.ptr if hasattr(v, "data") else int(v)
+        params[i] = base + 8 * i
+    return params, values
+
+
+_PDL_ATTR = LaunchAttribute()
+_PDL_ATTR.id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+_PDL_ATTR.value[0] = 1
+_PDL_ATTR_PTR = ctypes.pointer(_PDL_ATTR)
+
+
+def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
+    """Launch ``kernel`` (a ``cupy.RawKernel``) like ``kernel(grid, block, args, shared_mem=...)``
+    on ``stream`` (the current stream by default), with programmatic stream serialization (the
+    attribute that makes the launch programmatic-dependent); ``args`` as :func:`kernel_params`
+    takes them. Raises ``RuntimeError`` with the driver's message if the launch fails."""
+    import cupy
+
+    if stream is None:
+        stream = cupy.cuda.get_current_stream()
+    gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
+    bx, by, bz = tuple(block) + (1,) * (3 - len(block))
+    cfg = LaunchConfig(gx, gy, gz, bx, by, bz, shared_mem, stream.ptr, _PDL_ATTR_PTR, 1)
+    params, values = kernel_params(args)
+    fn, err = _driver()
+    rc = fn(ctypes.byref(cfg), kernel.kernel.ptr, params, None)
+    if rc:
+        msg = ctypes.c_char_p()
+        err(rc, ctypes.byref(msg))
+        raise RuntimeError(f"cuLaunchKernelEx failed: error {rc} ({(msg.value or b'?').decode()})")
+    del values

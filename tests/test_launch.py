@@ -1,0 +1,77 @@
+"""The PDL launcher's host side without a GPU: the ctypes structures match cuda.h, and the kernel
+parameter array points at the values the kernel must receive."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cupyquant import _launch
+
+pytest.importorskip("cupy")  # the header comes with the CUDA runtime wheels of the cu12/cu13 extras
+
+
+def _cuda_h() -> str:
+    from cupyquant import _jit
+
+    try:
+        path = Path(_jit.cuda_include_dir()) / "cuda.h"
+    except Exception as e:  # noqa: BLE001 - no headers: say so
+        pytest.skip(f"no CUDA headers: {e}")
+    if not path.exists():
+        pytest.skip(f"no cuda.h in {path.parent}")
+    return path.read_text(errors="replace")
+
+
+def _fields(header: str, struct: str) -> list[str]:
+    body = re.search(r"typedef struct " + struct + r"\s*\{(.*?)\}", header, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    return [re.findall(r"(\w+)\s*(?:\[[^\]]*\])?\s*;", line)[0] for line in body.split("\n") if ";" in line]
+
+
+def test_structures_match_cuda_h():
+    h = _cuda_h()
+    assert re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*6\b", h)
+    assert _launch.ATTR_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    assert _fields(h, "CUlaunchConfig_st") == [f for f, _ in _launch.LaunchConfig._fields_]
+    assert _fields(h, "CUlaunchAttribute_st") == [f for f, _ in _launch.LaunchAttribute._fields_]
+    assert re.search(r"union CUlaunchAttributeValue_union\s*\{\s*char pad\[64\];", h)
+
+
+def test_structure_layout_by_hand():
+    # CUlaunchConfig: seven unsigned ints (28 bytes), the stream at 32 after 4 bytes of padding, the
+    # attribute pointer at 40, the count at 48, 56 bytes in all; CUlaunchAttribute: a 4-byte id
+    # padded to 8, then the 64-byte value union
+    assert ctypes.sizeof(_launch.LaunchConfig) == 56
+    assert (_launch.LaunchConfig.sharedMemBytes.offset, _launch.LaunchConfig.hStream.offset,
+            _launch.LaunchConfig.attrs.offset, _launch.LaunchConfig.numAttrs.offset) == (24, 32, 40, 48)
+    assert ctypes.sizeof(_launch.LaunchAttribute) == 72 and _launch.LaunchAttribute.value.offset == 8
+    a = _launch._PDL_ATTR
+    assert a.id == 6 and bytes(a.value)[:4] == (1).to_bytes(4, "little") and not any(bytes(a.value)[4:])
+
+
+class _Ptr:
+    def __init__(self, p):
+        self.ptr = p
+
+
+class _Arr:  # what the launcher reads of a CuPy array
+    def __init__(self, p):
+        self.data = _Ptr(p)
+
+
+def test_kernel_params_point_at_each_value():
+    st = np.zeros((), dtype=[("M", np.int64), ("N", np.int64), ("g", np.int32)])
+    st["M"], st["N"], st["g"] = 3, 1 << 40, -7
+    params, keep = _launch.kernel_params((_Arr(0x7F0000001000), 0, _Arr(0x10), st))
+    assert len(params) == 4
+    read = [ctypes.c_uint64.from_address(params[i]).value for i in range(3)]
+    assert read == [0x7F0000001000, 0, 0x10]
+    assert params[3] == st.ctypes.data  # the struct from the array's own memory, by value
+    assert ctypes.string_at(params[3], st.dtype.itemsize) == st.tobytes()
+    with pytest.raises(TypeError, match="0-d structured"):
+        _launch.kernel_params((np.zeros(3, np.int64),))
