@@ -452,7 +452,9 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
     fp16 (cupy.matmul) and torch bf16 matmul, every call replayed from a CUDA graph (a single
     4096 x 4096 call lasts a few microseconds, less than a Python launch), the weights rotated over
     enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points);
-    TFLOP/s is 2 M N K / t. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined,
+    TFLOP/s is 2 M N K / t. On GPUs with programmatic dependent launch (9.0+) matmul uses it by
+    default, so that each call of the graph overlaps its launch with the call before; the "no-PDL"
+    columns time the same calls with ``pdl=False``. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined,
     and wgmma on compute capability 9.0), whatever matmul_path would pick."""
     from cupyquant import weight as _weight
 
@@ -490,6 +492,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
                 tws = [torch.from_dlpack(w.astype(ml_dtypes.bfloat16)) for w in w16s]
                 row["torch bf16 us"] = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
                 del tws, tws16
+            pdl_col = int(cupy.cuda.Device().compute_capability) >= 90  # matmul's default is PDL there
             for scheme in schemes:
                 qs = qws[scheme]
                 t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
@@ -499,6 +502,10 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
                 row[f"{tag} weight GB/s"] = qs[0].nbytes / t / 1e9
                 row[f"{tag} TFLOP/s"] = flop / t / 1e12
                 row[f"{tag} x cuBLAS"] = t_cublas / t
+                if pdl_col:  # the same calls without programmatic dependent launch
+                    tn = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb, pdl=False), [(q,) for q in qs], reps)
+                    row[f"{tag} no-PDL us"] = tn * 1e6
+                    row[f"{tag} no-PDL x cuBLAS"] = t_cublas / tn
                 if paths and scheme != "float8_e4m3fn":
                     saved = _weight.FORCE_PATH
                     hopper = cupy.cuda.Device().compute_capability in _weight._WGMMA_ARCHS
