@@ -408,19 +408,21 @@ _DECODE_MID_M, _MID_W = 64, 1 << 26
 # FP8 weights always take the decode kernel (the tensor-core kernels are INT4 only).
 # On compute capability 9.0 the tensor-core path is weight_wgmma.cu, which splits K when its tiles
 # cannot fill the GPU (_wg_plan). Its time hardly grows with M while the tiles are few, and the
-# decode kernel's grows in proportion to M, so the crossover falls with N: measured on the H100
-# (scripts/bench.py --matmul --matmul-paths, bf16, g128; us, decode / wgmma):
-#   N x K         M=32         64           128          256
-#   4096x4096     12.2/36.9    21.3/41.7    38.9/38.6    71.7/39.1
-#   14336x4096    39.5/37.9    66.9/39.0    124/41.1     237/52.2
-#   4096x14336    30.1/58.0    55.1/72.3    104/101      200/102
-#   28672x8192    124/108      244/110      474/155      925/200
-#   8192x28672    109/137      210/149      415/170      820/286
+# decode kernel's grows in proportion to M, so the crossover falls with N. Measured on the H100
+# (session 12, after the split-K read-back was made coalesced; bf16, g128, us, decode / wgmma with
+# the plan _wg_plan picks):
+#   N x K         M=32           64
+#   4096x4096     12.2/~19       19.5/19.0
+#   14336x4096    39.5/36.2      60.1/36.2
+#   4096x14336    30.1/35.7      52.5/35.7
+#   28672x8192    124/~108       213/108
+#   8192x28672    109/~102       195/102
+# (M = 32 decode from session 10; the wgmma time at M = 32 is that of M = 64: one 64-row tile.)
 # So the decode kernel keeps M <= _WG_DECODE_MAX_M while M x N < _WG_DECODE_MN_PER_SM x SMs
-# (405,504 on 132 SMs: N = 4096 up to M = 98, N = 8192 up to M = 49, N = 14336 up to M = 28).
+# (202,752 on 132 SMs: N = 4096 up to M = 49, N = 8192 up to M = 24, N = 14336 only M <= 16).
 _WGMMA_ARCHS = ("90",)
 _WG_DECODE_MAX_M = 256
-_WG_DECODE_MN_PER_SM = 3072
+_WG_DECODE_MN_PER_SM = 1536
 #: Tests and benchmarks set this to "decode", "pipelined" or "wgmma" to force INT4 matmuls onto one
 #: kernel ("wgmma" needs compute capability 9.0; FP8 weights always take "decode").
 FORCE_PATH = None
@@ -565,7 +567,7 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 8 warps
       splitting K; each weight byte is read once per 16 rows. FP8 weights take it for every M. INT4
       takes it for M <= 16; on compute capability 9.0 also for M <= 256 while M x N is under
-      3072 per SM (405,504 on an H100 SXM: N = 4096 up to M = 98); on other GPUs also for
+      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 49); on other GPUs also for
       M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it has
       fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
@@ -736,8 +738,8 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
         mtiles = -(-mrows // bm)
         splits, iters = split(ntiles * mtiles, iters_total, occ * _sms(device))
         args["M"], args["splits"], args["iters"] = mrows, splits, iters
-        if splits > 1:  # float32 partial tiles, and per-tile arrival counters (reset by the kernel)
-            ws = cupy.empty((splits, mrows, N), dtype=np.float32)
+        if splits > 1:  # float32 partial tiles (whole tiles, tile-major), and per-tile arrival counters
+            ws = cupy.empty((splits, mtiles, ntiles, bm, bn), dtype=np.float32)  # (reset by the kernel)
             counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
             _validate.keep_if_capturing(ws, counters)
         else:
@@ -758,10 +760,11 @@ _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and sha
 # Estimated microseconds per stage of K for a block, on the H100 (bf16, g128; scripts/bench.py
 # and per-tile timings): 64-row tiles 0.53 us when one block runs per SM and 0.92 us per pair of
 # blocks sharing one; 128-row tiles 0.60 us while they fit in one wave, 0.70 us per wave beyond;
-# 256-row tiles 1.10 us per wave. Splitting K s ways costs about 8 + 0.12 x s x min(rows, M) us:
-# the float32 partial tiles, which the last block of each tile reads back alone, in split order.
-_WG_STAGE_US = {64: (0.53, 0.46), 128: (0.60, 0.70), 256: (1.10, 1.10)}
-_WG_SPLIT_US = (8.0, 0.12)
+# 256-row tiles 1.10 us per wave. Splitting K s ways costs about 2.5 + 0.011 x s x min(rows, M) us:
+# the float32 partial tiles, which the last block of each tile reads back alone, in split order
+# (fitted to session 12's timings; 8 + 0.12 x s x rows before the read-back was made coalesced).
+_WG_STAGE_US = {64: (0.53, 0.43), 128: (0.60, 0.70), 256: (1.10, 1.10)}
+_WG_SPLIT_US = (2.5, 0.011)
 
 
 def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int) -> float:
@@ -779,21 +782,22 @@ def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int
 
 def _wg_plan(M: int, N: int, iters: int, sms: int):
     """(rows of a per tile, K splits) for the wgmma kernel: the least _wg_estimate over tile heights
-    64 / 128 / 256 and splits 1 / 2 / 4 (a split only while its blocks fit in one wave); ties go to
-    the taller tile and fewer splits. Checked against the H100 (us, tile/splits: measured):
-      4096x4096   M = 256  64/1 34, 128/1 39, 64/2 48            -> 64/1
-      14336x4096  M = 64   64/1 35, 128/1 39, 64/2 51            -> 64/1
-      14336x4096  M = 128  128/1 41, 64/1 54, 256/1 49           -> 128/1
-      4096x14336  M = 128  64/2 77, 64/4 83, 128/2 100, 128/4 102 -> 64/2
-      4096x14336  M = 256  128/2 102, 64/2 112, 64/1 115         -> 128/2
-      8192x28672  M = 64   64/4 140, 64/2 147, 128/2 147         -> 64/4
-      8192x28672  M = 256  128/1 255, 256/2 269, 64/1 355        -> 128/1
-      28672x8192  M = 128  128/1 154, 256/1 189, 64/1 215        -> 128/1
+    64 / 128 / 256 and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave); ties go
+    to the taller tile and fewer splits. Checked against the H100 (us, tile/splits: measured; session
+    12 after the split-K read-back was made coalesced, unless marked 8 for session 8):
+      4096x4096   M = 64   64/4 19.0, 64/8 19.7, 64/2 25.4, 64/1 38.0         -> 64/4
+      4096x4096   M = 256  256/4 32.5, 128/2 33.2, 64/2 34.5, 64/1 35.8       -> 128/2
+      14336x4096  M = 64   64/2 36.2, 64/1 37.6                               -> 64/2
+      14336x4096  M = 128  (8) 128/1 41, 64/1 54, 256/1 49                    -> 128/1
+      4096x14336  M = 64   64/8 35.7, 64/4 42.9, 64/2 71.4                    -> 64/8
+      4096x14336  M = 256  128/2 91.6, 64/2 96.1, 128/4 98.0                  -> 128/2
+      8192x28672  M = 64   64/4 102, 64/2 138, 128/4 176                      -> 64/4
+      28672x8192  M = 128  (8) 128/1 154, 256/1 189, 64/1 215                 -> 128/1
     """
     best = None
     for bma in (256, 128, 64):
         tiles = -(-N // _WG_BN) * -(-M // bma)
-        for splits in (1, 2, 4):
+        for splits in (1, 2, 4, 8):
             if splits > 1 and (tiles * splits > _WG_BLOCKS_PER_SM[bma] * sms or splits > iters):
                 break
             est = _wg_estimate(bma, tiles, splits, iters, sms, M)
@@ -802,10 +806,13 @@ def _wg_plan(M: int, N: int, iters: int, sms: int):
     return best[1], best[2]
 
 
+_WG_SZ_STAGE = 640  # weight_wgmma.cu SZ_STAGE: a stage's scales (8 tiles x 64 bytes) and zero codes (8 x 16)
+
+
 def _wg_smem(bma: int) -> int:
-    """The ring (STAGES slots of activations and weights), the two-slot scale ring (4 KB), and 1 KB
-    to align the first slot to 1024 bytes."""
-    return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32) + 4096 + 1024
+    """The ring (STAGES slots of activations and weights), the scale ring (STAGES slots of
+    _WG_SZ_STAGE bytes), and 1 KB to align the first slot to 1024 bytes."""
+    return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32 + _WG_SZ_STAGE) + 1024
 
 
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):

@@ -216,22 +216,18 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 
     // this thread's outputs: rows arow + 16 mt + 8 hr, columns n0 + wn * 32 + 8 j + 2 t + {0, 1}
     if (a.splits > 1) {
-        auto visit = [&](auto f) {
+        split_k_finish<T, BM, GM_BN, THREADS>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const i64 m = m0 + arow + 16 * mt + 8 * hr;
+                for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-                    for (int j = 0; j < GM_NT; ++j) {
-                        const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
+                    for (int j = 0; j < GM_NT; ++j)
 #pragma unroll
                         for (int e = 0; e < 2; ++e)
-                            if (m < a.M && n + e < a.N) f(m, n + e, acc[mt][j][2 * hr + e]);
-                    }
-                }
-        };
-        if (!split_k_reduce(ws, counters, a.M, a.N, a.splits, s_last, visit)) return;
+                            f(arow + 16 * mt + 8 * hr, wn * 32 + 8 * j + 2 * t + e, acc[mt][j][2 * hr + e]);
+        });
+        return;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

@@ -64,6 +64,11 @@ __device__ __forceinline__ void cp_async16_if(unsigned s, const void* gmem, bool
                  "r"((int)pred)
                  : "memory");
 }
+__device__ __forceinline__ void cp_async8_if(unsigned s, const void* gmem, bool pred) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.ca.shared.global [%0], [%1], 8;\n}" ::"r"(s), "l"(gmem),
+                 "r"((int)pred)
+                 : "memory");
+}
 // Programmatic dependent launch (compute capability 9.0 and newer; cupyquant/_launch.py). The matmul
 // kernels call this before their first access to global memory: wait until the kernel before on the
 // stream has completed and its writes are visible (at once when this grid was launched without the
@@ -94,34 +99,70 @@ __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsig
 }
 
 // ---------------------------------------------------------------- split K across blocks
-// Blocks (x, y, z), z the split of K (weight_gemm.cu, weight_wgmma.cu): each stores its float32
-// partial outputs to ws[z] (M x N, through L2), and the last block of tile (x, y) to arrive (a
-// per-tile counter) adds every split's partials, its own included, in split order 0, 1, ... (the
-// splits are the outer loop, so each step's loads are all in flight together): the sum does not
-// depend on which block finishes first. visit(f) calls f(m, n, v) for each output (m, n) of this
-// thread inside M x N, v its float accumulator by reference. Returns true in the last block, with
-// the sums in the accumulators and the counter reset for the next call; the other blocks are done.
-// s_last: an int in the block's shared memory.
+// Blocks (x, y, z), z the split of K (weight_gemm.cu, weight_wgmma.cu), over BM x BN tiles of y.
+// Each block stores its float32 partial tile to ws, tile-major: [splits][gridDim.y][gridDim.x][BM][BN]
+// (through L2; rows and columns past M and N included, so every tile is whole and 16-byte aligned);
+// the last block of tile (x, y) to arrive (a per-tile counter) reads the tile back in 16-byte
+// pieces, adds the splits' partials in split order 0, 1, ... (so the sum does not depend on which
+// block finishes first), rounds once to T and writes y. visit(f) calls f(m, n, v) for each output
+// (m, n) of this thread's accumulators (v its value), m and n relative to the tile.
+// The read-back is coalesced and branch-free, each round's loads in flight together. (Until session
+// 12 the last block read the row-major partials back into its accumulators one output at a time,
+// each load under its own bounds branch: Nsight Compute showed the reduction of 64-row tiles taking
+// about as long as their main loop.)
+// Returns in every block; the caller returns after it. s_last: an int in the block's shared memory.
 namespace cq {
-template <typename Visit>
-__device__ __forceinline__ bool split_k_reduce(float* __restrict__ ws, int* __restrict__ counters, i64 M, i64 N, int splits,
-                                               int& s_last, Visit visit) {
-    visit([&](i64 m, i64 n, float& v) { __stcg(ws + ((i64)blockIdx.z * M + m) * N + n, v); });
+template <typename T, int BM, int BN, int THREADS, typename Visit>
+__device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __restrict__ counters, T* __restrict__ y, i64 M, i64 N,
+                                               i64 m0, i64 n0, int splits, int& s_last, Visit visit) {
+    constexpr int V = BM * BN / 4;  // float4 pieces of a tile
+    static_assert(V % THREADS == 0, "a tile is a whole number of float4 pieces per thread");
+    constexpr int PER = V / THREADS, CH = PER < 8 ? PER : 8;
+    static_assert(PER % CH == 0, "pieces per thread in whole rounds");
+    const i64 tiles = (i64)gridDim.x * gridDim.y, tile = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    float* part = ws + ((i64)blockIdx.z * tiles + tile) * (BM * BN);
+    visit([&](int m, int n, float v) { __stcg(part + m * BN + n, v); });
     __threadfence();  // this thread's partials are visible before its block counts as arrived
     __syncthreads();
-    int* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
+    int* counter = counters + tile;
     if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == splits - 1;
     __syncthreads();
-    if (!s_last) return false;
+    if (!s_last) return;
     __threadfence();  // and the other splits' partials are read after their arrival
-    const i64 stride = M * N;
+    const float4* base = reinterpret_cast<const float4*>(ws) + tile * V + threadIdx.x;
 #pragma unroll 1
-    for (int sp = 0; sp < splits; ++sp)
-        visit([&](i64 m, i64 n, float& v) {
-            const float x = __ldcg(ws + sp * stride + m * N + n);
-            v = sp == 0 ? x : add_rn(v, x);
-        });
+    for (int c0 = 0; c0 < PER; c0 += CH) {
+        float4 s[CH];
+#pragma unroll 1
+        for (int sp = 0; sp < splits; ++sp) {
+            const float4* p = base + (i64)sp * tiles * V + c0 * THREADS;
+#pragma unroll
+            for (int j = 0; j < CH; ++j) {
+                const float4 x = __ldcg(p + j * THREADS);
+                if (sp == 0) {
+                    s[j] = x;
+                } else {
+                    s[j].x = add_rn(s[j].x, x.x), s[j].y = add_rn(s[j].y, x.y);
+                    s[j].z = add_rn(s[j].z, x.z), s[j].w = add_rn(s[j].w, x.w);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+            const int idx = (c0 + j) * THREADS + threadIdx.x;
+            const i64 m = m0 + idx / (BN / 4), n = n0 + (idx % (BN / 4)) * 4;
+            if (m >= M) continue;
+            const unsigned short e[4] = {bits16_rn<T>(s[j].x), bits16_rn<T>(s[j].y), bits16_rn<T>(s[j].z), bits16_rn<T>(s[j].w)};
+            unsigned short* q = reinterpret_cast<unsigned short*>(y + m * N + n);
+            if (n + 4 <= N && (reinterpret_cast<unsigned long long>(q) & 7) == 0) {  // out= may be misaligned
+                *reinterpret_cast<uint2*>(q) = make_uint2((unsigned)e[0] | ((unsigned)e[1] << 16), (unsigned)e[2] | ((unsigned)e[3] << 16));
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    if (n + k < N) q[k] = e[k];
+            }
+        }
+    }
     if (threadIdx.x == 0) *counter = 0;  // ready for the next call
-    return true;
 }
 }  // namespace cq

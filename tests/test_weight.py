@@ -462,16 +462,21 @@ def test_prefill_other_tensor_core_kernel(dtype, scheme, sym, group_size):
             _check_matmul(qw, PREFILL_MS, dtype, _seed("poa", N, K), other)
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["whole-K", "split-K"])
 @pytest.mark.parametrize("path", ["pipelined", "wgmma"])
-def test_tensor_core_out_tails_and_batches(path):
+def test_tensor_core_out_tails_and_batches(monkeypatch, path, splits):
     """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
     out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
-    the aligned call."""
+    the aligned call; with K whole in each block, and split 3 ways (the last block of each tile
+    then writes y from the float32 partials, through its own 8-byte and scalar paths)."""
     dtype = ml_dtypes.bfloat16
     N, K = 1001, 640
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 21, dtype)), "uint4", group_size=64, symmetric=False)
     rng = np.random.default_rng(22)
     a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
+    # 5 stages of 128 k (pipelined) or 10 of 64 (wgmma, 64-row tiles): 3 splits of 2 / 4 stages
+    monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms: (64, splits))
     with _forced(path):
         y = cq.matmul(a, qw)
         assert y.shape == (3, 97, N)
