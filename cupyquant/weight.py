@@ -758,8 +758,8 @@ _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and sha
 
 
 # Estimated microseconds per stage of K for a block, on the H100 (bf16, g128; scripts/bench.py
-# and per-tile timings): 64-row tiles 0.53 us when one block runs per SM and 0.92 us per pair of
-# blocks sharing one; 128-row tiles 0.60 us while they fit in one wave, 0.70 us per wave beyond;
+# and per-tile timings): 64-row tiles 0.53 us when one block runs per SM and 0.86 us per pair of
+# blocks sharing one (0.92 before session 12's scale ring); 128-row tiles 0.60 us while they fit in one wave, 0.70 us per wave beyond;
 # 256-row tiles 1.10 us per wave. Splitting K s ways costs about 2.5 + 0.011 x s x min(rows, M) us:
 # the float32 partial tiles, which the last block of each tile reads back alone, in split order
 # (fitted to session 12's timings; 8 + 0.12 x s x rows before the read-back was made coalesced).
