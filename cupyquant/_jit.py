@@ -102,8 +102,9 @@ _HALF_CTYPES = ("__half", "__nv_bfloat16")
 #: values each is built with (kernels/weight_gemm.cu: MT = 4 has no registers for POST's partials).
 GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2, 3): (False,)}
 
-#: w4a16_wgmma tile configurations: (rows of a per tile, ring stages) (kernels/weight_wgmma.cu).
-WGMMA_CONFIGS = ((64, 8), (128, 8), (256, 6))
+#: w4a16_wgmma tile configurations: (rows of a per tile, ring stages, 64-k halves per stage)
+#: (kernels/weight_wgmma.cu).
+WGMMA_CONFIGS = ((64, 4, 2), (128, 4, 2), (256, 6, 1))
 
 _MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 
@@ -147,8 +148,8 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     ),
     "weight_wgmma": tuple(
         e
-        for bma, stages in WGMMA_CONFIGS
-        for e in _product("w4a16_wgmma", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), (bma,), (stages,))
+        for cfg in WGMMA_CONFIGS
+        for e in _product("w4a16_wgmma", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg])
     ),
 }
 

@@ -23,6 +23,8 @@ import numpy as np
 
 #: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+#: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (cuda.h): the value holds three unsigned ints x, y, z
+ATTR_CLUSTER_DIMENSION = 4
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -96,18 +98,35 @@ _PDL_ATTR.value[0] = 1
 _PDL_ATTR_PTR = ctypes.pointer(_PDL_ATTR)
 
 
-def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
+def launch_attributes(pdl: bool, cluster=None):
+    """The attribute array of a launch and its length: programmatic stream serialization if
+    ``pdl``, and the cluster dimension (x, y, z) if ``cluster`` is given (that one first)."""
+    if cluster is None:
+        return (_PDL_ATTR_PTR, 1) if pdl else (None, 0)
+    attrs = (LaunchAttribute * 2)()
+    attrs[0].id = ATTR_CLUSTER_DIMENSION
+    dims = (ctypes.c_uint * 3).from_buffer(attrs[0].value)
+    dims[0], dims[1], dims[2] = cluster
+    attrs[1].id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+    attrs[1].value[0] = 1
+    return attrs, 2 if pdl else 1
+
+
+def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: bool = True, cluster=None) -> None:
     """Launch ``kernel`` (a ``cupy.RawKernel``) like ``kernel(grid, block, args, shared_mem=...)``
     on ``stream`` (the current stream by default), with programmatic stream serialization (the
-    attribute that makes the launch programmatic-dependent); ``args`` as :func:`kernel_params`
-    takes them. Raises ``RuntimeError`` with the driver's message if the launch fails."""
+    attribute that makes the launch programmatic-dependent) unless ``pdl`` is false, and as
+    thread-block clusters of ``cluster`` = (x, y, z) blocks if given (compute capability 9.0+);
+    ``args`` as :func:`kernel_params` takes them. Raises ``RuntimeError`` with the driver's message
+    if the launch fails."""
     import cupy
 
     if stream is None:
         stream = cupy.cuda.get_current_stream()
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     bx, by, bz = tuple(block) + (1,) * (3 - len(block))
-    cfg = LaunchConfig(gx, gy, gz, bx, by, bz, shared_mem, stream.ptr, _PDL_ATTR_PTR, 1)
+    attrs, nattrs = launch_attributes(pdl, cluster)
+    cfg = LaunchConfig(gx, gy, gz, bx, by, bz, shared_mem, stream.ptr, attrs, nattrs)
     params, values = kernel_params(args)
     fn, err = _driver()
     rc = fn(ctypes.byref(cfg), kernel.kernel.ptr, params, None)
@@ -115,4 +134,4 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
         msg = ctypes.c_char_p()
         err(rc, ctypes.byref(msg))
         raise RuntimeError(f"cuLaunchKernelEx failed: error {rc} ({(msg.value or b'?').decode()})")
-    del values
+    del values, attrs

@@ -409,16 +409,16 @@ _DECODE_MID_M, _MID_W = 64, 1 << 26
 # On compute capability 9.0 the tensor-core path is weight_wgmma.cu, which splits K when its tiles
 # cannot fill the GPU (_wg_plan). Its time hardly grows with M while the tiles are few, and the
 # decode kernel's grows in proportion to M, so the crossover falls with N. Measured on the H100
-# (session 12, after the split-K read-back was made coalesced; bf16, g128, us, decode / wgmma with
-# the plan _wg_plan picks):
-#   N x K         M=32           64
-#   4096x4096     12.2/~19       19.5/19.0
-#   14336x4096    39.5/36.2      60.1/36.2
-#   4096x14336    30.1/35.7      52.5/35.7
-#   28672x8192    124/~108       213/108
-#   8192x28672    109/~102       195/102
-# (M = 32 decode from session 10; the wgmma time at M = 32 is that of M = 64: one 64-row tile.)
-# So the decode kernel keeps M <= _WG_DECODE_MAX_M while M x N < _WG_DECODE_MN_PER_SM x SMs
+# (session 13, stages of 128 k and 2-way splits as clusters; bf16, g128, us, decode / the best
+# wgmma plan of scripts-style forced plans):
+#   N x K         M=16           32             64
+#   4096x4096     7.7/14.9       10.6/15.0      19.6/15.0
+#   14336x4096    19.6/25.4      36.0/25.6      62.3/25.7
+#   4096x14336    19.1/30.5      27.5/30.5      53.0/30.5
+#   28672x8192    63.1/84.2      111.8/84.7     210.3/86.8
+#   8192x28672    54.3/83.6      102.8/83.6     198.5/83.6
+# (the same crossover as session 12's measurements: 4096 x 4096 M = 32 12.2 / ~19, M = 64
+# 19.5 / 19.0). So the decode kernel keeps M <= _WG_DECODE_MAX_M while M x N < _WG_DECODE_MN_PER_SM x SMs
 # (202,752 on 132 SMs: N = 4096 up to M = 49, N = 8192 up to M = 24, N = 14336 only M <= 16).
 _WGMMA_ARCHS = ("90",)
 _WG_DECODE_MAX_M = 256
@@ -573,9 +573,11 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a``, K streamed through
-      shared memory in stages of 64 with ``cp.async``, 6-8 stages deep, and split across blocks
-      (as below) when few tiles and a long K make that pay; the tile height and the splits are
-      chosen together by an estimate fitted to H100 timings.
+      shared memory with ``cp.async`` in stages of 128 (4-5 deep; 256-row tiles: stages of 64, 6
+      deep), and split across blocks when few tiles and a long K make that pay: 2 ways as a
+      thread-block cluster whose two blocks add their partials through distributed shared memory,
+      4 or 8 ways as below. The tile height and the splits are chosen together by an estimate
+      fitted to H100 timings.
     * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
@@ -686,11 +688,12 @@ def _decode_config(blocks: int, sms: int, nchunks: int) -> int:
     return _jit.MATMUL_DEC4 if fill(4) > fill(3) + 0.2 else _jit.MATMUL_DEC3
 
 
-def _run(k, grid, block, args, smem, pdl):
+def _run(k, grid, block, args, smem, pdl, cluster=None):
     """One launch of a matmul kernel: through cuLaunchKernelEx with programmatic dependent launch
-    (_launch.py) or CuPy's RawKernel call; ``args`` ends with the 0-d argument struct."""
-    if pdl:
-        _launch.launch(k, grid, block, args, smem)
+    or as clusters of ``cluster`` blocks (_launch.py), or CuPy's RawKernel call; ``args`` ends with
+    the 0-d argument struct."""
+    if pdl or cluster is not None:
+        _launch.launch(k, grid, block, args, smem, pdl=pdl, cluster=cluster)
     else:
         k(grid, block, args[:-1] + (args[-1][()],), shared_mem=smem)
 
@@ -722,10 +725,12 @@ def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros, pdl):
     _launch_tiled(device, k, threads, smem, bm, _GEMM_BN, _GEMM_BK, _splits, a2, w, y2, M, N, K, zeros, pdl)
 
 
-def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl):
+def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl, cluster=False):
     """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
     bm x bn tiles of y, K in stages of bk, split as ``split(tiles, stages, slots)`` says; at most
-    _MAX_GRID_Y row tiles per launch."""
+    _MAX_GRID_Y row tiles per launch. ``cluster``: K split 2 ways runs as thread-block clusters of
+    a tile's two blocks, which add their partials through distributed shared memory (weight_wgmma.cu;
+    no workspace); other splits go through a float32 workspace in global memory."""
     occ = _occupancy_of(device, k, threads, smem)
     args = np.zeros((), dtype=_GM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
@@ -738,33 +743,42 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
         mtiles = -(-mrows // bm)
         splits, iters = split(ntiles * mtiles, iters_total, occ * _sms(device))
         args["M"], args["splits"], args["iters"] = mrows, splits, iters
-        if splits > 1:  # float32 partial tiles (whole tiles, tile-major), and per-tile arrival counters
+        in_cluster = cluster and splits == 2
+        if splits > 1 and not in_cluster:  # float32 partial tiles (whole, tile-major), per-tile arrival counters
             ws = cupy.empty((splits, mtiles, ntiles, bm, bn), dtype=np.float32)  # (reset by the kernel)
             counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
             _validate.keep_if_capturing(ws, counters)
         else:
             ws = counters = 0
         _run(k, (ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args),
-             smem, pdl)
+             smem, pdl, (1, 1, 2) if in_cluster else None)
 
 
 # The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 64, 128 or 256 rows of a,
-# K in stages of 64, and the ring depth that fits each tile in shared memory.
+# K in stages of 64 or 128 (1 or 2 halves of 64), and the ring depth that fits each tile in shared
+# memory. _WG_BK is the unit of K the plans below count in. Stages of 128 k for the 64- and 128-row
+# tiles (session 13, forced plans, us, stages of 64 -> 128, the same bits): 28672x8192 M = 64 64/1
+# 99.8 -> 84.3, 14336x4096 M = 256 128/1 80.3 -> 70.1, 8192x28672 M = 256 128/1 272 -> 234,
+# 28672x8192 M = 1024 128/1 1128 -> 952; 4 stages of 128 for 64 rows (two blocks a SM), 5 for 128.
+# The 256-row tile keeps stages of 64: with 128 only 3 fit, one in flight (14336x4096 M = 256 256/1
+# 52 -> 67, 4096^2 M = 4096 224 -> 270).
 _WG_BN, _WG_BK = 128, 64
-_WG_STAGES = {64: 8, 128: 8, 256: 6}
+_WG_CONFIG = {bma: (stages, halves) for bma, stages, halves in _jit.WGMMA_CONFIGS}  # rows -> (stages, halves)
 
 
 _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
 
 
-# Estimated microseconds per stage of K for a block, on the H100 (bf16, g128; scripts/bench.py
-# and per-tile timings): 64-row tiles 0.53 us when one block runs per SM and 0.86 us per pair of
-# blocks sharing one (0.92 before session 12's scale ring); 128-row tiles 0.60 us while they fit in one wave, 0.70 us per wave beyond;
-# 256-row tiles 1.10 us per wave. Splitting K s ways costs about 2.5 + 0.011 x s x min(rows, M) us:
-# the float32 partial tiles, which the last block of each tile reads back alone, in split order
-# (fitted to session 12's timings; 8 + 0.12 x s x rows before the read-back was made coalesced).
-_WG_STAGE_US = {64: (0.53, 0.43), 128: (0.60, 0.70), 256: (1.10, 1.10)}
-_WG_SPLIT_US = (2.5, 0.011)
+# Estimated microseconds per 64 k of a block's main loop on the H100 (bf16, g128; forced plans of
+# session 13): 64-row tiles 0.375 us when one block runs per SM and 0.66 per pair of blocks sharing
+# one; 128-row tiles 0.53 while they fit in one wave, 0.54 per wave beyond; 256-row tiles 0.85 and
+# 0.89. Splitting K: 2 ways as a cluster (below) costs about 3.5 us (4096^2 M = 64 64/2 15.7 against
+# 64/1 24.9; 14336x4096 M = 64 64/2 25.7; 4096^2 M = 256 128/2 21.4), more ways through the
+# workspace about 8 + 0.01 x s x min(rows, M) us (4096x14336 M = 64 64/4 31.0 and 64/8 30.5; 4096^2
+# M = 256 256/4 33).
+_WG_STAGE_US = {64: (0.375, 0.33), 128: (0.53, 0.54), 256: (0.85, 0.89)}
+_WG_SPLIT_US = (8.0, 0.01)
+_WG_CLUSTER_SPLIT_US = 3.5
 
 
 def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int) -> float:
@@ -777,22 +791,30 @@ def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int
     else:
         stage = one if blocks <= sms else per * -(-blocks // sms)
     fixed, per_row = _WG_SPLIT_US
-    return stage * -(-iters // splits) + (fixed + per_row * splits * min(bma, M) if splits > 1 else 0.0)
+    if splits == 1:
+        split = 0.0
+    elif splits == 2 and _WG_CLUSTER:
+        split = _WG_CLUSTER_SPLIT_US
+    else:
+        split = fixed + per_row * splits * min(bma, M)
+    return stage * -(-iters // splits) + split
 
 
 def _wg_plan(M: int, N: int, iters: int, sms: int):
     """(rows of a per tile, K splits) for the wgmma kernel: the least _wg_estimate over tile heights
     64 / 128 / 256 and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave); ties go
-    to the taller tile and fewer splits. Checked against the H100 (us, tile/splits: measured; session
-    12 after the split-K read-back was made coalesced, unless marked 8 for session 8):
-      4096x4096   M = 64   64/4 19.0, 64/8 19.7, 64/2 25.4, 64/1 38.0         -> 64/4
-      4096x4096   M = 256  256/4 32.5, 128/2 33.2, 64/2 34.5, 64/1 35.8       -> 128/2
-      14336x4096  M = 64   64/2 36.2, 64/1 37.6                               -> 64/2
-      14336x4096  M = 128  (8) 128/1 41, 64/1 54, 256/1 49                    -> 128/1
-      4096x14336  M = 64   64/8 35.7, 64/4 42.9, 64/2 71.4                    -> 64/8
-      4096x14336  M = 256  128/2 91.6, 64/2 96.1, 128/4 98.0                  -> 128/2
-      8192x28672  M = 64   64/4 102, 64/2 138, 128/4 176                      -> 64/4
-      28672x8192  M = 128  (8) 128/1 154, 256/1 189, 64/1 215                 -> 128/1
+    to the taller tile and fewer splits. Checked against the H100 (us, tile/splits: measured in
+    session 13, 2 splits as clusters, 4 and 8 through the workspace):
+      4096x4096   M = 64   64/2 15.7, 64/4 15.8, 64/1 24.9                    -> 64/2
+      4096x4096   M = 256  128/2 21.4, 64/2 24.7, 256/4 33.0, 128/1 34.1      -> 128/2
+      14336x4096  M = 64   64/2 25.7, 64/1 26.0                               -> 64/1
+      14336x4096  M = 256  256/1 55.0, 128/1 73.2, 64/1 82.5                  -> 256/1
+      4096x14336  M = 64   64/8 30.5, 64/4 31.0, 64/2 45.6                    -> 64/4
+      4096x14336  M = 256  128/2 62.4, 256/4 62.4, 64/2 76.5                  -> 128/2
+      8192x28672  M = 64   64/4 83.6, 64/2 90.4, 64/1 168                     -> 64/4
+      8192x28672  M = 128  128/2 128.7, 64/2 152.8, 64/1 168.8                -> 128/2
+      28672x8192  M = 128  128/1 138.6, 64/1 169.1                            -> 128/1
+      28672x8192  M = 256  256/1 227.2, 128/1 311.6, 64/1 323.3               -> 256/1
     """
     best = None
     for bma in (256, 128, 64):
@@ -806,21 +828,32 @@ def _wg_plan(M: int, N: int, iters: int, sms: int):
     return best[1], best[2]
 
 
-_WG_SZ_STAGE = 640  # weight_wgmma.cu SZ_STAGE: a stage's scales (8 tiles x 64 bytes) and zero codes (8 x 16)
+# K split 2 ways runs as clusters of the two blocks of a tile, which add their partials through
+# distributed shared memory (weight_wgmma.cu cluster_split_finish): no workspace, counters or memset,
+# the same bits. Measured (session 13, us, workspace -> cluster): 4096^2 M = 64 64/2 19.5 -> 16.0,
+# 14336x4096 M = 64 64/2 30.1 -> 26.1, 4096^2 M = 256 128/2 28.0 -> 21.8, 4096x14336 M = 256 128/2
+# 68.3 -> 62.4, 8192x28672 M = 256 256/2 190 -> 183. Clusters of 4 and 8 were slower (4096x14336
+# M = 64 64/4 31.0 -> 40.8, 4096x14336 M = 256 256/4 62 -> 97; not analysed: a cluster's blocks must
+# all fit in one GPC at once, which may leave SMs idle), so more splits keep the workspace.
+_WG_CLUSTER = True
+_WG_SZ_STAGE = 640  # weight_wgmma.cu SZ_STAGE per 64-k half: scales (8 tiles x 64 bytes) and zero codes (8 x 16)
 
 
 def _wg_smem(bma: int) -> int:
     """The ring (STAGES slots of activations and weights), the scale ring (STAGES slots of
-    _WG_SZ_STAGE bytes), and 1 KB to align the first slot to 1024 bytes."""
-    return _WG_STAGES[bma] * (bma * 128 + _WG_BN * 32 + _WG_SZ_STAGE) + 1024
+    _WG_SZ_STAGE bytes a half), and 1 KB to align the first slot to 1024 bytes."""
+    stages, halves = _WG_CONFIG[bma]
+    return stages * halves * (bma * 128 + _WG_BN * 32 + _WG_SZ_STAGE) + 1024
 
 
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
     bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device))
-    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, _WG_STAGES[bma])
+    stages, halves = _WG_CONFIG[bma]
+    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages, halves)
 
     def split(tiles, iters_total, slots):
         iters = -(-iters_total // splits)
         return -(-iters_total // iters), iters
 
-    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK, split, a2, w, y2, M, N, K, zeros, pdl)
+    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK * halves, split, a2, w, y2, M, N, K, zeros, pdl,
+                  cluster=_WG_CLUSTER)

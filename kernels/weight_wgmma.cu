@@ -11,9 +11,11 @@
 // the activations in the 128-byte-swizzled K-major layout the wgmma descriptor describes.
 //
 // A block is two warpgroups: 128 weight rows by BMA activation rows. K streams through shared memory
-// in stages of 64 (one 128-byte row of activations per a row, and 32 bytes per weight row), STAGES
-// slots deep with STAGES - 2 stages of loads in flight: the slot that stage i + STAGES - 2 overwrites
-// held stage i - 2, whose wgmmas both warpgroups have waited for before the barrier of stage i.
+// in stages of 64 HALVES (HALVES = 1 or 2): per half, one 128-byte row of activations per a row (a
+// swizzle atom of its own) and 32 bytes per weight row. STAGES slots deep with STAGES - 2 stages of
+// loads in flight: the slot that stage i + STAGES - 2 overwrites held stage i - 2, whose wgmmas both
+// warpgroups have waited for before the barrier of stage i. Stages of 128 halve the barriers and
+// pipeline turns per k (session 13: 10-16% faster on 64- and 128-row tiles, the same bits).
 // The stage's scales and zero codes travel with it, by cp.async into a ring of the same depth, so
 // that they are as far ahead as the weights. (Until session 12 they were loaded into registers 4
 // stages ahead: Nsight Compute put 11% of the stall samples of a 64-row tile at their first use,
@@ -29,10 +31,12 @@
 // round(s * (q - z)) in a's dtype, bit-identical to w.dequantize(a.dtype). Products are exact in the
 // tensor cores and summed in float32, as on the other paths.
 //
-// Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z) as in
-// weight_gemm.cu: float32 partial tiles to a workspace, a per-tile counter, and the last split adds
-// the partials in split order 0, 1, ..., so the result does not depend on timing, and writes y
-// (weight_mma.cuh split_k_finish).
+// Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
+// workspace (ws not null), as in weight_gemm.cu: float32 partial tiles to the workspace, a per-tile
+// counter, and the last split adds the partials in split order 0, 1, ..., so the result does not
+// depend on timing, and writes y (weight_mma.cuh split_k_finish). Without one (2 splits, launched
+// as clusters of 1 x 1 x 2 blocks), the partials stay in shared memory and the cluster's blocks add
+// them through distributed shared memory, in the same order (cluster_split_finish below).
 //
 // Epilogue (K not split): the tile goes through shared memory (transposed to a's row order) so that y is written
 // in 16-byte pieces along its rows (byte by byte where out= is not 16-byte aligned or at N's tail).
@@ -150,16 +154,92 @@ template <typename T> __device__ __forceinline__ unsigned zero_bias(unsigned z) 
 }
 #endif
 
-template <typename T, int S, int BMA, int STAGES>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Split K inside a thread-block cluster (the host launches the splits of a tile, gridDim.z of them,
+// as one cluster of 1 x 1 x splits blocks; cluster rank = split). Each block stores its float32
+// partial tile in its own shared memory; after a cluster barrier, block r adds up its share of the
+// tile's pieces (16 bytes each) from every block's shared memory (distributed shared memory,
+// ld.shared::cluster), in split order 0, 1, ..., so the sum does not depend on timing and matches
+// split_k_finish bit for bit, rounds once and writes y; a second barrier keeps every block's
+// shared memory alive until the others have read it. No global workspace, counter or memset.
+// visit(f) as in split_k_finish. The caller has waited for its wgmmas and copies.
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned map_shared_rank(unsigned addr, unsigned rank) {
+    unsigned d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(addr), "r"(rank));
+    return d;
+}
+__device__ __forceinline__ float4 ld_shared_cluster_f4(unsigned addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+template <typename T, int BMA, typename Visit>
+__device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __restrict__ y, i64 M, i64 N, i64 m0, i64 n0, int splits,
+                                                     Visit visit) {
+    constexpr int LDP = WG_BN + 4;      // floats a row: 16-byte rows, conflict-free scalar stores
+    constexpr int P = BMA * WG_BN / 4;  // float4 pieces of a tile
+    float* part = reinterpret_cast<float*>(smem);
+    __syncthreads();  // every warp is done with the pipeline's slots
+    visit([&](int m, int n, float v) { part[m * LDP + n] = v; });
+    cluster_sync_all();
+    const int rank = (int)cluster_rank();
+    const int lo = (int)((i64)P * rank / splits), hi = (int)((i64)P * (rank + 1) / splits);
+    const unsigned pbase = (unsigned)__cvta_generic_to_shared(part);
+#pragma unroll 1
+    for (int idx = lo + threadIdx.x; idx < hi; idx += WG_THREADS) {
+        const int m = idx / (WG_BN / 4), n = (idx % (WG_BN / 4)) * 4;
+        const unsigned off = pbase + (unsigned)(m * LDP + n) * 4u;
+        float4 v[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            if (r < splits) v[r] = ld_shared_cluster_f4(map_shared_rank(off, (unsigned)r));
+        float4 s = v[0];
+#pragma unroll
+        for (int r = 1; r < 8; ++r)
+            if (r < splits) {
+                s.x = add_rn(s.x, v[r].x), s.y = add_rn(s.y, v[r].y);
+                s.z = add_rn(s.z, v[r].z), s.w = add_rn(s.w, v[r].w);
+            }
+        const i64 gm = m0 + m, gn = n0 + n;
+        if (gm >= M) continue;
+        const unsigned short e[4] = {bits16_rn<T>(s.x), bits16_rn<T>(s.y), bits16_rn<T>(s.z), bits16_rn<T>(s.w)};
+        unsigned short* q = reinterpret_cast<unsigned short*>(y + gm * N + gn);
+        if (gn + 4 <= N && (reinterpret_cast<unsigned long long>(q) & 7) == 0) {  // out= may be misaligned
+            *reinterpret_cast<uint2*>(q) = make_uint2((unsigned)e[0] | ((unsigned)e[1] << 16), (unsigned)e[2] | ((unsigned)e[3] << 16));
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                if (gn + k < N) q[k] = e[k];
+        }
+    }
+    cluster_sync_all();  // the other blocks have read this block's partial
+}
+#endif
+
+template <typename T, int S, int BMA, int STAGES, int HALVES>
 __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     w4a16_wgmma(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
                 const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
                 WgArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int A_BYTES = BMA * 128;
-    constexpr int STAGE = A_BYTES + WG_BN * 32;  // a multiple of 1024: every slot's activations stay 1024-aligned
+    static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
+    constexpr int BK = 64 * HALVES;              // k per stage
+    constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
+    constexpr int A_BYTES = A_ATOM * HALVES;
+    constexpr int W_ROW = 32 * HALVES;           // weight bytes per row and stage
+    constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
     constexpr int ND = BMA / 2;                  // accumulators per thread
-    constexpr int SZ_STAGE = 640;                // scale ring slot: 8 tiles x 64 bytes of scales, 8 x 16 of zero codes
+    constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes
+    constexpr int ZC_TILE = 16 * HALVES;         // zero-code bytes a tile: up to BK / 32 groups of 8 bytes
+    constexpr int SZ_STAGE = 8 * (SC_TILE + ZC_TILE);
     using H = HalfOps<T>;
     using D = WgDq<T>;
     extern __shared__ uint4 wg_smem[];
@@ -172,61 +252,94 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const i64 n0 = (i64)blockIdx.x * WG_BN, m0 = (i64)blockIdx.y * BMA;
     const i64 it0 = (i64)blockIdx.z * a.iters;
-    const int niter = (int)min((i64)a.iters, a.K / WG_BK - it0);
+    const int niter = (int)min((i64)a.iters, a.K / BK - it0);
     const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
+    const i64 n16_total = (a.N + 15) / 16;
 
-    // Copies. Activations: chunk ac of rows ar0 + 32 q, at swizzled chunk ac ^ (row & 7) (the same for
-    // every q); weights: chunk wc of row wr, rows of 32 bytes. Stages are loaded in order, so the
-    // source pointers advance by one stage per load. Rows past M and N are not copied: their slot
-    // rows hold stale data, which only reaches accumulators of rows that are never stored.
+    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
+    // (the same for every q); stages are loaded in order, so the source pointers advance by one
+    // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
+    // reaches accumulators of rows that are never stored.
     constexpr int A_CH = BMA * 8 / WG_THREADS;
     const int ac = tid & 7, ar0 = tid >> 3;
     const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
-    const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * WG_BK + ac * 8);
+    const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
     const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
     const unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
-    const int wr = tid >> 1, wc = tid & 1;
-    const bool w_ok = n0 + wr < a.N;
-    // prepared layout: row n's 64 bytes of chunk c at ((n / 16) nchunks + c) KB + 64 (n % 16); a
-    // stage is half a chunk (32 bytes of each row), so the source steps 32 and 992 bytes in turn
-    const i64 wn = n0 + wr;
-    const unsigned char* w_next = wq + ((wn >> 4) * nchunks + (it0 >> 1)) * 1024 + (wn & 15) * 64 + (it0 & 1) * 32 + wc * 16;
+    // Weights, prepared layout: row n's 64 bytes of chunk c at ((n / 16) nchunks + c) KB + 64 (n % 16).
+    // HALVES = 1: a stage is half a chunk, rows of 32 bytes in the slot; thread (wr, wc) copies
+    // 16-byte piece wc of row wr, and the source steps 32 and 992 bytes in turn.
+    // HALVES = 2: a stage is a whole chunk, 8 tiles of 1 KB; thread tid copies 16-byte pieces tid and
+    // tid + 256 of the block's 8 KB (a warp 512 contiguous bytes a copy), to row r's 64-byte slot row
+    // at piece p ^ ((r >> 1) & 3), so that the 8 rows a warp reads at once fall in distinct banks.
+    const unsigned char* w_next;
+    unsigned w_dst[HALVES];
+    bool w_ok[HALVES];
     int w_odd = (int)(it0 & 1);
-    const unsigned w_dst = sbase + A_BYTES + wr * 32 + wc * 16;
+    if constexpr (HALVES == 1) {
+        const int wr = tid >> 1, wc = tid & 1;
+        const i64 wn = n0 + wr;
+        w_ok[0] = wn < a.N;
+        w_next = wq + ((wn >> 4) * nchunks + (it0 >> 1)) * 1024 + (wn & 15) * 64 + (it0 & 1) * 32 + wc * 16;
+        w_dst[0] = sbase + A_BYTES + wr * 32 + wc * 16;
+    } else {
+        w_next = wq + (((n0 >> 4) + (tid >> 6)) * nchunks + it0) * 1024 + (tid & 63) * 16;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int L = c * WG_THREADS + tid, j = L >> 6, r = (L & 63) >> 2, p = L & 3;
+            w_ok[c] = (n0 >> 4) + j < n16_total;
+            w_dst[c] = sbase + A_BYTES + (16 * j + r) * 64 + ((p ^ ((r >> 1) & 3)) << 4);
+        }
+    }
+    const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
     // Scales (and zero codes) of a stage: for each of the block's 8 tiles of 16 rows, the stage's
-    // group (two groups when G = 32), 32 bytes of scales a group and 8 bytes of zero codes, copied
-    // with the stage into the scale ring (SZ_STAGE bytes a slot after the STAGES slots): threads
-    // 0..31 copy 16 bytes of scales each (tile tid / 4, piece tid % 4), threads 32..39 the zero codes
-    // of tile tid - 32. Tiles past the padded weight are not copied (their rows are never stored).
-    const bool two_groups = a.gshift == 5;  // G = 32: a stage of 64 k spans two groups
-    const i64 n16_total = (a.N + 15) / 16;
-    const int sz_tile = (tid & 31) >> 2, sz_piece = tid & 3;
-    const i64 sz_n16 = n0 / 16 + (tid < 32 ? sz_tile : tid - 32);
-    const bool sc_ok = tid < 32 && sz_n16 < n16_total && sz_piece < (two_groups ? 4 : 2);
-    const bool zc_ok = S == W_UINT4 && tid >= 32 && tid < 40 && sz_n16 < n16_total;
-    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sz_piece * 16;
-    const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8;
-    const unsigned sz_dst = sbase + STAGES * STAGE + (tid < 32 ? sz_tile * 64 + sz_piece * 16 : 512 + (tid - 32) * 16);
-    int sz_k = (int)(it0 * WG_BK);  // k of the next stage to load (K < 2^31: host)
+    // groups (BK / G of them when G < BK, else one), 32 bytes of scales a group and 8 bytes of zero
+    // codes, copied with the stage into the scale ring (SZ_STAGE bytes a slot after the STAGES
+    // slots): threads 0 .. 32 HALVES - 1 copy 16 bytes of scales each (tile tid / (4 HALVES), piece
+    // tid % (4 HALVES)); the next 8 HALVES threads the zero codes (tile, 16-byte piece; 8 bytes where
+    // a tile has only 8 for the stage). Tiles past the padded weight are not copied (their rows are
+    // never stored).
+    const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
+    constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
+    const bool is_sc = tid < SC_T;
+    const int sz_tile = is_sc ? tid / (4 * HALVES) : (tid - SC_T) / HALVES;
+    const int sc_piece = tid % (4 * HALVES), zc_piece = (tid - SC_T) % HALVES;
+    const i64 sz_n16 = n0 / 16 + sz_tile;
+    const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
+    const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
+    const bool zc_ok = S == W_UINT4 && !is_sc && tid < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
+    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
+    const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
+    const unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
+    int sz_k = (int)(it0 * BK);  // k of the next stage to load (K < 2^31: host)
     const int gsh = min(a.gshift, 31);
     auto load_stage = [&](int slot) {
-        const char* src = a_next;
 #pragma unroll
-        for (int q = 0; q < A_CH; ++q) {
-            cp_async16_if(a_dst + slot * STAGE + q * 32 * 128, src, q < a_nq);
-            src += a_qstep;
+        for (int h = 0; h < HALVES; ++h) {
+            const char* src = a_next + h * 128;
+#pragma unroll
+            for (int q = 0; q < A_CH; ++q) {
+                cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
+                src += a_qstep;
+            }
         }
-        cp_async16_if(w_dst + slot * STAGE, w_next, w_ok);
+        if constexpr (HALVES == 1) {
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
+            w_next += w_odd ? 1024 - WG_BK / 2 : WG_BK / 2;
+            w_odd ^= 1;
+        } else {
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
+            cp_async16_if(w_dst[1] + slot * STAGE, w_next + w_cstep, w_ok[1]);
+            w_next += 1024;
+        }
         const i64 grp = sz_k >> gsh;
         cp_async16_if(sz_dst + slot * SZ_STAGE, sc_base + grp * 32, sc_ok);
         if (zc_ok) {
-            if (two_groups) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_base + grp * 8, true);
+            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_base + grp * 8, true);
             else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_base + grp * 8, true);
         }
-        sz_k += WG_BK;
-        a_next += WG_BK * sizeof(T);
-        w_next += w_odd ? 1024 - WG_BK / 2 : WG_BK / 2;
-        w_odd ^= 1;
+        sz_k += BK;
+        a_next += BK * sizeof(T);
     };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
@@ -250,12 +363,12 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // unused by swizzled K-major layouts (1 by convention)
     const unsigned long long desc_hi = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
 
-    // One stage: wait for its data, dequantize its weights a k16 step ahead of the wgmmas, issue the
-    // 4 wgmmas, and refill the slot of stage i - 2. A wgmma reads its A registers after it is issued,
-    // until a wait retires it, so no register of af is written while a wgmma that reads it may be in
-    // flight: within a stage each step's registers are distinct, and the previous stage's last wgmmas
-    // (which ran during this stage's barrier and shared-memory loads) are waited for before the
-    // first write. ptxas checks this too, and serializes every wgmma where it cannot prove it.
+    // One stage: wait for its data, then for each 64-k half dequantize its weights a k16 step ahead
+    // of the wgmmas and issue its 4 wgmmas; then refill the slot of stage i - 2. A wgmma reads its A
+    // registers after it is issued, until a wait retires it, so no register of af is written while a
+    // wgmma that reads it may be in flight: af[s] is rewritten 4 steps after it was last read, each
+    // step a commit group, and the wait before the write leaves at most 3 groups in flight. ptxas
+    // checks this too, and serializes every wgmma where it cannot prove it.
     auto dq = [&](unsigned (&f)[4], const uint4 (&wv)[2][2], const unsigned (&sc)[2][2], const unsigned (&zc)[2][2], int s) {
         const int h = s >> 1;
 #pragma unroll
@@ -270,41 +383,49 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                 f[2 * e + r] = H::fma2(qz, sc[r][h], 0x80008000u);  // round(s (q - z))
             }
     };
+    const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
+    const int wswz = (nrow >> 1) & 3;   // HALVES = 2: the slot's piece swizzle of this thread's rows
     int slot = 0, ld_slot = STAGES - 2;  // the slot of stage i, and of stage i + STAGES - 2
-    unsigned af[4][4];                    // the A fragments of the four k16 steps of a stage
+    unsigned af[4][4];                    // the A fragments of the last four k16 steps
     auto stage = [&](int i) {
         cp_async_wait<STAGES - 3>();
         fence_proxy_async();
         __syncthreads();  // stage i has landed for every thread; every wgmma of stage i - 2 is done
         const unsigned char* st = smem + slot * STAGE;
-        uint4 wv[2][2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) wv[r][c] = *reinterpret_cast<const uint4*>(st + A_BYTES + (nrow + 8 * r) * 32 + c * 16);
-        unsigned sc[2][2], zc[2][2];
         const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = nrow + 8 * r, gl = two_groups ? h : 0;
-                sc[r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * 64 + gl * 32 + (row & 15) * 2) * 0x10001u;
-                if constexpr (S == W_UINT4) {
-                    const unsigned zbyte = szs[512 + (row >> 4) * 16 + gl * 8 + ((row & 15) >> 1)];
-                    zc[r][h] = zb_table[(zbyte >> (4 * (row & 1))) & 15u];
-                } else {
-                    zc[r][h] = zb8;
-                }
-            }
         const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            wg_wait<3>();  // four groups back, step s of stage i - 1, is done: af[s] is free
-            dq(af[s], wv, sc, zc, s);
-            wg_fence();
-            Wgmma<T, BMA>::mma(acc, af[s], desc + 2 * s);  // + 32 bytes of K per k16 step
-            wg_commit();
+        for (int hh = 0; hh < HALVES; ++hh) {
+            uint4 wv[2][2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int off = HALVES == 1 ? (nrow + 8 * r) * 32 + c * 16 : (nrow + 8 * r) * 64 + (((2 * hh + c) ^ wswz) << 4);
+                    wv[r][c] = *reinterpret_cast<const uint4*>(st + A_BYTES + off);
+                }
+            unsigned sc[2][2], zc[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int row = nrow + 8 * r, gl = (64 * hh + 32 * h) >> gsh7;
+                    sc[r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
+                    if constexpr (S == W_UINT4) {
+                        const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
+                        zc[r][h] = zb_table[(zbyte >> (4 * (row & 1))) & 15u];
+                    } else {
+                        zc[r][h] = zb8;
+                    }
+                }
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                wg_wait<3>();  // four groups back, the last reader of af[s], is done
+                dq(af[s], wv, sc, zc, s);
+                wg_fence();
+                Wgmma<T, BMA>::mma(acc, af[s], desc + hh * (A_ATOM >> 4) + 2 * s);  // + 32 bytes of K per k16 step
+                wg_commit();
+            }
         }
         if (i + STAGES - 2 < niter) load_stage(ld_slot);
         ld_slot = ld_slot == STAGES - 1 ? 0 : ld_slot + 1;
@@ -320,6 +441,15 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     cp_async_wait<0>();
 
     // accumulator acc[4 j + r]: weight row nrow + 8 (r >> 1), activation row 8 j + 2 t + (r & 1)
+    if (a.splits > 1 && ws == nullptr) {  // the splits of the tile are one cluster
+        cluster_split_finish<T, BMA>(smem, y, a.M, a.N, m0, n0, a.splits, [&](auto f) {
+#pragma unroll
+            for (int j = 0; j < BMA / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
+        });
+        return;
+    }
     if (a.splits > 1) {
         split_k_finish<T, BMA, WG_BN, WG_THREADS>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
 #pragma unroll

@@ -341,12 +341,13 @@ def run_weight(run: Run):
 
 def _wgmma_edges(run, qw, deq, dt, rng):
     """The wgmma kernel (Hopper) at sizes matmul would give the decode kernel: rows of a past M and
-    weight rows past N in a tile (copies predicated off), and K split 1 and 3 ways across blocks."""
+    weight rows past N in a tile (copies predicated off), and K split 1, 2 (a cluster adding
+    through distributed shared memory) and 3 ways (through the workspace) across blocks."""
     N, K = qw.shape
     saved = cqw.FORCE_PATH, cqw._wg_plan
     try:
         cqw.FORCE_PATH = "wgmma"
-        for splits in (1, 3):
+        for splits in (1, 2, 3):
             cqw._wg_plan = lambda M, N_, iters, sms, s=splits: (64, min(s, iters))
             for M in (17, 130):
                 ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)

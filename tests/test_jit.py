@@ -136,7 +136,7 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     ptx = []
     lowered = _jit.compile_for_arch("weight_wgmma", "90a", ptx_out=ptx)
     assert set(lowered) == set(_jit.families()["weight_wgmma"])
-    for bma, _ in _jit.WGMMA_CONFIGS:
+    for bma, _, _ in _jit.WGMMA_CONFIGS:
         for t in ("f16", "bf16"):
             assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
     assert "fence.proxy.async.shared::cta" in ptx[0]

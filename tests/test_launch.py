@@ -37,6 +37,10 @@ def test_structures_match_cuda_h():
     h = _cuda_h()
     assert re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*6\b", h)
     assert _launch.ATTR_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    assert re.search(r"CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION\s*=\s*4\b", h)
+    assert _launch.ATTR_CLUSTER_DIMENSION == 4
+    # the cluster dimension's member of the value union: three unsigned ints x, y, z
+    assert re.search(r"struct\s*\{\s*unsigned int x;\s*unsigned int y;\s*unsigned int z;\s*\}\s*clusterDim;", h)
     assert _fields(h, "CUlaunchConfig_st") == [f for f, _ in _launch.LaunchConfig._fields_]
     assert _fields(h, "CUlaunchAttribute_st") == [f for f, _ in _launch.LaunchAttribute._fields_]
     assert re.search(r"union CUlaunchAttributeValue_union\s*\{\s*char pad\[64\];", h)
@@ -52,6 +56,18 @@ def test_structure_layout_by_hand():
     assert ctypes.sizeof(_launch.LaunchAttribute) == 72 and _launch.LaunchAttribute.value.offset == 8
     a = _launch._PDL_ATTR
     assert a.id == 6 and bytes(a.value)[:4] == (1).to_bytes(4, "little") and not any(bytes(a.value)[4:])
+
+
+def test_launch_attributes():
+    attrs, n = _launch.launch_attributes(True)
+    assert n == 1 and attrs.contents.id == 6
+    assert _launch.launch_attributes(False) == (None, 0)
+    for pdl in (True, False):
+        attrs, n = _launch.launch_attributes(pdl, (1, 1, 2))
+        assert n == (2 if pdl else 1)
+        assert attrs[0].id == 4 and bytes(attrs[0].value)[:12] == b"".join(v.to_bytes(4, "little") for v in (1, 1, 2))
+        assert not any(bytes(attrs[0].value)[12:])
+        assert attrs[1].id == 6 and bytes(attrs[1].value)[:4] == (1).to_bytes(4, "little")
 
 
 class _Ptr:

@@ -127,21 +127,25 @@ def test_wgmma_plan():
     """_wg_plan: tile height and K splits with the least estimated time (132 SMs); the cases of its
     docstring, measured on the H100, plus the prefill sizes that keep one 256-row tile per block."""
     plan = _weight._wg_plan
-    assert plan(64, 4096, 64, 132) == (64, 4)
+    assert plan(64, 4096, 64, 132) == (64, 2)
     assert plan(256, 4096, 64, 132) == (128, 2)
-    assert plan(64, 14336, 64, 132) == (64, 2)
-    assert plan(128, 14336, 64, 132) == (128, 1)
-    assert plan(64, 4096, 224, 132) == (64, 8)
+    assert plan(64, 14336, 64, 132) == (64, 1)
+    assert plan(256, 14336, 64, 132) == (256, 1)
+    assert plan(64, 4096, 224, 132) == (64, 4)
     assert plan(256, 4096, 224, 132) == (128, 2)
     assert plan(64, 8192, 448, 132) == (64, 4)
+    assert plan(128, 8192, 448, 132) == (128, 2)
     assert plan(128, 28672, 128, 132) == (128, 1)
+    assert plan(256, 28672, 128, 132) == (256, 1)
     for M, N in [(4096, 4096), (1024, 4096), (4096, 28672), (1024, 8192), (256, 14336)]:
         assert plan(M, N, 64, 132) == (256, 1), (M, N)
     assert plan(16, 256, 128, 132) == (64, 8)  # two tiles: split as far as the rule goes
     assert plan(16, 256, 1, 132) == (64, 1)  # one stage cannot be split
-    assert _weight._wg_estimate(64, 50, 2, 64, 132, 16) == pytest.approx(0.53 * 32 + 2.5 + 0.011 * 2 * 16)
-    assert _weight._wg_estimate(64, 100, 2, 64, 132, 16) == pytest.approx(0.86 * 32 + 2.5 + 0.011 * 2 * 16)
-    assert _weight._wg_estimate(128, 300, 1, 10, 132, 300) == pytest.approx(0.70 * 3 * 10)
+    # 2 splits as a cluster: a flat cost; more through the workspace: fixed + per row and split
+    assert _weight._wg_estimate(64, 50, 2, 64, 132, 16) == pytest.approx(0.375 * 32 + 3.5)
+    assert _weight._wg_estimate(64, 100, 2, 64, 132, 16) == pytest.approx(0.66 * 32 + 3.5)
+    assert _weight._wg_estimate(64, 30, 4, 64, 132, 16) == pytest.approx(0.375 * 16 + 8.0 + 0.01 * 4 * 16)
+    assert _weight._wg_estimate(128, 300, 1, 10, 132, 300) == pytest.approx(0.54 * 3 * 10)
 
 
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])

@@ -371,6 +371,39 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
             assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
 
 
+@pytest.mark.parametrize("bma", [64, 128, 256])
+def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma):
+    """K split 2 ways runs as a cluster of the tile's two blocks, which add their partials through
+    distributed shared memory; through the float32 workspace instead (_WG_CLUSTER off) the same
+    additions in the same order give the same bits. The launches are checked to be what each says
+    (cluster dimension (1, 1, 2), and no cluster with the workspace)."""
+    dtype = ml_dtypes.bfloat16
+    N, K = 520, 1024  # a partial last tile of weight rows
+    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 31, dtype, outliers=False)), "uint4", group_size=32,
+                            symmetric=False)
+    a = cupy.asarray(np.random.default_rng(32).standard_normal((bma + 5, K)).astype(np.float32).astype(dtype))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms: (bma, 2))
+    clusters = []
+    real = cqw._launch.launch
+
+    def spy(*args, **kw):
+        clusters.append(kw.get("cluster"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(cqw._launch, "launch", spy)
+    got = {}
+    with _forced("wgmma"):
+        for on in (True, False):
+            monkeypatch.setattr(cqw, "_WG_CLUSTER", on)
+            clusters.clear()
+            out = poisoned((bma + 5, N), dtype)
+            cq.matmul(a, qw, out=out)
+            assert clusters == [(1, 1, 2) if on else None], clusters
+            got[on] = cupy.asnumpy(out)
+    assert_bits_equal(cupy.asarray(got[True]), got[False], "cluster against workspace")
+    assert _rel_err(cupy.asarray(got[True]), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+
+
 # (path, M): every kernel, and on the tensor-core kernels a split-K launch (the 256 x 4096 weight of
 # the chain below at M = 16: few tiles, long K) besides a plain one
 PDL_CASES = [("decode", 1), ("decode", 16), ("pipelined", 16), ("pipelined", 200), ("wgmma", 16), ("wgmma", 200)]
@@ -398,7 +431,9 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
     hopper = _hopper()
     launches = []
     real = cqw._launch.launch
-    monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
+    # the PDL launches made (cluster launches of 2-way splits go through the same launcher, with pdl
+    # set as the call says)
+    monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: (k.get("pdl", True) and launches.append(1), real(*a, **k)))
     with _forced(path):
         want, h = [], src
         for w in ws:
@@ -462,19 +497,20 @@ def test_prefill_other_tensor_core_kernel(dtype, scheme, sym, group_size):
             _check_matmul(qw, PREFILL_MS, dtype, _seed("poa", N, K), other)
 
 
-@pytest.mark.parametrize("splits", [1, 3], ids=["whole-K", "split-K"])
+@pytest.mark.parametrize("splits", [1, 2, 3], ids=["whole-K", "split2-K", "split3-K"])
 @pytest.mark.parametrize("path", ["pipelined", "wgmma"])
 def test_tensor_core_out_tails_and_batches(monkeypatch, path, splits):
     """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
     out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
-    the aligned call; with K whole in each block, and split 3 ways (the last block of each tile
-    then writes y from the float32 partials, through its own 8-byte and scalar paths)."""
+    the aligned call; with K whole in each block, and split 2 ways (wgmma: a cluster whose blocks
+    each write their share of y) and 3 ways (the last block of each tile writes y from the float32
+    partials), each through its own 8-byte and scalar paths."""
     dtype = ml_dtypes.bfloat16
     N, K = 1001, 640
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 21, dtype)), "uint4", group_size=64, symmetric=False)
     rng = np.random.default_rng(22)
     a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
-    # 5 stages of 128 k (pipelined) or 10 of 64 (wgmma, 64-row tiles): 3 splits of 2 / 4 stages
+    # 5 stages of 128 k: 2 splits of 3 stages, 3 splits of 2
     monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
     monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms: (64, splits))
     with _forced(path):
