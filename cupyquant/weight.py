@@ -573,7 +573,7 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a``, K streamed through
-      shared memory with ``cp.async`` in stages of 128 (4-5 deep; 256-row tiles: stages of 64, 6
+      shared memory with ``cp.async`` in stages of 128 (4 deep; 256-row tiles: stages of 64, 6
       deep), and split across blocks when few tiles and a long K make that pay: 2 ways as a
       thread-block cluster whose two blocks add their partials through distributed shared memory,
       4 or 8 ways as below. The tile height and the splits are chosen together by an estimate
@@ -759,7 +759,8 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
 # memory. _WG_BK is the unit of K the plans below count in. Stages of 128 k for the 64- and 128-row
 # tiles (session 13, forced plans, us, stages of 64 -> 128, the same bits): 28672x8192 M = 64 64/1
 # 99.8 -> 84.3, 14336x4096 M = 256 128/1 80.3 -> 70.1, 8192x28672 M = 256 128/1 272 -> 234,
-# 28672x8192 M = 1024 128/1 1128 -> 952; 4 stages of 128 for 64 rows (two blocks a SM), 5 for 128.
+# 28672x8192 M = 1024 128/1 1128 -> 952; 4 stages of 128 for 64 rows (two blocks a SM) and for 128
+# (5 measured the same: 4096^2 M = 256 128/2 27.4-27.7 against 28.0-28.1).
 # The 256-row tile keeps stages of 64: with 128 only 3 fit, one in flight (14336x4096 M = 256 256/1
 # 52 -> 67, 4096^2 M = 4096 224 -> 270).
 _WG_BN, _WG_BK = 128, 64
