@@ -112,6 +112,34 @@ def launch_attributes(pdl: bool, cluster=None):
     return attrs, 2 if pdl else 1
 
 
+_occupancy_fn = None
+
+
+def max_active_clusters(kernel, block: int, shared_mem: int, cluster) -> int:
+    """How many clusters of ``cluster`` = (x, y, z) blocks of ``kernel`` (``block`` threads and
+    ``shared_mem`` dynamic shared bytes each) can be resident on the current device at once
+    (``cuOccupancyMaxActiveClusters``). A cluster's blocks must all fit in one GPC, so on a GPU
+    whose GPCs hold SM counts that are not multiples of the cluster size this is less than
+    SMs / cluster size (the H100 at one block per SM: 66 clusters of 2, 39 of 3, 30 of 4, 15 of 8).
+    The kernel's shared-memory limit must already allow ``shared_mem``. Raises ``RuntimeError``
+    with the driver's message if the query fails."""
+    global _occupancy_fn
+    if _occupancy_fn is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
+        _occupancy_fn = fn
+    attrs, nattrs = launch_attributes(False, cluster)
+    cfg = LaunchConfig(cluster[0], cluster[1], cluster[2], block, 1, 1, shared_mem, None, attrs, nattrs)
+    n = ctypes.c_int(0)
+    rc = _occupancy_fn(ctypes.byref(n), kernel.kernel.ptr, ctypes.byref(cfg))
+    if rc:
+        msg = ctypes.c_char_p()
+        _driver()[1](rc, ctypes.byref(msg))
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: error {rc} ({(msg.value or b'?').decode()})")
+    return n.value
+
+
 def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: bool = True, cluster=None) -> None:
     """Launch ``kernel`` (a ``cupy.RawKernel``) like ``kernel(grid, block, args, shared_mem=...)``
     on ``stream`` (the current stream by default), with programmatic stream serialization (the

@@ -576,8 +576,9 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
       shared memory with ``cp.async`` in stages of 128 (4 deep; 256-row tiles: stages of 64, 6
       deep), and split across blocks when few tiles and a long K make that pay: 2 ways as a
       thread-block cluster whose two blocks add their partials through distributed shared memory,
-      4 or 8 ways as below. The tile height and the splits are chosen together by an estimate
-      fitted to H100 timings.
+      3 to 8 ways likewise where every tile's cluster fits on the GPU at once (one block per SM;
+      the driver's cluster occupancy says), otherwise 4 or 8 ways as below. The tile height and
+      the splits are chosen together by an estimate fitted to H100 timings.
     * ``"pipelined"`` (``weight_gemm.cu``): INT4 for every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
@@ -725,12 +726,16 @@ def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros, pdl):
     _launch_tiled(device, k, threads, smem, bm, _GEMM_BN, _GEMM_BK, _splits, a2, w, y2, M, N, K, zeros, pdl)
 
 
-def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl, cluster=False):
+def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl, cluster=False,
+                  cluster_cap=None):
     """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
     bm x bn tiles of y, K in stages of bk, split as ``split(tiles, stages, slots)`` says; at most
-    _MAX_GRID_Y row tiles per launch. ``cluster``: K split 2 ways runs as thread-block clusters of
-    a tile's two blocks, which add their partials through distributed shared memory (weight_wgmma.cu;
-    no workspace); other splits go through a float32 workspace in global memory."""
+    _MAX_GRID_Y row tiles per launch. ``cluster`` (weight_wgmma.cu): the splits of a tile run as one
+    thread-block cluster, whose blocks add their partials through distributed shared memory (no
+    workspace), when K is split 2 ways, or s = 3..8 ways with at most ``cluster_cap[s]`` tiles
+    (clusters resident at once with one block per SM, _wg_cluster_cap); those wider clusters are
+    launched with shared memory for one block per SM (_wg_one_block_smem). Other splits go through a
+    float32 workspace in global memory."""
     occ = _occupancy_of(device, k, threads, smem)
     args = np.zeros((), dtype=_GM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
@@ -743,7 +748,10 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
         mtiles = -(-mrows // bm)
         splits, iters = split(ntiles * mtiles, iters_total, occ * _sms(device))
         args["M"], args["splits"], args["iters"] = mrows, splits, iters
-        in_cluster = cluster and splits == 2
+        in_cluster = cluster and (splits == 2 or (splits > 2 and _wide_cluster_fits(cluster_cap, splits, ntiles * mtiles)))
+        launch_smem = smem
+        if in_cluster and splits > 2:
+            launch_smem = _wg_one_block_smem(device, k, smem)
         if splits > 1 and not in_cluster:  # float32 partial tiles (whole, tile-major), per-tile arrival counters
             ws = cupy.empty((splits, mtiles, ntiles, bm, bn), dtype=np.float32)  # (reset by the kernel)
             counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
@@ -751,7 +759,7 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
         else:
             ws = counters = 0
         _run(k, (ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args),
-             smem, pdl, (1, 1, 2) if in_cluster else None)
+             launch_smem, pdl, (1, 1, splits) if in_cluster else None)
 
 
 # The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 64, 128 or 256 rows of a,
@@ -780,13 +788,21 @@ _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and sha
 _WG_STAGE_US = {64: (0.375, 0.33), 128: (0.53, 0.54), 256: (0.85, 0.89)}
 _WG_SPLIT_US = (8.0, 0.01)
 _WG_CLUSTER_SPLIT_US = 3.5
+# Splits of 3 to 8 ways as clusters (one block per SM; session 14, us, forced plans): 4096^2 M = 64
+# 64/3 12.2-12.6, M = 32 12.2-12.4; 2048x8192 M = 64 64/6 12.6-12.8; 1024x4096 M = 64 64/8 7.0-7.5:
+# the main loop at 0.375 us per 64 k plus about 4.3 us.
+_WG_WIDE_CLUSTER_US = 4.3
 
 
-def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int) -> float:
-    """Estimated microseconds of the wgmma kernel's main loop (see _WG_STAGE_US)."""
+def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int, cluster=None) -> float:
+    """Estimated microseconds of the wgmma kernel's main loop (see _WG_STAGE_US). ``cluster``: the
+    splits run as clusters (default: 2 splits, while _WG_CLUSTER is on); clusters of more than 2
+    blocks run one block per SM."""
+    if cluster is None:
+        cluster = splits == 2 and _WG_CLUSTER
     blocks = tiles * splits
     one, per = _WG_STAGE_US[bma]
-    if bma == 64:
+    if bma == 64 and not (cluster and splits > 2):
         per_sm = -(-blocks // sms)
         stage = one if per_sm == 1 else per * per_sm
     else:
@@ -794,18 +810,28 @@ def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int
     fixed, per_row = _WG_SPLIT_US
     if splits == 1:
         split = 0.0
-    elif splits == 2 and _WG_CLUSTER:
-        split = _WG_CLUSTER_SPLIT_US
+    elif cluster:
+        split = _WG_CLUSTER_SPLIT_US if splits == 2 else _WG_WIDE_CLUSTER_US
     else:
         split = fixed + per_row * splits * min(bma, M)
     return stage * -(-iters // splits) + split
 
 
-def _wg_plan(M: int, N: int, iters: int, sms: int):
+def _wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
+    """Whether the ``tiles`` clusters of ``splits`` > 2 blocks all fit on the GPU at once with one
+    block per SM (``cluster_cap``: splits -> clusters that fit, _wg_cluster_cap; None: none do)."""
+    return bool(_WG_CLUSTER and cluster_cap and tiles <= cluster_cap.get(splits, 0))
+
+
+def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
     """(rows of a per tile, K splits) for the wgmma kernel: the least _wg_estimate over tile heights
-    64 / 128 / 256 and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave); ties go
-    to the taller tile and fewer splits. Checked against the H100 (us, tile/splits: measured in
-    session 13, 2 splits as clusters, 4 and 8 through the workspace):
+    64 / 128 / 256 and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave), and 3
+    and 6 where they run as clusters; ties go to the taller tile and fewer splits. ``cluster_cap``
+    (splits -> clusters resident at once with one block per SM, _wg_cluster_cap) lets splits of 3
+    to 8 run as clusters where every tile's cluster fits at once (None: only 2 splits are clusters;
+    the plans below). With the H100's capacities 4096^2 M = 64 takes 64/3 (12.2-12.6 us, session
+    14). Checked against the H100 (us, tile/splits: measured in session 13, 2 splits as clusters, 4
+    and 8 through the workspace):
       4096x4096   M = 64   64/2 15.7, 64/4 15.8, 64/1 24.9                    -> 64/2
       4096x4096   M = 256  128/2 21.4, 64/2 24.7, 256/4 33.0, 128/1 34.1      -> 128/2
       14336x4096  M = 64   64/2 25.7, 64/1 26.0                               -> 64/1
@@ -820,10 +846,15 @@ def _wg_plan(M: int, N: int, iters: int, sms: int):
     best = None
     for bma in (256, 128, 64):
         tiles = -(-N // _WG_BN) * -(-M // bma)
-        for splits in (1, 2, 4, 8):
-            if splits > 1 and (tiles * splits > _WG_BLOCKS_PER_SM[bma] * sms or splits > iters):
+        for splits in (1, 2, 3, 4, 6, 8):
+            if splits > iters:
                 break
-            est = _wg_estimate(bma, tiles, splits, iters, sms, M)
+            wide = splits > 2 and _wide_cluster_fits(cluster_cap, splits, tiles)
+            if splits in (3, 6) and not wide:
+                continue  # 3 and 6 ways only as clusters
+            if splits > 1 and not wide and tiles * splits > _WG_BLOCKS_PER_SM[bma] * sms:
+                continue
+            est = _wg_estimate(bma, tiles, splits, iters, sms, M, cluster=(splits == 2 and _WG_CLUSTER) or wide)
             if best is None or est < best[0] * 0.999:
                 best = (est, bma, splits)
     return best[1], best[2]
@@ -833,9 +864,18 @@ def _wg_plan(M: int, N: int, iters: int, sms: int):
 # distributed shared memory (weight_wgmma.cu cluster_split_finish): no workspace, counters or memset,
 # the same bits. Measured (session 13, us, workspace -> cluster): 4096^2 M = 64 64/2 19.5 -> 16.0,
 # 14336x4096 M = 64 64/2 30.1 -> 26.1, 4096^2 M = 256 128/2 28.0 -> 21.8, 4096x14336 M = 256 128/2
-# 68.3 -> 62.4, 8192x28672 M = 256 256/2 190 -> 183. Clusters of 4 and 8 were slower (4096x14336
-# M = 64 64/4 31.0 -> 40.8, 4096x14336 M = 256 256/4 62 -> 97; not analysed: a cluster's blocks must
-# all fit in one GPC at once, which may leave SMs idle), so more splits keep the workspace.
+# 68.3 -> 62.4, 8192x28672 M = 256 256/2 190 -> 183. Splits of 3 to 8 ways are clusters too, but
+# only where every tile's cluster fits on the GPU at once with one block per SM (_wg_cluster_cap):
+# a cluster's blocks must share a GPC, so the H100 holds 30 clusters of 4 (not 33) and 15 of 8.
+# Session 13's clusters of 4 were slower than the workspace for that reason (session 14, a probe
+# kernel recording each block's SM and start: 128 blocks in clusters of 4 with one block per SM ran
+# in two waves, 40 us for 20 us of work; with two blocks per SM, as the 64-row tile allows, the
+# scheduler put 8 SMs' worth of blocks two to an SM while 12 SMs idled): 4096x14336 M = 64 64/4
+# 31.0 -> 40.8, 4096x14336 M = 256 256/4 62 -> 97. Measured with the rule (us, session 14, the
+# plan without -> with wide clusters): 4096^2 M = 64 64/2 16.0 -> 64/3 12.5; 2048x8192 M = 64 64/8
+# 17.0 -> 64/6 12.7, M = 128 64/4 21.0 -> 128/6 16.8, M = 256 64/2 26.9 -> 256/6 24.0; 1024x4096
+# M = 64 64/2 15.3 -> 64/8 7.5; 256x4096 M = 1024 64/2 15.1 -> 128/6 11.6; 4096x11008 M = 64 64/4
+# 25.8 -> 64/3 25.1.
 _WG_CLUSTER = True
 _WG_SZ_STAGE = 640  # weight_wgmma.cu SZ_STAGE per 64-k half: scales (8 tiles x 64 bytes) and zero codes (8 x 16)
 
@@ -847,8 +887,48 @@ def _wg_smem(bma: int) -> int:
     return stages * halves * (bma * 128 + _WG_BN * 32 + _WG_SZ_STAGE) + 1024
 
 
+_wg_cluster_caps: dict = {}
+_one_block_set: set = set()
+_smem_per_sm: dict = {}
+
+
+def _wg_one_block_smem(device, k, smem: int) -> int:
+    """Dynamic shared bytes for a launch of ``k`` that leaves room for only one block per SM (more
+    than half an SM's shared memory; at least ``smem``), the kernel's limit raised to allow it.
+    A 64-row tile (104 KB) otherwise runs two blocks a SM, and the cluster scheduler then packs a
+    cluster's blocks two to an SM on some SMs while others idle (session 14: 4096x14336 M = 64 64/3
+    40.0 us packed, 32.2-32.7 one block per SM; 4096^2 M = 64 64/3 15.2 and 12.6)."""
+    smem_sm = _smem_per_sm.get(device)
+    if smem_sm is None:
+        smem_sm = _smem_per_sm[device] = cupy.cuda.Device(device).attributes["MaxSharedMemoryPerMultiprocessor"]
+    one = max(smem, smem_sm // 2 + 1024)
+    key = (device, id(k))
+    if key not in _one_block_set:
+        k.max_dynamic_shared_size_bytes = one
+        _one_block_set.add(key)
+    return one
+
+
+def _wg_cluster_cap(device, t, scheme) -> dict:
+    """splits -> how many clusters of that many blocks of the wgmma kernel (one block per SM) the
+    device holds at once (cuOccupancyMaxActiveClusters; once per device). The H100: 39 clusters of
+    3, 30 of 4, 22 of 5, 17 of 6, 15 of 7 and 8: fewer than 132 / s, since a cluster's blocks
+    must all be in one GPC. A split whose clusters do not all fit at once would run in two waves
+    (session 14: 128 blocks in clusters of 4, 30 resident, took 2x as long as the same blocks
+    unclustered), so those splits use the workspace."""
+    cap = _wg_cluster_caps.get(device)
+    if cap is None:
+        stages, halves = _WG_CONFIG[256]
+        k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[scheme], 256, stages, halves)
+        smem = _wg_one_block_smem(device, k, _wg_smem(256))
+        cap = {s: _launch.max_active_clusters(k, 256, smem, (1, 1, s)) for s in range(3, 9)}
+        _wg_cluster_caps[device] = cap
+    return cap
+
+
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
-    bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device))
+    cap = _wg_cluster_cap(device, t, w.scheme) if _WG_CLUSTER else None
+    bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device), cluster_cap=cap)
     stages, halves = _WG_CONFIG[bma]
     k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages, halves)
 
@@ -857,4 +937,4 @@ def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
         return -(-iters_total // iters), iters
 
     _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK * halves, split, a2, w, y2, M, N, K, zeros, pdl,
-                  cluster=_WG_CLUSTER)
+                  cluster=_WG_CLUSTER, cluster_cap=cap)

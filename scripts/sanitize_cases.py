@@ -341,22 +341,25 @@ def run_weight(run: Run):
 
 def _wgmma_edges(run, qw, deq, dt, rng):
     """The wgmma kernel (Hopper) at sizes matmul would give the decode kernel: rows of a past M and
-    weight rows past N in a tile (copies predicated off), and K split 1, 2 (a cluster adding
-    through distributed shared memory) and 3 ways (through the workspace) across blocks."""
+    weight rows past N in a tile (copies predicated off), and K split 1, 2 and 3 ways across blocks:
+    2 and 3 as clusters adding through distributed shared memory (3 where every tile's cluster fits
+    on the GPU at once), and 3 again through the workspace."""
     N, K = qw.shape
-    saved = cqw.FORCE_PATH, cqw._wg_plan
+    saved = cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap
     try:
         cqw.FORCE_PATH = "wgmma"
-        for splits in (1, 2, 3):
-            cqw._wg_plan = lambda M, N_, iters, sms, s=splits: (64, min(s, iters))
+        for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
+            cqw._wg_plan = lambda M, N_, iters, sms, s=splits, **kw: (64, min(s, iters))
+            cqw._wg_cluster_cap = (lambda *a: None) if workspace else saved[2]
             for M in (17, 130):
                 ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                 y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
                 exact = ah.astype(np.float64) @ deq.T
                 err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-                run.within(f"matmul wgmma {qw.scheme} G={qw.group_size} K={K} {dt.name} M={M} splits={splits}", err, TOL[dt])
+                run.within(f"matmul wgmma {qw.scheme} G={qw.group_size} K={K} {dt.name} M={M} splits={splits}"
+                           f"{' workspace' if workspace else ''}", err, TOL[dt])
     finally:
-        cqw.FORCE_PATH, cqw._wg_plan = saved
+        cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap = saved
 
 
 RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight}

@@ -148,6 +148,30 @@ def test_wgmma_plan():
     assert _weight._wg_estimate(128, 300, 1, 10, 132, 300) == pytest.approx(0.54 * 3 * 10)
 
 
+# the H100's clusters resident at once with one block per SM (cuOccupancyMaxActiveClusters, session 14)
+H100_CLUSTER_CAP = {3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}
+
+
+def test_wgmma_plan_wide_clusters():
+    """With cluster capacities, splits of 3 to 8 ways run as clusters where every tile's cluster fits
+    at once (one block per SM, a flat cost), and 3 and 6 become plans; where they do not fit, the
+    plans are those without capacities."""
+    plan, cap = _weight._wg_plan, H100_CLUSTER_CAP
+    assert plan(64, 4096, 64, 132, cluster_cap=cap) == (64, 3)  # 12.2-12.6 us against 64/2 16.0
+    assert plan(64, 1024, 64, 132, cluster_cap=cap) == (64, 8)  # 7.0-7.5 against 15.3
+    assert plan(64, 2048, 128, 132, cluster_cap=cap) == (64, 6)  # 12.6-12.8 against 64/4 19.8-20.1
+    # 32 tiles of 64 rows: 64/3 (32.2-32.7) loses to 64/4 through the workspace (30.3-30.8)
+    assert plan(64, 4096, 224, 132, cluster_cap=cap) == (64, 4)
+    for args in [(64, 14336, 64), (256, 4096, 224), (64, 8192, 448), (128, 28672, 128), (4096, 4096, 64)]:
+        assert plan(*args, 132, cluster_cap=cap) == plan(*args, 132), args
+    assert plan(64, 4096, 64, 132, cluster_cap={}) == plan(64, 4096, 64, 132) == (64, 2)
+    assert _weight._wide_cluster_fits(cap, 3, 39) and not _weight._wide_cluster_fits(cap, 3, 40)
+    assert not _weight._wide_cluster_fits(None, 3, 1) and not _weight._wide_cluster_fits(cap, 9, 1)
+    # one block per SM, the main loop plus a flat 4.3 us
+    assert _weight._wg_estimate(64, 32, 3, 64, 132, 64, cluster=True) == pytest.approx(0.375 * 22 + 4.3)
+    assert _weight._wg_estimate(64, 32, 4, 64, 132, 64, cluster=False) == pytest.approx(0.375 * 16 + 8.0 + 0.01 * 4 * 64)
+
+
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
 def test_matmul_path_table(arch):
     """The table of matmul's docstring, for each architecture (no GPU needed: arch is given)."""

@@ -361,7 +361,7 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
         cases = [None, 2, 3, 8]
     for forced in cases:
         if forced is not None:
-            monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, f=forced: (64, f))
+            monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, f=forced, **kw: (64, f))
         for M in (16, 200):
             a = cupy.asarray(np.random.default_rng(13).standard_normal((M, K)).astype(np.float32).astype(dtype))
             with _forced(path):
@@ -371,23 +371,28 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
             assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
 
 
-@pytest.mark.parametrize("bma", [64, 128, 256])
-def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma):
-    """K split 2 ways runs as a cluster of the tile's two blocks, which add their partials through
+CLUSTER_CASES = [(64, 2), (128, 2), (256, 2), (64, 3), (128, 3), (256, 6), (64, 8)]
+
+
+@pytest.mark.parametrize("bma,splits", CLUSTER_CASES, ids=[f"{b}-{s}" for b, s in CLUSTER_CASES])
+def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma, splits):
+    """K split 2 to 8 ways runs as a cluster of the tile's blocks, which add their partials through
     distributed shared memory; through the float32 workspace instead (_WG_CLUSTER off) the same
     additions in the same order give the same bits. The launches are checked to be what each says
-    (cluster dimension (1, 1, 2), and no cluster with the workspace)."""
+    (cluster dimension (1, 1, splits), and no cluster with the workspace); clusters of more than 2
+    blocks are launched with shared memory for one block per SM."""
     dtype = ml_dtypes.bfloat16
     N, K = 520, 1024  # a partial last tile of weight rows
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 31, dtype, outliers=False)), "uint4", group_size=32,
                             symmetric=False)
     a = cupy.asarray(np.random.default_rng(32).standard_normal((bma + 5, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms: (bma, 2))
-    clusters = []
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    smem_sm = cupy.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]
+    launches = []
     real = cqw._launch.launch
 
     def spy(*args, **kw):
-        clusters.append(kw.get("cluster"))
+        launches.append((kw.get("cluster"), args[4]))
         return real(*args, **kw)
 
     monkeypatch.setattr(cqw._launch, "launch", spy)
@@ -395,13 +400,32 @@ def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma):
     with _forced("wgmma"):
         for on in (True, False):
             monkeypatch.setattr(cqw, "_WG_CLUSTER", on)
-            clusters.clear()
+            launches.clear()
             out = poisoned((bma + 5, N), dtype)
             cq.matmul(a, qw, out=out)
-            assert clusters == [(1, 1, 2) if on else None], clusters
+            assert [c for c, _ in launches] == [(1, 1, splits) if on else None], launches
+            if on and splits > 2:  # one block per SM: two would need more than the SM's shared memory
+                assert 2 * (launches[0][1] + 1024) > smem_sm, launches
             got[on] = cupy.asnumpy(out)
     assert_bits_equal(cupy.asarray(got[True]), got[False], "cluster against workspace")
     assert _rel_err(cupy.asarray(got[True]), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+
+
+def test_wgmma_cluster_capacity():
+    """The capacities that decide which splits of 3 to 8 ways run as clusters: positive, and at most
+    the SMs over the cluster size (one block per SM); the H100 holds fewer than that (a cluster's
+    blocks must share a GPC). A wide split whose clusters exceed the capacity goes through the
+    workspace; within it, the plan may take 3 or 6 splits."""
+    if not _hopper():
+        pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
+    device = cupy.cuda.Device().id
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    cap = cqw._wg_cluster_cap(device, cqw._dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4")
+    assert sorted(cap) == [3, 4, 5, 6, 7, 8]
+    for s, n in cap.items():
+        assert 0 < n <= sms // s, cap
+    assert cap[4] >= cap[8]
+    assert cqw._wide_cluster_fits(cap, 3, cap[3]) and not cqw._wide_cluster_fits(cap, 3, cap[3] + 1)
 
 
 # (path, M): every kernel, and on the tensor-core kernels a split-K launch (the 256 x 4096 weight of
@@ -512,7 +536,8 @@ def test_tensor_core_out_tails_and_batches(monkeypatch, path, splits):
     a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
     # 5 stages of 128 k: 2 splits of 3 stages, 3 splits of 2
     monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms: (64, splits))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (64, splits))
+    monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
     with _forced(path):
         y = cq.matmul(a, qw)
         assert y.shape == (3, 97, N)
