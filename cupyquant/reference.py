@@ -703,20 +703,30 @@ def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float
     return round_to(y, out_dtype)
 
 
-def prepare_weight(data, scales, zeros=None):
+def prepare_weight(data, scales, zeros=None, *, scheme):
     """The prepared (tile-major) layout that the matmul kernels read, from the plain layout of
     :func:`quantize_weight` (``data`` ``(N, B)`` uint8 with B = K / 2 for INT4 or K for FP8, a
-    multiple of 64; ``scales`` ``(N, ng)``; ``zeros`` ``(N, ceil(ng / 2))`` or None). Returns
-    ``(data, scales, zeros)``, the rows padded with zeros to ``16 T``, ``T = ceil(N / 16)`` tiles:
+    multiple of 64; ``scales`` ``(N, ng)``; ``zeros`` ``(N, ceil(ng / 2))`` or None; ``scheme`` the
+    weight's). Returns ``(data, scales, zeros)``, the rows padded with zeros to ``16 T``,
+    ``T = ceil(N / 16)`` tiles, each tile's K cut into chunks of 64 bytes a row (``C = B / 64``):
 
-    - data ``(T, B / 64, 16, 64)``: byte b of row n at ``[n // 16, b // 64, n % 16, b % 64]`` (a
-      tile's 16 rows x 64 bytes of each chunk contiguous);
+    - INT4 (``"int4"``, ``"uint4"``) data ``(T, C, 2, 32, 16)``, fragment order: with
+      ``k % 128 = 16 s + 8 kb + 2 t + e`` (k16 step s of the chunk, t, kb, e as in the A fragment of
+      an m16n8k16 mma) and ``g = n % 8``, the code of row n at k is in byte
+      ``[n // 16, k // 128, s % 2, 4 g + s // 2, 4 t + kb + 2 e]``, the low nibble when
+      ``n % 16 < 8``. So the 32-bit word ``4 t`` of piece ``[.., s % 2, 4 g + s // 2]`` holds the 8
+      codes that lane (g, t) of a warp feeds to step s (rows g and g + 8 at k 2t, 2t + 1, 2t + 8,
+      2t + 9), and the two pieces ``4 g + j`` (``s % 2 = 0, 1``) hold every code of rows g and g + 8
+      at k 32 j .. 32 j + 31;
+    - FP8 data ``(T, C, 16, 64)``: byte b of row n at ``[n // 16, b // 64, n % 16, b % 64]``;
     - scales ``(T, ng, 16)``: the scale of row n, group j at ``[n // 16, j, n % 16]``;
     - zeros ``(T, ng, 8)``: zero code of row n, group j in byte ``[n // 16, j, (n % 16) // 2]``,
       the low nibble for even ``n % 16``.
 
     Written as the scatter of each element to its flat offset, not as the reshape and transpose of
     ``cupyquant.weight``, so that the two are independent checks of each other."""
+    if scheme not in ("int4", "uint4", "float8_e4m3fn"):
+        raise ValueError(f"scheme must be 'int4', 'uint4' or 'float8_e4m3fn', got {scheme!r}")
     data = np.asarray(data, dtype=np.uint8)
     scales = np.asarray(scales)
     N, B = data.shape
@@ -724,9 +734,21 @@ def prepare_weight(data, scales, zeros=None):
     if B % 64:
         raise ValueError(f"the data's row of {B} bytes must be a multiple of 64 (128 INT4 or 64 FP8 elements)")
     T, nch = -(-N // 16), B // 64
-    n, b = np.indices((N, B), dtype=np.int64)
     flat = np.zeros(T * nch * 1024, np.uint8)
-    flat[((n // 16) * nch + b // 64) * 1024 + (n % 16) * 64 + b % 64] = data
+    if scheme == "float8_e4m3fn":
+        n, b = np.indices((N, B), dtype=np.int64)
+        flat[((n // 16) * nch + b // 64) * 1024 + (n % 16) * 64 + b % 64] = data
+        d = flat.reshape(T, nch, 16, 64)
+    else:
+        n, k = np.indices((N, 2 * B), dtype=np.int64)
+        codes = unpack_fp4(data, 2 * B).astype(np.uint8)
+        r, kk = n % 16, k % 128
+        st, kb, t, e = kk // 16, kk % 16 // 8, kk % 8 // 2, kk % 2
+        at = ((n // 16) * nch + k // 128) * 1024 + (st % 2) * 512 + (4 * (r % 8) + st // 2) * 16 + 4 * t + kb + 2 * e
+        lo = r < 8  # rows g (low nibble) and g + 8 (high nibble) share a byte
+        flat[at[lo]] = codes[lo]
+        flat[at[~lo]] |= codes[~lo] << 4
+        d = flat.reshape(T, nch, 2, 32, 16)
     n, j = np.indices((N, ng), dtype=np.int64)
     at = ((n // 16) * ng + j) * 16 + n % 16
     s = np.zeros(T * ng * 16, scales.dtype)
@@ -736,4 +758,4 @@ def prepare_weight(data, scales, zeros=None):
         codes = np.zeros(T * ng * 16, np.uint8)
         codes[at] = unpack_fp4(zeros, ng)
         z = pack_fp4(codes.reshape(T, ng, 16))
-    return flat.reshape(T, nch, 16, 64), s.reshape(T, ng, 16), z
+    return d, s.reshape(T, ng, 16), z

@@ -12,13 +12,19 @@ Layouts. The plain layout is the interchange format (what :func:`quantize_weight
 
 The matmul kernels read the prepared layout that :func:`prepare_weight` makes on the GPU (once, at
 load time, as Marlin's repacking): the rows in tiles of 16 (the last padded with zero rows), each
-tile's rows cut into chunks of 64 bytes (128 INT4 or 64 FP8 elements of K) stored one after the
-other, so that the 16 rows x 64 bytes a warp of the decode kernel copies per chunk are 1 KB
-contiguous: data ``(ceil(N / 16), K / chunk, 16, 64)`` uint8; scales ``(ceil(N / 16), K / G, 16)``
-(a tile's 16 scales of a group together); uint4 zero points ``(ceil(N / 16), K / G, 8)`` uint8
-(row ``i`` of the tile in the low nibble of byte ``i / 2`` when ``i`` is even, the high one when
-odd). It is private to the kernels and may change between versions; :func:`matmul` takes a plain
-weight too, converting it on every call (a copy of the weight: prepare once instead).
+tile's K cut into chunks of 128 INT4 or 64 FP8 elements (64 bytes a row) stored one after the
+other, 1 KB a chunk. INT4 data ``(ceil(N / 16), K / 128, 2, 32, 16)`` uint8 in fragment order: each
+32-bit word holds the 8 codes that one lane of a warp feeds to one k16 tensor-core step (rows g and
+g + 8 of the tile, k ``2t, 2t + 1, 2t + 8, 2t + 9`` of the step), arranged so that a shift and a
+lop3 take out two codes at once, and each 16-byte piece holds the four lanes' words of one step,
+so that the two pieces ``4 g + j`` of a chunk hold every code of rows g and g + 8 at k
+``32 j .. 32 j + 31`` (:func:`cupyquant.reference.prepare_weight` has the exact map). FP8
+data ``(ceil(N / 16), K / 64, 16, 64)``: the 16 rows x 64 bytes of a chunk. Scales
+``(ceil(N / 16), K / G, 16)`` (a tile's 16 scales of a group together); uint4 zero points
+``(ceil(N / 16), K / G, 8)`` uint8 (row ``i`` of the tile in the low nibble of byte ``i / 2`` when
+``i`` is even, the high one when odd). It is private to the kernels and may change between
+versions; :func:`matmul` takes a plain weight too, converting it on every call (a copy of the
+weight: prepare once instead).
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ class QuantizedWeight:
     ----------
     data : cupy.ndarray
         uint8 ``(N, K / 2)`` (INT4, element 0 in the low nibble) or ``(N, K)`` (FP8 bytes); prepared:
-        ``(ceil(N / 16), K / chunk, 16, 64)`` (the module's docstring).
+        ``(ceil(N / 16), K / 128, 2, 32, 16)`` (INT4) or ``(ceil(N / 16), K / 64, 16, 64)`` (FP8) (the module's docstring).
     scales : cupy.ndarray
         ``(N, K / group_size)`` in the original weight's dtype; prepared:
         ``(ceil(N / 16), K / group_size, 16)``.
@@ -245,7 +251,8 @@ def _check_weight(w) -> None:
     ng = K // w.G
     if w.layout == "prepared":
         n16, chunk = -(-N // 16), _CHUNK[w.scheme]
-        shapes = {"data": (n16, K // chunk, 16, 64), "scales": (n16, ng, 16), "zeros": (n16, ng, 8)}
+        data_shape = (n16, K // chunk, 16, 64) if w.scheme == "float8_e4m3fn" else (n16, K // chunk, 2, 32, 16)
+        shapes = {"data": data_shape, "scales": (n16, ng, 16), "zeros": (n16, ng, 8)}
         if K % chunk:
             raise ValueError(f"w.shape's K must be a multiple of {chunk} for a prepared weight, got w.shape {w.shape}")
     else:
@@ -324,7 +331,13 @@ def _prepared_of(w: QuantizedWeight) -> QuantizedWeight:
     N, K = w.shape
     n16, ng, chunk = -(-N // 16), K // w.G, _CHUNK[w.scheme]
     keep, done = _temps()
-    data = cupy.ascontiguousarray(_pad_rows(w.data, 16 * n16, keep).reshape(n16, 16, K // chunk, 64).transpose(0, 2, 1, 3))
+    rows = _pad_rows(w.data, 16 * n16, keep)
+    if w.scheme == "float8_e4m3fn":
+        data = cupy.ascontiguousarray(rows.reshape(n16, 16, K // chunk, 64).transpose(0, 2, 1, 3))
+    else:  # fragment order (reference.prepare_weight): k16 step s = 4 h + 2 u1 + u0 of a chunk, k = 16 s + 8 kb + 2 t + e
+        codes = keep(_nibbles(rows, keep).reshape(n16, 2, 8, K // 128, 2, 2, 2, 2, 4, 2))  # tile, row / 8, g, chunk, h, u1, u0, kb, t, e
+        frag = keep(cupy.ascontiguousarray(codes.transpose(0, 3, 6, 2, 4, 5, 8, 9, 7, 1)))  # [s % 2][g, s // 2][t, e, kb] pairs
+        data = _pack_pairs(frag.reshape(n16, K // 128, 2, 32, 32), keep)
     scales = cupy.ascontiguousarray(_pad_rows(w.scales, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
     zeros = None
     if w.zeros is not None:
@@ -340,7 +353,12 @@ def _plain_of(w: QuantizedWeight) -> QuantizedWeight:
     N, K = w.shape
     n16, ng = w.data.shape[0], K // w.G
     keep, done = _temps()
-    data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
+    if w.scheme == "float8_e4m3fn":
+        data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
+    else:  # the inverse of _prepared_of's fragment order
+        frag = keep(_nibbles(w.data, keep).reshape(n16, K // 128, 2, 8, 2, 2, 4, 2, 2, 2))  # tile, chunk, u0, g, h, u1, t, e, kb, row / 8
+        codes = keep(cupy.ascontiguousarray(frag.transpose(0, 9, 3, 1, 4, 5, 2, 8, 6, 7)).reshape(16 * n16, K)[:N])
+        data = _pack_pairs(codes, keep)
     scales = cupy.ascontiguousarray(keep(w.scales.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
     zeros = None
     if w.zeros is not None:

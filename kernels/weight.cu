@@ -141,8 +141,10 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // already gives 256 blocks; 2 with TWO, halving the activation reads per weight byte) and one M
 // tile of 16 rows; its warps split K (warp w takes K chunks w, w + 8, ...) and add their partial
 // sums through shared memory at the end. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes)
-// or 16 (FP8): lane (g, t) = (lane / 4, lane % 4) copies 16 bytes of weight rows g and g + 8 of each
-// tile at chunk offset t * VALS, and loads the VALS activations of M rows g (and g + 8) there.
+// or 16 (FP8): lane (g, t) = (lane / 4, lane % 4) copies the 32 bytes of each tile's 1 KB chunk at
+// 512 h + 16 (4 g + t), h = 0, 1, which hold the weights of rows g and g + 8 at chunk k t * VALS ..
+// t * VALS + VALS - 1 (FP8: row 8 h + g, bytes 16 t..; INT4: pieces 4 g + t of the fragment
+// order, see K order), and loads the VALS activations of M rows g (and g + 8) there.
 //
 // Weight stream. Each warp keeps the chunks after the one it multiplies in flight: a ring of
 // MM_STAGES slots in shared memory (RT KB per slot), filled by cp.async MM_STAGES - 1 chunks ahead
@@ -151,16 +153,20 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // the 16-byte pieces it copied itself, so cp.async.wait_group orders each slot's fill and use with no
 // barrier; the slot refilled in an iteration is the one emptied into registers the iteration before.
 // A lane's scales (and zero codes) are loaded one chunk ahead; the next chunk's activations are
-// loaded a quarter at a time into the registers of the quarter just used. (Tried and slower on the
+// loaded into the registers of the quarters just used (INT4: two quarters after each four mma
+// steps; FP8: one after each two). (Tried and slower on the
 // H100: the activations in the cp.async ring too, 8x slower where lanes copied the same address and
 // still 1.5x with one copy per address; prefetch.global.L1 of two chunks ahead, 1.5x.)
 //
 // K order. The sum over K does not care in which order the products come, so each thread's VALS
 // consecutive k are assigned to the mma's k slots (2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) in
-// the order that is cheapest for the weights: INT4 step j takes from 32-bit word i = j / 2 the
-// nibble pairs (p, p + 4) and (p + 1, p + 5), p = 2 (j % 2) (one shift and one lop3 each put two
-// codes in the two 16-bit halves); the activations are permuted to match with one prmt per register,
-// shared by the RT tiles. FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
+// the order that is cheapest. INT4 (fragment order, weight.py prepare_weight): the lane's two pieces
+// are the words of k16 steps 2t and 2t + 1 of lanes (g, t'), t' = 0..3; word t' of piece sl is an A
+// fragment as it stands (k 32 t + 16 sl + 2 t' + {0, 1, 8, 9}; weight_mma.cuh frag_codes: one lop3
+// a register, plus one shift a word for fp16 and three for bf16), and it meets the activation
+// registers of those k pairs, 8 sl + t' and 8 sl + t' + 4, as loaded. (Until session 15 the tile was
+// row-major, the weights took nibble pairs (p, p + 4) of a word, and the activations were permuted
+// to match with one prmt a register.) FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
 //
 // Dequantization (without POST exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
 // (fp16, exponent 0x64) or 128 + q (bf16, 0x43) by one lop3, minus 1024 + z (or 128 + z) exactly,
@@ -254,7 +260,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 
     // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes,
     // in the prepared layout (weight.py prepare_weight): tile n16 of 16 rows holds chunk c at
-    // (n16 * nchunks + c) KB, row i of the tile at 64 i; scales [n16][group][16], zero codes
+    // (n16 * nchunks + c) KB (FP8: row i of the tile at 64 i; INT4: fragment order, the lane's
+    // pieces at 512 h + 16 lane either way); scales [n16][group][16], zero codes
     // [n16][group][8 bytes] (row i in nibble i % 2 of byte i / 2). Rows past N are the zero padding
     // of the last tile, a block's second tile past the last reads the last again, and rows of a past
     // M read row M - 1: valid memory, and what they give lands only in outputs that are not stored
@@ -316,9 +323,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     for (int s = 0; s < STAGES - 1; ++s) fill(warp + s * WARPS, s);
     unsigned gd_next[RT][2];
     load_groups(warp, gd_next);
-    // The activations of the next chunk are loaded a quarter at a time, each into the registers of
-    // the quarter just used (two mma steps), so that they arrive during this chunk's work at no
-    // register cost.
+    // The activations of the next chunk are loaded into the registers of the quarters just used, so
+    // that they arrive during this chunk's work at no register cost.
     unsigned ar[MT][AREGS];
 #pragma unroll
     for (int q = 0; q < AREGS / 4; ++q) load_act(warp, q, ar);
@@ -346,7 +352,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         for (int mt = 0; mt < MT; ++mt) keep_reg(arow[mt]);
         cp_async_wait<STAGES - 2>();  // chunk i's group is complete (this lane's copies)
         const int slot = i % STAGES;
-        uint4 wv[RT][2];
+        uint4 wv[RT][2];  // this lane's two pieces of each tile (INT4: the words of k16 steps 2t and 2t + 1)
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -369,7 +375,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                 const unsigned z = S == W_UINT4 ? gd[r][h] >> 16 : 8u;
                 s2[r][h] = sb * 0x10001u;
                 sf[r][h] = bits16_to_float<T>(sb);
-                zb[r][h] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;
+                zb[r][h] = frag_zero_bias<T>(z, h);
             }
         float part[POST ? RT : 1][MT][4];
         if constexpr (POST) {
@@ -378,46 +384,54 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) part[r][mt][0] = part[r][mt][1] = part[r][mt][2] = part[r][mt][3] = 0.0f;
         }
+        if constexpr (FP8) {
 #pragma unroll
-        for (int st = 0; st < STEPS; ++st) {
-            unsigned bf[MT][2];
+            for (int st = 0; st < STEPS; ++st) {
+                unsigned bf[MT][2];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if constexpr (FP8) {
-                    bf[mt][0] = ar[mt][2 * st];
-                    bf[mt][1] = ar[mt][2 * st + 1];
-                } else {
-                    const int q = st / 2, h = st % 2;
-                    bf[mt][0] = __byte_perm(ar[mt][4 * q + h], ar[mt][4 * q + 2 + h], 0x5410);
-                    bf[mt][1] = __byte_perm(ar[mt][4 * q + h], ar[mt][4 * q + 2 + h], 0x7632);
-                }
-            }
+                for (int mt = 0; mt < MT; ++mt) bf[mt][0] = ar[mt][2 * st], bf[mt][1] = ar[mt][2 * st + 1];
 #pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                unsigned af[4];
+                for (int r = 0; r < RT; ++r) {
+                    unsigned af[4];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {  // rows g (a0, a2) and g + 8 (a1, a3)
-                    const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[r][h]);
-                    if constexpr (FP8) {
+                    for (int h = 0; h < 2; ++h) {  // rows g (a0, a2) and g + 8 (a1, a3)
+                        const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[r][h]);
                         af[h] = fp8x2_scaled<T>((unsigned short)(ww[st] & 0xffffu), s2[r][h], sf[r][h]);
                         af[2 + h] = fp8x2_scaled<T>((unsigned short)(ww[st] >> 16), s2[r][h], sf[r][h]);
-                    } else {
-                        const unsigned word = ww[st / 2];
-                        const int sh = 8 * (st % 2);  // pairs p = 2 (st % 2) and p + 1: shifts 4p and 4p + 4
-                        unsigned b0 = H::fma2(lop3_and_or(word >> sh, 0x000f000fu, H::MAGIC), H::ONE, zb[r][h]);  // q - z, exact
-                        unsigned b1 = H::fma2(lop3_and_or(word >> (sh + 4), 0x000f000fu, H::MAGIC), H::ONE, zb[r][h]);
-                        if constexpr (!POST) {
-                            b0 = H::fma2(b0, s2[r][h], 0x80008000u);
-                            b1 = H::fma2(b1, s2[r][h], 0x80008000u);
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) mma16816<T>(acc[r][mt], af, bf[mt][0], bf[mt][1]);
+                }
+                if (st % 2 == 1) load_act(c + WARPS, st / 2, ar);  // steps st - 1 and st used quarter st / 2
+            }
+        } else {
+            // step (sl, tp): word tp of piece sl, the A fragment of lane (g, tp) for k16 step 2 t + sl of
+            // the prepared layout, i.e. this lane's k 16 sl + 2 tp + {0, 1, 8, 9} (of its 32):
+            // activation pairs 8 sl + tp and 8 sl + tp + 4, in quarters 2 sl and 2 sl + 1
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) {
+#pragma unroll
+                for (int tp = 0; tp < 4; ++tp) {
+                    unsigned bf[MT][2];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) bf[mt][0] = ar[mt][8 * sl + tp], bf[mt][1] = ar[mt][8 * sl + tp + 4];
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        const unsigned word = reinterpret_cast<const unsigned*>(&wv[r][sl])[tp];
+                        unsigned af[4];
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {  // a0..a3: rows g, g + 8, g, g + 8 (h = j & 1)
+                            unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
+                            if constexpr (!POST) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
+                            af[j] = b;
                         }
-                        af[h] = b0;
-                        af[2 + h] = b1;
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
                     }
                 }
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
+                load_act(c + WARPS, 2 * sl, ar);  // the four steps of sl used quarters 2 sl and 2 sl + 1
+                load_act(c + WARPS, 2 * sl + 1, ar);
             }
-            if (st % 2 == 1) load_act(c + WARPS, st / 2, ar);  // steps st - 1 and st used quarter st / 2
         }
         if constexpr (POST) {
 #pragma unroll

@@ -18,16 +18,20 @@ using namespace cq;
 // (a per-tile counter) adds the partials in split order 0, 1, ... and writes y, so the result does
 // not depend on which block finishes first.
 //
-// K order. Within a stage, lane (g, t) of a warp owns k = 32t .. 32t + 31: 16 bytes of each of its
-// weight rows and 64 bytes of each of its activation rows. Sub-block i (k = 32t + 8i .. + 7) gives
-// two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and (2t + 8, 2t + 9) take k pairs 4h, 4h + 1
-// and 4h + 2, 4h + 3 of the sub-block. So the activation registers go to the mma as loaded, and a
-// weight register is one byte of the 32-bit word: one prmt puts its two nibbles in the two halves,
-// one lop3 makes them 1024 + q (or 128 + q), and the dequantization is the decode kernel's.
+// K order. Within a stage, lane (g, t) of a warp owns k = 32t .. 32t + 31: 64 bytes of each of its
+// activation rows (the A operand) and the codes of its weight rows (the B operand) at those k.
+// Sub-block i (k = 32t + 8i .. + 7) gives two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and
+// (2t + 8, 2t + 9) take k pairs 4h, 4h + 1 and 4h + 2, 4h + 3 of the sub-block, so the activation
+// registers go to the mma as loaded. The weights are in fragment order (weight.py prepare_weight),
+// built for a lane that takes k 2t, 2t + 1, 2t + 8, 2t + 9 of every k16 step: lane (g, t) here reads
+// the words of steps 2t and 2t + 1 of the four lanes (g, t'), which hold exactly its 32 k, and takes
+// each B register from the word and register that hold its k pair (weight_mma.cuh frag_codes: one
+// lop3 a register, plus a shift a word for fp16 and three for bf16). Those words are the lane's
+// own pieces 4 g + t of the two halves of each tile chunk: 16-byte reads, as the decode kernel's.
 //
 // Shared memory per stage: a (BM rows of 256 bytes, its 16-byte chunks XOR-swizzled so that the
 // 8 lanes of a quarter warp, reading chunk 4t + i of rows g, hit 8 distinct bank groups), then w
-// (128 rows of 64 bytes, read conflict-free as loaded).
+// (the block's 8 weight tiles' KB of the chunk as in memory: a warp reads 512 contiguous bytes).
 static constexpr int GM_BK = 128;  // K per stage
 static constexpr int GM_WN = 4;    // warps along N
 static constexpr int GM_NT = 4;    // n8 tiles per warp
@@ -73,14 +77,16 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
     // The 16-byte chunks this thread copies each stage: a fixed chunk column and rows a fixed step
     // apart, so the addresses are set up once and each stage adds its K offset.
     constexpr int A_CH = BM * 16 / THREADS, A_RSTEP = THREADS / 16;  // activation rows: 16 chunks each
-    constexpr int W_CH = GM_BN * 4 / THREADS, W_RSTEP = THREADS / 4;  // weight rows: 4 chunks each
-    const int ar0 = tid >> 4, ach = tid & 15, wr0 = tid >> 2, wch = tid & 3;
+    constexpr int W_CH = GM_BN * 4 / THREADS;  // 16-byte weight pieces: 64 a tile chunk
+    const int ar0 = tid >> 4, ach = tid & 15;
     const T* a_src = act + (m0 + ar0) * a.lda + ach * 8;
-    // prepared layout: row n's 64 bytes of chunk (stage) c at ((n / 16) nchunks + c) KB + 64 (n % 16)
-    const unsigned char* w_src = wq + ((n0 + wr0) >> 4) * nchunks * 1024 + ((n0 + wr0) & 15) * 64 + wch * 16;
-    static_assert(W_RSTEP % 16 == 0, "a thread's weight rows are whole tiles apart");
     const int a_dst = ar0 * 256 + (gm_swz(ar0, ach) << 4);  // row parity is the same for every chunk
-    const int w_dst = A_BYTES + wr0 * 64 + wch * 16;
+    // prepared layout: tile n16's chunk (stage) c at (n16 nchunks + c) KB, in fragment order. The
+    // stage's 8 tiles are copied as they are: piece P = tid + q THREADS of the 8 KB.
+    static_assert(THREADS % 64 == 0, "a thread's pieces are whole tiles apart");
+    const i64 n16_total = (a.N + 15) / 16;
+    const unsigned char* w_src = wq + ((n0 >> 4) + (tid >> 6)) * nchunks * 1024 + (tid & 63) * 16;
+    const int w_dst = A_BYTES + tid * 16;
 
     auto load_stage = [&](int slot, i64 it) {
         unsigned char* st = smem + slot * STAGE_BYTES;
@@ -92,8 +98,8 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
         }
 #pragma unroll
         for (int q = 0; q < W_CH; ++q) {
-            const bool ok = n0 + wr0 + q * W_RSTEP < a.N;
-            cp_async16(st + w_dst + q * W_RSTEP * 64, ok ? w_src + (q * (W_RSTEP / 16) * nchunks + it) * 1024 : wq, ok);
+            const bool ok = (n0 >> 4) + (tid >> 6) + q * (THREADS / 64) < n16_total;
+            cp_async16(st + w_dst + q * (THREADS / 64) * 1024, ok ? w_src + (q * (THREADS / 64) * nchunks + it) * 1024 : wq, ok);
         }
     };
 
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
             r.s2[j] = (unsigned)sb * 0x10001u;
             unsigned z = 8u;
             if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + (tj >> 1)) >> (4 * (g & 1))) & 15u) : 0u;
-            r.zb[j] = (H::BIAS + z) * 0x10001u ^ 0x80008000u;
+            r.zb[j] = frag_zero_bias<T>(z, j & 1);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 r.cs[j][h] = POST && nc + 8 * j + h < a.N ? to_float(s_c[tj + h]) : 0.0f;
@@ -156,9 +162,13 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 
         const unsigned char* sa = smem + (i % STAGES) * STAGE_BYTES;
         const unsigned char* sw = sa + A_BYTES;
-        uint4 wv[GM_NT];
+        // this lane's k (32 t .. 32 t + 31) of the warp's two weight tiles: pieces 4 g + t of both
+        // halves, the words of k16 steps 2 t and 2 t + 1 of lanes (g, t'), t' = 0..3
+        uint4 wv[GM_NT / 2][2];
 #pragma unroll
-        for (int j = 0; j < GM_NT; ++j) wv[j] = *reinterpret_cast<const uint4*>(sw + (wn * 32 + 8 * j + g) * 64 + t * 16);
+        for (int jj = 0; jj < GM_NT / 2; ++jj)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) wv[jj][h] = *reinterpret_cast<const uint4*>(sw + (2 * wn + jj) * 1024 + h * 512 + lane * 16);
         float part[POST ? MT : 1][GM_NT][4];
         if constexpr (POST) {
 #pragma unroll
@@ -181,16 +191,17 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
             // build each once per k16 step and use it for every n8 tile
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+                // B of n8 tile j (row g or g + 8 of tile j / 2): slots (2t, 2t + 1) take k 8 sub + 4 h
+                // + {0, 1} (word t' = 2 h), slots (2t + 8, 2t + 9) k 8 sub + 4 h + {2, 3} (t' = 2 h + 1),
+                // both in register 2 (sub % 2) + j % 2 of the word of step 2 t + sub / 2
                 unsigned bw[GM_NT][2];
 #pragma unroll
                 for (int j = 0; j < GM_NT; ++j) {
-                    const unsigned word = reinterpret_cast<const unsigned*>(&wv[j])[sub];
-                    const unsigned hi = word >> 4;
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const unsigned byte = 2 * h + e;  // its low nibble to half 0, its high nibble to half 1
-                        const unsigned x = lop3_and_or(__byte_perm(word, hi, byte | ((4 + byte) << 8)), 0x000f000fu, H::MAGIC);
-                        bw[j][e] = H::fma2(x, H::ONE, cur.zb[j]);  // q - z, exact
+                        const unsigned word = reinterpret_cast<const unsigned*>(&wv[j >> 1][sub >> 1])[2 * h + e];
+                        const unsigned x = frag_codes<T>(word, 2 * (sub & 1) + (j & 1));
+                        bw[j][e] = H::fma2(x, frag_mul<T>(j & 1), cur.zb[j]);  // q - z, exact
                         if constexpr (!POST) bw[j][e] = H::fma2(bw[j][e], cur.s2[j], 0x80008000u);
                     }
                 }

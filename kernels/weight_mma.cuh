@@ -35,6 +35,36 @@ template <> struct HalfOps<__nv_bfloat16> {
     static constexpr unsigned ONE = 0x3f803f80u;
 };
 
+__device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
+    return d;
+}
+
+// Fragment-ordered INT4 (weight.py prepare_weight): a lane's 32-bit word of a k16 step holds the 8
+// codes of its A fragment, register j % 4 in nibble j (half 0) and nibble j + 4 (half 1); registers
+// 0 and 2 are row g, 1 and 3 row g + 8. frag_codes gives register j with the magic exponent ORed in:
+// fp16 1024 + q (j even: mask 0x000f000f) or 1024 + 16 q (j odd: mask 0x00f000f0), from the word
+// shifted right by 8 for j >= 2 (one shift and four lop3 a word); bf16, whose 7 mantissa bits
+// cannot take a code at bit 4, 128 + q from the word shifted right by 4 j (three shifts, four
+// lop3). Then x * frag_mul(row) + frag_zero_bias(z, row) = q - z exactly.
+template <typename T> __device__ __forceinline__ unsigned frag_codes(unsigned word, int j) {
+    if constexpr (cq::same_t<T, __half>::value) {
+        return lop3_and_or(j >= 2 ? word >> 8 : word, (j & 1) ? 0x00f000f0u : 0x000f000fu, HalfOps<T>::MAGIC);
+    } else {
+        return lop3_and_or(word >> (4 * j), 0x000f000fu, HalfOps<T>::MAGIC);
+    }
+}
+// the multiplier pair of row (0: g, 1: g + 8): fp16 (1, 1) or (1/16, 1/16), bf16 (1, 1)
+template <typename T> __host__ __device__ constexpr unsigned frag_mul(int row) {
+    return cq::same_t<T, __half>::value ? (row ? 0x2c002c00u : 0x3c003c00u) : 0x3f803f80u;
+}
+// -(1024 + z), -(64 + z) (fp16 rows g, g + 8) or -(128 + z) (bf16) in both halves, z in 0..15: the
+// bits of 1024 + z are 0x6400 + z, of 64 + z 0x5400 + 16 z, of 128 + z 0x4300 + z
+template <typename T> __host__ __device__ constexpr unsigned frag_zero_bias(unsigned z, int row) {
+    return ((cq::same_t<T, __half>::value ? (row ? 0x5400u + 16u * z : 0x6400u + z) : 0x4300u + z) | 0x8000u) * 0x10001u;
+}
+
 template <typename T>
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     if constexpr (cq::same_t<T, __half>::value) {
@@ -92,11 +122,6 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
     return d;
 }
 
-__device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
-    unsigned d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
-    return d;
-}
 
 // ---------------------------------------------------------------- split K across blocks
 // Blocks (x, y, z), z the split of K (weight_gemm.cu, weight_wgmma.cu), over BM x BN tiles of y.

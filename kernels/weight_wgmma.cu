@@ -22,14 +22,17 @@
 // and the ring made the kernel 4-16% faster, bit for bit the same output.)
 //
 // Dequantization. Lane (g, t) of warp q of a warpgroup holds, per k16 step s, the A fragment of
-// rows 16 q + g and 16 q + g + 8 at k = 16 s + {2t, 2t + 1, 2t + 8, 2t + 9}: the two nibbles of byte
-// 8 s + t and of byte 8 s + t + 4 of each row, i.e. byte t of 32-bit words 2 s and 2 s + 1. One prmt
-// puts byte t's low nibble in half 0 and its high nibble in half 1 (fp16: at bit 4 of the half;
-// bf16, whose mantissa has 7 bits: at bit 3, from the word shifted right by one), one lop3 ORs in
-// the magic exponent (1024 + q and 1024 + 16 q, or 128 + q and 128 + 8 q), one FMA with (1, 1/16)
-// or (1, 1/8) and the zero bias gives q - z exactly, and a second multiplies by the group's scale:
-// round(s * (q - z)) in a's dtype, bit-identical to w.dequantize(a.dtype). Products are exact in the
-// tensor cores and summed in float32, as on the other paths.
+// rows 16 q + g and 16 q + g + 8 at k = 16 s + {2t, 2t + 1, 2t + 8, 2t + 9}. The prepared layout
+// stores exactly these 8 codes as the lane's 32-bit word of step s (fragment order: weight.py
+// prepare_weight), four steps to a 16-byte piece, so a lane reads only its own bytes, one 16-byte
+// shared load per 64 k, and turns a word into its four registers with one shift and four lop3
+// (fp16) or three shifts and four lop3 (bf16) that OR in the magic exponent (1024 + q or
+// 1024 + 16 q; 128 + q); one FMA with the multiplier and the zero bias gives q - z exactly, and a
+// second multiplies by the group's scale: round(s * (q - z)) in a's dtype, bit-identical to
+// w.dequantize(a.dtype). (Until session 15 the layout was row-major within a tile, and each lane
+// read all four lanes' bytes and picked its own with a prmt: 4x the shared-memory reads, and 3
+// integer instructions a register instead of 1.25 or 1.75.) Products are exact in the tensor cores
+// and summed in float32, as on the other paths.
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_gemm.cu: float32 partial tiles to the workspace, a per-tile
@@ -130,28 +133,10 @@ template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma
 // what cp.async wrote (generic proxy) becomes visible to the wgmma's reads (async proxy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-template <typename T> struct WgDq;
-template <> struct WgDq<__half> {
-    static constexpr unsigned SHIFT = 0;            // the high nibble stays at bits 4..7
-    static constexpr unsigned MASK = 0x00f0000fu;   // half 0: q0; half 1: 16 q1
-    static constexpr unsigned MUL = 0x2c003c00u;    // (1, 1/16)
-    static constexpr float BIAS_LO = 1024.0f, BIAS_HI = 64.0f;
-};
-template <> struct WgDq<__nv_bfloat16> {
-    static constexpr unsigned SHIFT = 1;            // bits 4..7 of the byte to 3..6
-    static constexpr unsigned MASK = 0x0078000fu;   // half 0: q0; half 1: 8 q1
-    static constexpr unsigned MUL = 0x3e003f80u;    // (1, 1/8)
-    static constexpr float BIAS_LO = 128.0f, BIAS_HI = 16.0f;
-};
-
-// The multiplier pair read from constant memory, not as an immediate: the INT4 zero bias takes the
-// FMA's immediate operand, and the 256-row build, short of registers, would otherwise rebuild the
-// multiplier in a register for every FMA (16 moves a stage).
-__constant__ unsigned wg_mul[2] = {WgDq<__half>::MUL, WgDq<__nv_bfloat16>::MUL};
-
-template <typename T> __device__ __forceinline__ unsigned zero_bias(unsigned z) {  // (-(BIAS_LO + z), -(BIAS_HI + z))
-    return (unsigned)bits16_rn<T>(-(WgDq<T>::BIAS_LO + (float)z)) | ((unsigned)bits16_rn<T>(-(WgDq<T>::BIAS_HI + (float)z)) << 16);
-}
+// The multiplier pairs (weight_mma.cuh frag_mul) read from constant memory, not as immediates: the
+// INT4 zero bias takes the FMA's immediate operand, and the 256-row build, short of registers, would
+// otherwise rebuild the multiplier in a register for every FMA. [fp16 row g, row g + 8, bf16, bf16]
+__constant__ unsigned wg_mul[4] = {frag_mul<__half>(0), frag_mul<__half>(1), frag_mul<__nv_bfloat16>(0), frag_mul<__nv_bfloat16>(1)};
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -241,7 +226,6 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     constexpr int ZC_TILE = 16 * HALVES;         // zero-code bytes a tile: up to BK / 32 groups of 8 bytes
     constexpr int SZ_STAGE = 8 * (SC_TILE + ZC_TILE);
     using H = HalfOps<T>;
-    using D = WgDq<T>;
     extern __shared__ uint4 wg_smem[];
     __shared__ int s_last;
     // the 128-byte swizzle is a function of address bits 4..9: the tiles start at a multiple of 1024
@@ -266,29 +250,34 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
     const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
     const unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
-    // Weights, prepared layout: row n's 64 bytes of chunk c at ((n / 16) nchunks + c) KB + 64 (n % 16).
-    // HALVES = 1: a stage is half a chunk, rows of 32 bytes in the slot; thread (wr, wc) copies
-    // 16-byte piece wc of row wr, and the source steps 32 and 992 bytes in turn.
-    // HALVES = 2: a stage is a whole chunk, 8 tiles of 1 KB; thread tid copies 16-byte pieces tid and
-    // tid + 256 of the block's 8 KB (a warp 512 contiguous bytes a copy), to row r's 64-byte slot row
-    // at piece p ^ ((r >> 1) & 3), so that the 8 rows a warp reads at once fall in distinct banks.
+    // Weights, prepared layout: tile n16 of 16 rows holds chunk c (128 k) at (n16 nchunks + c) KB in
+    // fragment order: the word of lane (g, t) for k16 step s is word t of piece (s % 2, 4 g + s / 2)
+    // (512 bytes a value of s % 2, 16 a piece). Warp w of the block multiplies tile w of its 8; a lane
+    // reads its word of each step (one 4-byte load). The pieces go to the slot swizzled so that the
+    // 32 lanes' words of a step fall in 32 distinct banks:
+    //   HALVES = 2 (a stage is a chunk, 1 KB a tile): piece (h, 4 g + j) at h 512 + 16 (4 g + (j ^ (g / 2 % 4)));
+    //     thread tid copies pieces tid and tid + 256 of the block's 8 KB (tiles tid / 64 and tid / 64 + 4).
+    //   HALVES = 1 (a stage is 64 k, the steps s = 4 hh + u of chunk half hh = stage % 2: pieces
+    //     (h, 4 g + 2 hh + j1), j1 = 0, 1; 512 bytes a tile): piece (h, 4 g + 2 hh + j1) at
+    //     h 256 + 16 (2 g + (j1 ^ (g / 4))); thread tid copies piece (h, g, j1) = (q / 16, q / 2 % 8, q % 2)
+    //     of tile tid / 32, q = tid % 32, and the source steps 32 bytes from half 0 to 1 and
+    //     1024 - 32 from half 1 to the next chunk.
     const unsigned char* w_next;
     unsigned w_dst[HALVES];
     bool w_ok[HALVES];
     int w_odd = (int)(it0 & 1);
     if constexpr (HALVES == 1) {
-        const int wr = tid >> 1, wc = tid & 1;
-        const i64 wn = n0 + wr;
-        w_ok[0] = wn < a.N;
-        w_next = wq + ((wn >> 4) * nchunks + (it0 >> 1)) * 1024 + (wn & 15) * 64 + (it0 & 1) * 32 + wc * 16;
-        w_dst[0] = sbase + A_BYTES + wr * 32 + wc * 16;
+        const int q = tid & 31, h = q >> 4, pg = (q >> 1) & 7, j1 = q & 1;
+        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
+        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + h * 512 + (4 * pg + 2 * (int)(it0 & 1) + j1) * 16;
+        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + h * 256 + (2 * pg + (j1 ^ (pg >> 2))) * 16;
     } else {
         w_next = wq + (((n0 >> 4) + (tid >> 6)) * nchunks + it0) * 1024 + (tid & 63) * 16;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            const int L = c * WG_THREADS + tid, j = L >> 6, r = (L & 63) >> 2, p = L & 3;
-            w_ok[c] = (n0 >> 4) + j < n16_total;
-            w_dst[c] = sbase + A_BYTES + (16 * j + r) * 64 + ((p ^ ((r >> 1) & 3)) << 4);
+            const int L = c * WG_THREADS + tid, p = L & 31, pg = p >> 2;
+            w_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
+            w_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
         }
     }
     const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
@@ -325,7 +314,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         }
         if constexpr (HALVES == 1) {
             cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
-            w_next += w_odd ? 1024 - WG_BK / 2 : WG_BK / 2;
+            w_next += w_odd ? 1024 - 32 : 32;
             w_odd ^= 1;
         } else {
             cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
@@ -344,9 +333,9 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
     const int nrow = (warp >> 2) * 64 + (warp & 3) * 16 + g;
-    const unsigned zb8 = zero_bias<T>(8u);  // INT4: z = 8
-    __shared__ unsigned zb_table[16];  // zero_bias of each zero code (uint4)
-    if (S == W_UINT4 && tid < 16) zb_table[tid] = zero_bias<T>((unsigned)tid);  // read after the first stage's barrier
+    const unsigned zb8[2] = {frag_zero_bias<T>(8u, 0), frag_zero_bias<T>(8u, 1)};  // INT4: z = 8
+    __shared__ unsigned zb_table[32];  // zero_bias of each zero code (uint4), rows g then g + 8
+    if (S == W_UINT4 && tid < 32) zb_table[tid] = frag_zero_bias<T>((unsigned)tid & 15u, tid >> 4);  // read after the first stage's barrier
     pdl_wait_then_release();  // no global access above this line
     float acc[ND];
 #pragma unroll
@@ -357,8 +346,6 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         if (s < niter) load_stage(s);
         cp_async_commit();
     }
-    // prmt selector: byte t of the word to byte 0, byte t of the (shifted) word to byte 2
-    const unsigned sel = (unsigned)t | ((4u + (unsigned)t) << 8);
     // B descriptor: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO
     // unused by swizzled K-major layouts (1 by convention)
     const unsigned long long desc_hi = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
@@ -369,22 +356,16 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // wgmma that reads it may be in flight: af[s] is rewritten 4 steps after it was last read, each
     // step a commit group, and the wait before the write leaves at most 3 groups in flight. ptxas
     // checks this too, and serializes every wgmma where it cannot prove it.
-    auto dq = [&](unsigned (&f)[4], const uint4 (&wv)[2][2], const unsigned (&sc)[2][2], const unsigned (&zc)[2][2], int s) {
-        const int h = s >> 1;
+    auto dq = [&](unsigned (&f)[4], unsigned word, const unsigned (&sc)[2][2], const unsigned (&zc)[2][2], int s) {
+        const int h = s >> 1;  // the 32-k group of step s within the half
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                // word 2 s + e of row r: k = 16 s + 8 e + {2t, 2t + 1} in byte t
-                const int wi = 2 * s + e;
-                const unsigned word = reinterpret_cast<const unsigned*>(&wv[r][wi >> 2])[wi & 3];
-                const unsigned x = lop3_and_or(__byte_perm(word, word >> D::SHIFT, sel), D::MASK, H::MAGIC);
-                const unsigned qz = H::fma2(x, wg_mul[sizeof(T) == 2 && D::SHIFT], zc[r][h]);  // q - z, exact
-                f[2 * e + r] = H::fma2(qz, sc[r][h], 0x80008000u);  // round(s (q - z))
-            }
+        for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
+            const unsigned x = frag_codes<T>(word, r);
+            const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_t<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
+            f[r] = H::fma2(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
+        }
     };
     const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
-    const int wswz = (nrow >> 1) & 3;   // HALVES = 2: the slot's piece swizzle of this thread's rows
     int slot = 0, ld_slot = STAGES - 2;  // the slot of stage i, and of stage i + STAGES - 2
     unsigned af[4][4];                    // the A fragments of the last four k16 steps
     auto stage = [&](int i) {
@@ -396,14 +377,13 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
 #pragma unroll
         for (int hh = 0; hh < HALVES; ++hh) {
-            uint4 wv[2][2];
+            unsigned wv[4];  // this lane's words of the half's four k16 steps s = 4 hh + u (HALVES = 1: hh = i % 2)
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int off = HALVES == 1 ? (nrow + 8 * r) * 32 + c * 16 : (nrow + 8 * r) * 64 + (((2 * hh + c) ^ wswz) << 4);
-                    wv[r][c] = *reinterpret_cast<const uint4*>(st + A_BYTES + off);
-                }
+            for (int u = 0; u < 4; ++u) {
+                const int off = HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
+                                            : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
+                wv[u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
+            }
             unsigned sc[2][2], zc[2][2];
 #pragma unroll
             for (int h = 0; h < 2; ++h)
@@ -413,15 +393,15 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                     sc[r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
                     if constexpr (S == W_UINT4) {
                         const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
-                        zc[r][h] = zb_table[(zbyte >> (4 * (row & 1))) & 15u];
+                        zc[r][h] = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
                     } else {
-                        zc[r][h] = zb8;
+                        zc[r][h] = zb8[r];
                     }
                 }
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 wg_wait<3>();  // four groups back, the last reader of af[s], is done
-                dq(af[s], wv, sc, zc, s);
+                dq(af[s], wv[s], sc, zc, s);
                 wg_fence();
                 Wgmma<T, BMA>::mma(acc, af[s], desc + hh * (A_ATOM >> 4) + 2 * s);  // + 32 bytes of K per k16 step
                 wg_commit();

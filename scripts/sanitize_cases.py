@@ -315,7 +315,8 @@ def run_weight(run: Run):
             # the prepared layout (bytes against the reference) for the single calls; the batched
             # ones below pass the plain weight, which matmul converts itself
             qp = run.op(cq.prepare_weight(qw))
-            pd, ps, pz = ref.prepare_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get())
+            pd, ps, pz = ref.prepare_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
+                                            scheme=scheme)
             run.same(f"prepared data {scheme} G={G} K={K}", qp.data, pd)
             run.same(f"prepared scales {scheme} G={G} K={K}", qp.scales, ps)
             if pz is not None:

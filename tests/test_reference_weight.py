@@ -255,13 +255,13 @@ def test_errors(case):
 
 # ---------------------------------------------------------------- the prepared layout
 def test_prepare_weight_hand_worked():
-    """N = 17 rows, K = 256 INT4 (128 bytes per row: 2 chunks), 2 groups of 128: two tiles (the
-    second padded with 15 zero rows). Byte b of row n lands at [n // 16, b // 64, n % 16, b % 64]."""
+    """FP8: N = 17 rows, K = 128 (2 chunks of 64 bytes), 2 groups of 64: two tiles (the second
+    padded with 15 zero rows). Byte b of row n lands at [n // 16, b // 64, n % 16, b % 64]."""
     N, B = 17, 128
     data = (np.arange(N * B) % 251 + 1).astype(np.uint8).reshape(N, B)  # no zero byte
     scales = (np.arange(N * 2) + 1).astype(np.float16).reshape(N, 2)
     zc = np.arange(N * 2).astype(np.uint8).reshape(N, 2) % 16
-    d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc))
+    d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc), scheme="float8_e4m3fn")
     assert d.shape == (2, 2, 16, 64) and s.shape == (2, 2, 16) and z.shape == (2, 2, 8)
     assert d[0, 0, 0, 0] == data[0, 0] and d[0, 1, 0, 0] == data[0, 64] and d[0, 0, 1, 0] == data[1, 0]
     assert d[1, 1, 0, 6] == data[16, 70] and d[0, 1, 15, 63] == data[15, 127]
@@ -273,23 +273,62 @@ def test_prepare_weight_hand_worked():
     assert z[1, 0, 0] == zc[16, 0] and not z[1, :, 1:].any()
 
 
+def test_prepare_weight_int4_hand_worked():
+    """INT4 fragment order, worked by hand. Codes q[n, k] = (n + k) % 16 for N = 17, K = 256.
+    With k % 128 = 16 s + 8 kb + 2 t + e, byte [T, k // 128, s % 2, 4 g + s // 2, 4 t + kb + 2 e]
+    holds rows 16 T + g (low nibble) and 16 T + g + 8 (high)."""
+    N, K = 17, 256
+    n, k = np.indices((N, K))
+    q = ((n + k) % 16).astype(np.uint8)
+    d, s, z = ref.prepare_weight(ref.pack_fp4(q), np.ones((N, 2), np.float16), scheme="int4")
+    assert d.shape == (2, 2, 2, 32, 16) and z is None
+    # piece 0, word 0 (lane (0, 0), step 0 of chunk 0): rows 0 / 8 at k = 0, 8, 1, 9 in bytes 0..3
+    assert list(d[0, 0, 0, 0, :4]) == [0 | 8 << 4, 8 | 0 << 4, 1 | 9 << 4, 9 | 1 << 4]
+    # step s = 3 (s % 2 = 1, s // 2 = 1), lane (g = 3, t = 2): piece 4 * 3 + 1 = 13, word 2; byte 3 (kb = 1,
+    # e = 1): k = 48 + 8 + 4 + 1 = 61
+    assert d[0, 0, 1, 13, 11] == ((3 + 61) % 16) | (((11 + 61) % 16) << 4)
+    # chunk 1, step 6 (s % 2 = 0, s // 2 = 3), lane (g = 1, t = 1): piece 7, word 1; byte 0: k = 128 + 96 + 2 = 226
+    assert d[0, 1, 0, 7, 4] == ((1 + 226) % 16) | (((9 + 226) % 16) << 4)
+    # tile 1: only row 16 (g = 0: the low nibbles of pieces 0..3); the high nibbles and pieces 4.. are padding
+    assert d[1, 0, 0, 1, 0] == (16 + 32) % 16 and not (d[1] >> 4).any() and not d[1, :, :, 4:].any()
+    # pieces 4 g + j of both halves hold rows g and g + 8 at k = 32 j .. 32 j + 31 (g = 2, j = 3)
+    got = np.sort(np.concatenate([d[0, 0, 0, 11], d[0, 0, 1, 11]]))
+    want = np.sort(ref.pack_fp4(np.stack([q[2, 96:128], q[10, 96:128]], axis=-1)).reshape(-1))
+    np.testing.assert_array_equal(got, want)
+    # the 32-bit word of lane (0, 0), step 0: nibble j is register j % 4 (rows 0, 8, 0, 8; k 0, 0, 8, 8), half j // 4 (k + 1)
+    word = int(d[0, 0, 0, 0, :4].view("<u4")[0])
+    assert [(word >> (4 * j)) & 15 for j in range(8)] == [q[0, 0], q[8, 0], q[0, 8], q[8, 8], q[0, 1], q[8, 1], q[0, 9], q[8, 9]]
+
+
 @pytest.mark.parametrize("N,B,ng", [(1, 64, 1), (16, 64, 2), (33, 192, 3), (100, 256, 8)])
 def test_prepare_weight_is_the_tile_transpose(N, B, ng):
-    """The scatter of ref.prepare_weight against the reshape and transpose of the padded rows."""
+    """The scatter of ref.prepare_weight against the reshape and transpose of the padded rows (FP8:
+    tile-major rows; INT4: the fragment order as cupyquant.weight writes it, in NumPy)."""
     rng = np.random.default_rng(N * B)
     data = rng.integers(0, 256, (N, B), dtype=np.uint8)
     scales = rng.standard_normal((N, ng)).astype(BF16)
     zc = rng.integers(0, 16, (N, ng), dtype=np.uint8)
-    d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc))
     T = -(-N // 16)
     pad = lambda x: np.concatenate([x, np.zeros((16 * T - N,) + x.shape[1:], x.dtype)])
-    np.testing.assert_array_equal(d, pad(data).reshape(T, 16, B // 64, 64).transpose(0, 2, 1, 3))
-    np.testing.assert_array_equal(s.view(np.uint16), pad(scales).reshape(T, 16, ng).transpose(0, 2, 1).view(np.uint16))
-    tz = pad(zc).reshape(T, 16, ng).transpose(0, 2, 1)
-    np.testing.assert_array_equal(ref.unpack_fp4(z, 16), tz)
-    assert ref.prepare_weight(data, scales)[2] is None
+    for scheme in ("float8_e4m3fn", "uint4"):
+        d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc), scheme=scheme)
+        if scheme == "float8_e4m3fn":
+            np.testing.assert_array_equal(d, pad(data).reshape(T, 16, B // 64, 64).transpose(0, 2, 1, 3))
+        else:
+            codes = ref.unpack_fp4(pad(data), 2 * B).reshape(T, 2, 8, B // 64, 2, 2, 2, 2, 4, 2)
+            frag = codes.transpose(0, 3, 6, 2, 4, 5, 8, 9, 7, 1).reshape(T, B // 64, 2, 32, 32)
+            np.testing.assert_array_equal(d, ref.pack_fp4(frag))
+            # and back: the inverse transpose of cupyquant.weight._plain_of
+            back = ref.unpack_fp4(d, 32).reshape(T, B // 64, 2, 8, 2, 2, 4, 2, 2, 2).transpose(0, 9, 3, 1, 4, 5, 2, 8, 6, 7)
+            np.testing.assert_array_equal(ref.pack_fp4(back.reshape(16 * T, 2 * B))[:N], data)
+        np.testing.assert_array_equal(s.view(np.uint16), pad(scales).reshape(T, 16, ng).transpose(0, 2, 1).view(np.uint16))
+        tz = pad(zc).reshape(T, 16, ng).transpose(0, 2, 1)
+        np.testing.assert_array_equal(ref.unpack_fp4(z, 16), tz)
+        assert ref.prepare_weight(data, scales, scheme=scheme)[2] is None
 
 
 def test_prepare_weight_rejects_partial_chunks():
     with pytest.raises(ValueError, match="multiple of 64"):
-        ref.prepare_weight(np.zeros((4, 96), np.uint8), np.zeros((4, 1), np.float16))
+        ref.prepare_weight(np.zeros((4, 96), np.uint8), np.zeros((4, 1), np.float16), scheme="int4")
+    with pytest.raises(ValueError, match="scheme"):
+        ref.prepare_weight(np.zeros((4, 64), np.uint8), np.zeros((4, 1), np.float16), scheme="int8")

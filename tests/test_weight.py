@@ -157,7 +157,7 @@ def test_prepare_weight_bit_exact(w_dtype, scheme, sym, group_size):
         wh = _weights((N, K), _seed("prep", N, K, scheme, group_size), w_dtype)
         qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
         d, s, z = ref.prepare_weight(cupy.asnumpy(qw.data), cupy.asnumpy(qw.scales),
-                                     None if qw.zeros is None else cupy.asnumpy(qw.zeros))
+                                     None if qw.zeros is None else cupy.asnumpy(qw.zeros), scheme=scheme)
         cupy.get_default_memory_pool().free_all_blocks()
         poisoned((1 << 20,), np.uint8)  # freed at once: the prepared arrays likely reuse bytes of 0xff
         qp = cq.prepare_weight(qw)
@@ -195,7 +195,7 @@ def test_prepare_weight_errors():
     qp = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((20, 256), 22, dtype)), "uint4", group_size=64))
     a = cupy.ones((2, 256), dtype)
     bad = cq.QuantizedWeight(qp.data[:1], qp.scales, qp.zeros, "uint4", 64, (20, 256), dtype, layout="prepared")
-    with pytest.raises(ValueError, match=r"w\.data must be uint8 of shape \(2, 2, 16, 64\)"):
+    with pytest.raises(ValueError, match=r"w\.data must be uint8 of shape \(2, 2, 2, 32, 16\)"):
         cq.matmul(a, bad)
     bad = cq.QuantizedWeight(qp.data, qp.scales, cupy.ascontiguousarray(qp.zeros[:, :2]), "uint4", 64, (20, 256), dtype,
                              layout="prepared")
