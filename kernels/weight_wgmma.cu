@@ -24,8 +24,8 @@
 // Dequantization. Lane (g, t) of warp q of a warpgroup holds, per k16 step s, the A fragment of
 // rows 16 q + g and 16 q + g + 8 at k = 16 s + {2t, 2t + 1, 2t + 8, 2t + 9}. The prepared layout
 // stores exactly these 8 codes as the lane's 32-bit word of step s (fragment order: weight.py
-// prepare_weight), four steps to a 16-byte piece, so a lane reads only its own bytes, one 16-byte
-// shared load per 64 k, and turns a word into its four registers with one shift and four lop3
+// prepare_weight; a 16-byte piece holds the words of one step of four lanes), so a lane reads only
+// its own bytes, one 4-byte shared load a step, and turns a word into its four registers with one shift and four lop3
 // (fp16) or three shifts and four lop3 (bf16) that OR in the magic exponent (1024 + q or
 // 1024 + 16 q; 128 + q); one FMA with the multiplier and the zero bias gives q - z exactly, and a
 // second multiplies by the group's scale: round(s * (q - z)) in a's dtype, bit-identical to
