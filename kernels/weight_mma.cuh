@@ -16,23 +16,19 @@ template <class A> struct same_t<A, A> { static constexpr bool value = true; };
 template <typename T> struct HalfOps;
 template <> struct HalfOps<__half> {
     static constexpr unsigned MAGIC = 0x64006400u;  // 1024.0 in each half
-    static constexpr unsigned BIAS = 0x6400u;
     static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
         unsigned d;
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
-    static constexpr unsigned ONE = 0x3c003c00u;
 };
 template <> struct HalfOps<__nv_bfloat16> {
     static constexpr unsigned MAGIC = 0x43004300u;  // 128.0 in each half
-    static constexpr unsigned BIAS = 0x4300u;
     static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
         unsigned d;
         asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
-    static constexpr unsigned ONE = 0x3f803f80u;
 };
 
 __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsigned magic) {
