@@ -53,13 +53,15 @@ def _mm_rows(two: bool) -> int:
 # weight.cu MM_STAGES: weight chunks in flight per warp. Measured on the H100 (M = 1, bf16, INT4
 # g128): 2 stages beat 3, 4, 6 and 8 on every benchmark shape (4096^2: 6.2 us with 2, 6.9 with 4,
 # 7.4 with 6; 8192 x 28672: 48 us with 2, 53 with 4, 59 with 6); asking for a minimal shared-memory
-# carveout (more L1) instead made no difference.
+# carveout (more L1) instead made no difference. Re-measured in session 16 (fragment order, every
+# configuration of _DECODE_CONFIGS forced): 3 and 4 stages 1-20% slower on every shape and
+# configuration (4096^2 M = 1 16-warp blocks 5.34 us with 2, 6.43 with 3, 6.28 with 4).
 _MM_STAGES = 2
 
 
 def _mm_warps(cfg: int) -> int:
     """Warps per decode block: weight.cu's mm_warps(CFG)."""
-    return 16 if cfg == _jit.MATMUL_WIDE else 8
+    return 16 if cfg in (_jit.MATMUL_WIDE, _jit.MATMUL_TWO_WIDE) else 4 if cfg in (_jit.MATMUL_NARROW, _jit.MATMUL_TWO_NARROW) else 8
 
 
 def _mm_smem(two: bool, warps: int = 8) -> int:
@@ -682,29 +684,64 @@ def _gshift(w) -> int:
     return 62 if w.group_size is None else int(w.group_size).bit_length() - 1
 
 
-def _decode_config(blocks: int, sms: int, nchunks: int) -> int:
-    """The M <= 8 decode kernel for ``blocks`` blocks of 16 weight rows whose K is ``nchunks``
-    chunks (weight.cu's CHUNK: 128 INT4 or 64 FP8 elements).
+# The decode kernel's configurations (weight.cu CFG): (warps per block, blocks per SM that its
+# register budget allows), for M <= 8 (16 weight rows a block) and for M tiles of 16 rows (32).
+_DECODE_CONFIGS = {
+    False: {_jit.MATMUL_DEC3: (8, 3), _jit.MATMUL_DEC4: (8, 4), _jit.MATMUL_WIDE: (16, 2), _jit.MATMUL_NARROW: (4, 8)},
+    True: {_jit.MATMUL_TWO: (8, 2), _jit.MATMUL_TWO_NARROW: (4, 4), _jit.MATMUL_TWO_WIDE: (16, 1)},
+}
+# The decode kernel's time model (_decode_config): below _DECODE_INFLIGHT_KB of weights in flight per
+# SM a round of chunks takes one memory latency, above it time grows with the bytes (the memory's
+# rate); a block costs _DECODE_BLOCK_CHUNKS chunks more than its own (first load, the K reduction).
+# Each warp keeps one chunk in flight (1 KB per 16 rows, MM_STAGES = 2); 132 SMs x 20 KB = 2.6 MB is
+# about 0.9 us of an H100's 3 TB/s.
+_DECODE_INFLIGHT_KB = 20
+_DECODE_BLOCK_CHUNKS = 1.0
 
-    At most two blocks per SM (N = 4096 on an H100): blocks of 16 warps, so that an SM has 32 warps
-    at work, when each warp still gets 4 chunks or more (measured, M = 1: FP8 4096 x 4096 9.41 ->
-    8.55 us, 4096 x 14336 27.2 -> 23.7; INT4 4096 x 14336 15.5 -> 14.8, but INT4 4096 x 4096,
-    2 chunks a warp, 6.19 -> 6.96, so it keeps blocks of 8).
 
-    Otherwise 3 blocks of 8 warps per SM (80 registers), or 4 (64 registers) when that fills the last
-    wave of blocks much better. A block is 16 weight rows by all of K, long
-    enough that a mostly idle last wave costs most of a block's time. Measured on the H100 (M = 1):
-    8192 x 28672 is 512 blocks, 1.3 waves of 3 per SM (63.3 us) but 0.97 of 4 (48.4 us); 14336 x
-    4096 is 896 blocks, 2.26 waves of 3 (16.4 us) or 1.70 of 4 (16.2 us), and 4096 x 14336 (256
-    blocks) takes 15.4 us with 3 and 16.1 with 4: a fuller wave of 4 pays for the smaller register
-    budget only when the difference is large, hence the margin."""
-    if blocks <= 2 * sms and nchunks >= 64:
-        return _jit.MATMUL_WIDE
+def _decode_estimate(cfg: int, blocks: int, sms: int, nchunks: int, two: bool) -> float:
+    """The decode kernel's time for ``blocks`` blocks in configuration ``cfg``, in units of one round
+    at _DECODE_INFLIGHT_KB: the blocks run in waves of (blocks per SM x SMs), each wave as long as
+    a warp's chunks (plus _DECODE_BLOCK_CHUNKS) times its round, max(1, KB in flight / 20)."""
+    warps, per_sm = _DECODE_CONFIGS[bool(two)][cfg]
+    slots = per_sm * sms
+    per_warp = -(-nchunks // warps) + _DECODE_BLOCK_CHUNKS
+    kb = (2 if two else 1) * min(warps, nchunks)  # per block: warps past the chunks stream nothing
+    total, left = 0.0, blocks
+    while left > 0:
+        wave = min(slots, left)
+        left -= wave
+        total += per_warp * max(1.0, wave / sms * kb / _DECODE_INFLIGHT_KB)
+    return total
 
-    def fill(per_sm):
-        waves = blocks / (per_sm * sms)
-        return waves / math.ceil(waves)
-    return _jit.MATMUL_DEC4 if fill(4) > fill(3) + 0.2 else _jit.MATMUL_DEC3
+
+def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False) -> int:
+    """The decode kernel's configuration for a grid of ``blocks`` blocks (16 weight rows each, or 32
+    with ``two``: M tiles of 16 rows, times the M tiles) whose K is ``nchunks`` chunks (weight.cu's
+    CHUNK: 128 INT4 or 64 FP8 elements): the least _decode_estimate (ties to the first listed in
+    _DECODE_CONFIGS).
+
+    The model's two numbers (20 KB, 1 chunk) were fitted to the fastest configuration of 20 shapes
+    x {INT4, FP8} x M = {1, 16} on the H100 (session 16, bf16, INT4 g128, FP8 per channel, all
+    configurations forced in turn); its picks are within 5% of the fastest on all 80 and within 2%
+    on 75 (20 to 24 KB with 0.75 to 1 chunk do as well; 16 KB or 0.5 chunk miss by up to 39%). A
+    few of the measurements (us; D3 / D4 / WI / NA: blocks of 8 warps 3 or 4 per SM, 16 warps, 4
+    warps; TW / TN / TX: M tiles of 16 rows, blocks of 8, 4, 16 warps; * the pick):
+      N x K         INT4 M=1: D3     D4      WI      NA        M=16: TW      TN      TX
+      4096x4096               5.53   5.19    5.37*   6.54            7.54    8.97    7.45*
+      14336x4096              15.42  13.95   16.53   12.80*          19.54   18.02*  24.79
+      4096x14336              14.34  13.91   12.79*  19.13           18.77   26.67   17.16*
+      28672x8192              47.67  47.46   48.21   45.22*          64.12   61.69*  71.14
+      8192x28672              58.34  44.69*  45.08   50.20           52.66*  63.20   60.22
+      5120x5120               6.90*  7.66    9.42    8.25            11.71*  12.77   14.28
+      3072x4096               4.62   4.72    4.84*   6.18            6.93    8.55    7.08*
+      22016x4096              21.44  20.65*  22.95   20.90           29.16*  32.40   37.27
+    FP8 4096x14336 M = 16: TW 33.05, TX 24.00*. The misses past 2%, INT4: 3072 x 4096 M = 1 (+4.8%),
+    18432 x 2048 M = 1 (D3 10.67, NA 10.27), 4096 x 4096 M = 1 (+3.5%: D4, D3's blocks in a smaller
+    register budget, is faster; the model sees waves and bytes in flight, not how ptxas schedules
+    the loop), 3072 x 4096 M = 16 (+2.2%); FP8 28672 x 8192 M = 16 (TN 94.03, TX 91.25)."""
+    configs = _DECODE_CONFIGS[bool(two)]
+    return min(configs, key=lambda cfg: _decode_estimate(cfg, blocks, sms, nchunks, two))
 
 
 def _run(k, grid, block, args, smem, pdl, cluster=None):
@@ -728,7 +765,8 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl):
         mrows = min(rows_per_launch, M - m0)
         args["M"] = mrows
         two = mrows > 8
-        cfg = _jit.MATMUL_TWO if two else _decode_config(-(-N // _mm_rows(False)), _sms(device), K // _CHUNK[w.scheme])
+        blocks = -(-N // _mm_rows(two)) * -(-mrows // _MM_M)
+        cfg = _decode_config(blocks, _sms(device), K // _CHUNK[w.scheme], two)
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
         warps = _mm_warps(cfg)
         smem = _mm_smem(two, warps)

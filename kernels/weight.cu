@@ -181,13 +181,24 @@ static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ri
 // (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
 // and M tiles of 16 rows (TWO), 2 blocks per SM.
 // MM_WIDE (M <= 8, few blocks: N up to 32 x the SM count) gives a block 16 warps instead of 8, so
-// that the K split is twice as fine and an SM holding two blocks has 32 warps in flight.
+// that the K split is twice as fine and an SM holding two blocks has 32 warps in flight. The wrapper
+// picks the configuration by waves and bytes in flight (weight.py _decode_config).
+// MM_NARROW and MM_TWO_NARROW give a block 4 warps (the K split half as fine, twice the blocks per
+// SM at the same register budgets as MM_DEC4 and MM_TWO), so that many short blocks fit in one wave;
+// MM_TWO_WIDE 16 warps (one block per SM), so that few blocks of 32 rows still have 32 KB in flight.
 #define MM_DEC3 0
 #define MM_DEC4 1
 #define MM_TWO 2
 #define MM_WIDE 3
-__host__ __device__ constexpr int mm_min_blocks(int cfg) { return cfg == MM_DEC4 ? 4 : cfg == MM_DEC3 ? 3 : 2; }
-__host__ __device__ constexpr int mm_warps(int cfg) { return cfg == MM_WIDE ? 16 : MM_WARPS; }
+#define MM_NARROW 4
+#define MM_TWO_NARROW 5
+#define MM_TWO_WIDE 6
+__host__ __device__ constexpr int mm_min_blocks(int cfg) {
+    return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE ? 1 : 2;
+}
+__host__ __device__ constexpr int mm_warps(int cfg) {
+    return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW ? 4 : MM_WARPS;
+}
 // dynamic shared bytes: the 8 warps' rings of MM_STAGES x RT KB (16 KB, 32 KB with TWO)
 __host__ __device__ constexpr int mm_smem_bytes(bool two) { return MM_WARPS * MM_STAGES * 1024 * mm_row_tiles(two); }
 
@@ -237,7 +248,7 @@ template <typename T, int S, int CFG, bool POST>
 __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                          const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                                          T* __restrict__ y, MatmulArgs a) {
-    constexpr bool TWO = CFG == MM_TWO;
+    constexpr bool TWO = CFG == MM_TWO || CFG == MM_TWO_NARROW || CFG == MM_TWO_WIDE;
     constexpr bool FP8 = S == W_FP8;
     constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
     constexpr int CHUNK = 4 * VALS;      // k per chunk

@@ -328,6 +328,8 @@ def run_weight(run: Run):
                 exact = ah.astype(np.float64) @ deq.T
                 err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
                 run.within(f"matmul {scheme} G={G} K={K} {dt.name} M={M}", err, TOL[dt])
+            if dt == BF16 and K >= 320:  # every decode configuration, forced (matmul picks one by waves)
+                _decode_configs(run, qp, deq, dt, rng, f"{scheme} G={G} K={K}")
             ah = rng.standard_normal((2, 3, K)).astype(np.float32).astype(dt)
             for vname, a in (("batched", cupy.asarray(ah)), ("strided", strided_rows(ah.reshape(6, K), 5).reshape(2, 3, K)),
                              ("offset", offset_copy(ah))):
@@ -338,6 +340,28 @@ def run_weight(run: Run):
             run.same(f"matmul M=0 {scheme}", run.op(cq.matmul(cupy.asarray(ah[:0]), qw)), np.zeros((0, 3, N), dt))
             if scheme != "float8_e4m3fn" and cupy.cuda.Device().compute_capability in cqw._WGMMA_ARCHS:
                 _wgmma_edges(run, qw, deq, dt, rng)
+
+
+def _decode_configs(run, qp, deq, dt, rng, tag):
+    """The decode kernel in each of its configurations (blocks of 4, 8 or 16 warps; M tiles of 8 or
+    16 rows), whichever weight.py _decode_config would pick for this shape."""
+    N, K = qp.shape
+    pick = cqw._decode_config
+    path = cqw.FORCE_PATH
+    try:
+        cqw.FORCE_PATH = "decode"
+        for cfg in cqw._jit.MATMUL_CONFIGS:
+            two = cfg in cqw._DECODE_CONFIGS[True]  # the kernels of M tiles of 16 rows
+            cqw._decode_config = lambda tiles, sms, nchunks, two=False, cfg=cfg: cfg
+            M = 13 if two else 3
+            ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+            y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
+            exact = ah.astype(np.float64) @ deq.T
+            err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+            run.within(f"matmul decode config {cfg} {tag} M={M}", err, TOL[dt])
+    finally:
+        cqw._decode_config = pick
+        cqw.FORCE_PATH = path
 
 
 def _wgmma_edges(run, qw, deq, dt, rng):

@@ -87,19 +87,43 @@ def test_magic_division_for_col_scale_rows():
 
 
 def test_decode_config_fills_waves():
-    """The M <= 8 decode kernel takes 4 blocks per SM only where that fills the last wave much
-    better (132 SMs: N = 8192 is 512 blocks of 16 rows, 1.3 waves of 3 per SM but 0.97 of 4;
-    N = 14336, 2.26 waves of 3 against 1.70 of 4, stays with 3); at most two blocks per SM (N <= 4224)
-    take blocks of 16 warps if K is at least 64 chunks."""
+    """The decode kernel's configuration (weight.py _decode_config): the least of a model in which
+    blocks run in waves, each as long as a warp's chunks plus one, at one round per chunk up to
+    20 KB in flight per SM and longer beyond. On the H100's 132 SMs these are the configurations
+    that session 16 measured fastest (but 4096 x 4096 and 3072 x 4096 at M <= 8, 3.5% and 4.8%
+    slower than the best)."""
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    pick = {n: cqw._decode_config(-(-n // 16), 132, 64) for n in (256, 4096, 4225, 8192, 11008, 14336, 28672)}
-    assert pick == {256: _jit.MATMUL_WIDE, 4096: _jit.MATMUL_WIDE, 4225: _jit.MATMUL_DEC3, 8192: _jit.MATMUL_DEC4,
-                    11008: _jit.MATMUL_DEC3, 14336: _jit.MATMUL_DEC3, 28672: _jit.MATMUL_DEC3}
-    assert cqw._mm_warps(_jit.MATMUL_WIDE) == 16 and cqw._mm_smem(False, 16) == 32 * 1024
-    # blocks of 16 warps only when each warp still gets 4 chunks of K (INT4 K = 4096 is 32 chunks)
-    assert cqw._decode_config(256, 132, 32) == _jit.MATMUL_DEC3
+    D3, D4, WI, NA, TW, TN, TX = (_jit.MATMUL_DEC3, _jit.MATMUL_DEC4, _jit.MATMUL_WIDE, _jit.MATMUL_NARROW,
+                                  _jit.MATMUL_TWO, _jit.MATMUL_TWO_NARROW, _jit.MATMUL_TWO_WIDE)
+    expect = {  # (N, K): (M <= 8, M tiles of 16 rows)
+        (4096, 4096): (WI, TX), (14336, 4096): (NA, TN), (4096, 14336): (WI, TX), (28672, 8192): (NA, TN),
+        (8192, 28672): (D4, TW), (11008, 4096): (NA, TN), (4096, 11008): (WI, TX), (2048, 4096): (WI, TX),
+        (5120, 5120): (D3, TW), (22016, 4096): (D4, TW), (6144, 4096): (D3, TW), (16384, 4096): (NA, TN),
+    }
+    for (N, K), want in expect.items():
+        for chunk in (128, 64):  # INT4 and FP8 chunks of K: the same picks
+            got = tuple(cqw._decode_config(-(-N // cqw._mm_rows(two)), 132, K // chunk, two) for two in (False, True))
+            assert got == want, (N, K, chunk)
+    # 896 blocks of 16 rows, 32 chunks: D4 is two waves of 4 + 1 chunks, 528 blocks (4 x 8 warps a
+    # SM: 32 KB in flight, 1.6 rounds a chunk) then 368 (22.3 KB); NA one wave of 8 + 1 at 27.2 KB
+    assert cqw._decode_estimate(D4, 896, 132, 32, False) == pytest.approx((4 + 1) * (1.6 + 368 / 132 * 8 / 20))
+    assert cqw._decode_estimate(NA, 896, 132, 32, False) == pytest.approx((8 + 1) * (896 / 132 * 4 / 20))
+    assert cqw._decode_config(896, 132, 32) == NA
+    # 5120 rows: 320 blocks are one wave of 3 x 8 warps under 20 KB (5 + 1 chunks at one round),
+    # but 1.2 waves of 2 x 16 warps (2 x (3 + 1) rounds, the first 1.6 times longer)
+    assert cqw._decode_config(320, 132, 40) == D3
+    # 128 blocks: every configuration is one wave under 20 KB, so the fewest chunks a warp wins
+    assert cqw._decode_config(128, 132, 32) == WI
+    # warps past the number of chunks stream nothing: with K = 256 (2 chunks) each warp has 1 chunk
+    # in every configuration, and the tie keeps the first listed
+    assert cqw._decode_config(256, 132, 2) == D3
+    # half the SMs: 896 blocks are 4.5 / 3.4 / 6.8 / 1.7 waves of D3 / D4 / WI / NA
+    assert cqw._decode_config(896, 66, 32) == NA
+    assert cqw._mm_warps(WI) == 16 and cqw._mm_smem(False, 16) == 32 * 1024
+    assert cqw._mm_warps(NA) == 4 and cqw._mm_smem(False, 4) == 8 * 1024
+    assert cqw._mm_warps(TN) == 4 and cqw._mm_smem(True, 4) == 16 * 1024
     assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
     assert cqw._mm_smem(False) == 16 * 1024 and cqw._mm_smem(True) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
 

@@ -576,26 +576,63 @@ def test_matmul_batched_strided_and_out(scheme, sym):
     assert cq.matmul(a[:0], qw).shape == (0, 3, N)
 
 
+def test_decode_launches_the_configuration_it_picks(monkeypatch):
+    """matmul launches the decode kernel in the configuration _decode_config names for the device's
+    SM count (blocks of 4, 8 or 16 warps), with that many threads."""
+    from cupyquant import _jit
+
+    picked, launched = [], []
+    pick, run, kernel = cqw._decode_config, cqw._run, _jit.kernel
+    monkeypatch.setattr(cqw, "_decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
+    monkeypatch.setattr(_jit, "kernel", lambda *a: launched.append(a[2:]) or kernel(*a))  # (name, *template args)
+    monkeypatch.setattr(cqw, "_run", lambda k, grid, block, *rest, **kw: launched.append(block) or run(k, grid, block, *rest, **kw))
+    dtype = ml_dtypes.bfloat16
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    seen = set()
+    for N, K in ((16 * sms, 4096), (16 * 8 * sms, 1024), (5000, 2048)):
+        qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((N, K), 3, dtype, outliers=False)), "int4", group_size=128))
+        for M in (1, 16):
+            picked.clear(), launched.clear()
+            a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
+            y = cq.matmul(a, qw)
+            calls = list(launched)  # the kernel lookups and the launch of this matmul alone
+            assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8)
+            assert picked == [want]
+            assert len(calls) == 2 and calls[0][0] == "w4a16_matmul" and calls[0][3] == want, (N, M, calls)
+            assert calls[1] == (32 * cqw._mm_warps(want),), (N, M, calls)
+            seen.add(want)
+    # whatever the SM count, N = 16 x SMs with K = 4096 takes blocks of 16 warps (one block of 16
+    # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM)
+    assert {cqw._mm_warps(c) for c in seen} >= {4, 16}, seen
+
+
 @pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
 def test_decode_configs_agree(monkeypatch, scheme, sym):
-    """The M <= 8 decode kernel comes in two register budgets (3 or 4 blocks per SM), picked by how
-    well the blocks fill the last wave; both compute the same sums in the same order, so they must
-    give the same bits (and odd N exercises the clamped tail rows in each). Blocks of 16 warps (few
-    blocks) split K 16 ways and are held to the error bound."""
+    """The decode kernel's configurations, each forced in turn (weight.py _decode_config picks one by
+    waves): at M <= 8 blocks of 8 warps in two register budgets (3 or 4 blocks per SM), which compute
+    the same sums in the same order and must give the same bits, and blocks of 16 and 4 warps, which
+    split K 16 and 4 ways; at M > 8 (M tiles of 16 rows) blocks of 8, 4 and 16 warps. Odd N exercises
+    the clamped tail rows, and K = 1024 (8 chunks) leaves half of a 16-warp block idle. Every
+    configuration is held to the error bound."""
+    from cupyquant import _jit
+
     dtype = ml_dtypes.bfloat16
     N, K = 1000, 1024
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 14, dtype, outliers=False)), scheme, group_size=64, symmetric=sym)
     got = {}
-    for cfg in (cqw._jit.MATMUL_DEC3, cqw._jit.MATMUL_DEC4, cqw._jit.MATMUL_WIDE):
-        monkeypatch.setattr(cqw, "_decode_config", lambda blocks, sms, nchunks, cfg=cfg: cfg)
-        for M in (1, 5, 8):
+    for cfg, ms in ((_jit.MATMUL_DEC3, (1, 5, 8)), (_jit.MATMUL_DEC4, (1, 5, 8)), (_jit.MATMUL_WIDE, (1, 5, 8)),
+                    (_jit.MATMUL_NARROW, (1, 5, 8)), (_jit.MATMUL_TWO, (9, 16)), (_jit.MATMUL_TWO_NARROW, (9, 16)),
+                    (_jit.MATMUL_TWO_WIDE, (9, 16))):
+        monkeypatch.setattr(cqw, "_decode_config", lambda tiles, sms, nchunks, two=False, cfg=cfg: cfg)
+        for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
             out = poisoned((M, N), dtype)
             cq.matmul(a, qw, out=out)
             assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)], (cfg, M)
-            got.setdefault(M, []).append(cupy.asnumpy(out))
-    for M, (y3, y4, _) in got.items():  # blocks of 16 warps split K differently: only the bound above
-        assert_bits_equal(cupy.asarray(y4), y3, f"M={M}: 4 blocks per SM vs 3")
+            got.setdefault((cfg, M), cupy.asnumpy(out))
+    for M in (1, 5, 8):
+        assert_bits_equal(cupy.asarray(got[_jit.MATMUL_DEC4, M]), got[_jit.MATMUL_DEC3, M], f"M={M}: 4 blocks per SM vs 3")
 
 
 def test_weight_with_empty_k_is_rejected():
