@@ -724,9 +724,10 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False) -> in
     The model's two numbers (20 KB, 1 chunk) were fitted to the fastest configuration of 20 shapes
     x {INT4, FP8} x M = {1, 16} on the H100 (session 16, bf16, INT4 g128, FP8 per channel, all
     configurations forced in turn); its picks are within 5% of the fastest on all 80 and within 2%
-    on 75 (20 to 24 KB with 0.75 to 1 chunk do as well; 16 KB or 0.5 chunk miss by up to 39%). A
-    few of the measurements (us; D3 / D4 / WI / NA: blocks of 8 warps 3 or 4 per SM, 16 warps, 4
-    warps; TW / TN / TX: M tiles of 16 rows, blocks of 8, 4, 16 warps; * the pick):
+    on 75 (20 to 24 KB with 0.75 to 1 chunk do as well; 16 KB misses by up to 39%, half a chunk
+    by up to 12%). A few of the measurements (us; D3 / D4 / WI / NA: blocks of 8 warps 3 or 4 per
+    SM, 16 warps, 4 warps; TW / TN / TX: M tiles of 16 rows, blocks of 8, 4, 16 warps; * the pick;
+    the whole table in BENCHMARKS.md, session 16):
       N x K         INT4 M=1: D3     D4      WI      NA        M=16: TW      TN      TX
       4096x4096               5.53   5.19    5.37*   6.54            7.54    8.97    7.45*
       14336x4096              15.42  13.95   16.53   12.80*          19.54   18.02*  24.79
