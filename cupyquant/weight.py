@@ -45,9 +45,10 @@ _CHUNK = {"int4": 128, "uint4": 128, "float8_e4m3fn": 64}  # K per warp iteratio
 _MM_M = 16  # rows of a per block (one M tile: one or two mma B fragments)
 
 
-def _mm_rows(two: bool) -> int:
-    """Weight rows (output columns) per decode block: weight.cu's 16 x mm_row_tiles(TWO)."""
-    return 32 if two else 16
+def _mm_rows(two: bool, four: bool = False) -> int:
+    """Weight rows (output columns) per decode block: weight.cu's 16 x mm_row_tiles(CFG), 64 in
+    MM_FOUR."""
+    return 64 if four else 32 if two else 16
 
 
 # weight.cu MM_STAGES: weight chunks in flight per warp. Measured on the H100 (M = 1, bf16, INT4
@@ -61,13 +62,13 @@ _MM_STAGES = 2
 
 def _mm_warps(cfg: int) -> int:
     """Warps per decode block: weight.cu's mm_warps(CFG)."""
-    return 16 if cfg in (_jit.MATMUL_WIDE, _jit.MATMUL_TWO_WIDE) else 4 if cfg in (_jit.MATMUL_NARROW, _jit.MATMUL_TWO_NARROW) else 8
+    return {**_DECODE_CONFIGS[False], **_DECODE_CONFIGS[True], **_DECODE_FOUR}[cfg][0]
 
 
-def _mm_smem(two: bool, warps: int = 8) -> int:
+def _mm_smem(two: bool, warps: int = 8, four: bool = False) -> int:
     """Dynamic shared bytes of a decode block: the warps' rings of MM_STAGES chunks, each 16 bytes
-    per lane of the 2 x RT weight rows (1 KB per 16 rows): weight.cu's mm_smem_bytes(TWO) x warps / 8."""
-    return warps * _MM_STAGES * 1024 * (_mm_rows(two) // 16)
+    per lane of the 2 x RT weight rows (1 KB per 16 rows): weight.cu's mm_smem_bytes(CFG)."""
+    return warps * _MM_STAGES * 1024 * (_mm_rows(two, four) // 16)
 
 _MAX_GRID_Y = 65535
 _LAYOUTS = ("plain", "prepared")
@@ -690,6 +691,9 @@ _DECODE_CONFIGS = {
     False: {_jit.MATMUL_DEC3: (8, 3), _jit.MATMUL_DEC4: (8, 4), _jit.MATMUL_WIDE: (16, 2), _jit.MATMUL_NARROW: (4, 8)},
     True: {_jit.MATMUL_TWO: (8, 2), _jit.MATMUL_TWO_NARROW: (4, 4), _jit.MATMUL_TWO_WIDE: (16, 1)},
 }
+# MM_FOUR (M tiles of 16 rows, 64 weight rows a block): 4 warps, 2 blocks per SM. Not in the wave
+# model: _decode_config takes it for INT4 whenever its blocks outnumber the SMs (measured below).
+_DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2)}
 # The decode kernel's time model (_decode_config): below _DECODE_INFLIGHT_KB of weights in flight per
 # SM a round of chunks takes one memory latency, above it time grows with the bytes (the memory's
 # rate); a block costs _DECODE_BLOCK_CHUNKS chunks more than its own (first load, the K reduction).
@@ -715,11 +719,30 @@ def _decode_estimate(cfg: int, blocks: int, sms: int, nchunks: int, two: bool) -
     return total
 
 
-def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False) -> int:
+def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_blocks: int = 0) -> int:
     """The decode kernel's configuration for a grid of ``blocks`` blocks (16 weight rows each, or 32
     with ``two``: M tiles of 16 rows, times the M tiles) whose K is ``nchunks`` chunks (weight.cu's
-    CHUNK: 128 INT4 or 64 FP8 elements): the least _decode_estimate (ties to the first listed in
-    _DECODE_CONFIGS).
+    CHUNK: 128 INT4 or 64 FP8 elements): MM_FOUR when ``four_blocks`` (its blocks of 64 rows, times
+    the M tiles; 0 where it is not offered: FP8, M <= 8) outnumber the SMs, else the least
+    _decode_estimate (ties to the first listed in _DECODE_CONFIGS).
+
+    MM_FOUR halves the activation reads per weight byte against the blocks of 32 rows, for fewer
+    warps per SM (8: 32 KB of weights in flight) and coarser blocks. Measured on the H100 (session
+    17, bf16, INT4 g128, 20 shapes at M = 16 and 32, every configuration forced; FO = MM_FOUR): with
+    more blocks than SMs it was the fastest on all 19 such cases (within 0.1% on 18432 x 2048
+    M = 16), by 4-20% over the model's pick; with fewer it was slower than the model's pick on 20
+    of the 21 (by up to 1.8x; 4096 x 4096 M = 32 1.7% faster). A few (us; the model's pick first):
+      N x K, M          pick          FO      N x K, M           pick          FO
+      14336x4096, 16    TN 18.20      15.30   8192x8192, 16      TW 17.79      21.20 (128 blocks)
+      28672x8192, 16    TN 60.15      55.28   8192x28672, 16     TW 51.90      67.36 (128 blocks)
+      11008x4096, 16    TN 17.43      14.35   4096x14336, 16     TX 17.15      29.67 (64 blocks)
+      14336x4096, 32    TN 32.38      26.83   4096x4096, 32      TW 10.46      10.28 (128 blocks)
+      8192x28672, 32    TN 90.94      77.86   5120x5120, 32      TN 19.24      15.48
+    FP8 with MM_FOUR was 12-156% slower than the model's pick on all 20 shapes at M = 16 (not
+    analysed), so FP8 is not offered it. A block of 8 warps of 64
+    rows (one per SM, tried alongside) won only where its blocks numbered between half the SMs and
+    all of them, by 2-15% (4096 x 14336 M = 32 23.2 us against 26.8), and lost up to 26% elsewhere:
+    not shipped.
 
     The model's two numbers (20 KB, 1 chunk) were fitted to the fastest configuration of 20 shapes
     x {INT4, FP8} x M = {1, 16} on the H100 (session 16, bf16, INT4 g128, FP8 per channel, all
@@ -741,6 +764,8 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False) -> in
     18432 x 2048 M = 1 (D3 10.67, NA 10.27), 4096 x 4096 M = 1 (+3.5%: D4, D3's blocks in a smaller
     register budget, is faster; the model sees waves and bytes in flight, not how ptxas schedules
     the loop), 3072 x 4096 M = 16 (+2.2%); FP8 28672 x 8192 M = 16 (TN 94.03, TX 91.25)."""
+    if two and four_blocks > sms:
+        return _jit.MATMUL_FOUR
     configs = _DECODE_CONFIGS[bool(two)]
     return min(configs, key=lambda cfg: _decode_estimate(cfg, blocks, sms, nchunks, two))
 
@@ -766,15 +791,18 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl):
         mrows = min(rows_per_launch, M - m0)
         args["M"] = mrows
         two = mrows > 8
-        blocks = -(-N // _mm_rows(two)) * -(-mrows // _MM_M)
-        cfg = _decode_config(blocks, _sms(device), K // _CHUNK[w.scheme], two)
+        mtiles = -(-mrows // _MM_M)
+        four_blocks = -(-N // _mm_rows(two, True)) * mtiles if two and w.scheme != "float8_e4m3fn" else 0
+        cfg = _decode_config(-(-N // _mm_rows(two)) * mtiles, _sms(device), K // _CHUNK[w.scheme], two, four_blocks)
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
         warps = _mm_warps(cfg)
-        smem = _mm_smem(two, warps)
+        four = cfg == _jit.MATMUL_FOUR
+        rows = _mm_rows(two, four)
+        smem = _mm_smem(two, warps, four)
         if id(k) not in _decode_smem_set:  # past the 48 KiB default; the function keeps the
             k.max_dynamic_shared_size_bytes = smem  # attribute, so it is set once per kernel
             _decode_smem_set.add(id(k))
-        grid = (-(-N // _mm_rows(two)), -(-mrows // _MM_M))
+        grid = (-(-N // rows), -(-mrows // _MM_M))
         _run(k, grid, (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args), smem, pdl)
 
 

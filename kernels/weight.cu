@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 //
 // Tiling. A block of WARPS warps (8; 4 or 16 in the configurations below) owns RT 16-row tiles of
 // weights (RT = 1 for M <= 8, so that N = 4096 already gives 256 blocks; 2 with TWO, halving the
-// activation reads per weight byte) and one M tile of 16 rows; its warps split K (warp w takes K
+// activation reads per weight byte; 4 in MM_FOUR, halving them again) and one M tile of 16 rows; its warps split K (warp w takes K
 // chunks w, w + WARPS, ...) and add their partial sums through shared memory at the end. A K chunk
 // is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8): lane (g, t) = (lane / 4, lane % 4)
 // copies the 32 bytes of each tile's 1 KB chunk at 512 h + 16 (4 g + t), h = 0, 1, which hold the
@@ -175,8 +175,6 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16. A lane's VALS
 // weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
 static constexpr int MM_WARPS = 8;
-// 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tile rows past 8
-__host__ __device__ constexpr int mm_row_tiles(bool two) { return two ? 2 : 1; }
 static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ring's slots; 2 measured fastest, weight.py)
 // Kernel configurations (the CFG template argument): M tiles of up to 8 rows with 3 blocks per SM
 // (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
@@ -187,6 +185,10 @@ static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ri
 // MM_NARROW and MM_TWO_NARROW give a block 4 warps (the K split half as fine, twice the blocks per
 // SM at the same register budgets as MM_DEC4 and MM_TWO), so that many short blocks fit in one wave;
 // MM_TWO_WIDE 16 warps (one block per SM), so that few blocks of 32 rows still have 32 KB in flight.
+// MM_FOUR (M tiles of 16 rows, INT4 on the H100) gives each warp 4 tiles of 16 weight rows (a block
+// of 4 warps owns 64 rows, 246 registers, 2 blocks per SM): each chunk's 4 KB of activations then
+// feed 4 KB of weights instead of 2, which halves the activation reads per weight byte (at M = 16
+// they were twice the weight bytes, 25% of the time on the large shapes; session 9).
 #define MM_DEC3 0
 #define MM_DEC4 1
 #define MM_TWO 2
@@ -194,15 +196,19 @@ static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ri
 #define MM_NARROW 4
 #define MM_TWO_NARROW 5
 #define MM_TWO_WIDE 6
+#define MM_FOUR 7
+// M tiles of 16 rows (two mma B fragments) in every configuration but the four of M <= 8
+__host__ __device__ constexpr bool mm_two(int cfg) { return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || cfg == MM_FOUR; }
+// 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tiles of 16 rows, 4 in MM_FOUR
+__host__ __device__ constexpr int mm_row_tiles(int cfg) { return cfg == MM_FOUR ? 4 : mm_two(cfg) ? 2 : 1; }
 __host__ __device__ constexpr int mm_min_blocks(int cfg) {
     return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE ? 1 : 2;
 }
 __host__ __device__ constexpr int mm_warps(int cfg) {
-    return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW ? 4 : MM_WARPS;
+    return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW || cfg == MM_FOUR ? 4 : MM_WARPS;
 }
-// dynamic shared bytes of a block of 8 warps: their rings of MM_STAGES x RT KB (16 KB, 32 KB with
-// TWO); the wrapper scales it by mm_warps(CFG) / 8
-__host__ __device__ constexpr int mm_smem_bytes(bool two) { return MM_WARPS * MM_STAGES * 1024 * mm_row_tiles(two); }
+// dynamic shared bytes of a block: its warps' rings of MM_STAGES x RT KB (weight.py _mm_smem)
+__host__ __device__ constexpr int mm_smem_bytes(int cfg) { return mm_warps(cfg) * MM_STAGES * 1024 * mm_row_tiles(cfg); }
 
 struct MatmulArgs {
     i64 M, N, K;
@@ -250,7 +256,7 @@ template <typename T, int S, int CFG, bool POST>
 __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                          const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                                          T* __restrict__ y, MatmulArgs a) {
-    constexpr bool TWO = CFG == MM_TWO || CFG == MM_TWO_NARROW || CFG == MM_TWO_WIDE;
+    constexpr bool TWO = mm_two(CFG);
     constexpr bool FP8 = S == W_FP8;
     constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
     constexpr int CHUNK = 4 * VALS;      // k per chunk
@@ -258,7 +264,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     constexpr int STEPS = VALS / 4;      // k16 mma steps per chunk
     constexpr int AREGS = VALS / 2;      // activation registers per M row per chunk
     constexpr int MT = TWO ? 2 : 1;      // B fragments (8 M rows each)
-    constexpr int RT = mm_row_tiles(TWO);
+    constexpr int RT = mm_row_tiles(CFG);
     constexpr int STAGES = MM_STAGES;
     constexpr int SLOT = RT * 2 * 32;    // uint4 per ring slot: 16 bytes per lane of each weight row
     using H = HalfOps<T>;

@@ -351,8 +351,8 @@ def _decode_configs(run, qp, deq, dt, rng, tag):
     try:
         cqw.FORCE_PATH = "decode"
         for cfg in cqw._jit.MATMUL_CONFIGS:
-            two = cfg in cqw._DECODE_CONFIGS[True]  # the kernels of M tiles of 16 rows
-            cqw._decode_config = lambda tiles, sms, nchunks, two=False, cfg=cfg: cfg
+            two = cfg in cqw._DECODE_CONFIGS[True] or cfg == cqw._jit.MATMUL_FOUR  # the kernels of M tiles of 16 rows
+            cqw._decode_config = lambda *args, cfg=cfg: cfg
             M = 13 if two else 3
             ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
             y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))

@@ -126,6 +126,34 @@ def test_decode_config_fills_waves():
     assert cqw._mm_warps(TN) == 4 and cqw._mm_smem(True, 4) == 16 * 1024
     assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
     assert cqw._mm_smem(False) == 16 * 1024 and cqw._mm_smem(True) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
+    # MM_FOUR: 4 warps of 64 rows (4 tiles), 2 stages of 4 KB each
+    FO = _jit.MATMUL_FOUR
+    assert cqw._mm_warps(FO) == 4 and cqw._mm_rows(True, True) == 64 and cqw._mm_smem(True, 4, True) == 32 * 1024
+
+
+def test_decode_config_four_where_its_blocks_outnumber_the_sms():
+    """MM_FOUR (64 weight rows a block, offered for INT4 at M > 8): taken exactly when its blocks
+    (N / 64 times the M tiles) outnumber the SMs, as session 17 measured it fastest on the H100
+    (weight.py _decode_config); otherwise the wave model's pick, and never at M <= 8 or where the
+    caller offers none (FP8: four_blocks = 0)."""
+    from cupyquant import _jit
+    from cupyquant import weight as cqw
+
+    FO, TW, TN, TX = _jit.MATMUL_FOUR, _jit.MATMUL_TWO, _jit.MATMUL_TWO_NARROW, _jit.MATMUL_TWO_WIDE
+    expect = {  # (N, K, M tiles): the pick for INT4
+        (14336, 4096, 1): FO, (28672, 8192, 1): FO, (11008, 4096, 1): FO, (22016, 4096, 1): FO,
+        (18432, 2048, 1): FO, (8192, 8192, 2): FO, (5120, 5120, 2): FO, (8192, 28672, 2): FO,
+        (8192, 28672, 1): TW, (8192, 8192, 1): TW, (4096, 14336, 1): TX, (4096, 4096, 1): TX,
+        (5120, 5120, 1): TW, (4096, 14336, 2): TW, (8448, 4096, 1): TW,  # 8448: 132 blocks of 64 rows, not more than the SMs
+    }
+    for (N, K, mt), want in expect.items():
+        blocks, four = -(-N // 32) * mt, -(-N // 64) * mt
+        assert cqw._decode_config(blocks, 132, K // 128, True, four) == want, (N, K, mt)
+        if want == FO:  # the same grid without MM_FOUR on offer gets the model's pick
+            assert cqw._decode_config(blocks, 132, K // 128, True) != FO
+    assert cqw._decode_config(264, 132, 64, True, 132) != FO  # 132 blocks: not more than the SMs
+    assert cqw._decode_config(264, 132, 64, True, 133) == FO
+    assert cqw._decode_config(1000, 132, 32, False, 500) not in (FO, TW, TN, TX)  # M <= 8
 
 
 # The path table that matmul's docstring states: (M, (N, K), path elsewhere, path on compute

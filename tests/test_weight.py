@@ -597,14 +597,16 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
             y = cq.matmul(a, qw)
             calls = list(launched)  # the kernel lookups and the launch of this matmul alone
             assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
-            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8)
+            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0)
             assert picked == [want]
             assert len(calls) == 2 and calls[0][0] == "w4a16_matmul" and calls[0][3] == want, (N, M, calls)
             assert calls[1] == (32 * cqw._mm_warps(want),), (N, M, calls)
             seen.add(want)
     # whatever the SM count, N = 16 x SMs with K = 4096 takes blocks of 16 warps (one block of 16
-    # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM)
+    # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM); at M = 16 the
+    # latter is 2 x SMs blocks of 64 rows (MM_FOUR)
     assert {cqw._mm_warps(c) for c in seen} >= {4, 16}, seen
+    assert _jit.MATMUL_FOUR in seen, seen
 
 
 @pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
@@ -612,9 +614,11 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     """The decode kernel's configurations, each forced in turn (weight.py _decode_config picks one by
     waves): at M <= 8 blocks of 8 warps in two register budgets (3 or 4 blocks per SM), which compute
     the same sums in the same order and must give the same bits, and blocks of 16 and 4 warps, which
-    split K 16 and 4 ways; at M > 8 (M tiles of 16 rows) blocks of 8, 4 and 16 warps. Odd N exercises
-    the clamped tail rows, and K = 1024 (8 chunks) leaves half of a 16-warp block idle. Every
-    configuration is held to the error bound."""
+    split K 16 and 4 ways; at M > 8 (M tiles of 16 rows) blocks of 8, 4 and 16 warps of 32 weight
+    rows, and of 4 warps of 64 rows (MM_FOUR; with M = 33, three M tiles). Odd N exercises the
+    clamped tail rows (N = 1000 leaves 40 rows, 3 of 4 tiles, in the last block of 64), and K = 1024
+    (8 chunks) leaves half of a 16-warp block idle. Every configuration is held to the error
+    bound."""
     from cupyquant import _jit
 
     dtype = ml_dtypes.bfloat16
@@ -623,8 +627,8 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     got = {}
     for cfg, ms in ((_jit.MATMUL_DEC3, (1, 5, 8)), (_jit.MATMUL_DEC4, (1, 5, 8)), (_jit.MATMUL_WIDE, (1, 5, 8)),
                     (_jit.MATMUL_NARROW, (1, 5, 8)), (_jit.MATMUL_TWO, (9, 16)), (_jit.MATMUL_TWO_NARROW, (9, 16)),
-                    (_jit.MATMUL_TWO_WIDE, (9, 16))):
-        monkeypatch.setattr(cqw, "_decode_config", lambda tiles, sms, nchunks, two=False, cfg=cfg: cfg)
+                    (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33))):
+        monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
             out = poisoned((M, N), dtype)
