@@ -739,10 +739,10 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
       14336x4096, 32    TN 32.38      26.83   4096x4096, 32      TW 10.46      10.28 (128 blocks)
       8192x28672, 32    TN 90.94      77.86   5120x5120, 32      TN 19.24      15.48
     FP8 with MM_FOUR was 12-156% slower than the model's pick on all 20 shapes at M = 16 (not
-    analysed), so FP8 is not offered it. A block of 8 warps of 64
-    rows (one per SM, tried alongside) won only where its blocks numbered between half the SMs and
-    all of them, by 2-15% (4096 x 14336 M = 32 23.2 us against 26.8), and lost up to 26% elsewhere:
-    not shipped.
+    analysed), so FP8 is not offered it. A block of 8 warps of 64 rows (one per SM, tried
+    alongside) was the fastest on 7 of the 10 cases where its blocks numbered between half the SMs
+    and all of them, by 1-15% (4096 x 14336 M = 32 23.2 us against 26.8), and lost by up to 27%
+    elsewhere: not shipped.
 
     The model's two numbers (20 KB, 1 chunk) were fitted to the fastest configuration of 20 shapes
     x {INT4, FP8} x M = {1, 16} on the H100 (session 16, bf16, INT4 g128, FP8 per channel, all
