@@ -62,7 +62,7 @@ _MM_STAGES = 2
 
 def _mm_warps(cfg: int) -> int:
     """Warps per decode block: weight.cu's mm_warps(CFG)."""
-    return {**_DECODE_CONFIGS[False], **_DECODE_CONFIGS[True], **_DECODE_FOUR}[cfg][0]
+    return _DECODE_WARPS[cfg]
 
 
 def _mm_smem(two: bool, warps: int = 8, four: bool = False) -> int:
@@ -694,6 +694,7 @@ _DECODE_CONFIGS = {
 # MM_FOUR (M tiles of 16 rows, 64 weight rows a block): 4 warps, 2 blocks per SM. Not in the wave
 # model: _decode_config takes it for INT4 whenever its blocks outnumber the SMs (measured below).
 _DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2)}
+_DECODE_WARPS = {cfg: warps for table in (*_DECODE_CONFIGS.values(), _DECODE_FOUR) for cfg, (warps, _) in table.items()}
 # The decode kernel's time model (_decode_config): below _DECODE_INFLIGHT_KB of weights in flight per
 # SM a round of chunks takes one memory latency, above it time grows with the bytes (the memory's
 # rate); a block costs _DECODE_BLOCK_CHUNKS chunks more than its own (first load, the K reduction).

@@ -139,13 +139,13 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 //
 // Tiling. A block of WARPS warps (8; 4 or 16 in the configurations below) owns RT 16-row tiles of
 // weights (RT = 1 for M <= 8, so that N = 4096 already gives 256 blocks; 2 with TWO, halving the
-// activation reads per weight byte; 4 in MM_FOUR, halving them again) and one M tile of 16 rows; its warps split K (warp w takes K
-// chunks w, w + WARPS, ...) and add their partial sums through shared memory at the end. A K chunk
-// is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8): lane (g, t) = (lane / 4, lane % 4)
-// copies the 32 bytes of each tile's 1 KB chunk at 512 h + 16 (4 g + t), h = 0, 1, which hold the
-// weights of rows g and g + 8 at chunk k t * VALS .. t * VALS + VALS - 1 (FP8: row 8 h + g, bytes
-// 16 t..; INT4: pieces 4 g + t of the fragment order, see K order), and loads the VALS activations
-// of M rows g (and g + 8) there.
+// activation reads per weight byte; 4 in MM_FOUR, halving them again) and one M tile of 16 rows;
+// its warps split K (warp w takes K chunks w, w + WARPS, ...) and add their partial sums through
+// shared memory at the end. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8):
+// lane (g, t) = (lane / 4, lane % 4) copies the 32 bytes of each tile's 1 KB chunk at
+// 512 h + 16 (4 g + t), h = 0, 1, which hold the weights of rows g and g + 8 at chunk k
+// t * VALS .. t * VALS + VALS - 1 (FP8: row 8 h + g, bytes 16 t..; INT4: pieces 4 g + t of the
+// fragment order, see K order), and loads the VALS activations of M rows g (and g + 8) there.
 //
 // Weight stream. Each warp keeps the chunks after the one it multiplies in flight: a ring of
 // MM_STAGES slots in shared memory (RT KB per slot), filled by cp.async MM_STAGES - 1 chunks ahead
