@@ -133,6 +133,24 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
 // about as long as their main loop.)
 // Returns in every block; the caller returns after it. s_last: an int in the block's shared memory.
 namespace cq {
+// Four float32 sums of row m, columns n .. n + 3 of y (M x N, row-major) rounded once to T and
+// stored: one 8-byte store where all four columns exist and the address allows it (out= may be
+// misaligned), else element by element up to N; nothing for rows past M. Shared by the split-K
+// finishes (split_k_finish here, weight_wgmma.cu cluster_split_finish).
+template <typename T>
+__device__ __forceinline__ void store_rounded4(T* __restrict__ y, i64 M, i64 N, i64 m, i64 n, float4 s) {
+    if (m >= M) return;
+    const unsigned short e[4] = {bits16_rn<T>(s.x), bits16_rn<T>(s.y), bits16_rn<T>(s.z), bits16_rn<T>(s.w)};
+    unsigned short* q = reinterpret_cast<unsigned short*>(y + m * N + n);
+    if (n + 4 <= N && (reinterpret_cast<unsigned long long>(q) & 7) == 0) {
+        *reinterpret_cast<uint2*>(q) = make_uint2((unsigned)e[0] | ((unsigned)e[1] << 16), (unsigned)e[2] | ((unsigned)e[3] << 16));
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (n + k < N) q[k] = e[k];
+    }
+}
+
 template <typename T, int BM, int BN, int THREADS, typename Visit>
 __device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __restrict__ counters, T* __restrict__ y, i64 M, i64 N,
                                                i64 m0, i64 n0, int splits, int& s_last, Visit visit) {
@@ -171,17 +189,7 @@ __device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __re
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
             const int idx = (c0 + j) * THREADS + threadIdx.x;
-            const i64 m = m0 + idx / (BN / 4), n = n0 + (idx % (BN / 4)) * 4;
-            if (m >= M) continue;
-            const unsigned short e[4] = {bits16_rn<T>(s[j].x), bits16_rn<T>(s[j].y), bits16_rn<T>(s[j].z), bits16_rn<T>(s[j].w)};
-            unsigned short* q = reinterpret_cast<unsigned short*>(y + m * N + n);
-            if (n + 4 <= N && (reinterpret_cast<unsigned long long>(q) & 7) == 0) {  // out= may be misaligned
-                *reinterpret_cast<uint2*>(q) = make_uint2((unsigned)e[0] | ((unsigned)e[1] << 16), (unsigned)e[2] | ((unsigned)e[3] << 16));
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    if (n + k < N) q[k] = e[k];
-            }
+            store_rounded4(y, M, N, m0 + idx / (BN / 4), n0 + (idx % (BN / 4)) * 4, s[j]);
         }
     }
     if (threadIdx.x == 0) *counter = 0;  // ready for the next call

@@ -193,17 +193,7 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
                 s.x = add_rn(s.x, v[r].x), s.y = add_rn(s.y, v[r].y);
                 s.z = add_rn(s.z, v[r].z), s.w = add_rn(s.w, v[r].w);
             }
-        const i64 gm = m0 + m, gn = n0 + n;
-        if (gm >= M) continue;
-        const unsigned short e[4] = {bits16_rn<T>(s.x), bits16_rn<T>(s.y), bits16_rn<T>(s.z), bits16_rn<T>(s.w)};
-        unsigned short* q = reinterpret_cast<unsigned short*>(y + gm * N + gn);
-        if (gn + 4 <= N && (reinterpret_cast<unsigned long long>(q) & 7) == 0) {  // out= may be misaligned
-            *reinterpret_cast<uint2*>(q) = make_uint2((unsigned)e[0] | ((unsigned)e[1] << 16), (unsigned)e[2] | ((unsigned)e[3] << 16));
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (gn + k < N) q[k] = e[k];
-        }
+        store_rounded4(y, M, N, m0 + m, n0 + n, s);
     }
     cluster_sync_all();  // the other blocks have read this block's partial
 }
