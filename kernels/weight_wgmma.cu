@@ -147,25 +147,8 @@ __constant__ unsigned wg_mul[4] = {frag_mul<__half>(0), frag_mul<__half>(1), fra
 // ld.shared::cluster), in split order 0, 1, ..., so the sum does not depend on timing and matches
 // split_k_finish bit for bit, rounds once and writes y; a second barrier keeps every block's
 // shared memory alive until the others have read it. No global workspace, counter or memset.
-// visit(f) as in split_k_finish. The caller has waited for its wgmmas and copies.
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned map_shared_rank(unsigned addr, unsigned rank) {
-    unsigned d;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(addr), "r"(rank));
-    return d;
-}
-__device__ __forceinline__ float4 ld_shared_cluster_f4(unsigned addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-    return v;
-}
+// visit(f) as in split_k_finish. The caller has waited for its wgmmas and copies. (The cluster
+// helpers are in weight_mma.cuh, shared with the decode kernel's K split.)
 template <typename T, int BMA, typename Visit>
 __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __restrict__ y, i64 M, i64 N, i64 m0, i64 n0, int splits,
                                                      Visit visit) {
