@@ -693,7 +693,8 @@ _DECODE_CONFIGS = {
 }
 # MM_FOUR (M tiles of 16 rows, 64 weight rows a block): 4 warps, 2 blocks per SM. Not in the wave
 # model: _decode_config takes it for INT4 whenever its blocks outnumber the SMs (measured below).
-_DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2)}
+_DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2), _jit.MATMUL_FOUR_WIDE: (8, 1)}
+_FOUR_WIDE_MIN_CHUNKS = 4
 _DECODE_WARPS = {cfg: warps for table in (*_DECODE_CONFIGS.values(), _DECODE_FOUR) for cfg, (warps, _) in table.items()}
 # The decode kernel's time model (_decode_config): below _DECODE_INFLIGHT_KB of weights in flight per
 # SM a round of chunks takes one memory latency, above it time grows with the bytes (the memory's
@@ -720,12 +721,32 @@ def _decode_estimate(cfg: int, blocks: int, sms: int, nchunks: int, two: bool) -
     return total
 
 
-def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_blocks: int = 0) -> int:
+def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_blocks: int = 0, split_ok: bool = False) -> int:
     """The decode kernel's configuration for a grid of ``blocks`` blocks (16 weight rows each, or 32
     with ``two``: M tiles of 16 rows, times the M tiles) whose K is ``nchunks`` chunks (weight.cu's
     CHUNK: 128 INT4 or 64 FP8 elements): MM_FOUR when ``four_blocks`` (its blocks of 64 rows, times
-    the M tiles; 0 where it is not offered: FP8, M <= 8) outnumber the SMs, else the least
+    the M tiles; 0 where it is not offered: FP8, M <= 8) outnumber the SMs; MM_FOUR_WIDE where
+    _four_wide_splits takes it (``split_ok``: a K split may be offered); else the least
     _decode_estimate (ties to the first listed in _DECODE_CONFIGS).
+
+    MM_FOUR_WIDE (one block of 8 warps and 64 rows per SM) where the blocks of 64 rows fill between
+    half the SMs and all of them, or, split 2 ways along K as clusters, between a quarter and a
+    half. Measured on the H100 (session 18, bf16, INT4 g128, 20 shapes x M = 9, 16, 24, 32, the
+    rule against the session-17 rule, each timed twice interleaved; us, best of two):
+      N x K, M          before        after         N x K, M           before       after
+      5120x13824, 16    TW 25.94      FW/1 21.63    4096x4096, 32      TW 10.36     FW/1 8.74
+      4608x4096, 16     TW 10.03      FW/1 8.80     4096x14336, 32     TW 26.27     FW/1 22.85
+      8192x8192, 16     TW 18.05      FW/1 17.28    2048x16384, 32     TX 17.21     FW/2 15.05
+      2560x10240, 16    TX 12.97      FW/2 11.93    4096x8192, 16      TX 11.66     FW/2 11.99
+      4096x14336, 16    TX 17.05      FW/2 16.97    8192x8192, 9       TW 16.66     FW/1 17.04
+    Of the 48 cases where this rule picks differently, 45 were faster, by up to 17%, and 3 slower:
+    8192 x 8192 and 8192 x 28672 at M = 9 (FW/1, 2.2% and 1.3%), 4096 x 8192 M = 16 (FW/2, 2.9%).
+    A 2-way split with one M tile of 9 rows was 6-11% slower than the 32-row blocks on all 8 such
+    shapes (the same run; those blocks read the repeated rows of a past M from L1, which may be
+    why), so a split needs 16 rows of a or more. Splits of 3 and 4
+    (forced, 12 shapes at M = 16) lost everywhere; 4 ways do not fit one wave as clusters (30
+    clusters of 4 blocks of one per SM on the H100). Deeper weight rings (MM_STAGES 3 and 4) were
+    slower for every configuration, these included (5-15%).
 
     MM_FOUR halves the activation reads per weight byte against the blocks of 32 rows, for fewer
     warps per SM (8: 32 KB of weights in flight) and coarser blocks. Measured on the H100 (session
@@ -741,9 +762,9 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
       8192x28672, 32    TN 90.94      77.86   5120x5120, 32      TN 19.24      15.48
     FP8 with MM_FOUR was 12-156% slower than the model's pick on all 20 shapes at M = 16 (not
     analysed), so FP8 is not offered it. A block of 8 warps of 64 rows (one per SM, tried
-    alongside) was the fastest on 7 of the 10 cases where its blocks numbered between half the SMs
-    and all of them, by 1-15% (4096 x 14336 M = 32 23.2 us against 26.8), and lost by up to 27%
-    elsewhere: not shipped.
+    alongside; MM_FOUR_WIDE since session 18) was the fastest on 7 of the 10 cases where its
+    blocks numbered between half the SMs and all of them, by 1-15% (4096 x 14336 M = 32 23.2 us
+    against 26.8), and lost by up to 27% elsewhere.
 
     The model's two numbers (20 KB, 1 chunk) were fitted to the fastest configuration of 20 shapes
     x {INT4, FP8} x M = {1, 16} on the H100 (session 16, bf16, INT4 g128, FP8 per channel, all
@@ -767,8 +788,33 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
     the loop), 3072 x 4096 M = 16 (+2.2%); FP8 28672 x 8192 M = 16 (TN 94.03, TX 91.25)."""
     if two and four_blocks > sms:
         return _jit.MATMUL_FOUR
+    if two and four_blocks and _four_wide_splits(four_blocks, sms, nchunks, split_ok):
+        return _jit.MATMUL_FOUR_WIDE
     configs = _DECODE_CONFIGS[bool(two)]
     return min(configs, key=lambda cfg: _decode_estimate(cfg, blocks, sms, nchunks, two))
+
+
+def _four_wide_splits(four_blocks: int, sms: int, nchunks: int, split_ok: bool) -> int:
+    """MM_FOUR_WIDE's K split for ``four_blocks`` blocks of 64 weight rows (times the M tiles) over
+    ``nchunks`` chunks, or 0 where it is not taken: 1 when those blocks fill between half the SMs
+    and all of them (one block of 8 warps per SM), 2 when they fill between a quarter and a half,
+    a split is offered (``split_ok``: the GPU runs clusters and the launch has 16 rows of a or
+    more) and each of the cluster's 16 warps keeps at least _FOUR_WIDE_MIN_CHUNKS chunks. (The
+    measurements: _decode_config.)"""
+    if sms < 2 * four_blocks <= 2 * sms:
+        return 1
+    if split_ok and sms < 4 * four_blocks <= 2 * sms and nchunks >= 16 * _FOUR_WIDE_MIN_CHUNKS:
+        return 2
+    return 0
+
+
+def _decode_splits(cfg: int, blocks: int, sms: int, nchunks: int) -> int:
+    """Into how many blocks the decode kernel splits each tile's K (1: none), for ``blocks`` blocks
+    of configuration ``cfg`` (M tiles included) over ``nchunks`` chunks; called on compute
+    capability 9.0+ only. The splits of a tile run as one thread-block cluster (weight.cu) whose
+    blocks add their sums through distributed shared memory. Only MM_FOUR_WIDE is split, as
+    _four_wide_splits says."""
+    return max(1, _four_wide_splits(blocks, sms, nchunks, True)) if cfg == _jit.MATMUL_FOUR_WIDE else 1
 
 
 def _run(k, grid, block, args, smem, pdl, cluster=None):
@@ -794,17 +840,20 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl):
         two = mrows > 8
         mtiles = -(-mrows // _MM_M)
         four_blocks = -(-N // _mm_rows(two, True)) * mtiles if two and w.scheme != "float8_e4m3fn" else 0
-        cfg = _decode_config(-(-N // _mm_rows(two)) * mtiles, _sms(device), K // _CHUNK[w.scheme], two, four_blocks)
+        cfg = _decode_config(-(-N // _mm_rows(two)) * mtiles, _sms(device), K // _CHUNK[w.scheme], two, four_blocks,
+                             int(_arch(device)) >= 90 and mrows >= _MM_M)
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
         warps = _mm_warps(cfg)
-        four = cfg == _jit.MATMUL_FOUR
+        four = cfg in _DECODE_FOUR
         rows = _mm_rows(two, four)
         smem = _mm_smem(two, warps, four)
         if id(k) not in _decode_smem_set:  # past the 48 KiB default; the function keeps the
             k.max_dynamic_shared_size_bytes = smem  # attribute, so it is set once per kernel
             _decode_smem_set.add(id(k))
-        grid = (-(-N // rows), -(-mrows // _MM_M))
-        _run(k, grid, (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args), smem, pdl)
+        grid = (-(-N // rows), mtiles)
+        splits = _decode_splits(cfg, grid[0] * mtiles, _sms(device), K // _CHUNK[w.scheme]) if int(_arch(device)) >= 90 else 1
+        _run(k, grid + (splits,), (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args), smem, pdl,
+             (1, 1, splits) if splits > 1 else None)
 
 
 def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros, pdl):

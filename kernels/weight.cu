@@ -141,7 +141,12 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // weights (RT = 1 for M <= 8, so that N = 4096 already gives 256 blocks; 2 with TWO, halving the
 // activation reads per weight byte; 4 in MM_FOUR, halving them again) and one M tile of 16 rows;
 // its warps split K (warp w takes K chunks w, w + WARPS, ...) and add their partial sums through
-// shared memory at the end. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8):
+// shared memory at the end. K split across blocks (compute capability 9.0+: gridDim.z = splits
+// blocks of the same tiles, launched as one 1 x 1 x splits thread-block cluster): the cluster's
+// warps take the chunks in turn as one block of splits x WARPS warps would (warp w of block z
+// takes z WARPS + w, + splits WARPS, ...); each block adds its warps' sums as above, then block z
+// adds the z-th share of the outputs over the blocks, in block order, through distributed shared
+// memory, and stores them. A K chunk is 4 x VALS elements, VALS = 32 (INT4, 16 bytes) or 16 (FP8):
 // lane (g, t) = (lane / 4, lane % 4) copies the 32 bytes of each tile's 1 KB chunk at
 // 512 h + 16 (4 g + t), h = 0, 1, which hold the weights of rows g and g + 8 at chunk k
 // t * VALS .. t * VALS + VALS - 1 (FP8: row 8 h + g, bytes 16 t..; INT4: pieces 4 g + t of the
@@ -176,6 +181,7 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
 static constexpr int MM_WARPS = 8;
 static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ring's slots; 2 measured fastest, weight.py)
+static constexpr int MM_MAX_SPLITS = 8;  // blocks of a K split (a portable cluster's size)
 // Kernel configurations (the CFG template argument): M tiles of up to 8 rows with 3 blocks per SM
 // (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
 // and M tiles of 16 rows (TWO), 2 blocks per SM.
@@ -189,6 +195,9 @@ static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ri
 // of 4 warps owns 64 rows, 246 registers, 2 blocks per SM): each chunk's 4 KB of activations then
 // feed 4 KB of weights instead of 2, which halves the activation reads per weight byte (at M = 16
 // they were twice the weight bytes, 25% of the time on the large shapes; session 9).
+// MM_FOUR_WIDE: the same 64-row blocks with 8 warps (one block per SM, 32 KB in flight), for
+// shapes whose 64-row blocks fill between half the SMs and all of them; the wrapper also splits its
+// K across the 2 blocks of a cluster where they fill only a quarter to a half (below).
 #define MM_DEC3 0
 #define MM_DEC4 1
 #define MM_TWO 2
@@ -197,12 +206,14 @@ static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ri
 #define MM_TWO_NARROW 5
 #define MM_TWO_WIDE 6
 #define MM_FOUR 7
+#define MM_FOUR_WIDE 8
 // M tiles of 16 rows (two mma B fragments) in every configuration but the four of M <= 8
-__host__ __device__ constexpr bool mm_two(int cfg) { return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || cfg == MM_FOUR; }
+__host__ __device__ constexpr bool mm_four(int cfg) { return cfg == MM_FOUR || cfg == MM_FOUR_WIDE; }
+__host__ __device__ constexpr bool mm_two(int cfg) { return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || mm_four(cfg); }
 // 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tiles of 16 rows, 4 in MM_FOUR
-__host__ __device__ constexpr int mm_row_tiles(int cfg) { return cfg == MM_FOUR ? 4 : mm_two(cfg) ? 2 : 1; }
+__host__ __device__ constexpr int mm_row_tiles(int cfg) { return mm_four(cfg) ? 4 : mm_two(cfg) ? 2 : 1; }
 __host__ __device__ constexpr int mm_min_blocks(int cfg) {
-    return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE ? 1 : 2;
+    return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE || cfg == MM_FOUR_WIDE ? 1 : 2;
 }
 __host__ __device__ constexpr int mm_warps(int cfg) {
     return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW || cfg == MM_FOUR ? 4 : MM_WARPS;
@@ -272,6 +283,10 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     extern __shared__ uint4 mm_smem[];  // the warps' rings [WARPS][STAGES][SLOT], then the reduction
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // K split (gridDim.z > 1: the blocks of a thread-block cluster, compute capability 9.0+): the
+    // cluster's warps take the chunks in turn as one block of gridDim.z x WARPS warps would
+    const int kw = (int)blockIdx.z * WARPS + warp;  // this warp's first chunk
+    const int KW = (int)gridDim.z * WARPS;          // the chunk stride
     const i64 n0 = (i64)blockIdx.x * (16 * RT);
     const i64 m0 = (i64)blockIdx.y * 16;
     const int nchunks = (int)(a.K / CHUNK);  // the wrapper keeps it below 2^31
@@ -339,14 +354,14 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     };
 
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) fill(warp + s * WARPS, s);
+    for (int s = 0; s < STAGES - 1; ++s) fill(kw + s * KW, s);
     unsigned gd_next[RT][2];
-    load_groups(warp, gd_next);
+    load_groups(kw, gd_next);
     // The activations of the next chunk are loaded into the registers of the quarters just used, so
     // that they arrive during this chunk's work at no register cost.
     unsigned ar[MT][AREGS];
 #pragma unroll
-    for (int q = 0; q < AREGS / 4; ++q) load_act(warp, q, ar);
+    for (int q = 0; q < AREGS / 4; ++q) load_act(kw, q, ar);
 
     float acc[RT][MT][4];
 #pragma unroll
@@ -356,7 +371,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 
     int i = 0;
 #pragma unroll 1
-    for (int c = warp; c < nchunks; c += WARPS, ++i) {
+    for (int c = kw; c < nchunks; c += KW, ++i) {
         // the row pointers stay in registers: without this the compiler recomputes them (64-bit
         // multiplies and the clamps) in every iteration
 #pragma unroll
@@ -376,12 +391,12 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) wv[r][h] = ring[slot * SLOT + (2 * r + h) * 32];
-        fill(c + (STAGES - 1) * WARPS, (i + STAGES - 1) % STAGES);  // the slot emptied last iteration
+        fill(c + (STAGES - 1) * KW, (i + STAGES - 1) % STAGES);  // the slot emptied last iteration
 
         unsigned gd[RT][2];
 #pragma unroll
         for (int r = 0; r < RT; ++r) gd[r][0] = gd_next[r][0], gd[r][1] = gd_next[r][1];
-        load_groups(c + WARPS, gd_next);
+        load_groups(c + KW, gd_next);
 
         // per row: the scale pair (and float scale), -(bias + z) in each half
         unsigned s2[RT][2], zb[RT][2];
@@ -421,7 +436,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) mma16816<T>(acc[r][mt], af, bf[mt][0], bf[mt][1]);
                 }
-                if (st % 2 == 1) load_act(c + WARPS, st / 2, ar);  // steps st - 1 and st used quarter st / 2
+                if (st % 2 == 1) load_act(c + KW, st / 2, ar);  // steps st - 1 and st used quarter st / 2
             }
         } else {
             // step (sl, tp): word tp of piece sl, the A fragment of lane (g, tp) for k16 step 2 t + sl of
@@ -448,8 +463,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                         for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
                     }
                 }
-                load_act(c + WARPS, 2 * sl, ar);  // the four steps of sl used quarters 2 sl and 2 sl + 1
-                load_act(c + WARPS, 2 * sl + 1, ar);
+                load_act(c + KW, 2 * sl, ar);  // the four steps of sl used quarters 2 sl and 2 sl + 1
+                load_act(c + KW, 2 * sl + 1, ar);
             }
         }
         if constexpr (POST) {
@@ -462,11 +477,20 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         }
     }
 
-    // split-K across the warps: partial sums through shared memory, over the emptied rings
+    // split-K across the warps: partial sums through shared memory, over the emptied rings; with a
+    // K split across the cluster, each block's sums (fin, after red) are added by rank, below
     constexpr int OUTS = RT * MT * 4 * 32;
     cp_async_wait<0>();  // the fills past the last chunk (zeros) land before the memory is reused
     __syncthreads();
     float* red = reinterpret_cast<float*>(mm_smem);  // [WARPS][RT][MT][4][32]
+    float* fin = red + WARPS * OUTS;                 // [RT][MT][4][32] (within the rings' half)
+    const int splits = (int)gridDim.z;
+    // output o of the block's tile: (row of a, weight row), relative to (m0, n0)
+    auto out_mn = [](int o, int& m, int& n) {
+        const int l = o & 31, q = (o >> 5) & 3, mt = (o >> 7) % MT, r = (o >> 7) / MT;
+        m = 8 * mt + 2 * (l & 3) + (q & 1);
+        n = 16 * r + (l >> 2) + 8 * (q >> 1);
+    };
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -479,9 +503,40 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) sum = add_rn(sum, red[w * OUTS + o]);
-        const int l = o & 31, q = (o >> 5) & 3, mt = (o >> 7) % MT, r = (o >> 7) / MT;
-        const i64 m = m0 + 8 * mt + 2 * (l & 3) + (q & 1);
-        const i64 n = n0 + 16 * r + (l >> 2) + 8 * (q >> 1);
+        if (splits > 1) {
+            fin[o] = sum;
+            continue;
+        }
+        int dm, dn;
+        out_mn(o, dm, dn);
+        const i64 m = m0 + dm, n = n0 + dn;
         if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(sum);
     }
+    if (splits == 1) return;
+    // The cluster's blocks add their sums through distributed shared memory, block r the r-th share
+    // of the outputs, in rank order 0, 1, ... (the same sum whichever block finishes first); the
+    // second barrier keeps each block's fin alive until the others have read it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cluster_sync_all();
+    const int rank = (int)blockIdx.z;  // the cluster is 1 x 1 x gridDim.z: its rank is blockIdx.z
+    const unsigned fbase = (unsigned)__cvta_generic_to_shared(fin);
+#pragma unroll 1
+    for (int o = OUTS * rank / splits + threadIdx.x; o < OUTS * (rank + 1) / splits; o += WARPS * 32) {
+        float v[MM_MAX_SPLITS];
+#pragma unroll
+        for (int r = 0; r < MM_MAX_SPLITS; ++r)
+            if (r < splits) v[r] = ld_shared_cluster_f32(map_shared_rank(fbase + 4u * (unsigned)o, (unsigned)r));
+        float sum = v[0];
+#pragma unroll
+        for (int r = 1; r < MM_MAX_SPLITS; ++r)
+            if (r < splits) sum = add_rn(sum, v[r]);
+        int dm, dn;
+        out_mn(o, dm, dn);
+        const i64 m = m0 + dm, n = n0 + dn;
+        if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(sum);
+    }
+    cluster_sync_all();
+#else
+    __trap();  // the wrapper splits K only on compute capability 9.0 and newer
+#endif
 }

@@ -344,23 +344,29 @@ def run_weight(run: Run):
 
 def _decode_configs(run, qp, deq, dt, rng, tag):
     """The decode kernel in each of its configurations (blocks of 4, 8 or 16 warps; M tiles of 8 or
-    16 rows), whichever weight.py _decode_config would pick for this shape."""
+    16 rows), whichever weight.py _decode_config would pick for this shape; on compute capability
+    9.0+ also with K split 2 ways across a cluster (the wrapper splits MM_FOUR_WIDE only; the
+    others forced) and 3 ways for MM_FOUR_WIDE (the cluster's blocks add through distributed
+    shared memory)."""
     N, K = qp.shape
-    pick = cqw._decode_config
+    pick, pick_splits = cqw._decode_config, cqw._decode_splits
     path = cqw.FORCE_PATH
+    hopper = int(cqw._arch(cupy.cuda.Device().id)) >= 90
     try:
         cqw.FORCE_PATH = "decode"
         for cfg in cqw._jit.MATMUL_CONFIGS:
-            two = cfg in cqw._DECODE_CONFIGS[True] or cfg == cqw._jit.MATMUL_FOUR  # the kernels of M tiles of 16 rows
+            two = cfg in cqw._DECODE_CONFIGS[True] or cfg in cqw._DECODE_FOUR  # the kernels of M tiles of 16 rows
             cqw._decode_config = lambda *args, cfg=cfg: cfg
-            M = 13 if two else 3
-            ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
-            y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
-            exact = ah.astype(np.float64) @ deq.T
-            err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-            run.within(f"matmul decode config {cfg} {tag} M={M}", err, TOL[dt])
+            for splits in ((1, 2, 3) if cfg == cqw._jit.MATMUL_FOUR_WIDE else (1, 2)) if hopper else (1,):
+                cqw._decode_splits = lambda *args, splits=splits: splits
+                M = 13 if two else 3
+                ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
+                exact = ah.astype(np.float64) @ deq.T
+                err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                run.within(f"matmul decode config {cfg} splits {splits} {tag} M={M}", err, TOL[dt])
     finally:
-        cqw._decode_config = pick
+        cqw._decode_config, cqw._decode_splits = pick, pick_splits
         cqw.FORCE_PATH = path
 
 

@@ -134,17 +134,17 @@ def test_decode_config_fills_waves():
 def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     """MM_FOUR (64 weight rows a block, offered for INT4 at M > 8): taken exactly when its blocks
     (N / 64 times the M tiles) outnumber the SMs, as session 17 measured it fastest on the H100
-    (weight.py _decode_config); otherwise the wave model's pick, and never at M <= 8 or where the
-    caller offers none (FP8: four_blocks = 0)."""
+    (weight.py _decode_config); otherwise MM_FOUR_WIDE (test below) or the wave model's pick, and
+    never at M <= 8 or where the caller offers none (FP8: four_blocks = 0)."""
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    FO, TW, TN, TX = _jit.MATMUL_FOUR, _jit.MATMUL_TWO, _jit.MATMUL_TWO_NARROW, _jit.MATMUL_TWO_WIDE
-    expect = {  # (N, K, M tiles): the pick for INT4
+    FO, FW, TW, TN, TX = _jit.MATMUL_FOUR, _jit.MATMUL_FOUR_WIDE, _jit.MATMUL_TWO, _jit.MATMUL_TWO_NARROW, _jit.MATMUL_TWO_WIDE
+    expect = {  # (N, K, M tiles): the pick for INT4 (no K split offered)
         (14336, 4096, 1): FO, (28672, 8192, 1): FO, (11008, 4096, 1): FO, (22016, 4096, 1): FO,
         (18432, 2048, 1): FO, (8192, 8192, 2): FO, (5120, 5120, 2): FO, (8192, 28672, 2): FO,
-        (8192, 28672, 1): TW, (8192, 8192, 1): TW, (4096, 14336, 1): TX, (4096, 4096, 1): TX,
-        (5120, 5120, 1): TW, (4096, 14336, 2): TW, (8448, 4096, 1): TW,  # 8448: 132 blocks of 64 rows, not more than the SMs
+        (8192, 28672, 1): FW, (8192, 8192, 1): FW, (4096, 14336, 1): TX, (4096, 4096, 1): TX,
+        (5120, 5120, 1): FW, (4096, 14336, 2): FW, (8448, 4096, 1): FW,  # 8448: 132 blocks of 64 rows, not more than the SMs
     }
     for (N, K, mt), want in expect.items():
         blocks, four = -(-N // 32) * mt, -(-N // 64) * mt
@@ -153,7 +153,49 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
             assert cqw._decode_config(blocks, 132, K // 128, True) != FO
     assert cqw._decode_config(264, 132, 64, True, 132) != FO  # 132 blocks: not more than the SMs
     assert cqw._decode_config(264, 132, 64, True, 133) == FO
-    assert cqw._decode_config(1000, 132, 32, False, 500) not in (FO, TW, TN, TX)  # M <= 8
+    assert cqw._decode_config(1000, 132, 32, False, 500) not in (FO, FW, TW, TN, TX)  # M <= 8
+
+
+def test_decode_config_four_wide_and_its_k_split():
+    """MM_FOUR_WIDE (8 warps of 64 weight rows, one block per SM; INT4 at M > 8; session 18 on the
+    H100, weight.py _decode_config): taken unsplit when the blocks of 64 rows fill more than half
+    the SMs and at most all of them, and split 2 ways along K (a cluster of 2 blocks per tile)
+    when they fill more than a quarter and at most a half, if a split is offered (split_ok:
+    compute capability 9.0+ and 16 rows of a or more) and K has 64 chunks or more (4 for each of
+    the cluster's 16 warps); otherwise the wave model's pick. Only MM_FOUR_WIDE is ever split."""
+    from cupyquant import _jit
+    from cupyquant import weight as cqw
+
+    FO, FW, TW, TX = _jit.MATMUL_FOUR, _jit.MATMUL_FOUR_WIDE, _jit.MATMUL_TWO, _jit.MATMUL_TWO_WIDE
+    assert cqw._mm_warps(FW) == 8 and cqw._mm_smem(True, 8, True) == 64 * 1024
+    model = {33: TX, 66: TX}  # the wave model's picks for 2 x four blocks of 32 rows, 64 chunks
+    for four, split_ok, nchunks, want, splits in (
+        (133, True, 64, FO, 1), (132, True, 64, FW, 1), (67, False, 8, FW, 1), (67, True, 64, FW, 1),
+        (66, True, 64, FW, 2), (34, True, 64, FW, 2), (34, True, 112, FW, 2),
+        (66, False, 64, None, 1), (66, True, 63, None, 1), (33, True, 64, None, 1),  # no split offered, too short, too few
+    ):
+        got = cqw._decode_config(2 * four, 132, nchunks, True, four, split_ok)
+        if want is None:
+            assert got not in (FO, FW), (four, split_ok, nchunks, got)
+            if nchunks == 64:
+                assert got == model[four], (four, got)
+        else:
+            assert got == want, (four, split_ok, nchunks, got)
+            assert cqw._decode_splits(got, four, 132, nchunks) == splits, (four, nchunks)
+    # the benchmark and measured shapes (N, K, M tiles, 16 rows of a or more): (config, splits)
+    for (N, K, mt, full), want in {
+        (4096, 14336, 1, True): (FW, 2), (4096, 14336, 1, False): (TX, 1), (4096, 4096, 1, True): (TX, 1),
+        (4096, 14336, 2, True): (FW, 1), (4096, 4096, 2, True): (FW, 1), (2048, 16384, 2, True): (FW, 2),
+        (5120, 13824, 1, False): (FW, 1), (14336, 4096, 1, True): (FO, 1), (2048, 8192, 1, True): (TX, 1),
+    }.items():
+        four = -(-N // 64) * mt
+        cfg = cqw._decode_config(-(-N // 32) * mt, 132, K // 128, True, four, full)
+        rows = 64 if cfg in (FO, FW) else 32
+        assert (cfg, cqw._decode_splits(cfg, -(-N // rows) * mt, 132, K // 128)) == want, (N, K, mt, full)
+    # the other configurations are never split, whatever their blocks
+    for cfg in (FO, TW, TX, _jit.MATMUL_DEC3, _jit.MATMUL_WIDE):
+        assert cqw._decode_splits(cfg, 40, 132, 128) == 1
+    assert cqw._decode_config(200, 132, 64, False, 50, True) != FW  # M <= 8 (two = False)
 
 
 # The path table that matmul's docstring states: (M, (N, K), path elsewhere, path on compute

@@ -578,35 +578,49 @@ def test_matmul_batched_strided_and_out(scheme, sym):
 
 def test_decode_launches_the_configuration_it_picks(monkeypatch):
     """matmul launches the decode kernel in the configuration _decode_config names for the device's
-    SM count (blocks of 4, 8 or 16 warps), with that many threads."""
+    SM count (blocks of 4, 8 or 16 warps), with that many threads, and with MM_FOUR_WIDE's K split
+    (compute capability 9.0+) as a grid of that many blocks along z in clusters of 1 x 1 x splits."""
     from cupyquant import _jit
 
     picked, launched = [], []
     pick, run, kernel = cqw._decode_config, cqw._run, _jit.kernel
     monkeypatch.setattr(cqw, "_decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
     monkeypatch.setattr(_jit, "kernel", lambda *a: launched.append(a[2:]) or kernel(*a))  # (name, *template args)
-    monkeypatch.setattr(cqw, "_run", lambda k, grid, block, *rest, **kw: launched.append(block) or run(k, grid, block, *rest, **kw))
+    monkeypatch.setattr(cqw, "_run", lambda k, grid, block, args, smem, pdl, cluster=None: launched.append((block, grid, cluster))
+                        or run(k, grid, block, args, smem, pdl, cluster))
     dtype = ml_dtypes.bfloat16
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    seen = set()
-    for N, K in ((16 * sms, 4096), (16 * 8 * sms, 1024), (5000, 2048)):
+    hopper = int(cqw._arch(cupy.cuda.Device().id)) >= 90
+    seen, split_seen = set(), set()
+    # 16 x SMs rows: one block of 16 rows (M <= 8) a SM; 128 x SMs rows, K = 1024: 8 blocks of 4
+    # warps a SM, at M = 16 two blocks of 64 rows (MM_FOUR); 64 x SMs rows: one block of 64 rows a
+    # SM (MM_FOUR_WIDE); 32 x SMs rows with K = 8192 (64 chunks): half a block of 64 rows a SM, K
+    # split 2 ways (MM_FOUR_WIDE) at M = 16 but not at M = 9
+    for N, K in ((16 * sms, 4096), (16 * 8 * sms, 1024), (5000, 2048), (64 * sms, 1024), (32 * sms, 8192)):
         qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((N, K), 3, dtype, outliers=False)), "int4", group_size=128))
-        for M in (1, 16):
+        for M in (1, 9, 16):
             picked.clear(), launched.clear()
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
             y = cq.matmul(a, qw)
             calls = list(launched)  # the kernel lookups and the launch of this matmul alone
             assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
-            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0)
+            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0, hopper and M >= 16)
             assert picked == [want]
             assert len(calls) == 2 and calls[0][0] == "w4a16_matmul" and calls[0][3] == want, (N, M, calls)
-            assert calls[1] == (32 * cqw._mm_warps(want),), (N, M, calls)
+            block, grid, cluster = calls[1]
+            rows = cqw._mm_rows(M > 8, want in cqw._DECODE_FOUR)
+            splits = cqw._decode_splits(want, -(-N // rows), sms, K // 128) if hopper else 1
+            assert block == (32 * cqw._mm_warps(want),), (N, M, calls)
+            assert grid == (-(-N // rows), 1, splits) and cluster == ((1, 1, splits) if splits > 1 else None), (N, M, calls)
             seen.add(want)
+            if splits > 1:
+                split_seen.add((N, M))
     # whatever the SM count, N = 16 x SMs with K = 4096 takes blocks of 16 warps (one block of 16
     # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM); at M = 16 the
     # latter is 2 x SMs blocks of 64 rows (MM_FOUR)
     assert {cqw._mm_warps(c) for c in seen} >= {4, 16}, seen
-    assert _jit.MATMUL_FOUR in seen, seen
+    assert {_jit.MATMUL_FOUR, _jit.MATMUL_FOUR_WIDE} <= seen, seen
+    assert split_seen == ({(32 * sms, 16)} if hopper else set()), split_seen
 
 
 @pytest.mark.parametrize("scheme,sym", SCHEMES, ids=[s for s, _ in SCHEMES])
@@ -615,7 +629,7 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     waves): at M <= 8 blocks of 8 warps in two register budgets (3 or 4 blocks per SM), which compute
     the same sums in the same order and must give the same bits, and blocks of 16 and 4 warps, which
     split K 16 and 4 ways; at M > 8 (M tiles of 16 rows) blocks of 8, 4 and 16 warps of 32 weight
-    rows, and of 4 warps of 64 rows (MM_FOUR; with M = 33, three M tiles). Odd N exercises the
+    rows, and of 4 and 8 warps of 64 rows (MM_FOUR, MM_FOUR_WIDE; with M = 33, three M tiles). Odd N exercises the
     clamped tail rows (N = 1000 leaves 40 rows, 3 of 4 tiles, in the last block of 64), and K = 1024
     (8 chunks) leaves half of a 16-warp block idle. Every configuration is held to the error
     bound."""
@@ -627,7 +641,7 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     got = {}
     for cfg, ms in ((_jit.MATMUL_DEC3, (1, 5, 8)), (_jit.MATMUL_DEC4, (1, 5, 8)), (_jit.MATMUL_WIDE, (1, 5, 8)),
                     (_jit.MATMUL_NARROW, (1, 5, 8)), (_jit.MATMUL_TWO, (9, 16)), (_jit.MATMUL_TWO_NARROW, (9, 16)),
-                    (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33))):
+                    (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, (9, 16, 33))):
         monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
@@ -637,6 +651,46 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
             got.setdefault((cfg, M), cupy.asnumpy(out))
     for M in (1, 5, 8):
         assert_bits_equal(cupy.asarray(got[_jit.MATMUL_DEC4, M]), got[_jit.MATMUL_DEC3, M], f"M={M}: 4 blocks per SM vs 3")
+
+
+def test_decode_k_split_exact_and_deterministic(monkeypatch):
+    """The decode kernel's K split across the blocks of a cluster (compute capability 9.0+), forced
+    for configurations the wrapper never splits too: with integer weights whose group scales are 1
+    and small integer activations every product and partial sum is exact in float32, so whatever
+    the split, each output must be the float64 product rounded once, bit for bit (an output left
+    unwritten, added twice or from the wrong block fails). Splits of 2, 3 and 8 over K = 2048 (16
+    chunks: with 8 blocks of 8 warps most warps get no chunk), N = 1000 (a partial last tile),
+    M = 1, 5 (M tiles of 8 rows), 9, 16 and 33; and the wrapper's own split run twice gives the same
+    bits."""
+    from cupyquant import _jit
+
+    if int(cqw._arch(cupy.cuda.Device().id)) < 90:
+        pytest.skip("the decode K split runs as thread-block clusters: compute capability 9.0+")
+    dtype = np.float16
+    rng = np.random.default_rng(18)
+    N, K = 1000, 2048
+    w = rng.integers(-7, 8, (N, K)).astype(np.float32)
+    w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
+    qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
+    for cfg, splits, ms in ((_jit.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, 3, (16,)),
+                            (_jit.MATMUL_FOUR, 2, (16, 33)), (_jit.MATMUL_TWO_WIDE, 2, (9,)), (_jit.MATMUL_TWO, 8, (16,)),
+                            (_jit.MATMUL_DEC3, 2, (1, 5)), (_jit.MATMUL_WIDE, 8, (1,))):
+        monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
+        monkeypatch.setattr(cqw, "_decode_splits", lambda *args, splits=splits: splits)
+        for M in ms:
+            a = rng.integers(-4, 5, (M, K)).astype(dtype)
+            out = poisoned((M, N), dtype)
+            cq.matmul(cupy.asarray(a), qw, out=out)
+            assert_bits_equal(out, (a.astype(np.float64) @ w.T).astype(dtype), f"cfg {cfg} splits {splits} M={M}")
+    monkeypatch.undo()
+    # the wrapper's own pick for 32 x SMs rows of 64 chunks at M = 16 is split (test above): the
+    # sum order is fixed, so two calls agree bit for bit
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    qw = cq.quantize_weight(cupy.asarray(_weights((32 * sms, 8192), 5, ml_dtypes.bfloat16, outliers=False)), "int4", group_size=128)
+    a = cupy.asarray(np.random.default_rng(3).standard_normal((16, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    y1, y2 = cq.matmul(a, qw), cq.matmul(a, qw)
+    assert_bits_equal(y2, cupy.asnumpy(y1), "split K, second call")
+    assert _rel_err(y1, _matmul_ref(a, qw)) <= TOL[np.dtype(ml_dtypes.bfloat16)]
 
 
 def test_weight_with_empty_k_is_rejected():
