@@ -743,10 +743,11 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
     8192 x 8192 and 8192 x 28672 at M = 9 (FW/1, 2.2% and 1.3%), 4096 x 8192 M = 16 (FW/2, 2.9%).
     A 2-way split with one M tile of 9 rows was 6-11% slower than the 32-row blocks on all 8 such
     shapes (the same run; those blocks read the repeated rows of a past M from L1, which may be
-    why), so a split needs 16 rows of a or more. Splits of 3 and 4
-    (forced, 12 shapes at M = 16) lost everywhere; 4 ways do not fit one wave as clusters (30
-    clusters of 4 blocks of one per SM on the H100). Deeper weight rings (MM_STAGES 3 and 4) were
-    slower for every configuration, these included (5-15%).
+    why), so a split needs 16 rows of a or more. Splits of 3 and 4 (forced, 12 shapes at M = 16 and
+    5 at M = 32) were never the fastest configuration of a shape; 4 ways do not even fit one wave
+    as clusters (30 clusters of 4 blocks of one per SM on the H100). Deeper weight rings
+    (MM_STAGES 3 and 4) were slower in 189 of 192 cells (8 shapes, M = 1 and 16, these blocks
+    included; by up to 26%; the other 3 by 1-2%, none a pick).
 
     MM_FOUR halves the activation reads per weight byte against the blocks of 32 rows, for fewer
     warps per SM (8: 32 KB of weights in flight) and coarser blocks. Measured on the H100 (session
