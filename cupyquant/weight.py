@@ -440,9 +440,22 @@ _DECODE_MID_M, _MID_W = 64, 1 << 26
 #   8192x28672    54.3/83.6      102.8/83.6     198.5/83.6
 # (the same crossover as session 12's measurements: 4096 x 4096 M = 32 12.2 / ~19, M = 64
 # 19.5 / 19.0). So the decode kernel keeps M <= _WG_DECODE_MAX_M while M x N < _WG_DECODE_MN_PER_SM x SMs
-# (202,752 on 132 SMs: N = 4096 up to M = 49, N = 8192 up to M = 24, N = 14336 only M <= 16).
+# (202,752 on 132 SMs: N = 4096 up to M = 32, N = 8192 up to M = 24, N = 14336 only M <= 16).
+# _WG_DECODE_MAX_M was 256 until session 18, when the decode kernel's 64-row blocks (MM_FOUR_WIDE)
+# made 2 M tiles faster and 3 still slower. Measured then on an H200 (no H100 was free; 132 SMs as
+# well; bf16, g128, us, decode / wgmma, each the better of two interleaved runs):
+#   N x K         M=24          32            40            48            64
+#   4096x4096     8.53/10.76    8.49/10.80    12.85/10.90   12.87/10.94   13.13/11.09
+#   4096x14336    20.54/26.63   20.74/26.78   37.09/26.87   36.95/26.92   37.58/27.73
+#   3072x8192     13.22/14.06   13.38/14.17   22.53/14.24   22.66/14.10   22.25/14.21
+#   2048x8192     9.33/10.96    9.48/11.08    12.89/11.07   12.75/11.09   12.90/11.22
+#   6144x4096     12.91/13.68   13.01/13.95   19.57/13.99   19.98/14.13   23.16/14.24
+#   8192x8192     23.40/24.32   24.05/24.73   (wgmma by the M x N rule from M = 25)
+# With 3 M tiles (M > 32) the decode kernel was slower on all 10 shapes measured, by up to 60%;
+# with 2 or fewer it was faster wherever the M x N rule gives it the call (5120 x 5120 at M = 40 and
+# 48, 5% faster with decode, is the one case the new bound gives up).
 _WGMMA_ARCHS = ("90",)
-_WG_DECODE_MAX_M = 256
+_WG_DECODE_MAX_M = 32
 _WG_DECODE_MN_PER_SM = 1536
 #: Tests and benchmarks set this to "decode", "pipelined" or "wgmma" to force INT4 matmuls onto one
 #: kernel ("wgmma" needs compute capability 9.0; FP8 weights always take "decode").
@@ -587,8 +600,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
 
     * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 8 warps
       splitting K; each weight byte is read once per 16 rows. FP8 weights take it for every M. INT4
-      takes it for M <= 16; on compute capability 9.0 also for M <= 256 while M x N is under
-      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 49); on other GPUs also for
+      takes it for M <= 16; on compute capability 9.0 also for M <= 32 while M x N is under
+      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); on other GPUs also for
       M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it has
       fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0

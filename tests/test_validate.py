@@ -203,16 +203,16 @@ def test_decode_config_four_wide_and_its_k_split():
 DOC_PATHS = [
     (1, (4096, 4096), "decode", "decode"), (16, (28672, 8192), "decode", "decode"),
     (17, (28672, 8192), "pipelined", "wgmma"), (64, (14336, 4096), "decode", "wgmma"),
-    (65, (14336, 4096), "pipelined", "wgmma"), (49, (4096, 4096), "decode", "decode"),
-    (50, (4096, 4096), "decode", "wgmma"),
+    (65, (14336, 4096), "pipelined", "wgmma"), (32, (4096, 4096), "decode", "decode"),
+    (33, (4096, 4096), "decode", "wgmma"), (49, (4096, 4096), "decode", "wgmma"), (50, (4096, 4096), "decode", "wgmma"),
     (128, (4096, 4096), "decode", "wgmma"),
     (129, (4096, 4096), "decode", "wgmma"), (256, (4096, 4096), "decode", "wgmma"),
     (257, (4096, 4096), "pipelined", "wgmma"), (4096, (256, 512), "pipelined", "wgmma"),
-    (100, (256, 512), "decode", "decode"), (17, (256, 512), "decode", "decode"),
+    (100, (256, 512), "decode", "wgmma"), (32, (256, 512), "decode", "decode"), (17, (256, 512), "decode", "decode"),
     (24, (8192, 28672), "pipelined", "decode"), (25, (8192, 28672), "pipelined", "wgmma"),
     (64, (8192, 28672), "pipelined", "wgmma"), (128, (8192, 28672), "pipelined", "wgmma"),
-    (256, (4096, 14336), "pipelined", "wgmma"), (49, (4096, 14336), "decode", "decode"),
-    (50, (4096, 14336), "decode", "wgmma"), (16, (14336, 4096), "decode", "decode"),
+    (256, (4096, 14336), "pipelined", "wgmma"), (32, (4096, 14336), "decode", "decode"),
+    (33, (4096, 14336), "decode", "wgmma"), (16, (14336, 4096), "decode", "decode"),
     (17, (14336, 4096), "decode", "wgmma"),
 ]
 

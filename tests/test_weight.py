@@ -639,6 +639,7 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     N, K = 1000, 1024
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 14, dtype, outliers=False)), scheme, group_size=64, symmetric=sym)
     got = {}
+    monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma on compute capability 9.0
     for cfg, ms in ((_jit.MATMUL_DEC3, (1, 5, 8)), (_jit.MATMUL_DEC4, (1, 5, 8)), (_jit.MATMUL_WIDE, (1, 5, 8)),
                     (_jit.MATMUL_NARROW, (1, 5, 8)), (_jit.MATMUL_TWO, (9, 16)), (_jit.MATMUL_TWO_NARROW, (9, 16)),
                     (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, (9, 16, 33))):
@@ -672,6 +673,7 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     w = rng.integers(-7, 8, (N, K)).astype(np.float32)
     w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
     qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
+    monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma otherwise
     for cfg, splits, ms in ((_jit.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, 3, (16,)),
                             (_jit.MATMUL_FOUR, 2, (16, 33)), (_jit.MATMUL_TWO_WIDE, 2, (9,)), (_jit.MATMUL_TWO, 8, (16,)),
                             (_jit.MATMUL_DEC3, 2, (1, 5)), (_jit.MATMUL_WIDE, 8, (1,))):
