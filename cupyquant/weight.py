@@ -451,9 +451,10 @@ _DECODE_MID_M, _MID_W = 64, 1 << 26
 #   2048x8192     9.33/10.96    9.48/11.08    12.89/11.07   12.75/11.09   12.90/11.22
 #   6144x4096     12.91/13.68   13.01/13.95   19.57/13.99   19.98/14.13   23.16/14.24
 #   8192x8192     23.40/24.32   24.05/24.73   (wgmma by the M x N rule from M = 25)
-# With 3 M tiles (M > 32) the decode kernel was slower on all 10 shapes measured, by up to 60%;
-# with 2 or fewer it was faster wherever the M x N rule gives it the call (5120 x 5120 at M = 40 and
-# 48, 5% faster with decode, is the one case the new bound gives up).
+# With 3 M tiles (M > 32) the decode kernel was slower on 9 of the 10 shapes measured, by up to
+# 60%; with 2 or fewer it was faster wherever the M x N rule gives it the call. The exception,
+# 5120 x 5120 (decode 5% faster at M = 40 and 48, where the M x N bound already gave wgmma), means
+# the new bound likely gives up about 5% there at M = 33-39.
 _WGMMA_ARCHS = ("90",)
 _WG_DECODE_MAX_M = 32
 _WG_DECODE_MN_PER_SM = 1536
