@@ -522,6 +522,10 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     const unsigned fbase = (unsigned)__cvta_generic_to_shared(fin);
 #pragma unroll 1
     for (int o = OUTS * rank / splits + threadIdx.x; o < OUTS * (rank + 1) / splits; o += WARPS * 32) {
+        int dm, dn;
+        out_mn(o, dm, dn);
+        const i64 m = m0 + dm, n = n0 + dn;
+        if (m >= a.M || n >= a.N) continue;  // not read at all: every load below is consumed by a store
         float v[MM_MAX_SPLITS];
 #pragma unroll
         for (int r = 0; r < MM_MAX_SPLITS; ++r)
@@ -530,12 +534,9 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
         for (int r = 1; r < MM_MAX_SPLITS; ++r)
             if (r < splits) sum = add_rn(sum, v[r]);
-        int dm, dn;
-        out_mn(o, dm, dn);
-        const i64 m = m0 + dm, n = n0 + dn;
-        if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(sum);
+        y[m * a.N + n] = from_float<T>(sum);
     }
-    cluster_sync_all();
+    cluster_sync_exit();
 #else
     __trap();  // the wrapper splits K only on compute capability 9.0 and newer
 #endif

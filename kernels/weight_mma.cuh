@@ -117,6 +117,13 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The last barrier of a cluster's K split, which only keeps each block's shared memory alive until
+// the others have read it: no release (a release at cluster scope is a MEMBAR.ALL.GPU in the SASS,
+// which would wait for this thread's global stores of y). Every load from another block's shared
+// memory has been consumed (summed, and the sum stored) before the arrive, so it has completed.
+__device__ __forceinline__ void cluster_sync_exit() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+}
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));

@@ -164,6 +164,7 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
 #pragma unroll 1
     for (int idx = lo + threadIdx.x; idx < hi; idx += WG_THREADS) {
         const int m = idx / (WG_BN / 4), n = (idx % (WG_BN / 4)) * 4;
+        if (m0 + m >= M || n0 + n >= N) continue;  // not read at all: every load below is consumed by a store
         const unsigned off = pbase + (unsigned)(m * LDP + n) * 4u;
         float4 v[8];
 #pragma unroll
@@ -178,7 +179,7 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
             }
         store_rounded4(y, M, N, m0 + m, n0 + n, s);
     }
-    cluster_sync_all();  // the other blocks have read this block's partial
+    cluster_sync_exit();  // the other blocks have read this block's partial
 }
 #endif
 
