@@ -349,33 +349,49 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         const unsigned char* st = smem + slot * STAGE;
         const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
         const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
-#pragma unroll
-        for (int hh = 0; hh < HALVES; ++hh) {
-            unsigned wv[4];  // this lane's words of the half's four k16 steps s = 4 hh + u (HALVES = 1: hh = i % 2)
+        // The 128-row tile reads every half's words, scales and zero codes from shared memory before
+        // the stage's first wgmma: the wgmma statements are barriers to the compiler (memory
+        // clobbers), so reads of the second half written after them wait out their latency behind the
+        // first half's work (Nsight Compute, 14336 x 4096 M = 64: 10% of the stall samples at these
+        // reads' first use, short scoreboard). Session 19, H200, 3 interleaved runs: 128-row tiles
+        // 2-6% faster (14336 x 4096 M = 128 33.0 -> 31.0 us), the 64-row tile (two blocks a SM)
+        // 3-8% slower on the largest shapes (8192 x 28672 M = 64 75 -> 81), so it reads each half
+        // where it starts. (The 256-row tile's stages are one half.)
+        constexpr bool HOIST = BMA >= 128;
+        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps s = 4 hh + u (HALVES = 1: hh = i % 2)
+        unsigned sc[HALVES][2][2], zc[HALVES][2][2];
+        auto read_half = [&](int hh) {
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int off = HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
                                             : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
-                wv[u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
+                wv[hh][u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
             }
-            unsigned sc[2][2], zc[2][2];
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int row = nrow + 8 * r, gl = (64 * hh + 32 * h) >> gsh7;
-                    sc[r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
+                    sc[hh][r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
                     if constexpr (S == W_UINT4) {
                         const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
-                        zc[r][h] = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
+                        zc[hh][r][h] = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
                     } else {
-                        zc[r][h] = zb8[r];
+                        zc[hh][r][h] = zb8[r];
                     }
                 }
+        };
+        if constexpr (HOIST) {
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) read_half(hh);
+        }
+#pragma unroll
+        for (int hh = 0; hh < HALVES; ++hh) {
+            if constexpr (!HOIST) read_half(hh);
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 wg_wait<3>();  // four groups back, the last reader of af[s], is done
-                dq(af[s], wv[s], sc, zc, s);
+                dq(af[s], wv[hh][s], sc[hh], zc[hh], s);
                 wg_fence();
                 Wgmma<T, BMA>::mma(acc, af[s], desc + hh * (A_ATOM >> 4) + 2 * s);  // + 32 bytes of K per k16 step
                 wg_commit();
