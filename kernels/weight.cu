@@ -210,7 +210,7 @@ static constexpr int MM_MAX_SPLITS = 8;  // blocks of a K split (a portable clus
 // M tiles of 16 rows (two mma B fragments) in every configuration but the four of M <= 8
 __host__ __device__ constexpr bool mm_four(int cfg) { return cfg == MM_FOUR || cfg == MM_FOUR_WIDE; }
 __host__ __device__ constexpr bool mm_two(int cfg) { return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || mm_four(cfg); }
-// 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tiles of 16 rows, 4 in MM_FOUR
+// 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tiles of 16 rows, 4 in MM_FOUR and MM_FOUR_WIDE
 __host__ __device__ constexpr int mm_row_tiles(int cfg) { return mm_four(cfg) ? 4 : mm_two(cfg) ? 2 : 1; }
 __host__ __device__ constexpr int mm_min_blocks(int cfg) {
     return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE || cfg == MM_FOUR_WIDE ? 1 : 2;
