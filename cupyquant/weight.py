@@ -876,6 +876,48 @@ def _launch_gemm(device, t, a2, w, y2, M, N, K, zeros, pdl):
     _launch_tiled(device, k, threads, smem, bm, _GEMM_BN, _GEMM_BK, _splits, a2, w, y2, M, N, K, zeros, pdl)
 
 
+# The split-K arrival counters (weight_mma.cuh split_k_finish) are zero between calls: the last
+# block of each tile resets its counter after the fix-up, so a zeroed buffer serves every later call
+# with no memset. A memset per call cost 2.3-3 us in a CUDA graph (session 20, H200, the same bits):
+# 4096x14336 M = 64 64/4 27.5 -> 25.2 us, M = 128 128/4 37.8 -> 34.9, 8192x28672 M = 64 64/4
+# 73.1 -> 71.0, 4096^2 M = 256 256/4 30.7 -> 27.7. One buffer per device and stream: the calls on
+# a stream run one after another (a PDL launch waits for the kernel before it to complete before
+# its first global access, the counters included), so they can share one. A CUDA graph being
+# captured takes a slice of its own from a zeroed slab allocated outside any capture (a graph may
+# be replayed on any stream, concurrently with direct calls, and lives as long as the user keeps
+# it, so its slices are never handed out again); without room there, a zeroed buffer of its own,
+# the memset a node of the graph.
+_COUNTER_SLAB = 1 << 20  # int32 counters per device for captured graphs
+_COUNTER_STREAMS = 32  # per-stream buffers kept per process (the oldest is dropped past this)
+_stream_counters: dict = {}
+_graph_slabs: dict = {}
+
+
+def _split_counters(device, n: int) -> cupy.ndarray:
+    """``n`` zeroed int32 arrival counters for one split-K launch on the current stream."""
+    stream = cupy.cuda.get_current_stream()
+    if stream.is_capturing():
+        slab = _graph_slabs.get(device)
+        if slab is not None and slab[1] + n <= slab[0].size:
+            out = slab[0][slab[1]:slab[1] + n]
+            slab[1] += n
+            return out
+        out = cupy.zeros(n, dtype=np.int32)
+        _validate.keep_if_capturing(out)
+        return out
+    if device not in _graph_slabs:  # zeroed before any graph can be captured with it, on any stream
+        _graph_slabs[device] = [cupy.zeros(_COUNTER_SLAB, dtype=np.int32), 0]
+        stream.synchronize()
+    key = (device, stream.ptr)
+    buf = _stream_counters.pop(key, None)
+    if buf is None or buf.size < n:
+        buf = cupy.zeros(max(n, 1024), dtype=np.int32)
+    _stream_counters[key] = buf  # (re)inserted last: the most recently used
+    while len(_stream_counters) > _COUNTER_STREAMS:
+        del _stream_counters[next(iter(_stream_counters))]
+    return buf[:n]
+
+
 def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl, cluster=False,
                   cluster_cap=None):
     """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
@@ -903,9 +945,9 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
         if in_cluster and splits > 2:
             launch_smem = _wg_one_block_smem(device, k, smem)
         if splits > 1 and not in_cluster:  # float32 partial tiles (whole, tile-major), per-tile arrival counters
-            ws = cupy.empty((splits, mtiles, ntiles, bm, bn), dtype=np.float32)  # (reset by the kernel)
-            counters = cupy.zeros(ntiles * mtiles, dtype=np.int32)
-            _validate.keep_if_capturing(ws, counters)
+            ws = cupy.empty((splits, mtiles, ntiles, bm, bn), dtype=np.float32)
+            counters = _split_counters(device, ntiles * mtiles)
+            _validate.keep_if_capturing(ws)
         else:
             ws = counters = 0
         _run(k, (ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args),
@@ -934,9 +976,13 @@ _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and sha
 # 0.89. Splitting K: 2 ways as a cluster (below) costs about 3.5 us (4096^2 M = 64 64/2 15.7 against
 # 64/1 24.9; 14336x4096 M = 64 64/2 25.7; 4096^2 M = 256 128/2 21.4), more ways through the
 # workspace about 8 + 0.01 x s x min(rows, M) us (4096x14336 M = 64 64/4 31.0 and 64/8 30.5; 4096^2
-# M = 256 256/4 33).
+# M = 256 256/4 33) until session 20, when the counters' memset went (_split_counters: 2.3-3.0 us
+# less); 6.5 since then, not 5.5, which would move 4096x14336 M = 224 and 256 from 128/2 to 256/4,
+# 1-3% slower there (H200, us: M = 256 128/2 54.1-54.6, 256/4 55.9; M = 192 128/2 53.7-54.2, 256/4
+# 54.2-54.6, which 6.5 picks). It moves 4096x11008 M = 48 and 64 from 64/3 (cluster) to 64/4
+# (22.0 -> 20.9 us) and M = 128 from 128/3 to 128/4 (30.3 -> 29.5).
 _WG_STAGE_US = {64: (0.375, 0.33), 128: (0.53, 0.54), 256: (0.85, 0.89)}
-_WG_SPLIT_US = (8.0, 0.01)
+_WG_SPLIT_US = (6.5, 0.01)
 _WG_CLUSTER_SPLIT_US = 3.5
 # Splits of 3 to 8 ways as clusters (one block per SM; session 14, us, forced plans): 4096^2 M = 64
 # 64/3 12.2-12.6, M = 32 12.2-12.4; 2048x8192 M = 64 64/6 12.6-12.8; 1024x4096 M = 64 64/8 7.0-7.5:
@@ -982,7 +1028,7 @@ def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
     the plans below). With the H100's capacities 4096^2 M = 64 takes 64/3 (12.2-12.6 us, session
     14). Checked against the H100 (us, tile/splits: measured in session 13, 2 splits as clusters, 4
     and 8 through the workspace):
-      4096x4096   M = 64   64/2 15.7, 64/4 15.8, 64/1 24.9                    -> 64/2
+      4096x4096   M = 64   64/2 15.7, 64/4 15.8, 64/1 24.9                    -> 64/4 (*)
       4096x4096   M = 256  128/2 21.4, 64/2 24.7, 256/4 33.0, 128/1 34.1      -> 128/2
       14336x4096  M = 64   64/2 25.7, 64/1 26.0                               -> 64/1
       14336x4096  M = 256  256/1 55.0, 128/1 73.2, 64/1 82.5                  -> 256/1
@@ -992,6 +1038,8 @@ def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
       8192x28672  M = 128  128/2 128.7, 64/2 152.8, 64/1 168.8                -> 128/2
       28672x8192  M = 128  128/1 138.6, 64/1 169.1                            -> 128/1
       28672x8192  M = 256  256/1 227.2, 128/1 311.6, 64/1 323.3               -> 256/1
+    (*) 64/2 until session 20, which took the memset out of the workspace splits (about 2.5 us): 64/4
+    then ran 11.8 us on an H200. (With the H100's cluster capacities the plan is 64/3 anyway, 10.7.)
     """
     best = None
     for bma in (256, 128, 64):

@@ -521,6 +521,64 @@ def test_prefill_other_tensor_core_kernel(dtype, scheme, sym, group_size):
             _check_matmul(qw, PREFILL_MS, dtype, _seed("poa", N, K), other)
 
 
+@pytest.mark.parametrize("path", ["pipelined", "wgmma"])
+def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
+    """The split-K arrival counters are zeroed once and reset by the last block of each tile, so no
+    memset precedes a call (weight.py _split_counters): every call writes all of y (out= poisoned
+    before each), repeated on one stream, on a second stream, and in a CUDA graph (two splits of its
+    own in the zeroed slab) replayed three times over poisoned outputs; the counters are zero
+    afterwards, and each stream has its own."""
+    dtype = ml_dtypes.bfloat16
+    N, K, M = 520, 1024, 70  # 5 tiles of 128 weight rows, M over one tile of 64 rows; 8 stages of 128 k: 4 splits of 2
+    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "uint4", group_size=64,
+                            symmetric=False)
+    a = cupy.asarray(np.random.default_rng(42).standard_normal((M, K)).astype(np.float32).astype(dtype))
+    monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (4, -(-iters // 4)))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (64, 4))
+    monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 4 ways through the workspace
+    seen = []
+    real = cqw._split_counters
+    monkeypatch.setattr(cqw, "_split_counters", lambda d, n: seen.append(real(d, n)) or seen[-1])
+    dev = cupy.cuda.Device().id
+    with _forced(path):
+        want = cupy.asnumpy(cq.matmul(a, qw))
+        assert _rel_err(cupy.asarray(want), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+        assert seen, "the forced plan splits K through the workspace"
+        buffers = set()
+        for stream in (cupy.cuda.get_current_stream(), cupy.cuda.Stream(non_blocking=True)):
+            with stream:
+                for rep in range(3):
+                    out = poisoned((M, N), dtype)
+                    assert cq.matmul(a, qw, out=out) is out
+                    assert_bits_equal(out, want, f"call {rep} on stream {stream.ptr}")
+                stream.synchronize()
+                buf = cqw._stream_counters[(dev, stream.ptr)]
+                assert int(cupy.count_nonzero(buf)) == 0, "counters reset by the kernel"
+                buffers.add(buf.data.ptr)
+        assert len(buffers) == 2, "one counter buffer per stream"
+        slab = cqw._graph_slabs[dev]
+        start = slab[1]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        outs = [cupy.empty((M, N), dtype) for _ in range(2)]
+        with stream:
+            stream.begin_capture()
+            for o in outs:
+                cq.matmul(a, qw, out=o)
+            graph = stream.end_capture()
+            n1, n2 = seen[-2].size, seen[-1].size
+            assert slab[1] == start + n1 + n2, "each captured call takes counters of its own from the slab"
+            assert seen[-2].data.ptr == slab[0].data.ptr + 4 * start
+            assert seen[-1].data.ptr == slab[0].data.ptr + 4 * (start + n1)
+            for rep in range(3):
+                for o in outs:
+                    o.view(np.uint16).fill(0x7FC1)  # NaN: an output left unwritten fails
+                graph.launch(stream)
+                stream.synchronize()
+                for i, o in enumerate(outs):
+                    assert_bits_equal(o, want, f"graph replay {rep}, call {i}")
+            assert int(cupy.count_nonzero(slab[0][start:slab[1]])) == 0
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3], ids=["whole-K", "split2-K", "split3-K"])
 @pytest.mark.parametrize("path", ["pipelined", "wgmma"])
 def test_tensor_core_out_tails_and_batches(monkeypatch, path, splits):
