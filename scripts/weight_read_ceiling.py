@@ -12,7 +12,12 @@ Scratch kernels, not part of the library: each reads N x K / 2 bytes and folds t
                       slots; seg = 64 is what kernels/weight.cu does;
   contig S<s>         the same with each chunk's 16 x 64 bytes stored contiguously (tile-major);
   +scales, +act       the 64-byte pattern with the kernel's other loads one chunk ahead: two 2-byte
-                      group scales per lane (from N x K / 128 bf16), four 16-byte activation loads.
+                      group scales per lane (from N x K / 128 bf16), four 16-byte activation loads;
+  contig regs         the contiguous chunks loaded straight into registers (ld.global.nc,
+                      L1::no_allocate), one chunk ahead, instead of through the cp.async ring;
+  bulk P<p> S<s>      TMA 1-D bulk copies (cp.async.bulk, compute capability 9.0+): a block of 256
+                      threads per 16-row tile copies its N x K / 2 / (N / 16) bytes in pieces of p
+                      bytes through a ring of s pieces, one mbarrier each, read back by all threads.
 An empty kernel replayed the same way gives the per-call floor. Results in BENCHMARKS.md (issue 5).
 """
 
@@ -49,6 +54,66 @@ __device__ __forceinline__ void copy16(void* s, const void* g) {
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// contig chunks (as tile<.., 64, true, ..>) into registers, one chunk ahead
+__global__ void contig_regs(const unsigned char* __restrict__ w, long long rowb, int* o) {
+    constexpr int WARPS = 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nch = (int)(rowb / 64);
+    const unsigned char* src = w + (long long)blockIdx.x * 16 * rowb + lane * 16;
+    unsigned x = 0;
+    uint4 n0, n1;
+    if (warp < nch) { n0 = ld_stream(src + warp * 1024); n1 = ld_stream(src + warp * 1024 + 512); }
+    for (int c = warp; c < nch; c += WARPS) {
+        const uint4 v0 = n0, v1 = n1;
+        if (c + WARPS < nch) { n0 = ld_stream(src + (c + WARPS) * 1024); n1 = ld_stream(src + (c + WARPS) * 1024 + 512); }
+        x ^= v0.x ^ v0.y ^ v0.z ^ v0.w ^ v1.x ^ v1.y ^ v1.z ^ v1.w;
+    }
+    if (x == 0x12345678u) o[0] = (int)x;
+}
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+#endif
+// block b: bytes [b tb, (b + 1) tb) in pieces of P through a ring of S, each with its mbarrier
+template <int P, int S>
+__global__ void bulk(const unsigned char* __restrict__ w, long long tb, int* o) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char sm[];
+    __shared__ unsigned long long full[S];
+    const long long np = tb / P;
+    const unsigned char* src = w + (long long)blockIdx.x * tb;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](long long p, int s) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&full[s])), "r"(P) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_addr(sm + s * P)), "l"(src + p * P), "r"(P), "r"(smem_addr(&full[s])) : "memory");
+    };
+    if (threadIdx.x == 0)
+        for (int s = 0; s < S && s < np; ++s) issue(s, s);
+    unsigned x = 0;
+    for (long long p = 0; p < np; ++p) {
+        const int s = (int)(p % S);
+        const unsigned parity = (unsigned)((p / S) & 1);
+        asm volatile("{\n.reg .pred q;\nW: mbarrier.try_wait.parity.shared::cta.b64 q, [%0], %1;\n@!q bra W;\n}"
+                     ::"r"(smem_addr(&full[s])), "r"(parity) : "memory");
+        const uint4* v = reinterpret_cast<const uint4*>(sm + s * P);
+        for (int j = threadIdx.x; j < P / 16; j += blockDim.x) x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+        __syncthreads();
+        if (threadIdx.x == 0 && p + S < np) issue(p + S, s);
+    }
+    if (x == 0x12345678u) o[0] = (int)x;
+#endif
+}
 
 // S ring slots, SEG bytes of each of 16 rows per chunk (piece p = lane + 32 j: row p / (SEG / 16)),
 // CONTIG: chunk (block, c) is 1 KB contiguous (SEG = 64 only), SC / ACT: the decode kernel's scale
@@ -143,7 +208,9 @@ def main(argv=None) -> int:
 
     from cupyquant import _bench
 
-    names = ["empty"] + [f"flat<{u}>" for u in (1, 4, 8)] + [e for _, e, _, _ in TILES]
+    bulks = [(16384, 2), (8192, 4), (4096, 8)]
+    names = (["empty", "contig_regs"] + [f"flat<{u}>" for u in (1, 2, 4, 8)] + [e for _, e, _, _ in TILES]
+             + [f"bulk<{p},{s}>" for p, s in bulks])
     mod = cupy.RawModule(code=SRC, options=("-std=c++17",), name_expressions=names)
     dev = cupy.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -160,7 +227,7 @@ def main(argv=None) -> int:
         act = cupy.ones(K // 8 * 4, np.uint32)
         print(f"== {N}x{K}: {nb / 1e6:.1f} MB", flush=True)
         rows = []
-        for u in (1, 4, 8):
+        for u in (1, 2, 4, 8):
             f = mod.get_function(f"flat<{u}>")
             for bpsm in (4, 8):
                 t = _bench.time_graph(lambda b, s: f((sms * bpsm,), (256,), (b, np.int64(nb // 16), o)), sets, args.reps)
@@ -172,6 +239,18 @@ def main(argv=None) -> int:
             t = _bench.time_graph(lambda b, s: f((N // 16,), (256,), (b, s, act, np.int64(K // 2), o), shared_mem=smem),
                                   sets, args.reps)
             rows.append((label, t))
+        f = mod.get_function("contig_regs")
+        t = _bench.time_graph(lambda b, s: f((N // 16,), (256,), (b, np.int64(K // 2), o)), sets, args.reps)
+        rows.append(("contig regs", t))
+        if int(dev.compute_capability) >= 90:
+            for p, slots in bulks:
+                if 8 * K % p:
+                    continue
+                f = mod.get_function(f"bulk<{p},{slots}>")
+                f.max_dynamic_shared_size_bytes = p * slots
+                t = _bench.time_graph(lambda b, s: f((N // 16,), (256,), (b, np.int64(8 * K), o), shared_mem=p * slots),
+                                      sets, args.reps)
+                rows.append((f"bulk P{p} S{slots}", t))
         for label, t in rows:
             print(f"  {label:28s} {t * 1e6:8.2f} us {nb / t / 1e9:7.0f} GB/s", flush=True)
         del sets
