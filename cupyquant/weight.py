@@ -602,8 +602,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     * ``"decode"`` (``weight.cu``): one 16-row tile of ``a`` per block, the block's 4, 8 or 16
       warps splitting K over 16 to 64 weight rows (chosen by shape); each weight byte is read once
       per 16 rows. FP8 weights take it for every M. INT4 takes it for M <= 16; on compute
-      capability 9.0 also for M <= 32 while M x N is under 1536 per SM (202,752 on an H100 SXM:
-      N = 4096 up to M = 32, N = 8192 up to 24); on other GPUs also for
+      capability 9.0 also for M <= 32 while M x N is under
+      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); on other GPUs also for
       M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it has
       fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
