@@ -82,11 +82,14 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
 def time_graph(fn, args_list, reps: int = 20, stream=None) -> float:
     """Median seconds per call of ``fn(*args)``, the calls (one per ``args_list`` entry, in order)
     captured in one CUDA graph and replayed: for kernels of a few microseconds, where the time
-    between two events around one Python call would be the host's launch time, not the GPU's."""
+    between two events around one Python call would be the host's launch time, not the GPU's.
+    Each call is made once before the capture (compilation and allocation outside it, and the
+    steady state of a model's step: a matmul reads a weight before the PDL wait only from its
+    second call with that weight, weight.py _early_ok)."""
     stream = stream or cupy.cuda.Stream(non_blocking=True)
     with stream:
-        for args in args_list[:2]:
-            fn(*args)  # compile and allocate outside the capture
+        for args in args_list:
+            fn(*args)
         stream.synchronize()
         stream.begin_capture()
         for args in args_list:

@@ -75,7 +75,8 @@ _LAYOUTS = ("plain", "prepared")
 
 _WQ_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
 _MM_ARGS = np.dtype(
-    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32)],
+    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
+     ("early", np.int32)],
     align=True,
 )
 
@@ -114,6 +115,9 @@ class QuantizedWeight:
         self.scheme, self.group_size = scheme, group_size
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.layout = layout
+        # a matmul has read this weight: later decode calls may read it before the kernel before
+        # them completes (matmul, _early_ok)
+        self._read = False
 
     @property
     def G(self) -> int:
@@ -589,11 +593,15 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     pdl : bool, optional
         Programmatic dependent launch (FlashInfer's ``enable_pdl``): the matmul kernel is launched
         so that it may start while the kernel before it on the stream is still running, its
-        blocks set up on the SMs and waiting there, before any load, for that kernel to complete;
-        and it lets the kernel after it (another PDL launch) do the same. The result is the same
-        either way. None (the default) turns it on on GPUs of compute capability 9.0 and newer,
-        the ones that have it; True elsewhere is a ``ValueError``. It works in CUDA graphs (the
-        launch becomes a programmatic edge).
+        blocks set up on the SMs and waiting there, before any load of ``a``, for that kernel to
+        complete; and it lets the kernel after it (another PDL launch) do the same. The result is
+        the same either way. None (the default) turns it on on GPUs of compute capability 9.0 and
+        newer, the ones that have it; True elsewhere is a ``ValueError``. It works in CUDA graphs
+        (the launch becomes a programmatic edge). From the second call with a prepared weight
+        object on, the decode kernel also reads the first part of ``w`` before that wait, while
+        the kernel before finishes (weights are constants): so if you write into a weight's arrays
+        after its first matmul, pass ``pdl=False`` to the matmul launched right after that write
+        on the same stream (or launch any other kernel in between).
 
     Notes
     -----
@@ -677,13 +685,15 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
             _validate.keep_if_capturing(a2)
         y = cupy.empty(lead + (N,), dtype=a.dtype) if out is None else out
         if M and N:
+            early = _early_ok(w, pdl)
+            user_w = w
             if w.layout == "plain":  # the kernels read the prepared layout: a copy per call
                 w = _prepared_of(w)
                 _validate.keep_if_capturing(w.data, w.scales, w.zeros)
             zeros = w.zeros if w.zeros is not None else 0
             path = matmul_path(M, w, arch=_arch(device), sms=_sms(device))
             if path == "decode":
-                _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
+                _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl, early)
             elif path == "wgmma":
                 if _arch(device) not in _WGMMA_ARCHS:
                     raise ValueError(f"the wgmma path needs a GPU of compute capability 9.0, device {device} is "
@@ -691,7 +701,19 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
                 _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
             else:
                 _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
+            user_w._read = True
     return y
+
+
+def _early_ok(w: QuantizedWeight, pdl: bool) -> bool:
+    """Whether the decode kernel may load ``w``'s first chunk and its scales before its PDL wait
+    (weight.cu ``early``), so that they are on their way while the kernel before it on the stream
+    finishes. Only the activations can be that kernel's output, provided that it does not write the
+    weight: so not in the first matmul with a weight object (the kernel that made its arrays may be
+    the one just before), nor with a plain weight (its prepared copy is made in the same call), nor
+    without PDL (nothing to overlap). After that, ``matmul``'s docstring asks that a kernel writing
+    into a weight's arrays not be the one launched just before a PDL call with it."""
+    return bool(pdl) and w.layout == "prepared" and w._read
 
 
 def _gshift(w) -> int:
@@ -843,10 +865,10 @@ def _run(k, grid, block, args, smem, pdl, cluster=None):
         k(grid, block, args[:-1] + (args[-1][()],), shared_mem=smem)
 
 
-def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl):
+def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
     args = np.zeros((), dtype=_MM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
-    args["ng"], args["gshift"] = K // w.G, _gshift(w)
+    args["ng"], args["gshift"], args["early"] = K // w.G, _gshift(w), int(early)
     # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums
     post = w.scheme != "float8_e4m3fn" and w.G % 128 == 0
     rows_per_launch = _MM_M * _MAX_GRID_Y

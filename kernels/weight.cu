@@ -226,6 +226,7 @@ struct MatmulArgs {
     i64 lda;     // elements between rows of a
     i64 ng;      // groups per weight row
     int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
+    int early;   // 1: the first weight chunk and its scales are loaded before the PDL wait (below)
 };
 
 // The fp16 / bf16 value with bits b (low 16 bits), as float (exact).
@@ -318,7 +319,16 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * VALS;
 
-    pdl_wait_then_release();  // no global access above this line
+    // Programmatic dependent launch: this kernel may start while the kernel before it on the stream
+    // still runs, and griddepcontrol.wait (pdl_wait_then_release) returns once that kernel has
+    // completed and its writes are visible. The activations may be that kernel's output, so they
+    // are read after the wait. The weights (data, scales, zero codes) are not, when the wrapper
+    // sets a.early (weight.py _early_ok: a weight already used on this stream, and not converted
+    // in this call): then this warp's first chunk goes into the ring and its scales into registers
+    // before the wait, so that they are on their way while the kernel before finishes (measured,
+    // BENCHMARKS.md session 22: 4096^2 M = 1 5.33 -> 4.68 us in back-to-back calls on the H100;
+    // the whole ring of two chunks before the wait was slower than one on every shape).
+    if (!a.early) pdl_wait_then_release();  // no global access above this line
     uint4* ring = mm_smem + warp * (STAGES * SLOT) + lane;
     // chunk c of this warp's weights into ring slot `slot` (zeros past K), as one commit group
     auto fill = [&](int c, int slot) {
@@ -357,6 +367,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     for (int s = 0; s < STAGES - 1; ++s) fill(kw + s * KW, s);
     unsigned gd_next[RT][2];
     load_groups(kw, gd_next);
+    if (a.early) pdl_wait_then_release();  // the weights above, the activations below
     // The activations of the next chunk are loaded into the registers of the quarters just used, so
     // that they arrive during this chunk's work at no register cost.
     unsigned ar[MT][AREGS];

@@ -91,3 +91,44 @@ def test_kernel_params_point_at_each_value():
     assert ctypes.string_at(params[3], st.dtype.itemsize) == st.tobytes()
     with pytest.raises(TypeError, match="0-d structured"):
         _launch.kernel_params((np.zeros(3, np.int64),))
+
+
+# The argument structures passed by value to the kernels: the NumPy dtype the wrapper fills, and the
+# kernel file and struct it must match field for field (name, type, order).
+_C_TYPES = {"i64": np.int64, "int": np.int32, "float": np.float32, "unsigned long long": np.uint64}
+ARG_STRUCTS = [
+    ("group_quant", "_SCALE_ARGS", "group_quant.cu", "ScaleArgs"),
+    ("mx", "_QUANT_ARGS", "mx.cu", "QuantArgs"),
+    ("mx", "_DEQUANT_ARGS", "mx.cu", "DequantArgs"),
+    ("weight", "_WQ_ARGS", "weight.cu", "WQuantArgs"),
+    ("weight", "_WQ_ARGS", "weight.cu", "WDequantArgs"),
+    ("weight", "_MM_ARGS", "weight.cu", "MatmulArgs"),
+    ("weight", "_GM_ARGS", "weight_gemm.cu", "GemmArgs"),
+    ("weight", "_GM_ARGS", "weight_wgmma.cu", "WgArgs"),
+]
+
+
+def _c_fields(source: str, struct: str) -> list[tuple[str, type]]:
+    body = re.search(r"^struct " + struct + r" \{(.*?)^\};", source, re.S | re.M).group(1)
+    out = []
+    for decl in re.sub(r"//[^\n]*", "", body).split(";"):
+        decl = " ".join(decl.split())
+        if not decl:
+            continue
+        m = re.fullmatch(r"((?:const )?[\w ]+?)\s*(\*?)\s*(\w+(?:\s*,\s*\w+)*)", decl)
+        assert m, decl
+        ctype = np.uint64 if m.group(2) else _C_TYPES[m.group(1)]  # pointers travel as 64-bit integers
+        out += [(name.strip(), ctype) for name in m.group(3).split(",")]
+    return out
+
+
+@pytest.mark.parametrize("module,dtype_name,cu,struct", ARG_STRUCTS, ids=[f"{c}:{s}" for _, _, c, s in ARG_STRUCTS])
+def test_kernel_argument_structs_match_their_dtypes(module, dtype_name, cu, struct):
+    import importlib
+
+    from cupyquant import _jit
+
+    dt = getattr(importlib.import_module(f"cupyquant.{module}"), dtype_name)
+    fields = _c_fields((Path(_jit.kernel_dir()) / cu).read_text(), struct)
+    assert [(n, np.dtype(t)) for n, t in fields] == [(n, dt.fields[n][0]) for n in dt.names], (cu, struct)
+    assert dt.isalignedstruct

@@ -278,3 +278,17 @@ def test_matmul_path_table(arch):
             assert got == ("decode" if scheme == "float8_e4m3fn" else want), (arch, M, N, K, scheme)
     assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
     assert "compute capability 9.0" in doc and '``"wgmma"``' in doc and "M x N is under\n      1536 per SM" in doc
+
+
+def test_early_weight_reads_rule():
+    """weight._early_ok: the decode kernel reads the weight before its PDL wait only with PDL on, for
+    a prepared weight object that a matmul has already read; a new object (a copy, a fresh prepare)
+    starts unread. (test_weight.py checks the launches and the bits on the GPU.)"""
+    qw = _weight.QuantizedWeight(None, None, None, "int4", 128, (64, 256), np.float16, layout="prepared")
+    plain = _weight.QuantizedWeight(None, None, None, "int4", 128, (64, 256), np.float16)
+    assert not qw._read and not plain._read
+    assert not _weight._early_ok(qw, True)
+    qw._read = plain._read = True
+    assert _weight._early_ok(qw, True)
+    assert not _weight._early_ok(qw, False)
+    assert not _weight._early_ok(plain, True)  # converted in every call: its prepared copy is new

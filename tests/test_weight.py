@@ -458,6 +458,9 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
     # the PDL launches made (cluster launches of 2-way splits go through the same launcher, with pdl
     # set as the call says)
     monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: (k.get("pdl", True) and launches.append(1), real(*a, **k)))
+    early = []  # the decode launches' early flags (weights read before the PDL wait)
+    real_decode = cqw._launch_decode
+    monkeypatch.setattr(cqw, "_launch_decode", lambda *a: (early.append(a[-1]), real_decode(*a)))
     with _forced(path):
         want, h = [], src
         for w in ws:
@@ -490,6 +493,10 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
                 assert_bits_equal(h, want[i], f"eager, matmul {i} of the chain")
             stream.synchronize()
     assert bool(launches) == hopper, "PDL launches are made exactly on GPUs of compute capability 9.0+"
+    if path == "decode":
+        # the want calls (pdl=False, w1 and w2 read for the first time) not early; every PDL call
+        # after them (the warm-up, the captured chain, the eager chain) early
+        assert early == [False] * 4 + [hopper] * 9, early
 
 
 def test_matmul_pdl_argument(monkeypatch):
@@ -505,6 +512,50 @@ def test_matmul_pdl_argument(monkeypatch):
     with _forced("decode"):
         y = cq.matmul(a, qw)
     assert_bits_equal(y, cupy.asnumpy(cq.matmul(a, qw, pdl=False)), "pdl off")
+
+
+def test_matmul_early_weight_reads(monkeypatch):
+    """The decode kernel reads a weight's first chunk and scales before its PDL wait (early) only from
+    the second call with a prepared weight object on, with PDL on: not in a weight's first call
+    (the kernel that wrote its arrays may be the one the launch overlaps), not for a plain weight
+    (converted in the call), not with pdl=False; a copy is a new object. Early or not, the same
+    bits. In a CUDA graph, a CuPy kernel writes a fresh weight's scales right before its first
+    matmul; the captured call must see them."""
+    hopper = _hopper()
+    early = []
+    real = cqw._launch_decode
+    monkeypatch.setattr(cqw, "_launch_decode", lambda *a: (early.append(a[-1]), real(*a)))
+    dtype = ml_dtypes.bfloat16
+    wh = _weights((200, 512), _seed("early"), dtype)
+    plain = cq.quantize_weight(cupy.asarray(wh), "int4")
+    qw = cq.prepare_weight(plain)
+    a = cupy.asarray(np.random.default_rng(_seed("early-a")).standard_normal((3, 512)).astype(dtype))
+    want = _matmul_ref(a, qw)
+    with _forced("decode"):
+        ys = [cq.matmul(a, qw), cq.matmul(a, qw), cq.matmul(a, qw, pdl=False), cq.matmul(a, qw)]
+        assert early == [False, hopper, False, hopper], early
+        for y in ys[1:]:
+            assert_bits_equal(y, cupy.asnumpy(ys[0]), "early against not")
+        assert _rel_err(ys[0], want) <= TOL[np.dtype(dtype)]
+        early.clear()
+        cq.matmul(a, plain), cq.matmul(a, plain)
+        q2 = qw.copy()
+        cq.matmul(a, q2), cq.matmul(a, q2)
+        assert early == [False, False, False, hopper], early
+        # a fresh weight whose scales a kernel writes right before its first (captured) matmul
+        q3 = qw.copy()
+        right = q3.scales.copy()
+        q3.scales.fill(0)
+        out = poisoned((3, 200), dtype)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            cupy.multiply(right, 1, out=q3.scales)  # a kernel (a copy may be a memcpy node)
+            cq.matmul(a, q3, out=out)
+            graph = stream.end_capture()
+            graph.launch(stream)
+            stream.synchronize()
+    assert_bits_equal(out, cupy.asnumpy(ys[0]), "first captured call after its weight was written")
 
 
 @pytest.mark.parametrize("group_size", [32, 128, None], ids=_id)
