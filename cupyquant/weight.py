@@ -823,7 +823,8 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
     FP8 4096x14336 M = 16: TW 33.05, TX 24.00*. The misses past 2%, INT4: 3072 x 4096 M = 1 (+4.8%),
     18432 x 2048 M = 1 (D3 10.67, NA 10.27), 4096 x 4096 M = 1 (+3.5%: D4, D3's blocks in a smaller
     register budget, is faster; the model sees waves and bytes in flight, not how ptxas schedules
-    the loop), 3072 x 4096 M = 16 (+2.2%); FP8 28672 x 8192 M = 16 (TN 94.03, TX 91.25)."""
+    the loop; since the first chunk is loaded before the PDL wait, session 22, WI is the fastest
+    there, 4.67 us against D4 5.16), 3072 x 4096 M = 16 (+2.2%); FP8 28672 x 8192 M = 16 (TN 94.03, TX 91.25)."""
     if two and four_blocks > sms:
         return _jit.MATMUL_FOUR
     if two and four_blocks and _four_wide_splits(four_blocks, sms, nchunks, split_ok):
