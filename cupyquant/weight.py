@@ -115,9 +115,9 @@ class QuantizedWeight:
         self.scheme, self.group_size = scheme, group_size
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.layout = layout
-        # a matmul has read this weight: later decode calls may read it before the kernel before
-        # them completes (matmul, _early_ok)
-        self._read = False
+        # the arrays a matmul has read (_arrays_key): later decode calls with the same arrays may
+        # read them before the kernel before them completes (matmul, _early_ok)
+        self._read_key = None
 
     @property
     def G(self) -> int:
@@ -597,11 +597,11 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
         complete; and it lets the kernel after it (another PDL launch) do the same. The result is
         the same either way. None (the default) turns it on on GPUs of compute capability 9.0 and
         newer, the ones that have it; True elsewhere is a ``ValueError``. It works in CUDA graphs
-        (the launch becomes a programmatic edge). From the second call with a prepared weight
-        object on, the decode kernel also reads the first part of ``w`` before that wait, while
-        the kernel before finishes (weights are constants): so if you write into a weight's arrays
-        after its first matmul, pass ``pdl=False`` to the matmul launched right after that write
-        on the same stream (or launch any other kernel in between).
+        (the launch becomes a programmatic edge). From the second call with the same prepared
+        weight object and arrays on, the decode kernel also reads the first part of ``w`` before
+        that wait, while the kernel before finishes (weights are constants): so if you write into
+        a weight's arrays after its first matmul, pass ``pdl=False`` to the matmul launched right
+        after that write on the same stream (or launch any other kernel in between).
 
     Notes
     -----
@@ -701,7 +701,7 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
                 _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
             else:
                 _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
-            user_w._read = True
+            user_w._read_key = _arrays_key(user_w)
     return y
 
 
@@ -713,7 +713,13 @@ def _early_ok(w: QuantizedWeight, pdl: bool) -> bool:
     the one just before), nor with a plain weight (its prepared copy is made in the same call), nor
     without PDL (nothing to overlap). After that, ``matmul``'s docstring asks that a kernel writing
     into a weight's arrays not be the one launched just before a PDL call with it."""
-    return bool(pdl) and w.layout == "prepared" and w._read
+    return bool(pdl) and w.layout == "prepared" and w._read_key == _arrays_key(w)
+
+
+def _arrays_key(w: QuantizedWeight) -> tuple:
+    """The device buffers of ``w`` (address and size of data, scales and zero points): a weight whose
+    arrays were replaced, or a ``copy.deepcopy`` of one (new buffers), counts as not yet read."""
+    return tuple(None if x is None else (x.data.ptr, x.nbytes) for x in (w.data, w.scales, w.zeros))
 
 
 def _gshift(w) -> int:

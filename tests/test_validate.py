@@ -282,13 +282,21 @@ def test_matmul_path_table(arch):
 
 def test_early_weight_reads_rule():
     """weight._early_ok: the decode kernel reads the weight before its PDL wait only with PDL on, for
-    a prepared weight object that a matmul has already read; a new object (a copy, a fresh prepare)
-    starts unread. (test_weight.py checks the launches and the bits on the GPU.)"""
-    qw = _weight.QuantizedWeight(None, None, None, "int4", 128, (64, 256), np.float16, layout="prepared")
-    plain = _weight.QuantizedWeight(None, None, None, "int4", 128, (64, 256), np.float16)
-    assert not qw._read and not plain._read
+    a prepared weight whose arrays a matmul has already read; a new object (a copy, a fresh prepare)
+    or new arrays in the same object start unread. (test_weight.py checks the launches and the bits
+    on the GPU.)"""
+    from types import SimpleNamespace
+
+    def buf(ptr):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=64)
+
+    qw = _weight.QuantizedWeight(buf(1 << 20), buf(2 << 20), None, "int4", 128, (64, 256), np.float16, layout="prepared")
+    plain = _weight.QuantizedWeight(buf(3 << 20), buf(4 << 20), None, "int4", 128, (64, 256), np.float16)
+    assert qw._read_key is None and plain._read_key is None
     assert not _weight._early_ok(qw, True)
-    qw._read = plain._read = True
+    qw._read_key, plain._read_key = _weight._arrays_key(qw), _weight._arrays_key(plain)
     assert _weight._early_ok(qw, True)
     assert not _weight._early_ok(qw, False)
     assert not _weight._early_ok(plain, True)  # converted in every call: its prepared copy is new
+    qw.scales = buf(5 << 20)  # new arrays: unread again
+    assert not _weight._early_ok(qw, True)

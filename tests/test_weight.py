@@ -4,6 +4,7 @@ a float64 product of the dequantized weight by a stated relative-error bound; va
 
 from __future__ import annotations
 
+import copy
 import zlib
 
 import ml_dtypes
@@ -541,7 +542,11 @@ def test_matmul_early_weight_reads(monkeypatch):
         cq.matmul(a, plain), cq.matmul(a, plain)
         q2 = qw.copy()
         cq.matmul(a, q2), cq.matmul(a, q2)
-        assert early == [False, False, False, hopper], early
+        q2.scales = q2.scales.copy()  # new arrays in the same object: read as new
+        cq.matmul(a, q2), cq.matmul(a, q2)
+        q4 = copy.deepcopy(q2)  # the attributes copied, the buffers new
+        cq.matmul(a, q4), cq.matmul(a, q4)
+        assert early == [False, False, False, hopper, False, hopper, False, hopper], early
         # a fresh weight whose scales a kernel writes right before its first (captured) matmul
         q3 = qw.copy()
         right = q3.scales.copy()
