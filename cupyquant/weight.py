@@ -598,10 +598,11 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
         the same either way. None (the default) turns it on on GPUs of compute capability 9.0 and
         newer, the ones that have it; True elsewhere is a ``ValueError``. It works in CUDA graphs
         (the launch becomes a programmatic edge). From the second call with the same prepared
-        weight object and arrays on, the decode kernel also reads the first part of ``w`` before
-        that wait, while the kernel before finishes (weights are constants): so if you write into
-        a weight's arrays after its first matmul, pass ``pdl=False`` to the matmul launched right
-        after that write on the same stream (or launch any other kernel in between).
+        weight object and arrays on (captured calls do not count), the decode kernel also reads
+        the first part of ``w`` before that wait, while the kernel before finishes (weights are
+        constants): so if you write into a weight's arrays after its first matmul, pass
+        ``pdl=False`` to the matmul launched right after that write on the same stream (or launch
+        any other kernel in between).
 
     Notes
     -----
@@ -701,7 +702,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
                 _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
             else:
                 _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
-            user_w._read_key = _arrays_key(user_w)
+            if not cupy.cuda.get_current_stream().is_capturing():  # a captured call may never run
+                user_w._read_key = _arrays_key(user_w)
     return y
 
 
@@ -709,10 +711,11 @@ def _early_ok(w: QuantizedWeight, pdl: bool) -> bool:
     """Whether the decode kernel may load ``w``'s first chunk and its scales before its PDL wait
     (weight.cu ``early``), so that they are on their way while the kernel before it on the stream
     finishes. Only the activations can be that kernel's output, provided that it does not write the
-    weight: so not in the first matmul with a weight object (the kernel that made its arrays may be
-    the one just before), nor with a plain weight (its prepared copy is made in the same call), nor
-    without PDL (nothing to overlap). After that, ``matmul``'s docstring asks that a kernel writing
-    into a weight's arrays not be the one launched just before a PDL call with it."""
+    weight: so not before a matmul made outside a graph capture has read the weight's present
+    arrays (the kernel that made them may be the one just before), nor with a plain weight (its
+    prepared copy is made in the same call), nor without PDL (nothing to overlap). After that,
+    ``matmul``'s docstring asks that a kernel writing into a weight's arrays not be the one
+    launched just before a PDL call with it."""
     return bool(pdl) and w.layout == "prepared" and w._read_key == _arrays_key(w)
 
 

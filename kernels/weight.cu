@@ -323,8 +323,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     // still runs, and griddepcontrol.wait (pdl_wait_then_release) returns once that kernel has
     // completed and its writes are visible. The activations may be that kernel's output, so they
     // are read after the wait. The weights (data, scales, zero codes) are not, when the wrapper
-    // sets a.early (weight.py _early_ok: a weight already used on this stream, and not converted
-    // in this call): then this warp's first chunk goes into the ring and its scales into registers
+    // sets a.early (weight.py _early_ok: a weight whose arrays an earlier call has read, and not
+    // converted in this call): then this warp's first chunk goes into the ring and its scales into registers
     // before the wait, so that they are on their way while the kernel before finishes (measured,
     // BENCHMARKS.md session 22: 4096^2 M = 1 5.33 -> 4.68 us in back-to-back calls on the H100;
     // the whole ring of two chunks before the wait was slower than one on every shape).
