@@ -83,13 +83,14 @@ def _product(name: str, *axes) -> list[str]:
 
 
 _BOOLS = (False, True)
-# Configurations of the decode matmul (kernels/weight.cu MM_DEC3 ... MM_FOUR_WIDE): M <= 8 with 3
+# Configurations of the decode matmul (kernels/weight.cu MM_DEC3 ... MM_TWO_ONE): M <= 8 with 3
 # or 4 blocks of 8 warps per SM, M tiles of 16 rows with blocks of 8 warps, M <= 8 with blocks of
 # 16 warps, M <= 8 with blocks of 4, M tiles of 16 rows with blocks of 4 and of 16 warps (32 weight
-# rows a block), and with blocks of 4 and of 8 warps of 64 weight rows.
-MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO, MATMUL_WIDE, MATMUL_NARROW, MATMUL_TWO_NARROW, MATMUL_TWO_WIDE, MATMUL_FOUR, MATMUL_FOUR_WIDE = range(9)
+# rows a block), with blocks of 4 and of 8 warps of 64 weight rows, and M tiles of 16 rows with
+# blocks of 8 warps one per SM and two sets of partial sums (MM_TWO_ONE).
+MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO, MATMUL_WIDE, MATMUL_NARROW, MATMUL_TWO_NARROW, MATMUL_TWO_WIDE, MATMUL_FOUR, MATMUL_FOUR_WIDE, MATMUL_TWO_ONE = range(10)
 MATMUL_CONFIGS = (MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO, MATMUL_WIDE, MATMUL_NARROW, MATMUL_TWO_NARROW, MATMUL_TWO_WIDE, MATMUL_FOUR,
-                  MATMUL_FOUR_WIDE)
+                  MATMUL_FOUR_WIDE, MATMUL_TWO_ONE)
 _IN_CTYPES = tuple(t.ctype for t in _dtypes.INPUT_TYPES)
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
 _Q8_TAGS = _FP8_TAGS + (_dtypes.element_format("int8").ctag,)

@@ -741,7 +741,12 @@ _DECODE_CONFIGS = {
 # model: _decode_config takes it for INT4 whenever its blocks outnumber the SMs (measured below).
 _DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2), _jit.MATMUL_FOUR_WIDE: (8, 1)}
 _FOUR_WIDE_MIN_CHUNKS = 4
-_DECODE_WARPS = {cfg: warps for table in (*_DECODE_CONFIGS.values(), _DECODE_FOUR) for cfg, (warps, _) in table.items()}
+# MM_TWO_ONE (M tiles of 16 rows, 32 rows a block of 8 warps, one per SM, two sets of partial sums):
+# not in the wave model either; _decode_config takes it instead of MM_TWO_WIDE for K of at most
+# _TWO_ONE_MAX_CHUNKS chunks where the partial sums are taken per chunk (INT4, groups of 128k).
+_DECODE_TWO_ONE = {_jit.MATMUL_TWO_ONE: (8, 1)}
+_TWO_ONE_MAX_CHUNKS = 32
+_DECODE_WARPS = {cfg: warps for table in (*_DECODE_CONFIGS.values(), _DECODE_FOUR, _DECODE_TWO_ONE) for cfg, (warps, _) in table.items()}
 # The decode kernel's time model (_decode_config): below _DECODE_INFLIGHT_KB of weights in flight per
 # SM a round of chunks takes one memory latency, above it time grows with the bytes (the memory's
 # rate); a block costs _DECODE_BLOCK_CHUNKS chunks more than its own (first load, the K reduction).
@@ -767,13 +772,32 @@ def _decode_estimate(cfg: int, blocks: int, sms: int, nchunks: int, two: bool) -
     return total
 
 
-def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_blocks: int = 0, split_ok: bool = False) -> int:
+def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_blocks: int = 0, split_ok: bool = False,
+                   chains_ok: bool = False) -> int:
     """The decode kernel's configuration for a grid of ``blocks`` blocks (16 weight rows each, or 32
     with ``two``: M tiles of 16 rows, times the M tiles) whose K is ``nchunks`` chunks (weight.cu's
     CHUNK: 128 INT4 or 64 FP8 elements): MM_FOUR when ``four_blocks`` (its blocks of 64 rows, times
     the M tiles; 0 where it is not offered: FP8, M <= 8) outnumber the SMs; MM_FOUR_WIDE where
     _four_wide_splits takes it (``split_ok``: a K split may be offered); else the least
-    _decode_estimate (ties to the first listed in _DECODE_CONFIGS).
+    _decode_estimate (ties to the first listed in _DECODE_CONFIGS), except that MM_TWO_ONE replaces
+    MM_TWO_WIDE where ``chains_ok`` (INT4 with whole-chunk groups: the kernel's POST sums) and K
+    has at most _TWO_ONE_MAX_CHUNKS chunks.
+
+    MM_TWO_ONE. At M tiles of 16 rows and a short K the mma.sync steps, not the memory, set the
+    pace: a warp's 8 k16 steps a chunk are a chain of dependent mma on each set of accumulators.
+    MM_TWO's 8-warp blocks, one per SM, have the registers for two sets of partial sums (even and
+    odd steps), which halves that chain. Measured on the H100 (session 23, bf16, INT4 g128, scratch
+    builds, bench protocol, two rounds each, us): at 4096^2 M = 16 the kernel as it was 6.9 (TX);
+    with its mma.sync taken out 3.8, with half of them 5.6, with the dequantization taken out
+    instead 6.9; MM_TWO's blocks one per SM with one / two / four sets of sums 7.2 / 6.5 / 6.4, and
+    with two sets but 3 or 4 ring stages 7.1 / 7.5. Two sets against the pick (M = 16):
+      N x K         pick        two sets     N x K          pick        two sets
+      4096x4096     TX 6.92     6.47         4096x8192      FW/2 10.73  10.80 (TX forced 10.44)
+      3072x4096     TX 6.36     6.30         4096x14336     FW/2 15.80  18.04
+      2048x8192     TX 9.18     8.92         5120x5120      FW 9.69     13.79
+    At M = 1 two or four sets in the M <= 8 configurations were no faster (WI 4.76 / 4.73 / 4.90).
+    So it replaces MM_TWO_WIDE up to 32 chunks only (2048 x 8192, 3% faster at 64 chunks, is left
+    out with 4096 x 8192, 3% slower).
 
     MM_FOUR_WIDE (one block of 8 warps and 64 rows per SM) where the blocks of 64 rows fill between
     half the SMs and all of them, or, split 2 ways along K as clusters, between a quarter and a
@@ -839,7 +863,10 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
     if two and four_blocks and _four_wide_splits(four_blocks, sms, nchunks, split_ok):
         return _jit.MATMUL_FOUR_WIDE
     configs = _DECODE_CONFIGS[bool(two)]
-    return min(configs, key=lambda cfg: _decode_estimate(cfg, blocks, sms, nchunks, two))
+    pick = min(configs, key=lambda cfg: _decode_estimate(cfg, blocks, sms, nchunks, two))
+    if pick == _jit.MATMUL_TWO_WIDE and chains_ok and nchunks <= _TWO_ONE_MAX_CHUNKS:
+        return _jit.MATMUL_TWO_ONE
+    return pick
 
 
 def _four_wide_splits(four_blocks: int, sms: int, nchunks: int, split_ok: bool) -> int:
@@ -889,7 +916,7 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
         mtiles = -(-mrows // _MM_M)
         four_blocks = -(-N // _mm_rows(two, True)) * mtiles if two and w.scheme != "float8_e4m3fn" else 0
         cfg = _decode_config(-(-N // _mm_rows(two)) * mtiles, _sms(device), K // _CHUNK[w.scheme], two, four_blocks,
-                             int(_arch(device)) >= 90 and mrows >= _MM_M)
+                             int(_arch(device)) >= 90 and mrows >= _MM_M, post)
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
         warps = _mm_warps(cfg)
         four = cfg in _DECODE_FOUR

@@ -198,6 +198,14 @@ static constexpr int MM_MAX_SPLITS = 8;  // blocks of a K split (a portable clus
 // MM_FOUR_WIDE: the same 64-row blocks with 8 warps (one block per SM, 32 KB in flight), for
 // shapes whose 64-row blocks fill between half the SMs and all of them; the wrapper also splits its
 // K across the 2 blocks of a cluster where they fill only a quarter to a half (below).
+// MM_TWO_ONE: MM_TWO's blocks (8 warps, 32 rows) one per SM, whose register budget (up to 255)
+// holds each chunk's partial sums in two sets, even and odd k16 steps (INT4 with POST), so that a
+// warp's chain of dependent mma is 4 long instead of 8. At M tiles of 16 rows the mma, not the
+// memory, sets the pace of a short K: on the H100 at 4096^2 M = 16 (session 23, scratch builds,
+// bench protocol) the kernel took 6.9 us as is, 3.8 with the mma taken out (the dequantization
+// kept), 5.6 with half of them, and 6.9 with the dequantization taken out (the mma kept); one set
+// of partial sums in MM_TWO's blocks one per SM 7.2 us, two sets 6.5, four 6.4. The wrapper
+// takes it where K is short (weight.py _decode_config).
 #define MM_DEC3 0
 #define MM_DEC4 1
 #define MM_TWO 2
@@ -207,13 +215,16 @@ static constexpr int MM_MAX_SPLITS = 8;  // blocks of a K split (a portable clus
 #define MM_TWO_WIDE 6
 #define MM_FOUR 7
 #define MM_FOUR_WIDE 8
+#define MM_TWO_ONE 9
 // M tiles of 16 rows (two mma B fragments) in every configuration but the four of M <= 8
 __host__ __device__ constexpr bool mm_four(int cfg) { return cfg == MM_FOUR || cfg == MM_FOUR_WIDE; }
-__host__ __device__ constexpr bool mm_two(int cfg) { return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || mm_four(cfg); }
+__host__ __device__ constexpr bool mm_two(int cfg) {
+    return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || cfg == MM_TWO_ONE || mm_four(cfg);
+}
 // 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tiles of 16 rows, 4 in MM_FOUR and MM_FOUR_WIDE
 __host__ __device__ constexpr int mm_row_tiles(int cfg) { return mm_four(cfg) ? 4 : mm_two(cfg) ? 2 : 1; }
 __host__ __device__ constexpr int mm_min_blocks(int cfg) {
-    return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE || cfg == MM_FOUR_WIDE ? 1 : 2;
+    return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE || cfg == MM_FOUR_WIDE || cfg == MM_TWO_ONE ? 1 : 2;
 }
 __host__ __device__ constexpr int mm_warps(int cfg) {
     return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW || cfg == MM_FOUR ? 4 : MM_WARPS;
@@ -422,12 +433,16 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                 sf[r][h] = bits16_to_float<T>(sb);
                 zb[r][h] = frag_zero_bias<T>(z, h);
             }
-        float part[POST ? RT : 1][MT][4];
+        // POST: the chunk's partial sums, in NCH sets that k16 steps take in turn (MM_TWO_ONE: two)
+        constexpr int NCH = POST && CFG == MM_TWO_ONE ? 2 : 1;
+        float part[NCH][POST ? RT : 1][MT][4];
         if constexpr (POST) {
 #pragma unroll
-            for (int r = 0; r < RT; ++r)
+            for (int ch = 0; ch < NCH; ++ch)
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) part[r][mt][0] = part[r][mt][1] = part[r][mt][2] = part[r][mt][3] = 0.0f;
+                for (int r = 0; r < RT; ++r)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) part[ch][r][mt][0] = part[ch][r][mt][1] = part[ch][r][mt][2] = part[ch][r][mt][3] = 0.0f;
         }
         if constexpr (FP8) {
 #pragma unroll
@@ -471,7 +486,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                             af[j] = b;
                         }
 #pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
+                        for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[(4 * sl + tp) % NCH][r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
                     }
                 }
                 load_act(c + KW, 2 * sl, ar);  // the four steps of sl used quarters 2 sl and 2 sl + 1
@@ -484,7 +499,12 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) acc[r][mt][q] = fma_rn(part[r][mt][q], sf[r][q >> 1], acc[r][mt][q]);
+                    for (int q = 0; q < 4; ++q) {
+                        float p = part[0][r][mt][q];
+#pragma unroll
+                        for (int ch = 1; ch < NCH; ++ch) p = add_rn(p, part[ch][r][mt][q]);
+                        acc[r][mt][q] = fma_rn(p, sf[r][q >> 1], acc[r][mt][q]);
+                    }
         }
     }
 

@@ -156,6 +156,30 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     assert cqw._decode_config(1000, 132, 32, False, 500) not in (FO, FW, TW, TN, TX)  # M <= 8
 
 
+def test_decode_config_two_one_for_short_k():
+    """MM_TWO_ONE (8 warps of 32 weight rows, one block per SM, two sets of partial sums; session
+    23 on the H100, weight.py _decode_config) replaces MM_TWO_WIDE where the caller says the sums
+    are taken per chunk (chains_ok: INT4 with whole-chunk groups) and K has at most 32 chunks;
+    never at M <= 8, never in place of another configuration, never without chains_ok."""
+    from cupyquant import _jit
+    from cupyquant import weight as cqw
+
+    T1, TX, TW, FW, WI = _jit.MATMUL_TWO_ONE, _jit.MATMUL_TWO_WIDE, _jit.MATMUL_TWO, _jit.MATMUL_FOUR_WIDE, _jit.MATMUL_WIDE
+    assert cqw._mm_warps(T1) == 8 and cqw._mm_smem(True, 8) == 32 * 1024
+    for (N, K), (chained, plain) in {
+        (4096, 4096): (T1, TX), (3072, 4096): (T1, TX), (2048, 4096): (T1, TX),  # 32 chunks: T1
+        (2048, 8192): (TX, TX),  # 64 chunks: TX stays
+        (4096, 8192): (FW, FW), (4096, 14336): (FW, FW), (5120, 5120): (FW, FW), (4096, 2048): (TW, TW),
+    }.items():
+        blocks, four = -(-N // 32), -(-N // 64)
+        assert cqw._decode_config(blocks, 132, K // 128, True, four, True, True) == chained, (N, K)
+        assert cqw._decode_config(blocks, 132, K // 128, True, four, True, False) == plain, (N, K)
+        assert cqw._decode_config(blocks, 132, K // 128, True, four, True) == plain, (N, K)  # the default
+    assert cqw._decode_config(256, 132, 32, False, 0, False, True) == WI  # M <= 8: the 16-row blocks
+    assert cqw._decode_config(64, 132, cqw._TWO_ONE_MAX_CHUNKS + 1, True, 32, False, True) == TX
+    assert cqw._decode_splits(T1, 128, 132, 32) == 1
+
+
 def test_decode_config_four_wide_and_its_k_split():
     """MM_FOUR_WIDE (8 warps of 64 weight rows, one block per SM; INT4 at M > 8; session 18 on the
     H100, weight.py _decode_config): taken unsplit when the blocks of 64 rows fill more than half

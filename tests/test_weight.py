@@ -721,7 +721,7 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
             y = cq.matmul(a, qw)
             calls = list(launched)  # the kernel lookups and the launch of this matmul alone
             assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
-            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0, hopper and M >= 16)
+            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0, hopper and M >= 16, True)
             assert picked == [want]
             assert len(calls) == 2 and calls[0][0] == "w4a16_matmul" and calls[0][3] == want, (N, M, calls)
             block, grid, cluster = calls[1]
@@ -746,7 +746,8 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     waves): at M <= 8 blocks of 8 warps in two register budgets (3 or 4 blocks per SM), which compute
     the same sums in the same order and must give the same bits, and blocks of 16 and 4 warps, which
     split K 16 and 4 ways; at M > 8 (M tiles of 16 rows) blocks of 8, 4 and 16 warps of 32 weight
-    rows, and of 4 and 8 warps of 64 rows (MM_FOUR, MM_FOUR_WIDE; with M = 33, three M tiles). Odd N exercises the
+    rows, of 4 and 8 warps of 64 rows (MM_FOUR, MM_FOUR_WIDE; with M = 33, three M tiles), and of 8
+    warps of 32 rows one per SM (MM_TWO_ONE; groups of 64, so its one set of sums). Odd N exercises the
     clamped tail rows (N = 1000 leaves 40 rows, 3 of 4 tiles, in the last block of 64), and K = 1024
     (8 chunks) leaves half of a 16-warp block idle. Every configuration is held to the error
     bound."""
@@ -759,7 +760,8 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma on compute capability 9.0
     for cfg, ms in ((_jit.MATMUL_DEC3, (1, 5, 8)), (_jit.MATMUL_DEC4, (1, 5, 8)), (_jit.MATMUL_WIDE, (1, 5, 8)),
                     (_jit.MATMUL_NARROW, (1, 5, 8)), (_jit.MATMUL_TWO, (9, 16)), (_jit.MATMUL_TWO_NARROW, (9, 16)),
-                    (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, (9, 16, 33))):
+                    (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, (9, 16, 33)),
+                    (_jit.MATMUL_TWO_ONE, (9, 16, 33))):
         monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
@@ -778,8 +780,9 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     the split, each output must be the float64 product rounded once, bit for bit (an output left
     unwritten, added twice or from the wrong block fails). Splits of 2, 3 and 8 over K = 2048 (16
     chunks: with 8 blocks of 8 warps most warps get no chunk), N = 1000 (a partial last tile),
-    M = 1, 5 (M tiles of 8 rows), 9, 16 and 33; and the wrapper's own split run twice gives the same
-    bits."""
+    M = 1, 5 (M tiles of 8 rows), 9, 16 and 33, and MM_TWO_ONE unsplit and split, whose two sets of
+    partial sums (even and odd k16 steps of a chunk) must both reach the output; and the wrapper's
+    own split run twice gives the same bits."""
     from cupyquant import _jit
 
     if int(cqw._arch(cupy.cuda.Device().id)) < 90:
@@ -793,7 +796,8 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma otherwise
     for cfg, splits, ms in ((_jit.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, 3, (16,)),
                             (_jit.MATMUL_FOUR, 2, (16, 33)), (_jit.MATMUL_TWO_WIDE, 2, (9,)), (_jit.MATMUL_TWO, 8, (16,)),
-                            (_jit.MATMUL_DEC3, 2, (1, 5)), (_jit.MATMUL_WIDE, 8, (1,))):
+                            (_jit.MATMUL_DEC3, 2, (1, 5)), (_jit.MATMUL_WIDE, 8, (1,)), (_jit.MATMUL_TWO_ONE, 1, (9, 16, 33)),
+                            (_jit.MATMUL_TWO_ONE, 2, (16,))):
         monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
         monkeypatch.setattr(cqw, "_decode_splits", lambda *args, splits=splits: splits)
         for M in ms:
