@@ -355,7 +355,7 @@ def _decode_configs(run, qp, deq, dt, rng, tag):
     try:
         cqw.FORCE_PATH = "decode"
         for cfg in cqw._jit.MATMUL_CONFIGS:
-            two = cfg in cqw._DECODE_CONFIGS[True] or cfg in cqw._DECODE_FOUR  # the kernels of M tiles of 16 rows
+            two = cfg in cqw._DECODE_CONFIGS[True] or cfg in cqw._DECODE_FOUR or cfg in cqw._DECODE_TWO_ONE  # M tiles of 16 rows
             cqw._decode_config = lambda *args, cfg=cfg: cfg
             for splits in ((1, 2, 3) if cfg == cqw._jit.MATMUL_FOUR_WIDE else (1, 2)) if hopper else (1,):
                 cqw._decode_splits = lambda *args, splits=splits: splits
