@@ -743,7 +743,7 @@ _DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2), _jit.MATMUL_FOUR_WIDE: (8, 1)}
 _FOUR_WIDE_MIN_CHUNKS = 4
 # MM_TWO_ONE (M tiles of 16 rows, 32 rows a block of 8 warps, one per SM, two sets of partial sums):
 # not in the wave model either; _decode_config takes it instead of MM_TWO_WIDE for K of at most
-# _TWO_ONE_MAX_CHUNKS chunks where the partial sums are taken per chunk (INT4, groups of 128k).
+# _TWO_ONE_MAX_CHUNKS chunks where the partial sums are taken per chunk (INT4, groups of 128 or per channel).
 _DECODE_TWO_ONE = {_jit.MATMUL_TWO_ONE: (8, 1)}
 _TWO_ONE_MAX_CHUNKS = 32
 _DECODE_WARPS = {cfg: warps for table in (*_DECODE_CONFIGS.values(), _DECODE_FOUR, _DECODE_TWO_ONE) for cfg, (warps, _) in table.items()}
