@@ -192,7 +192,7 @@ static constexpr int MM_MAX_SPLITS = 8;  // blocks of a K split (a portable clus
 // SM at the same register budgets as MM_DEC4 and MM_TWO), so that many short blocks fit in one wave;
 // MM_TWO_WIDE 16 warps (one block per SM), so that few blocks of 32 rows still have 32 KB in flight.
 // MM_FOUR (M tiles of 16 rows, INT4 on the H100) gives each warp 4 tiles of 16 weight rows (a block
-// of 4 warps owns 64 rows, 246 registers, 2 blocks per SM): each chunk's 4 KB of activations then
+// of 4 warps owns 64 rows, up to 250 registers, 2 blocks per SM): each chunk's 4 KB of activations then
 // feed 4 KB of weights instead of 2, which halves the activation reads per weight byte (at M = 16
 // they were twice the weight bytes, 25% of the time on the large shapes; session 9).
 // MM_FOUR_WIDE: the same 64-row blocks with 8 warps (one block per SM, 32 KB in flight), for
@@ -380,10 +380,13 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     load_groups(kw, gd_next);
     if (a.early) pdl_wait_then_release();  // the weights above, the activations below
     // The activations of the next chunk are loaded into the registers of the quarters just used, so
-    // that they arrive during this chunk's work at no register cost.
+    // that they arrive during this chunk's work at no register cost (PAIRS: into a second set at
+    // the top of the iteration, copied at its end; see the mma steps).
+    constexpr bool PAIRS = !FP8 && mm_four(CFG);
     unsigned ar[MT][AREGS];
 #pragma unroll
     for (int q = 0; q < AREGS / 4; ++q) load_act(kw, q, ar);
+    unsigned an[PAIRS ? MT : 1][PAIRS ? AREGS : 1];
 
     float acc[RT][MT][4];
 #pragma unroll
@@ -414,6 +417,10 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
             for (int h = 0; h < 2; ++h) wv[r][h] = ring[slot * SLOT + (2 * r + h) * 32];
         fill(c + (STAGES - 1) * KW, (i + STAGES - 1) % STAGES);  // the slot emptied last iteration
+        if constexpr (PAIRS) {
+#pragma unroll
+            for (int q = 0; q < AREGS / 4; ++q) load_act(c + KW, q, an);
+        }
 
         unsigned gd[RT][2];
 #pragma unroll
@@ -433,8 +440,9 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                 sf[r][h] = bits16_to_float<T>(sb);
                 zb[r][h] = frag_zero_bias<T>(z, h);
             }
-        // POST: the chunk's partial sums, in NCH sets that k16 steps take in turn (MM_TWO_ONE: two)
-        constexpr int NCH = POST && CFG == MM_TWO_ONE ? 2 : 1;
+        // POST: the chunk's partial sums, in NCH sets that k16 steps take in turn (MM_TWO_ONE and
+        // PAIRS: two)
+        constexpr int NCH = POST && (CFG == MM_TWO_ONE || PAIRS) ? 2 : 1;
         float part[NCH][POST ? RT : 1][MT][4];
         if constexpr (POST) {
 #pragma unroll
@@ -463,6 +471,49 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                     for (int mt = 0; mt < MT; ++mt) mma16816<T>(acc[r][mt], af, bf[mt][0], bf[mt][1]);
                 }
                 if (st % 2 == 1) load_act(c + KW, st / 2, ar);  // steps st - 1 and st used quarter st / 2
+            }
+        } else if constexpr (PAIRS) {
+            // Words tp and tp + 1 (tp even) of piece sl are the A fragments of lanes (g, tp) and
+            // (g, tp + 1) for k16 step 2 t + sl of the prepared layout, i.e. this lane's k
+            // 16 sl + 2 tp + {0, 1, 8, 9} and 16 sl + 2 tp + {2, 3, 10, 11} (of its 32). Their
+            // registers are regrouped into two mma: the low k pairs of both words (a0, a1 from word
+            // tp, a2, a3 from word tp + 1: k 16 sl + 2 tp + 0..3) meet activation pairs 8 sl + tp
+            // and 8 sl + tp + 1, the high ones (+ 8) pairs 8 sl + tp + 4 and + 5, so that each mma's
+            // B operand is two adjacent registers of one 16-byte load (an aligned pair, as the mma
+            // wants it; below, the pairs 8 sl + tp and + 4 are in two loads, and ptxas copies them
+            // into pairs). The registers this frees hold the next chunk's activations (an) and a
+            // second set of partial sums. MM_FOUR and MM_FOUR_WIDE only: measured on the H100
+            // (session 24, INT4 g128 bf16, M = 16, us) 14336 x 4096 14.6 -> 14.2-14.3, 4096 x 14336
+            // 15.8 -> 15.0-15.1, 28672 x 8192 53.5 -> 52.1-52.4, 8192 x 28672 51.2 -> 49.8-50.3;
+            // the same change in MM_TWO_ONE and the M <= 8 blocks made 4096^2 slower (M = 16 6.48
+            // -> 6.60, M = 1 4.72 -> 4.78).
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) {
+#pragma unroll
+                for (int tp = 0; tp < 4; tp += 2) {
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        unsigned d[2][4];  // words tp and tp + 1: rows g, g + 8, g, g + 8
+#pragma unroll
+                        for (int u = 0; u < 2; ++u) {
+                            const unsigned word = reinterpret_cast<const unsigned*>(&wv[r][sl])[tp + u];
+#pragma unroll
+                            for (int j = 0; j < 4; ++j) {
+                                unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
+                                if constexpr (!POST) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
+                                d[u][j] = b;
+                            }
+                        }
+#pragma unroll
+                        for (int hl = 0; hl < 2; ++hl) {  // the low k pairs, then the high ones
+                            const unsigned af[4] = {d[0][2 * hl], d[0][2 * hl + 1], d[1][2 * hl], d[1][2 * hl + 1]};
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt)
+                                mma16816<T>(POST ? part[hl % NCH][r][mt] : acc[r][mt], af, ar[mt][8 * sl + tp + 4 * hl],
+                                            ar[mt][8 * sl + tp + 4 * hl + 1]);
+                        }
+                    }
+                }
             }
         } else {
             // step (sl, tp): word tp of piece sl, the A fragment of lane (g, tp) for k16 step 2 t + sl of
@@ -505,6 +556,12 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                         for (int ch = 1; ch < NCH; ++ch) p = add_rn(p, part[ch][r][mt][q]);
                         acc[r][mt][q] = fma_rn(p, sf[r][q >> 1], acc[r][mt][q]);
                     }
+        }
+        if constexpr (PAIRS) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int q = 0; q < AREGS; ++q) ar[mt][q] = an[mt][q];
         }
     }
 

@@ -781,30 +781,35 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     unwritten, added twice or from the wrong block fails). Splits of 2, 3 and 8 over K = 2048 (16
     chunks: with 8 blocks of 8 warps most warps get no chunk), N = 1000 (a partial last tile),
     M = 1, 5 (M tiles of 8 rows), 9, 16 and 33, and MM_TWO_ONE unsplit and split, whose two sets of
-    partial sums (even and odd k16 steps of a chunk) must both reach the output; and the wrapper's
-    own split run twice gives the same bits."""
+    partial sums (even and odd k16 steps of a chunk) must both reach the output; the 64-row blocks
+    (MM_FOUR, MM_FOUR_WIDE: two sets, the weight registers of two k16 steps regrouped into each mma)
+    in fp16 and bf16; and the wrapper's own split run twice gives the same bits."""
     from cupyquant import _jit
 
     if int(cqw._arch(cupy.cuda.Device().id)) < 90:
         pytest.skip("the decode K split runs as thread-block clusters: compute capability 9.0+")
-    dtype = np.float16
     rng = np.random.default_rng(18)
     N, K = 1000, 2048
     w = rng.integers(-7, 8, (N, K)).astype(np.float32)
     w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
-    qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
     monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma otherwise
-    for cfg, splits, ms in ((_jit.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, 3, (16,)),
-                            (_jit.MATMUL_FOUR, 2, (16, 33)), (_jit.MATMUL_TWO_WIDE, 2, (9,)), (_jit.MATMUL_TWO, 8, (16,)),
-                            (_jit.MATMUL_DEC3, 2, (1, 5)), (_jit.MATMUL_WIDE, 8, (1,)), (_jit.MATMUL_TWO_ONE, 1, (9, 16, 33)),
-                            (_jit.MATMUL_TWO_ONE, 2, (16,))):
-        monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
-        monkeypatch.setattr(cqw, "_decode_splits", lambda *args, splits=splits: splits)
-        for M in ms:
-            a = rng.integers(-4, 5, (M, K)).astype(dtype)
-            out = poisoned((M, N), dtype)
-            cq.matmul(cupy.asarray(a), qw, out=out)
-            assert_bits_equal(out, (a.astype(np.float64) @ w.T).astype(dtype), f"cfg {cfg} splits {splits} M={M}")
+    fp16_cases = ((_jit.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, 3, (16,)), (_jit.MATMUL_FOUR, 2, (16, 33)),
+                  (_jit.MATMUL_TWO_WIDE, 2, (9,)), (_jit.MATMUL_TWO, 8, (16,)), (_jit.MATMUL_DEC3, 2, (1, 5)),
+                  (_jit.MATMUL_WIDE, 8, (1,)), (_jit.MATMUL_TWO_ONE, 1, (9, 16, 33)), (_jit.MATMUL_TWO_ONE, 2, (16,)))
+    # bf16 (its own code extraction): the 64-row blocks, whose mma pair the weight registers of two
+    # k16 steps and keep two sets of partial sums, unsplit and split
+    bf16_cases = ((_jit.MATMUL_FOUR_WIDE, 1, (16, 33)), (_jit.MATMUL_FOUR_WIDE, 2, (9,)), (_jit.MATMUL_FOUR, 1, (16,)))
+    for dtype, cases in ((np.float16, fp16_cases), (ml_dtypes.bfloat16, bf16_cases)):
+        qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
+        for cfg, splits, ms in cases:
+            monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
+            monkeypatch.setattr(cqw, "_decode_splits", lambda *args, splits=splits: splits)
+            for M in ms:
+                a = rng.integers(-4, 5, (M, K)).astype(dtype)
+                out = poisoned((M, N), dtype)
+                cq.matmul(cupy.asarray(a), qw, out=out)
+                want = (a.astype(np.float64) @ w.T).astype(np.float32).astype(dtype)  # exact in float32, one rounding
+                assert_bits_equal(out, want, f"{np.dtype(dtype)} cfg {cfg} splits {splits} M={M}")
     monkeypatch.undo()
     # the wrapper's own pick for 32 x SMs rows of 64 chunks at M = 16 is split (test above): the
     # sum order is fixed, so two calls agree bit for bit
