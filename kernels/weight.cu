@@ -440,8 +440,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                 sf[r][h] = bits16_to_float<T>(sb);
                 zb[r][h] = frag_zero_bias<T>(z, h);
             }
-        // POST: the chunk's partial sums, in NCH sets that k16 steps take in turn (MM_TWO_ONE and
-        // PAIRS: two)
+        // POST: the chunk's partial sums, in NCH sets (MM_TWO_ONE: two, even and odd k16 steps;
+        // PAIRS: two, the low and the high k pairs)
         constexpr int NCH = POST && (CFG == MM_TWO_ONE || PAIRS) ? 2 : 1;
         float part[NCH][POST ? RT : 1][MT][4];
         if constexpr (POST) {
@@ -452,6 +452,16 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) part[ch][r][mt][0] = part[ch][r][mt][1] = part[ch][r][mt][2] = part[ch][r][mt][3] = 0.0f;
         }
+        // INT4: word of tile r -> its four A registers (rows g, g + 8, g, g + 8): q - z exactly
+        // (POST), else the dequantized weights
+        auto dq_word = [&](unsigned word, int r, unsigned (&d)[4]) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
+                if constexpr (!POST) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
+                d[j] = b;
+            }
+        };
         if constexpr (FP8) {
 #pragma unroll
             for (int st = 0; st < STEPS; ++st) {
@@ -486,24 +496,16 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
             // (session 24, INT4 g128 bf16, M = 16, us) 14336 x 4096 14.6 -> 14.2-14.3, 4096 x 14336
             // 15.8 -> 15.0-15.1, 28672 x 8192 53.5 -> 52.1-52.4, 8192 x 28672 51.2 -> 49.8-50.3;
             // the same change in MM_TWO_ONE and the M <= 8 blocks made 4096^2 slower (M = 16 6.48
-            // -> 6.60, M = 1 4.72 -> 4.78).
+            // -> 6.60, M = 1 4.72 -> 4.76-4.81).
 #pragma unroll
             for (int sl = 0; sl < 2; ++sl) {
 #pragma unroll
                 for (int tp = 0; tp < 4; tp += 2) {
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
-                        unsigned d[2][4];  // words tp and tp + 1: rows g, g + 8, g, g + 8
+                        unsigned d[2][4];  // words tp and tp + 1
 #pragma unroll
-                        for (int u = 0; u < 2; ++u) {
-                            const unsigned word = reinterpret_cast<const unsigned*>(&wv[r][sl])[tp + u];
-#pragma unroll
-                            for (int j = 0; j < 4; ++j) {
-                                unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
-                                if constexpr (!POST) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
-                                d[u][j] = b;
-                            }
-                        }
+                        for (int u = 0; u < 2; ++u) dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp + u], r, d[u]);
 #pragma unroll
                         for (int hl = 0; hl < 2; ++hl) {  // the low k pairs, then the high ones
                             const unsigned af[4] = {d[0][2 * hl], d[0][2 * hl + 1], d[1][2 * hl], d[1][2 * hl + 1]};
@@ -528,14 +530,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                     for (int mt = 0; mt < MT; ++mt) bf[mt][0] = ar[mt][8 * sl + tp], bf[mt][1] = ar[mt][8 * sl + tp + 4];
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
-                        const unsigned word = reinterpret_cast<const unsigned*>(&wv[r][sl])[tp];
-                        unsigned af[4];
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) {  // a0..a3: rows g, g + 8, g, g + 8 (h = j & 1)
-                            unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
-                            if constexpr (!POST) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
-                            af[j] = b;
-                        }
+                        unsigned af[4];  // a0..a3
+                        dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp], r, af);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[(4 * sl + tp) % NCH][r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
                     }
