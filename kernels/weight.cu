@@ -229,6 +229,11 @@ __host__ __device__ constexpr int mm_min_blocks(int cfg) {
 __host__ __device__ constexpr int mm_warps(int cfg) {
     return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW || cfg == MM_FOUR ? 4 : MM_WARPS;
 }
+// Chunks ahead that a lane's scales are loaded. MM_TWO_ONE: 2 (Nsight Compute put an eighth of its
+// stall samples at 4096^2 M = 16 on the wait for the scales loaded one chunk ahead. On the H100,
+// session 25, M = 16, us: 4096^2 6.49-6.50 -> 6.46-6.52, 3072 x 4096 6.31-6.34 -> 6.15-6.18,
+// 2048 x 8192 8.71-8.73 -> 8.75-8.78); the others keep 1 (2 measured 0-4% slower).
+__host__ __device__ constexpr int mm_scales_ahead(int cfg) { return cfg == MM_TWO_ONE ? 2 : 1; }
 // dynamic shared bytes of a block: its warps' rings of MM_STAGES x RT KB (weight.py _mm_smem)
 __host__ __device__ constexpr int mm_smem_bytes(int cfg) { return mm_warps(cfg) * MM_STAGES * 1024 * mm_row_tiles(cfg); }
 
@@ -376,8 +381,12 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) fill(kw + s * KW, s);
-    unsigned gd_next[RT][2];
-    load_groups(kw, gd_next);
+    // the scales of the next SCA chunks (scale loads come from memory, as the weights, but into
+    // registers: loaded one chunk ahead their latency was not hidden where a chunk's work is short)
+    constexpr int SCA = mm_scales_ahead(CFG);
+    unsigned gd_next[SCA][RT][2];
+#pragma unroll
+    for (int j = 0; j < SCA; ++j) load_groups(kw + j * KW, gd_next[j]);
     if (a.early) pdl_wait_then_release();  // the weights above, the activations below
     // The activations of the next chunk are loaded into the registers of the quarters just used, so
     // that they arrive during this chunk's work at no register cost (PAIRS: into a second set at
@@ -424,8 +433,14 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
 
         unsigned gd[RT][2];
 #pragma unroll
-        for (int r = 0; r < RT; ++r) gd[r][0] = gd_next[r][0], gd[r][1] = gd_next[r][1];
-        load_groups(c + KW, gd_next);
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                gd[r][h] = gd_next[0][r][h];
+#pragma unroll
+                for (int j = 0; j + 1 < SCA; ++j) gd_next[j][r][h] = gd_next[j + 1][r][h];
+            }
+        load_groups(c + SCA * KW, gd_next[SCA - 1]);
 
         // per row: the scale pair (and float scale), -(bias + z) in each half
         unsigned s2[RT][2], zb[RT][2];
