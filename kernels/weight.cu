@@ -158,9 +158,9 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // the H100, and a staged copy of a (below) slower still). A lane reads back only
 // the 16-byte pieces it copied itself, so cp.async.wait_group orders each slot's fill and use with no
 // barrier; the slot refilled in an iteration is the one emptied into registers the iteration before.
-// A lane's scales (and zero codes) are loaded one chunk ahead; the next chunk's activations are
-// loaded into the registers of the quarters just used (INT4: two quarters after each four mma
-// steps; FP8: one after each two). (Tried and slower on the
+// A lane's scales (and zero codes) are loaded one chunk ahead (MM_TWO_ONE: two, mm_scales_ahead);
+// the next chunk's activations are loaded into the registers of the quarters just used (INT4: two
+// quarters after each four mma steps; FP8: one after each two). (Tried and slower on the
 // H100: the activations in the cp.async ring too, 8x slower where lanes copied the same address and
 // still 1.5x with one copy per address; prefetch.global.L1 of two chunks ahead, 1.5x.)
 //
