@@ -107,7 +107,7 @@ _HALF_CTYPES = ("__half", "__nv_bfloat16")
 GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2, 3): (False,)}
 
 #: w4a16_wgmma tile configurations: (rows of a per tile, ring stages, 64-k halves per stage)
-#: (kernels/weight_wgmma.cu).
+#: (kernels/weight_wgmma.cu), each built for both prepared INT4 orders (KP: weight.py _kperm).
 WGMMA_CONFIGS = ((64, 4, 2), (128, 4, 2), (256, 6, 1))
 
 _MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
@@ -153,7 +153,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "weight_wgmma": tuple(
         e
         for cfg in WGMMA_CONFIGS
-        for e in _product("w4a16_wgmma", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg])
+        for e in _product("w4a16_wgmma", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg], _BOOLS)
     ),
 }
 

@@ -717,7 +717,13 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
       ``n % 16 < 8``. So the 32-bit word ``4 t`` of piece ``[.., s % 2, 4 g + s // 2]`` holds the 8
       codes that lane (g, t) of a warp feeds to step s (rows g and g + 8 at k 2t, 2t + 1, 2t + 8,
       2t + 9), and the two pieces ``4 g + j`` (``s % 2 = 0, 1``) hold every code of rows g and g + 8
-      at k 32 j .. 32 j + 31;
+      at k 32 j .. 32 j + 31. Where every group is whole chunks (``G`` a multiple of 128, or one
+      group per row: ``2 B / ng`` a multiple of 128), the k of each chunk are first permuted:
+      chunk k ``32 a + 8 b + r`` (``a, b < 4``, ``r < 8``) takes the place of ``32 b + 8 a + r``
+      in the formula above (the 4 x 4 blocks of 8 k transposed), so that pieces ``4 g + j`` hold
+      k ``32 i + 8 j + r`` (``i < 4``): lanes ``t = 0..3`` of weight.cu's decode kernel, which
+      take the k of pieces ``4 g + t``, load their activations in four loads of 8 (``i``), and
+      each load of the four lanes is 64 contiguous bytes;
     - FP8 data ``(T, C, 16, 64)``: byte b of row n at ``[n // 16, b // 64, n % 16, b % 64]``;
     - scales ``(T, ng, 16)``: the scale of row n, group j at ``[n // 16, j, n % 16]``;
     - zeros ``(T, ng, 8)``: zero code of row n, group j in byte ``[n // 16, j, (n % 16) // 2]``,
@@ -743,6 +749,8 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
         n, k = np.indices((N, 2 * B), dtype=np.int64)
         codes = unpack_fp4(data, 2 * B).astype(np.uint8)
         r, kk = n % 16, k % 128
+        if (2 * B // ng) % 128 == 0:  # whole-chunk groups: the 4 x 4 blocks of 8 k transposed
+            kk = 32 * (kk % 32 // 8) + 8 * (kk // 32) + kk % 8
         st, kb, t, e = kk // 16, kk % 16 // 8, kk % 8 // 2, kk % 2
         at = ((n // 16) * nch + k // 128) * 1024 + (st % 2) * 512 + (4 * (r % 8) + st // 2) * 16 + 4 * t + kb + 2 * e
         lo = r < 8  # rows g (low nibble) and g + 8 (high nibble) share a byte

@@ -18,7 +18,10 @@ other, 1 KB a chunk. INT4 data ``(ceil(N / 16), K / 128, 2, 32, 16)`` uint8 in f
 g + 8 of the tile, k ``2t, 2t + 1, 2t + 8, 2t + 9`` of the step), arranged so that a shift and a
 lop3 take out two codes at once, and each 16-byte piece holds the four lanes' words of one step,
 so that the two pieces ``4 g + j`` of a chunk hold every code of rows g and g + 8 at k
-``32 j .. 32 j + 31`` (:func:`cupyquant.reference.prepare_weight` has the exact map). FP8
+``32 j .. 32 j + 31``; where the groups are whole chunks (``group_size`` a multiple of 128, or
+per-channel), each chunk's 4 x 4 blocks of 8 k are transposed first, so that the four lanes of the
+decode kernel that share a row read its activations 64 contiguous bytes at a time
+(:func:`cupyquant.reference.prepare_weight` has the exact map). FP8
 data ``(ceil(N / 16), K / 64, 16, 64)``: the 16 rows x 64 bytes of a chunk. Scales
 ``(ceil(N / 16), K / G, 16)`` (a tile's 16 scales of a group together); uint4 zero points
 ``(ceil(N / 16), K / G, 8)`` uint8 (row ``i`` of the tile in the low nibble of byte ``i / 2`` when
@@ -333,6 +336,18 @@ def _temps():
     return keep, lambda: _validate.keep_if_capturing(*temps)
 
 
+# The INT4 fragment order's transposes (_prepared_of, _plain_of), and with the chunk's 4 x 4 blocks
+# of 8 k transposed (_kperm).
+_FRAG, _FRAG_KPERM = (0, 3, 6, 2, 4, 5, 8, 9, 7, 1), (0, 3, 4, 2, 6, 7, 8, 9, 5, 1)
+_PLAIN, _PLAIN_KPERM = (0, 9, 3, 1, 4, 5, 2, 8, 6, 7), (0, 9, 3, 1, 2, 8, 4, 5, 6, 7)
+
+
+def _kperm(w) -> bool:
+    """Whether w's prepared INT4 chunks have their 4 x 4 blocks of 8 k transposed
+    (reference.prepare_weight): INT4 weights whose groups are whole 128-k chunks."""
+    return w.scheme != "float8_e4m3fn" and w.G % 128 == 0
+
+
 def _prepared_of(w: QuantizedWeight) -> QuantizedWeight:
     """The copies of prepare_weight (plain w, on its device)."""
     N, K = w.shape
@@ -343,7 +358,9 @@ def _prepared_of(w: QuantizedWeight) -> QuantizedWeight:
         data = cupy.ascontiguousarray(rows.reshape(n16, 16, K // chunk, 64).transpose(0, 2, 1, 3))
     else:  # fragment order (reference.prepare_weight): k16 step s = 4 h + 2 u1 + u0 of a chunk, k = 16 s + 8 kb + 2 t + e
         codes = keep(_nibbles(rows, keep).reshape(n16, 2, 8, K // 128, 2, 2, 2, 2, 4, 2))  # tile, row / 8, g, chunk, h, u1, u0, kb, t, e
-        frag = keep(cupy.ascontiguousarray(codes.transpose(0, 3, 6, 2, 4, 5, 8, 9, 7, 1)))  # [s % 2][g, s // 2][t, e, kb] pairs
+        # [s % 2][g, s // 2][t, e, kb] pairs; with _kperm the chunk's axes read (a1, a0, b1, b0) for
+        # (h, u1, u0, kb): k = 32 a + 8 b + r goes where 32 b + 8 a + r would
+        frag = keep(cupy.ascontiguousarray(codes.transpose(_FRAG_KPERM if _kperm(w) else _FRAG)))
         data = _pack_pairs(frag.reshape(n16, K // 128, 2, 32, 32), keep)
     scales = cupy.ascontiguousarray(_pad_rows(w.scales, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
     zeros = None
@@ -364,7 +381,8 @@ def _plain_of(w: QuantizedWeight) -> QuantizedWeight:
         data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
     else:  # the inverse of _prepared_of's fragment order
         frag = keep(_nibbles(w.data, keep).reshape(n16, K // 128, 2, 8, 2, 2, 4, 2, 2, 2))  # tile, chunk, u0, g, h, u1, t, e, kb, row / 8
-        codes = keep(cupy.ascontiguousarray(frag.transpose(0, 9, 3, 1, 4, 5, 2, 8, 6, 7)).reshape(16 * n16, K)[:N])
+        inv = _PLAIN_KPERM if _kperm(w) else _PLAIN
+        codes = keep(cupy.ascontiguousarray(frag.transpose(inv)).reshape(16 * n16, K)[:N])
         data = _pack_pairs(codes, keep)
     scales = cupy.ascontiguousarray(keep(w.scales.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
     zeros = None
@@ -469,7 +487,7 @@ _arch_of: dict = {}
 
 _GM_ARGS = np.dtype(
     [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
-     ("splits", np.int32), ("iters", np.int32)],
+     ("splits", np.int32), ("iters", np.int32), ("kperm", np.int32)],
     align=True,
 )
 _occupancy: dict = {}
@@ -991,7 +1009,7 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
     occ = _occupancy_of(device, k, threads, smem)
     args = np.zeros((), dtype=_GM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
-    args["ng"], args["gshift"] = K // w.G, _gshift(w)
+    args["ng"], args["gshift"], args["kperm"] = K // w.G, _gshift(w), int(_kperm(w))
     iters_total = K // bk
     ntiles = -(-N // bn)
     rows_per_launch = bm * _MAX_GRID_Y
@@ -1167,7 +1185,7 @@ def _wg_one_block_smem(device, k, smem: int) -> int:
     return one
 
 
-def _wg_cluster_cap(device, t, scheme) -> dict:
+def _wg_cluster_cap(device, t, scheme, kp) -> dict:
     """splits -> how many clusters of that many blocks of the wgmma kernel (one block per SM) the
     device holds at once (cuOccupancyMaxActiveClusters; once per device). The H100: 39 clusters of
     3, 30 of 4, 22 of 5, 17 of 6, 15 of 7 and 8: fewer than 132 / s, since a cluster's blocks
@@ -1177,7 +1195,7 @@ def _wg_cluster_cap(device, t, scheme) -> dict:
     cap = _wg_cluster_caps.get(device)
     if cap is None:
         stages, halves = _WG_CONFIG[256]
-        k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[scheme], 256, stages, halves)
+        k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[scheme], 256, stages, halves, kp)
         smem = _wg_one_block_smem(device, k, _wg_smem(256))
         cap = {s: _launch.max_active_clusters(k, 256, smem, (1, 1, s)) for s in range(3, 9)}
         _wg_cluster_caps[device] = cap
@@ -1185,10 +1203,10 @@ def _wg_cluster_cap(device, t, scheme) -> dict:
 
 
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
-    cap = _wg_cluster_cap(device, t, w.scheme) if _WG_CLUSTER else None
+    cap = _wg_cluster_cap(device, t, w.scheme, _kperm(w)) if _WG_CLUSTER else None
     bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device), cluster_cap=cap)
     stages, halves = _WG_CONFIG[bma]
-    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages, halves)
+    k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages, halves, _kperm(w))
 
     def split(tiles, iters_total, slots):
         iters = -(-iters_total // splits)

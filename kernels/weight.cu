@@ -173,6 +173,13 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // registers of those k pairs, 8 sl + t' and 8 sl + t' + 4, as loaded. (Until session 15 the tile was
 // row-major, the weights took nibble pairs (p, p + 4) of a word, and the activations were permuted
 // to match with one prmt a register.) FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
+// Where the groups are whole chunks (POST), the layout's chunks have their 4 x 4 blocks of 8 k
+// transposed (weight.py _kperm): the lane's k 32 t + 8 q + r of the layout are the chunk's
+// 32 q + 8 t + r, so each of its four 16-byte activation loads is one quarter of a 64-byte piece
+// that the four lanes t of a row read together (without it, 16-byte pieces 64 bytes apart: twice
+// the L2 sectors and four times the tag lookups a load). On the H100 (session 26, INT4 g128 bf16,
+// us, old -> new) 4096^2 M = 16 6.47-6.49 -> 5.58-5.61, M = 1 4.76-4.79 -> 4.44-4.47; the larger
+// shapes within 1%.
 //
 // Dequantization (without POST exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
 // (fp16, exponent 0x64) or 128 + q (bf16, 0x43) by one lop3, minus 1024 + z (or 128 + z) exactly,
@@ -333,7 +340,12 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         }
     const T* arow[MT];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * VALS;
+    // KP (POST: whole-chunk groups): the prepared chunk's 4 x 4 blocks of 8 k are transposed
+    // (weight.py _kperm), so this lane's k 32 t + 8 q + r (of the layout) are the chunk's k
+    // 32 q + 8 t + r, and quarter q of the four lanes t is one 64-byte piece of an activation row
+    constexpr bool KP = POST && !FP8;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * (KP ? 8 : VALS);
 
     // Programmatic dependent launch: this kernel may start while the kernel before it on the stream
     // still runs, and griddepcontrol.wait (pdl_wait_then_release) returns once that kernel has
@@ -374,7 +386,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         const i64 k0 = (i64)min(c, nchunks - 1) * CHUNK;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            const uint4 v = ld16_ordered(arow[mt] + k0 + 8 * q);
+            const uint4 v = ld16_ordered(arow[mt] + k0 + (KP ? 32 : 8) * q);
             ar[mt][4 * q] = v.x; ar[mt][4 * q + 1] = v.y; ar[mt][4 * q + 2] = v.z; ar[mt][4 * q + 3] = v.w;
         }
     };

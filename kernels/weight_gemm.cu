@@ -18,8 +18,11 @@ using namespace cq;
 // (a per-tile counter) adds the partials in split order 0, 1, ... and writes y, so the result does
 // not depend on which block finishes first.
 //
-// K order. Within a stage, lane (g, t) of a warp owns k = 32t .. 32t + 31: 64 bytes of each of its
-// activation rows (the A operand) and the codes of its weight rows (the B operand) at those k.
+// K order. Within a stage, lane (g, t) of a warp owns k = 32t .. 32t + 31 of the prepared layout:
+// 64 bytes of each of its activation rows (the A operand) and the codes of its weight rows (the B
+// operand) at those k. (Where the layout's chunks have their 4 x 4 blocks of 8 k transposed,
+// GemmArgs.kperm, the lane's sub-block i below is the stage's k 32 i + 8 t .. + 7: only which
+// 16 bytes of the activation row it reads changes.)
 // Sub-block i (k = 32t + 8i .. + 7) gives two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and
 // (2t + 8, 2t + 9) take k pairs 4h, 4h + 1 and 4h + 2, 4h + 3 of the sub-block, so the activation
 // registers go to the mma as loaded. The weights are in fragment order (weight.py prepare_weight),
@@ -44,10 +47,14 @@ struct GemmArgs {
     int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
+    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight.py _kperm; whole-chunk groups)
 };
 
-// position of 16-byte chunk c of activation row r within the row
-__device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) ^ (r & 1); }
+// Position of 16-byte chunk c of activation row r within the row. Lanes (g, t), g = 0, 1, of a
+// quarter warp read chunk 4 t + i (or 4 i + t with kperm) of rows g: the XOR puts bit 3 of c into
+// bit 1 and the row's parity into bits 0 and 2, so that both sets of 8 land in distinct 16-byte
+// bank groups, as do the copies' 8 consecutive chunks of one row.
+__device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) ^ ((r & 1) * 5); }
 
 // POST: false = the weights are dequantized exactly to T (the decode kernel's rule without POST);
 // true = (groups of 128, or per-channel) the mma takes the exact q - z and each stage's float32
@@ -151,6 +158,11 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
     }
     SZ cur = load_sz(it0);
     const int arow = wm * MT * 16 + g;  // this lane's first activation row in the tile
+    // the byte offset in its row of this lane's sub-block sub (k 32 t + 8 sub of the layout): chunk
+    // 4 t + sub, or with kperm 4 sub + t (rows arow + 16 mt + 8 hr all have arow's parity)
+    int a_off[4];
+#pragma unroll
+    for (int sub = 0; sub < 4; ++sub) a_off[sub] = gm_swz(arow, a.kperm ? 4 * sub + t : 4 * t + sub) << 4;
 
 #pragma unroll 1
     for (int i = 0; i < niter; ++i) {
@@ -184,7 +196,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     const int r = arow + 16 * mt + 8 * hr;
-                    const uint4 v = *reinterpret_cast<const uint4*>(sa + r * 256 + (gm_swz(r, 4 * t + sub) << 4));
+                    const uint4 v = *reinterpret_cast<const uint4*>(sa + r * 256 + a_off[sub]);
                     ar[mt][hr][0] = v.x; ar[mt][hr][1] = v.y; ar[mt][hr][2] = v.z; ar[mt][hr][3] = v.w;
                 }
             // the mma wants each A fragment in 4 consecutive registers, rows g and g + 8 interleaved:

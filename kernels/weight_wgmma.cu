@@ -29,7 +29,14 @@
 // (fp16) or three shifts and four lop3 (bf16) that OR in the magic exponent (1024 + q or
 // 1024 + 16 q; 128 + q); one FMA with the multiplier and the zero bias gives q - z exactly, and a
 // second multiplies by the group's scale: round(s * (q - z)) in a's dtype, bit-identical to
-// w.dequantize(a.dtype). (Until session 15 the layout was row-major within a tile, and each lane
+// w.dequantize(a.dtype). KP (groups of whole chunks: the layout's 4 x 4 blocks of 8 k of each
+// chunk are transposed, weight.py _kperm): the layout's k16 step j of a chunk holds the chunk's
+// blocks of 8 k 8 (j % 2) + j / 2 and that + 4, not two adjacent blocks, so a real step s of
+// half hh takes a0, a1 from the low or high registers of the word of layout step hh + 4 (s % 2) and
+// a2, a3 from those of layout step hh + 4 (s % 2) + 2 (registers 2 (s / 2) and 2 (s / 2) + 1 of
+// both words): the same shifts and lop3 as without KP, from two words instead of one, and the
+// activations stay in K order in shared memory. The half's four words are pieces (hh, 4 g + u),
+// 512 contiguous bytes a tile. (Until session 15 the layout was row-major within a tile, and each lane
 // read all four lanes' bytes and picked its own with a prmt: 4x the shared-memory reads, and 3
 // integer instructions a register instead of 1.25 or 1.75.) Products are exact in the tensor cores
 // and summed in float32, as on the other paths.
@@ -60,6 +67,7 @@ struct WgArgs {
     int gshift;  // k's group is k >> gshift (log2 G; 62 for one group per row)
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
+    int kperm;   // weight_gemm.cu's GemmArgs.kperm (the same arguments); here the KP template argument says it
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -183,7 +191,7 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
 }
 #endif
 
-template <typename T, int S, int BMA, int STAGES, int HALVES>
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool KP>
 __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     w4a16_wgmma(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
                 const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
@@ -224,6 +232,10 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
     const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
     const unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
+    // KP, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
+    // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
+    // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
+    // halves of HALVES = 2 below, and the source steps 512 bytes a stage.
     // Weights, prepared layout: tile n16 of 16 rows holds chunk c (128 k) at (n16 nchunks + c) KB in
     // fragment order: the word of lane (g, t) for k16 step s is word t of piece (s % 2, 4 g + s / 2)
     // (512 bytes a value of s % 2, 16 a piece). Warp w of the block multiplies tile w of its 8; a lane
@@ -240,7 +252,12 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     unsigned w_dst[HALVES];
     bool w_ok[HALVES];
     int w_odd = (int)(it0 & 1);
-    if constexpr (HALVES == 1) {
+    if constexpr (HALVES == 1 && KP) {
+        const int p = tid & 31, pg = p >> 2;
+        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
+        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
+        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
+    } else if constexpr (HALVES == 1) {
         const int q = tid & 31, h = q >> 4, pg = (q >> 1) & 7, j1 = q & 1;
         w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
         w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + h * 512 + (4 * pg + 2 * (int)(it0 & 1) + j1) * 16;
@@ -286,7 +303,10 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                 src += a_qstep;
             }
         }
-        if constexpr (HALVES == 1) {
+        if constexpr (HALVES == 1 && KP) {
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
+            w_next += 512;
+        } else if constexpr (HALVES == 1) {
             cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
             w_next += w_odd ? 1024 - 32 : 32;
             w_odd ^= 1;
@@ -330,11 +350,14 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // wgmma that reads it may be in flight: af[s] is rewritten 4 steps after it was last read, each
     // step a commit group, and the wait before the write leaves at most 3 groups in flight. ptxas
     // checks this too, and serializes every wgmma where it cannot prove it.
-    auto dq = [&](unsigned (&f)[4], unsigned word, const unsigned (&sc)[2][2], const unsigned (&zc)[2][2], int s) {
+    // The A fragment of step s (k 16 s .. 16 s + 15 of the half): registers a0, a1 (k 2t, 2t + 1)
+    // from register jlo, jlo + 1 of word wlo, a2, a3 (k 2t + 8, 2t + 9) from jhi, jhi + 1 of whi.
+    auto dq = [&](unsigned (&f)[4], unsigned wlo, unsigned whi, int jlo, int jhi, const unsigned (&sc)[2][2],
+                  const unsigned (&zc)[2][2], int s) {
         const int h = s >> 1;  // the 32-k group of step s within the half
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
-            const unsigned x = frag_codes<T>(word, r);
+            const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
             const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_t<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
             f[r] = H::fma2(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
         }
@@ -358,13 +381,14 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         // 3-8% slower on the largest shapes (8192 x 28672 M = 64 75 -> 81), so it reads each half
         // where it starts. (The 256-row tile's stages are one half.)
         constexpr bool HOIST = BMA >= 128;
-        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps s = 4 hh + u (HALVES = 1: hh = i % 2)
+        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (KP: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
         unsigned sc[HALVES][2][2], zc[HALVES][2][2];
         auto read_half = [&](int hh) {
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                const int off = HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
-                                            : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
+                const int off = KP ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
+                                : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
+                                              : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
                 wv[hh][u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
             }
 #pragma unroll
@@ -391,7 +415,10 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 wg_wait<3>();  // four groups back, the last reader of af[s], is done
-                dq(af[s], wv[hh][s], sc[hh], zc[hh], s);
+                if constexpr (KP)  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
+                    dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
+                else
+                    dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
                 wg_fence();
                 Wgmma<T, BMA>::mma(acc, af[s], desc + hh * (A_ATOM >> 4) + 2 * s);  // + 32 bytes of K per k16 step
                 wg_commit();

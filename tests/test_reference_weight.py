@@ -274,13 +274,14 @@ def test_prepare_weight_hand_worked():
 
 
 def test_prepare_weight_int4_hand_worked():
-    """INT4 fragment order, worked by hand. Codes q[n, k] = (n + k) % 16 for N = 17, K = 256.
-    With k % 128 = 16 s + 8 kb + 2 t + e, byte [T, k // 128, s % 2, 4 g + s // 2, 4 t + kb + 2 e]
-    holds rows 16 T + g (low nibble) and 16 T + g + 8 (high)."""
+    """INT4 fragment order, worked by hand. Codes q[n, k] = (n + k) % 16 for N = 17, K = 256, groups
+    of 32 (so the chunks' k are not permuted: see the next test). With k % 128 = 16 s + 8 kb + 2 t + e,
+    byte [T, k // 128, s % 2, 4 g + s // 2, 4 t + kb + 2 e] holds rows 16 T + g (low nibble) and
+    16 T + g + 8 (high)."""
     N, K = 17, 256
     n, k = np.indices((N, K))
     q = ((n + k) % 16).astype(np.uint8)
-    d, s, z = ref.prepare_weight(ref.pack_fp4(q), np.ones((N, 2), np.float16), scheme="int4")
+    d, s, z = ref.prepare_weight(ref.pack_fp4(q), np.ones((N, 8), np.float16), scheme="int4")
     assert d.shape == (2, 2, 2, 32, 16) and z is None
     # piece 0, word 0 (lane (0, 0), step 0 of chunk 0): rows 0 / 8 at k = 0, 8, 1, 9 in bytes 0..3
     assert list(d[0, 0, 0, 0, :4]) == [0 | 8 << 4, 8 | 0 << 4, 1 | 9 << 4, 9 | 1 << 4]
@@ -300,10 +301,37 @@ def test_prepare_weight_int4_hand_worked():
     assert [(word >> (4 * j)) & 15 for j in range(8)] == [q[0, 0], q[8, 0], q[0, 8], q[8, 8], q[0, 1], q[8, 1], q[0, 9], q[8, 9]]
 
 
-@pytest.mark.parametrize("N,B,ng", [(1, 64, 1), (16, 64, 2), (33, 192, 3), (100, 256, 8)])
+def test_prepare_weight_int4_whole_chunk_groups_hand_worked():
+    """Groups of 128 (or one a row): each chunk's k = 32 a + 8 b + r takes the place of 32 b + 8 a + r
+    in the fragment order. Codes q[n, k] = k // 8 % 16 (the block of 8 k) + row bits, N = 16, K = 256:
+    pieces 4 g + j of a chunk hold blocks j, 4 + j, 8 + j and 12 + j, and lane t's four 16-byte loads
+    of activations (t = 0..3 in each) read blocks 4 i + t, i.e. 64 contiguous bytes per load."""
+    N, K = 16, 256
+    n, k = np.indices((N, K))
+    q = ((k // 8) % 16).astype(np.uint8)
+    for ng in (2, 1):  # groups of 128; per-channel
+        d, _, _ = ref.prepare_weight(ref.pack_fp4(q), np.ones((N, ng), np.float16), scheme="int4")
+        codes = ref.unpack_fp4(d, 32)  # [tile, chunk, s % 2, 4 g + s // 2, 32 codes]
+        for g in (0, 5):
+            for j in range(4):
+                blocks = np.unique(np.concatenate([codes[0, 0, 0, 4 * g + j], codes[0, 0, 1, 4 * g + j]]))
+                np.testing.assert_array_equal(blocks, [j, 4 + j, 8 + j, 12 + j])
+        # chunk 1: blocks 16.. (% 16 again); word 0 of piece (0, 0) is step 0: layout k 0, 1, 8, 9 =
+        # chunk k 0, 1 (block 0) and 32, 33 (block 4)
+        word = int(d[0, 1, 0, 0, :4].view("<u4")[0])
+        assert [(word >> (4 * j)) & 15 for j in range(8)] == [0, 0, 4, 4, 0, 0, 4, 4]
+    # groups of 64: not permuted (piece 0 holds the first 32 k, blocks 0..3)
+    d, _, _ = ref.prepare_weight(ref.pack_fp4(q), np.ones((N, 4), np.float16), scheme="int4")
+    codes = ref.unpack_fp4(d, 32)
+    np.testing.assert_array_equal(np.unique(np.concatenate([codes[0, 0, 0, 0], codes[0, 0, 1, 0]])), [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("N,B,ng", [(1, 64, 1), (16, 64, 2), (33, 192, 3), (100, 256, 8), (20, 128, 1)])
 def test_prepare_weight_is_the_tile_transpose(N, B, ng):
     """The scatter of ref.prepare_weight against the reshape and transpose of the padded rows (FP8:
-    tile-major rows; INT4: the fragment order as cupyquant.weight writes it, in NumPy)."""
+    tile-major rows; INT4: the fragment order as cupyquant.weight writes it, in NumPy, with the
+    chunks' 4 x 4 blocks of 8 k transposed where the groups are whole chunks: G = 2 B / ng of 128,
+    256 and per-channel here, 64 not)."""
     rng = np.random.default_rng(N * B)
     data = rng.integers(0, 256, (N, B), dtype=np.uint8)
     scales = rng.standard_normal((N, ng)).astype(BF16)
@@ -315,11 +343,14 @@ def test_prepare_weight_is_the_tile_transpose(N, B, ng):
         if scheme == "float8_e4m3fn":
             np.testing.assert_array_equal(d, pad(data).reshape(T, 16, B // 64, 64).transpose(0, 2, 1, 3))
         else:
+            kperm = (2 * B // ng) % 128 == 0
             codes = ref.unpack_fp4(pad(data), 2 * B).reshape(T, 2, 8, B // 64, 2, 2, 2, 2, 4, 2)
-            frag = codes.transpose(0, 3, 6, 2, 4, 5, 8, 9, 7, 1).reshape(T, B // 64, 2, 32, 32)
+            fwd = (0, 3, 4, 2, 6, 7, 8, 9, 5, 1) if kperm else (0, 3, 6, 2, 4, 5, 8, 9, 7, 1)
+            frag = codes.transpose(fwd).reshape(T, B // 64, 2, 32, 32)
             np.testing.assert_array_equal(d, ref.pack_fp4(frag))
             # and back: the inverse transpose of cupyquant.weight._plain_of
-            back = ref.unpack_fp4(d, 32).reshape(T, B // 64, 2, 8, 2, 2, 4, 2, 2, 2).transpose(0, 9, 3, 1, 4, 5, 2, 8, 6, 7)
+            inv = (0, 9, 3, 1, 2, 8, 4, 5, 6, 7) if kperm else (0, 9, 3, 1, 4, 5, 2, 8, 6, 7)
+            back = ref.unpack_fp4(d, 32).reshape(T, B // 64, 2, 8, 2, 2, 4, 2, 2, 2).transpose(inv)
             np.testing.assert_array_equal(ref.pack_fp4(back.reshape(16 * T, 2 * B))[:N], data)
         np.testing.assert_array_equal(s.view(np.uint16), pad(scales).reshape(T, 16, ng).transpose(0, 2, 1).view(np.uint16))
         tz = pad(zc).reshape(T, 16, ng).transpose(0, 2, 1)

@@ -421,7 +421,7 @@ def test_wgmma_cluster_capacity():
         pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
     device = cupy.cuda.Device().id
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    cap = cqw._wg_cluster_cap(device, cqw._dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4")
+    cap = cqw._wg_cluster_cap(device, cqw._dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4", True)
     assert sorted(cap) == [3, 4, 5, 6, 7, 8]
     for s, n in cap.items():
         assert 0 < n <= sms // s, cap
