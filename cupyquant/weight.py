@@ -924,8 +924,9 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
     args = np.zeros((), dtype=_MM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
     args["ng"], args["gshift"], args["early"] = K // w.G, _gshift(w), int(early)
-    # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums
-    post = w.scheme != "float8_e4m3fn" and w.G % 128 == 0
+    # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums, and the
+    # chunks' blocks of 8 k transposed (the kernel reads the activations that way when POST)
+    post = _kperm(w)
     rows_per_launch = _MM_M * _MAX_GRID_Y
     for m0 in range(0, M, rows_per_launch):
         mrows = min(rows_per_launch, M - m0)
