@@ -16,6 +16,8 @@
 // loads in flight: the slot that stage i + STAGES - 2 overwrites held stage i - 2, whose wgmmas both
 // warpgroups have waited for before the barrier of stage i. Stages of 128 halve the barriers and
 // pipeline turns per k (session 13: 10-16% faster on 64- and 128-row tiles, the same bits).
+// The 64-row tile dequantizes a whole half ahead of its wgmmas (AHEAD in the kernel), the others a
+// k16 step ahead.
 // The stage's scales and zero codes travel with it, by cp.async into a ring of the same depth, so
 // that they are as far ahead as the weights. (Until session 12 they were loaded into registers 4
 // stages ahead: Nsight Compute put 11% of the stall samples of a 64-row tile at their first use,
@@ -59,6 +61,7 @@ using namespace cq;
 static constexpr int WG_BN = 128;       // weight rows per block: two warpgroups of 64
 static constexpr int WG_BK = 64;        // K per stage: 128 bytes of each activation row
 static constexpr int WG_THREADS = 256;  // two warpgroups
+template <int V> struct int_c { static constexpr int value = V; };
 
 struct WgArgs {
     i64 M, N, K;
@@ -363,6 +366,31 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         }
     };
     const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
+    // this lane's words of half hh of the stage at st (the layout's four k16 steps: KP steps hh + 2 u,
+    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
+    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
+                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int off = KP ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
+                            : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
+                                          : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
+            wv[hh][u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = nrow + 8 * r, gl = (64 * hh + 32 * h) >> gsh7;
+                sc[hh][r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
+                if constexpr (S == W_UINT4) {
+                    const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
+                    zc[hh][r][h] = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
+                } else {
+                    zc[hh][r][h] = zb8[r];
+                }
+            }
+    };
     int slot = 0, ld_slot = STAGES - 2;  // the slot of stage i, and of stage i + STAGES - 2
     unsigned af[4][4];                    // the A fragments of the last four k16 steps
     auto stage = [&](int i) {
@@ -383,28 +411,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         constexpr bool HOIST = BMA >= 128;
         unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (KP: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
         unsigned sc[HALVES][2][2], zc[HALVES][2][2];
-        auto read_half = [&](int hh) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int off = KP ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
-                                : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
-                                              : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
-                wv[hh][u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int row = nrow + 8 * r, gl = (64 * hh + 32 * h) >> gsh7;
-                    sc[hh][r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
-                    if constexpr (S == W_UINT4) {
-                        const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
-                        zc[hh][r][h] = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
-                    } else {
-                        zc[hh][r][h] = zb8[r];
-                    }
-                }
-        };
+        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
         if constexpr (HOIST) {
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh) read_half(hh);
@@ -429,10 +436,82 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         cp_async_commit();
         slot = slot == STAGES - 1 ? 0 : slot + 1;
     };
+    // AHEAD (64-row tiles only): the next half is dequantized while the current half's 4 wgmmas run,
+    // issued back to back, one commit group a half. Session 28, H100, A/B in one run, 2 rounds (the
+    // same output bits): with 64-row tiles 1-5% faster on 12 of 14 cells (4096 x 14336 M = 64
+    // 26.0-26.4 -> 24.8 us, 28672 x 8192 M = 32 74.9-76.1 -> 72.3-72.8), 4096^2 M = 128 3% slower
+    // (14.2 -> 14.6); with 128-row tiles 0-4% slower at M = 128, and with 256-row tiles (session 27)
+    // 2-6% slower at M = 256 and 1024 (one half of wgmmas in flight across the stage barrier, against
+    // three k16 steps in the per-step pipeline of stage()).
+    constexpr bool AHEAD = BMA == 64;
+    if constexpr (!AHEAD) {
 #pragma unroll 1
-    for (int i = 0; i < niter; i += 2) {
-        stage(i);
-        if (i + 1 < niter) stage(i + 1);
+        for (int i = 0; i < niter; i += 2) {
+            stage(i);
+            if (i + 1 < niter) stage(i + 1);
+        }
+    } else {
+        // A half ahead: the 4 wgmmas of a 64-k half are issued back to back from fragments
+        // dequantized while the half before it ran (two buffers of a half's 4 fragments), so the
+        // dequantization of half j + 1 overlaps the tensor-core work of half j.
+        unsigned ah[2][4][4];
+        unsigned wv[HALVES][4], sc[HALVES][2][2], zc[HALVES][2][2];
+        const unsigned char* st = smem;
+        const unsigned char* szs = smem + STAGES * STAGE;
+        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
+        // stage i has landed for every thread and every wgmma of stage i - 2 (and of every half
+        // but the last issued) is done: read its words, refill the slot of stage i - 2 with stage
+        // i + STAGES - 2
+        auto begin_stage = [&](int i) {
+            cp_async_wait<STAGES - 3>();
+            fence_proxy_async();
+            __syncthreads();
+            st = smem + slot * STAGE;
+            szs = smem + STAGES * STAGE + slot * SZ_STAGE;
+            if (i + STAGES - 2 < niter) load_stage(ld_slot);
+            ld_slot = ld_slot == STAGES - 1 ? 0 : ld_slot + 1;
+            cp_async_commit();
+        };
+        auto dq_half = [&](unsigned (&f)[4][4], int hh) {
+            read_half(hh);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                if constexpr (KP)
+                    dq(f[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
+                else
+                    dq(f[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+            }
+        };
+        // stage i, whose first half is dequantized into ah[P] (P: i's parity where a stage is one
+        // half, else 0); ends with the next stage's first half dequantized
+        auto run_stage = [&](int i, auto P) {
+            const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) {
+                constexpr int p0 = decltype(P)::value;
+                const int b = HALVES == 1 ? p0 : hh;  // compile time after unrolling
+                wg_fence();
+#pragma unroll
+                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[b][s], desc + hh * (A_ATOM >> 4) + 2 * s);
+                wg_commit();
+                if (hh + 1 < HALVES) {
+                    wg_wait<1>();  // the half before this one is done: ah[b ^ 1] is free
+                    dq_half(ah[b ^ 1], hh + 1);
+                } else if (i + 1 < niter) {
+                    wg_wait<1>();
+                    slot = slot == STAGES - 1 ? 0 : slot + 1;
+                    begin_stage(i + 1);
+                    dq_half(ah[b ^ 1], 0);
+                }
+            }
+        };
+        begin_stage(0);
+        dq_half(ah[0], 0);
+#pragma unroll 1
+        for (int i = 0; i < niter; i += 2) {
+            run_stage(i, int_c<0>{});
+            if (i + 1 < niter) run_stage(i + 1, int_c<1>{});
+        }
     }
     wg_wait<0>();
     cp_async_wait<0>();
