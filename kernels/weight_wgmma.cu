@@ -61,7 +61,6 @@ using namespace cq;
 static constexpr int WG_BN = 128;       // weight rows per block: two warpgroups of 64
 static constexpr int WG_BK = 64;        // K per stage: 128 bytes of each activation row
 static constexpr int WG_THREADS = 256;  // two warpgroups
-template <int V> struct int_c { static constexpr int value = V; };
 
 struct WgArgs {
     i64 M, N, K;
@@ -444,6 +443,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // 2-6% slower at M = 256 and 1024 (one half of wgmmas in flight across the stage barrier, against
     // three k16 steps in the per-step pipeline of stage()).
     constexpr bool AHEAD = BMA == 64;
+    static_assert(!AHEAD || HALVES == 2, "AHEAD pairs a stage's two halves with the two fragment buffers");
     if constexpr (!AHEAD) {
 #pragma unroll 1
         for (int i = 0; i < niter; i += 2) {
@@ -482,26 +482,24 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                     dq(f[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
             }
         };
-        // stage i, whose first half is dequantized into ah[P] (P: i's parity where a stage is one
-        // half, else 0); ends with the next stage's first half dequantized
-        auto run_stage = [&](int i, auto P) {
+        // stage i, whose first half is dequantized into ah[0]; half hh's wgmmas read ah[hh]. Ends with
+        // the next stage's first half dequantized
+        auto run_stage = [&](int i) {
             const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh) {
-                constexpr int p0 = decltype(P)::value;
-                const int b = HALVES == 1 ? p0 : hh;  // compile time after unrolling
                 wg_fence();
 #pragma unroll
-                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[b][s], desc + hh * (A_ATOM >> 4) + 2 * s);
+                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[hh][s], desc + hh * (A_ATOM >> 4) + 2 * s);
                 wg_commit();
                 if (hh + 1 < HALVES) {
-                    wg_wait<1>();  // the half before this one is done: ah[b ^ 1] is free
-                    dq_half(ah[b ^ 1], hh + 1);
+                    wg_wait<1>();  // the half before this one is done: ah[hh ^ 1] is free
+                    dq_half(ah[hh ^ 1], hh + 1);
                 } else if (i + 1 < niter) {
                     wg_wait<1>();
                     slot = slot == STAGES - 1 ? 0 : slot + 1;
                     begin_stage(i + 1);
-                    dq_half(ah[b ^ 1], 0);
+                    dq_half(ah[hh ^ 1], 0);
                 }
             }
         };
@@ -509,8 +507,8 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         dq_half(ah[0], 0);
 #pragma unroll 1
         for (int i = 0; i < niter; i += 2) {
-            run_stage(i, int_c<0>{});
-            if (i + 1 < niter) run_stage(i + 1, int_c<1>{});
+            run_stage(i);
+            if (i + 1 < niter) run_stage(i + 1);
         }
     }
     wg_wait<0>();
