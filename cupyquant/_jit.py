@@ -325,14 +325,16 @@ def _load(key):
     return k
 
 
-def compile_for_arch(family: str, arch: str, expressions=None, ptx_out=None) -> dict[str, str]:
+def compile_for_arch(family: str, arch: str, expressions=None, ptx_out=None, log_out=None) -> dict[str, str]:
     """Compile a family with NVRTC for ``sm_<arch>`` (``arch`` may carry the ``a`` suffix of a
     family-specific target) without a GPU; returns expression -> lowered name, and appends the PTX
-    to the list ``ptx_out`` if given. Raises :class:`KernelCompileError`. Used by the CPU tests."""
+    to the list ``ptx_out`` if given. With a list ``log_out``, ptxas also reports each kernel's
+    registers and spills (``--ptxas-options=-v``, which changes no code) and the NVRTC log is
+    appended to it. Raises :class:`KernelCompileError`. Used by the CPU tests."""
     from cupy_backends.cuda.libs import nvrtc
 
     exprs = list(_FAMILIES[family] if expressions is None else expressions)
-    opts = options() + CUPY_ADDED_OPTIONS + (f"-arch=sm_{arch}",)
+    opts = options() + CUPY_ADDED_OPTIONS + (f"-arch=sm_{arch}",) + (("--ptxas-options=-v",) if log_out is not None else ())
     prog = nvrtc.createProgram(source(family), f"{family}.cu", [], [])
     try:
         for e in exprs:
@@ -345,6 +347,8 @@ def compile_for_arch(family: str, arch: str, expressions=None, ptx_out=None) -> 
             raise KernelCompileError(family, ", ".join(exprs), opts, "NVRTC produced an empty cubin")
         if ptx_out is not None:
             ptx_out.append(nvrtc.getPTX(prog).decode(errors="replace"))
+        if log_out is not None:
+            log_out.append(nvrtc.getProgramLog(prog))
         return {e: nvrtc.getLoweredName(prog, e) for e in exprs}
     finally:
         nvrtc.destroyProgram(prog)

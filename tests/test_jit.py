@@ -135,10 +135,19 @@ def test_specific_target_is_asked_only_where_it_exists():
 def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     """weight_wgmma is built for sm_90a, the only target with wgmma: there its kernels issue
     wgmma.mma_async with the A operand in registers (64 x BMA x 16 per instruction); on every other
-    target they compile to stubs that the host never launches."""
-    ptx = []
-    lowered = _jit.compile_for_arch("weight_wgmma", "90a", ptx_out=ptx)
+    target they compile to stubs that the host never launches.
+
+    ptxas keeps every wgmma pipelined and spills nothing: where non-wgmma instructions define a
+    wgmma's input registers inside its pipeline, ptxas serializes the wgmmas and says so in the log
+    ("Potential Performance Loss", C7513). A change that did this to the 256-row tile measured
+    29-40% slower (BENCHMARKS.md, session 30), with output bits unchanged, so only this catches it."""
+    ptx, log = [], []
+    lowered = _jit.compile_for_arch("weight_wgmma", "90a", ptx_out=ptx, log_out=log)
     assert set(lowered) == set(_jit.families()["weight_wgmma"])
+    assert "Potential Performance Loss" not in log[0], log[0]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log[0])
+    assert len(spills) >= len(lowered), log[0]  # one report per kernel
+    assert all(st == ld == "0" for st, ld in spills), log[0]
     for bma, _, _ in _jit.WGMMA_CONFIGS:
         for t in ("f16", "bf16"):
             assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
