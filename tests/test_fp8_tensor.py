@@ -202,9 +202,13 @@ def test_cuda_graph_capture_replays():
         graph = stream.end_capture()
     for seed in (6, 7):  # new data in the same buffer: the replay recomputes amax and scale
         xh = heavy_tailed(x.shape, seed, ml_dtypes.bfloat16)
-        x.set(xh)
-        qbuf.fill(0xFF)
-        graph.launch(stream)
+        # the new data and the poison go on the graph's stream: a non-blocking stream does not wait
+        # for the legacy default stream, so a fill issued there could land after the replay (it did
+        # once in session 31, with the suite's shards sharing the GPU: every byte read back 0xFF)
+        with stream:
+            x.set(xh)
+            qbuf.fill(0xFF)
+            graph.launch(stream)
         stream.synchronize()
         eq, es = ref.quantize_fp8(xh)
         assert_bits_equal(qbuf, eq, "graph replay q")

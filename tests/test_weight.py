@@ -552,6 +552,7 @@ def test_matmul_early_weight_reads(monkeypatch):
         right = q3.scales.copy()
         q3.scales.fill(0)
         out = poisoned((3, 200), dtype)
+        cupy.cuda.Device().synchronize()  # the fill and the poison (default stream) land before the replay's writes
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             stream.begin_capture()
