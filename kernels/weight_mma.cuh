@@ -21,12 +21,25 @@ template <> struct HalfOps<__half> {
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
+    // a * (b's low half in both halves) + c: ptxas reads b through an operand selector (SASS .H0_H0)
+    static __device__ __forceinline__ unsigned fma2_lo(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("{.reg .b16 l, h; .reg .b32 bb; mov.b32 {l, h}, %2; mov.b32 bb, {l, l}; fma.rn.f16x2 %0, %1, bb, %3;}"
+            : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
 };
 template <> struct HalfOps<__nv_bfloat16> {
     static constexpr unsigned MAGIC = 0x43004300u;  // 128.0 in each half
     static __device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
         unsigned d;
         asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static __device__ __forceinline__ unsigned fma2_lo(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("{.reg .b16 l, h; .reg .b32 bb; mov.b32 {l, h}, %2; mov.b32 bb, {l, l}; fma.rn.bf16x2 %0, %1, bb, %3;}"
+            : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
 };

@@ -345,6 +345,10 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // B descriptor: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO
     // unused by swizzled K-major layouts (1 by convention)
     const unsigned long long desc_hi = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
+    // A step's descriptor: the stage's low word plus the step's offset (a start address that stays
+    // within 14 bits, so no carry), ORed into the constant high word: one uniform add a wgmma, where
+    // a 64-bit add took two and a re-load of the high word (session 31).
+    auto bdesc = [&](unsigned lo) { return (desc_hi & 0xffffffff00000000ull) | lo; };
 
     // One stage: wait for its data, then for each 64-k half dequantize its weights a k16 step ahead
     // of the wgmmas and issue its 4 wgmmas; then refill the slot of stage i - 2. A wgmma reads its A
@@ -361,34 +365,66 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
             const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
             const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_t<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
-            f[r] = H::fma2(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
+            f[r] = H::fma2_lo(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
         }
     };
     const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
-    // this lane's words of half hh of the stage at st (the layout's four k16 steps: KP steps hh + 2 u,
-    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
-    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
-                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
+    // The byte offsets of this lane's words in a slot, computed once (per stage they cost four
+    // multiply-adds of the lane's index and the slot's base). This, the scales read once a stage
+    // (KP), the descriptors' 32-bit adds (bdesc) and the scales' operand selector (fma2_lo) take a
+    // 128-k stage of the 64-row tile from 253 to 228 instructions a warp (bf16; 128-row 268 -> 252,
+    // 64-k stage of the 256-row tile 181 -> 173). Session 31, H100, A/B in one run, 2 rounds, the
+    // same output bits: 3-6% faster at M = 32 to 128 (4096 x 14336 M = 64 24.7 -> 23.7 us, 8192 x
+    // 28672 M = 64 71.8 -> 67.2), 1-3% at M = 256 (4096 x 14336 53.5 -> 51.8), within run-to-run
+    // spread at M = 1024 and 4096.
+    int woff[HALVES][4];
+#pragma unroll
+    for (int hh = 0; hh < HALVES; ++hh)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int off = KP ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
                             : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
                                           : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
-            wv[hh][u] = *reinterpret_cast<const unsigned*>(st + A_BYTES + warp * (512 * HALVES) + off + 4 * t);
+            woff[hh][u] = A_BYTES + warp * (512 * HALVES) + off + 4 * t;
         }
+    // this lane's words of half hh of the stage at st (the layout's four k16 steps: KP steps hh + 2 u,
+    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
+    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
+                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int u = 0; u < 4; ++u) wv[hh][u] = *reinterpret_cast<const unsigned*>(st + woff[hh][u]);
+        // A scale is read as its 16 bits in the low half: dq's FMA takes them into both halves through
+        // an operand selector (fma2_lo), where a multiply by 0x10001 here cost an IMAD a scale.
+        auto read_sz = [&](int row, int r, int gl, unsigned& sv, unsigned& zv) {
+            sv = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2);
+            if constexpr (S == W_UINT4) {
+                const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
+                zv = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
+            } else {
+                zv = zb8[r];
+            }
+        };
+        if constexpr (KP) {
+            // groups of whole chunks: a stage (a chunk, or half of one) is one group, whose scale and
+            // zero code serve all its k16 steps: read once a stage (the second half's are the first's)
+            bool again = false;
+            if constexpr (HALVES == 2) again = hh == 1;
+            if (again) {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = nrow + 8 * r, gl = (64 * hh + 32 * h) >> gsh7;
-                sc[hh][r][h] = (unsigned)*reinterpret_cast<const unsigned short*>(szs + (row >> 4) * SC_TILE + gl * 32 + (row & 15) * 2) * 0x10001u;
-                if constexpr (S == W_UINT4) {
-                    const unsigned zbyte = szs[8 * SC_TILE + (row >> 4) * ZC_TILE + gl * 8 + ((row & 15) >> 1)];
-                    zc[hh][r][h] = zb_table[16 * r + ((zbyte >> (4 * (row & 1))) & 15u)];
-                } else {
-                    zc[hh][r][h] = zb8[r];
+                for (int r = 0; r < 2; ++r) sc[HALVES - 1][r][0] = sc[HALVES - 1][r][1] = sc[0][r][0], zc[HALVES - 1][r][0] = zc[HALVES - 1][r][1] = zc[0][r][0];
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    read_sz(nrow + 8 * r, r, 0, sc[hh][r][0], zc[hh][r][0]);
+                    sc[hh][r][1] = sc[hh][r][0], zc[hh][r][1] = zc[hh][r][0];
                 }
             }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) read_sz(nrow + 8 * r, r, (64 * hh + 32 * h) >> gsh7, sc[hh][r][h], zc[hh][r][h]);
+        }
     };
     int slot = 0, ld_slot = STAGES - 2;  // the slot of stage i, and of stage i + STAGES - 2
     unsigned af[4][4];                    // the A fragments of the last four k16 steps
@@ -398,7 +434,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         __syncthreads();  // stage i has landed for every thread; every wgmma of stage i - 2 is done
         const unsigned char* st = smem + slot * STAGE;
         const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
-        const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
+        const unsigned desc = (unsigned)desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
         // The 128-row tile reads every half's words, scales and zero codes from shared memory before
         // the stage's first wgmma: the wgmma statements are barriers to the compiler (memory
         // clobbers), so reads of the second half written after them wait out their latency behind the
@@ -426,7 +462,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                 else
                     dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
                 wg_fence();
-                Wgmma<T, BMA>::mma(acc, af[s], desc + hh * (A_ATOM >> 4) + 2 * s);  // + 32 bytes of K per k16 step
+                Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));  // + 32 bytes of K per k16 step
                 wg_commit();
             }
         }
@@ -485,12 +521,12 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         // stage i, whose first half is dequantized into ah[0]; half hh's wgmmas read ah[hh]. Ends with
         // the next stage's first half dequantized
         auto run_stage = [&](int i) {
-            const unsigned long long desc = desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
+            const unsigned desc = (unsigned)desc_hi | (((sbase + (unsigned)(slot * STAGE)) & 0x3ffffu) >> 4);
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh) {
                 wg_fence();
 #pragma unroll
-                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[hh][s], desc + hh * (A_ATOM >> 4) + 2 * s);
+                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[hh][s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
                 wg_commit();
                 if (hh + 1 < HALVES) {
                     wg_wait<1>();  // the half before this one is done: ah[hh ^ 1] is free
