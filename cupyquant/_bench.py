@@ -79,14 +79,11 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
     return 2 * nbytes / t
 
 
-def time_graph(fn, args_list, reps: int = 20, stream=None) -> float:
-    """Median seconds per call of ``fn(*args)``, the calls (one per ``args_list`` entry, in order)
-    captured in one CUDA graph and replayed: for kernels of a few microseconds, where the time
-    between two events around one Python call would be the host's launch time, not the GPU's.
-    Each call is made once before the capture (compilation and allocation outside it, and the
+def capture_graph(fn, args_list, stream):
+    """The calls ``fn(*args)`` (one per ``args_list`` entry, in order) captured in one CUDA graph on
+    ``stream``, each made once before the capture (compilation and allocation outside it, and the
     steady state of a model's step: a matmul reads a weight before the PDL wait only from its
-    second call with that weight, weight.py _early_ok)."""
-    stream = stream or cupy.cuda.Stream(non_blocking=True)
+    second call with that weight, weight.py _early_ok). Replay with ``graph.launch(stream)``."""
     with stream:
         for args in args_list:
             fn(*args)
@@ -94,22 +91,31 @@ def time_graph(fn, args_list, reps: int = 20, stream=None) -> float:
         stream.begin_capture()
         for args in args_list:
             fn(*args)
-        graph = stream.end_capture()
+        return stream.end_capture()
+
+
+def time_graph(fn, args_list, reps: int = 20, stream=None) -> float:
+    """Median seconds per call of ``fn(*args)``, the calls captured in one CUDA graph
+    (:func:`capture_graph`) and replayed: for kernels of a few microseconds, where the time
+    between two events around one Python call would be the host's launch time, not the GPU's."""
+    stream = stream or cupy.cuda.Stream(non_blocking=True)
+    graph = capture_graph(fn, args_list, stream)
+    graph.launch(stream)
+    stream.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record(stream)
         graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(reps):
-            s, e = cupy.cuda.Event(), cupy.cuda.Event()
-            s.record(stream)
-            graph.launch(stream)
-            e.record(stream)
-            e.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(s, e))
+        e.record(stream)
+        e.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(s, e))
     return statistics.median(times) / 1e3 / len(args_list)
 
 
-def time_torch_graph(torch, fn, args_list, reps: int = 20) -> float:
-    """:func:`time_graph` for torch calls (torch.cuda.CUDAGraph)."""
+def capture_torch_graph(torch, fn, args_list):
+    """:func:`capture_graph` for torch calls: the first two calls made on a side stream, then every
+    call captured in a ``torch.cuda.CUDAGraph`` (replay with ``graph.replay()``)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -121,6 +127,12 @@ def time_torch_graph(torch, fn, args_list, reps: int = 20) -> float:
     with torch.cuda.graph(g):
         for args in args_list:
             fn(*args)
+    return g
+
+
+def time_torch_graph(torch, fn, args_list, reps: int = 20) -> float:
+    """:func:`time_graph` for torch calls (:func:`capture_torch_graph`)."""
+    g = capture_torch_graph(torch, fn, args_list)
     g.replay()
     torch.cuda.synchronize()
     times = []

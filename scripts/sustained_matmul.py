@@ -122,30 +122,12 @@ def main(argv=None) -> int:
                 ab = a16.astype(ml_dtypes.bfloat16)
                 yb = cupy.empty((M, N), ml_dtypes.bfloat16)
                 s = cupy.cuda.Stream(non_blocking=True)
-                with s:
-                    for _ in range(2):
-                        for qq in qs:
-                            cq.matmul(ab, qq, out=yb)
-                    s.synchronize()
-                    s.begin_capture()
-                    for qq in qs:
-                        cq.matmul(ab, qq, out=yb)
-                    g = s.end_capture()
+                g = _bench.capture_graph(lambda qq: cq.matmul(ab, qq, out=yb), [(qq,) for qq in qs], s)
                 row = {"N x K": f"{N}x{K}", "M": M}
                 row["w"] = _sustain(lambda: g.launch(s), s.synchronize, len(qs), args.seconds)
                 if torch is not None:
                     ta = torch.from_dlpack(a16)
-                    ts = torch.cuda.Stream()
-                    ts.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(ts):
-                        for w in tws[:2]:
-                            torch.matmul(ta, w.t())
-                    torch.cuda.current_stream().wait_stream(ts)
-                    torch.cuda.synchronize()
-                    tg = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(tg):
-                        for w in tws:
-                            torch.matmul(ta, w.t())
+                    tg = _bench.capture_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws])
                     row["c"] = _sustain(tg.replay, torch.cuda.synchronize, len(tws), args.seconds)
                     del tg, ta
                 rows.append(row)
