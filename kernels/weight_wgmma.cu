@@ -233,7 +233,12 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
     const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
     const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
-    const unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
+    unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
+    asm volatile("" : "+r"(a_dst));  // opaque: kept in a register, not recomputed in each copy of the loop
+    // Every row this thread copies is below M (all M tiles but the last): the 256-row tile copies
+    // them unpredicated, where its 8 predicates a half, kept packed in a register (P2R) and unpacked
+    // each stage, cost more than the branch (fewer rows a thread: the predicates stay)
+    const bool a_full = a_nq == A_CH;
     // KP, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
     // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
     // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
@@ -273,6 +278,8 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
             w_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
         }
     }
+#pragma unroll
+    for (int c = 0; c < HALVES; ++c) asm volatile("" : "+r"(w_dst[c]));  // opaque, as a_dst
     const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
     // Scales (and zero codes) of a stage: for each of the block's 8 tiles of 16 rows, the stage's
     // groups (BK / G of them when G < BK, else one), 32 bytes of scales a group and 8 bytes of zero
@@ -292,7 +299,8 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const bool zc_ok = S == W_UINT4 && !is_sc && tid < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
     const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
     const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
-    const unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
+    unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
+    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
     int sz_k = (int)(it0 * BK);  // k of the next stage to load (K < 2^31: host)
     const int gsh = min(a.gshift, 31);
     // KP with stages of 128 k: the group is the stage's chunk (G = 128) or the whole row (gshift 62;
@@ -304,10 +312,18 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
 #pragma unroll
         for (int h = 0; h < HALVES; ++h) {
             const char* src = a_next + h * 128;
+            if (A_CH >= 8 && a_full) {
 #pragma unroll
-            for (int q = 0; q < A_CH; ++q) {
-                cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
-                src += a_qstep;
+                for (int q = 0; q < A_CH; ++q) {
+                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
+                    src += a_qstep;
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < A_CH; ++q) {
+                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
+                    src += a_qstep;
+                }
             }
         }
         if constexpr (HALVES == 1 && KP) {
