@@ -308,10 +308,22 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const int sc_step = a.gshift == 7 ? 32 : 0;
     const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
     const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
-    auto load_stage = [&](int slot) {
+    // The activation and weight sources of a stage are their loop group's pointers plus the stage's
+    // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
+    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
+    // HALVES = 1 without KP alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
+    constexpr bool W_FIXED = HALVES == 2 || KP;
+    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
+    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
+    auto advance = [&](int stages) {
+        a_next += stages * BK * (int)sizeof(T);
+        asm volatile("" : "+l"(a_next));  // one register pair: an address operand as it is, not copied into one each stage
+        if constexpr (W_FIXED) w_next += stages * W_STEP, w_next2 += stages * W_STEP;
+    };
+    auto load_stage = [&](int slot, int jj) {
 #pragma unroll
         for (int h = 0; h < HALVES; ++h) {
-            const char* src = a_next + h * 128;
+            const char* src = a_next + jj * BK * (int)sizeof(T) + h * 128;
             if (A_CH >= 8 && a_full) {
 #pragma unroll
                 for (int q = 0; q < A_CH; ++q) {
@@ -327,16 +339,14 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
             }
         }
         if constexpr (HALVES == 1 && KP) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
-            w_next += 512;
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
         } else if constexpr (HALVES == 1) {
             cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
             w_next += w_odd ? 1024 - 32 : 32;
             w_odd ^= 1;
         } else {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
-            cp_async16_if(w_dst[1] + slot * STAGE, w_next + w_cstep, w_ok[1]);
-            w_next += 1024;
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
+            cp_async16_if(w_dst[1] + slot * STAGE, w_next2 + jj * W_STEP, w_ok[1]);
         }
         if constexpr (KP && HALVES == 2) {
             cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
@@ -351,7 +361,6 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
             }
             sz_k += BK;
         }
-        a_next += BK * sizeof(T);
     };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
@@ -366,7 +375,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
 
 #pragma unroll
     for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < niter) load_stage(s);
+        if (s < niter) load_stage(s, s);
         cp_async_commit();
     }
     // B descriptor: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO
@@ -502,7 +511,7 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                 wg_commit();
             }
         }
-        if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot));
+        if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot), slot);  // slot: the stage's place in its group
         cp_async_commit();
     };
     // AHEAD (64-row tiles only): the next half is dequantized while the current half's 4 wgmmas run,
@@ -523,11 +532,13 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // 21.9 -> 20.9 us), 4-5% at M = 128, 1-5% at M = 256 (4096 x 14336 50.9 -> 48.6); without
     // the unroll the same edits gained 0-4% at M = 128-256 and nothing at M = 64.
     if constexpr (!AHEAD) {
+        advance(STAGES - 2);  // the group of stage 0 loads stages STAGES - 2 ..
 #pragma unroll 1
         for (int i = 0; i < niter; i += STAGES) {
 #pragma unroll
             for (int j = 0; j < STAGES; ++j)
                 if (i + j < niter) stage(i + j, j);
+            advance(STAGES);
         }
     } else {
         // A half ahead: the 4 wgmmas of a 64-k half are issued back to back from fragments
@@ -541,13 +552,13 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
         // stage i has landed for every thread and every wgmma of stage i - 2 (and of every half
         // but the last issued) is done: read its words, refill the slot of stage i - 2 with stage
         // i + STAGES - 2
-        auto begin_stage = [&](int i, int slot) {
+        auto begin_stage = [&](int i, int slot, int jj) {
             cp_async_wait<STAGES - 3>();
             fence_proxy_async();
             __syncthreads();
             st = smem + slot * STAGE;
             szs = smem + STAGES * STAGE + slot * SZ_STAGE;
-            if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot));
+            if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot), jj);
             cp_async_commit();
         };
         auto dq_half = [&](unsigned (&f)[4][4], int hh) {
@@ -575,18 +586,20 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
                     dq_half(ah[hh ^ 1], hh + 1);
                 } else if (i + 1 < niter) {
                     wg_wait<1>();
-                    begin_stage(i + 1, slot == STAGES - 1 ? 0 : slot + 1);
+                    begin_stage(i + 1, slot == STAGES - 1 ? 0 : slot + 1, slot);
                     dq_half(ah[hh ^ 1], 0);
                 }
             }
         };
-        begin_stage(0, 0);
+        begin_stage(0, 0, STAGES - 2);
+        advance(STAGES - 1);  // the group of stage 0 loads stages STAGES - 1 ..
         dq_half(ah[0], 0);
 #pragma unroll 1
         for (int i = 0; i < niter; i += STAGES) {
 #pragma unroll
             for (int j = 0; j < STAGES; ++j)
                 if (i + j < niter) run_stage(i + j, j);
+            advance(STAGES);
         }
     }
     wg_wait<0>();
