@@ -301,11 +301,15 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
     unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
     asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
-    int sz_k = (int)(it0 * BK);  // k of the next stage to load (K < 2^31: host)
+    const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
     const int gsh = min(a.gshift, 31);
-    // KP with stages of 128 k: the group is the stage's chunk (G = 128) or the whole row (gshift 62;
-    // G = 32 and 64 are not KP), so the scale and zero-code sources step by a constant a stage
-    const int sc_step = a.gshift == 7 ? 32 : 0;
+    // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
+    // load: BK / G groups when G <= BK, none for one group per row, and for G = 128 with stages of 64
+    // (the 256-row tile) one after every stage of odd index (it0 + the stage's place in its loop
+    // group, which has the parity of its place jj: sc_step_odd after odd jj)
+    const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
+    const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
+    const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
     const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
     const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
     // The activation and weight sources of a stage are their loop group's pointers plus the stage's
@@ -348,19 +352,13 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
             cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
             cp_async16_if(w_dst[1] + slot * STAGE, w_next2 + jj * W_STEP, w_ok[1]);
         }
-        if constexpr (KP && HALVES == 2) {
-            cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
-            if (zc_ok) cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-            sc_next += sc_step, zc_next += sc_step >> 2;
-        } else {
-            const i64 grp = sz_k >> gsh;
-            cp_async16_if(sz_dst + slot * SZ_STAGE, sc_base + grp * 32, sc_ok);
-            if (zc_ok) {
-                if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_base + grp * 8, true);
-                else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_base + grp * 8, true);
-            }
-            sz_k += BK;
+        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
+        if (zc_ok) {
+            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next, true);
+            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next, true);
         }
+        const int sc_step = (jj & 1) ? sc_step_odd : sc_step_even;
+        sc_next += sc_step, zc_next += sc_step >> 2;
     };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)

@@ -412,6 +412,30 @@ def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma, splits):
     assert _rel_err(cupy.asarray(got[True]), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
 
 
+SCALE_STEP_CASES = [(bma, g, s) for bma in (64, 128, 256) for g in (128, None) for s in (1, 3)]
+
+
+@pytest.mark.parametrize("bma,group,splits", SCALE_STEP_CASES, ids=[f"{b}-g{g}-{s}" for b, g, s in SCALE_STEP_CASES])
+def test_wgmma_scale_sources_across_split_starts(monkeypatch, bma, group, splits):
+    """The wgmma kernel steps each stage's scale source by the stage's groups. The 256-row tile's
+    stages are 64 k, so with groups of 128 it moves to the next group after every stage of odd
+    index, counted from K's start: K = 1280 is 20 such stages, which 3 splits start at stages 0, 7
+    and 14, so the second split's first stage is odd. Per channel the source never moves; the
+    64- and 128-row tiles (stages of 128 k) take one group a stage. Against the float64 reference,
+    where a scale taken from the wrong group would be off by far more than the tolerance."""
+    if not _hopper():
+        pytest.skip("the wgmma kernel needs compute capability 9.0")
+    dtype = ml_dtypes.bfloat16
+    N, K = 264, 1280
+    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "int4", group_size=group)
+    a = cupy.asarray(np.random.default_rng(42).standard_normal((bma + 3, K)).astype(np.float32).astype(dtype))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    with _forced("wgmma"):
+        out = poisoned((bma + 3, N), dtype)
+        cq.matmul(a, qw, out=out)
+    assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
+
+
 def test_wgmma_cluster_capacity():
     """The capacities that decide which splits of 3 to 8 ways run as clusters: positive, and at most
     the SMs over the cluster size (one block per SM); the H100 holds fewer than that (a cluster's
