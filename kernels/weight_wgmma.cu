@@ -523,12 +523,13 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     static_assert(!AHEAD || HALVES == 2, "AHEAD pairs a stage's two halves with the two fragment buffers");
     // The main loop is unrolled by the ring's depth, so that every slot index is a constant: the
     // slots' shared addresses become immediate offsets and the slot bookkeeping leaves the loop.
-    // With it, the lane's word and scale offsets held in registers (opaque, or ptxas recomputes them
-    // in each copy) and KP's scale sources stepped by a constant: a stage of the 64-row tile 228 ->
-    // 215 instructions a warp (bf16), 128-row 252 -> 250, 256-row 173 -> 166. Session 32, H100, A/B
-    // in one run, 2 rounds, the same output bits: 3-4% faster at M = 32-64 (14336 x 4096 M = 64
-    // 21.9 -> 20.9 us), 4-5% at M = 128, 1-5% at M = 256 (4096 x 14336 50.9 -> 48.6); without
-    // the unroll the same edits gained 0-4% at M = 128-256 and nothing at M = 64.
+    // With it, the lane's offsets and the copies' destinations held in registers (opaque: ptxas
+    // otherwise recomputes them in each copy of the loop, which alone made the 64-row stage 228 ->
+    // 239 instructions), the sources moved once a group (advance) and the scale sources stepped:
+    // a stage a warp (bf16, KP) 228 -> about 206 instructions on the 64-row tile, 252 -> about 221
+    // on the 128-row tile, 173 -> about 150 on the 256-row tile. Session 32, H100, A/B against
+    // the session's start in one run, the same output bits: 5-10% faster at M = 32-64 (14336 x
+    // 4096 M = 64 22.6 -> 20.4 us), 6-11% at M = 128-1024 (4096 x 14336 M = 256 52.2 -> 47.1).
     if constexpr (!AHEAD) {
         advance(STAGES - 2);  // the group of stage 0 loads stages STAGES - 2 ..
 #pragma unroll 1
