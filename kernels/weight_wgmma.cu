@@ -305,8 +305,9 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     const int gsh = min(a.gshift, 31);
     // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
     // load: BK / G groups when G <= BK, none for one group per row, and for G = 128 with stages of 64
-    // (the 256-row tile) one after every stage of odd index (it0 + the stage's place in its loop
-    // group, which has the parity of its place jj: sc_step_odd after odd jj)
+    // (the 256-row tile) one after every stage whose index from K's start is odd. That index is it0
+    // plus an even group base plus the stage's place jj in its group, so the step after a load is
+    // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
     const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
     const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
     const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
