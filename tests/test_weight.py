@@ -423,8 +423,6 @@ def test_wgmma_scale_sources_across_split_starts(monkeypatch, bma, group, splits
     and 14, so the second split's first stage is odd. Per channel the source never moves; the
     64- and 128-row tiles (stages of 128 k) take one group a stage. Against the float64 reference,
     where a scale taken from the wrong group would be off by far more than the tolerance."""
-    if not _hopper():
-        pytest.skip("the wgmma kernel needs compute capability 9.0")
     dtype = ml_dtypes.bfloat16
     N, K = 264, 1280
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "int4", group_size=group)
