@@ -171,6 +171,45 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
     const int rank = (int)cluster_rank();
     const int lo = (int)((i64)P * rank / splits), hi = (int)((i64)P * (rank + 1) / splits);
     const unsigned pbase = (unsigned)__cvta_generic_to_shared(part);
+    if constexpr (BMA >= 128) {
+        if (splits == 2) {
+            // Two blocks (the 128- and 256-row tiles' usual split): two pieces a thread at a time,
+            // their loads from the other block issued together, this block's from its own shared
+            // memory with plain loads, the sum split 0's + split 1's as below. Session 33, H100, A/B
+            // in one run, the same bits: 4096^2 M = 256 (128/2) 16.86 -> 16.41 us, 4096 x 14336 M =
+            // 256 (128/2) 46.5 -> 45.9, 8192 x 28672 M = 256 (256/2) 150.7 -> 149.6. (Eight pieces a
+            // thread at a time and a bulk copy of each half by the copy engine were slower; the
+            // 64-row tile keeps the general loop, its builds unchanged.)
+            const unsigned other = (unsigned)(rank ^ 1);
+#pragma unroll 1
+            for (int base = lo + threadIdx.x; base < hi; base += 2 * WG_THREADS) {
+                unsigned off[2];
+                bool ok[2];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int idx = base + u * WG_THREADS, m = idx / (WG_BN / 4), n = (idx % (WG_BN / 4)) * 4;
+                    ok[u] = idx < hi && m0 + m < M && n0 + n < N;  // as below: every load is consumed by a store
+                    off[u] = (unsigned)(m * LDP + n) * 4u;
+                }
+                float4 rv[2];
+#pragma unroll
+                for (int u = 0; u < 2; ++u)
+                    if (ok[u]) rv[u] = ld_shared_cluster_f4(map_shared_rank(pbase + off[u], other));
+#pragma unroll
+                for (int u = 0; u < 2; ++u)
+                    if (ok[u]) {
+                        const float4 lv = *reinterpret_cast<const float4*>(smem + off[u]);
+                        const float4 a = rank == 0 ? lv : rv[u], b = rank == 0 ? rv[u] : lv;
+                        float4 s;
+                        s.x = add_rn(a.x, b.x), s.y = add_rn(a.y, b.y), s.z = add_rn(a.z, b.z), s.w = add_rn(a.w, b.w);
+                        const int idx = base + u * WG_THREADS;
+                        store_rounded4(y, M, N, m0 + idx / (WG_BN / 4), n0 + (idx % (WG_BN / 4)) * 4, s);
+                    }
+            }
+            cluster_sync_exit();  // the other block has read this block's partial
+            return;
+        }
+    }
 #pragma unroll 1
     for (int idx = lo + threadIdx.x; idx < hi; idx += WG_THREADS) {
         const int m = idx / (WG_BN / 4), n = (idx % (WG_BN / 4)) * 4;
