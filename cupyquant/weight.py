@@ -1038,8 +1038,12 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
 # memory. _WG_BK is the unit of K the plans below count in. Stages of 128 k for the 64- and 128-row
 # tiles (session 13, forced plans, us, stages of 64 -> 128, the same bits): 28672x8192 M = 64 64/1
 # 99.8 -> 84.3, 14336x4096 M = 256 128/1 80.3 -> 70.1, 8192x28672 M = 256 128/1 272 -> 234,
-# 28672x8192 M = 1024 128/1 1128 -> 952; 4 stages of 128 for 64 rows (two blocks a SM) and for 128
-# (5 measured the same: 4096^2 M = 256 128/2 27.4-27.7 against 28.0-28.1).
+# 28672x8192 M = 1024 128/1 1128 -> 952; 4 stages of 128 for 64 rows (two blocks a SM; 6, one
+# block a SM, made 28672x8192 M = 64 64/1 65 -> 74 us, session 33) and 5 for 128 (session 13
+# measured 5 the same as 4; on session 33's faster loop, per-block clock probes put a 128-k stage at
+# 1230 against 1250 cycles, and an A/B in one run, the same bits, made the 128-row plans 2.5-5%
+# faster: 4096 x 14336 M = 128 128/1 31.8 -> 30.0-30.4 us, 8192 x 28672 M = 128 93.2 -> 89.7-90.3;
+# stages of 64, 8 or 10 deep, were 4-7% slower).
 # The 256-row tile keeps stages of 64: with 128 only 3 fit, one in flight (14336x4096 M = 256 256/1
 # 52 -> 67, 4096^2 M = 4096 224 -> 270).
 _WG_BN, _WG_BK = 128, 64
