@@ -662,21 +662,24 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3], ids=["whole-K", "split2-K", "split3-K"])
-@pytest.mark.parametrize("path", ["pipelined", "wgmma"])
-def test_tensor_core_out_tails_and_batches(monkeypatch, path, splits):
+@pytest.mark.parametrize("path,bma", [("pipelined", 64), ("wgmma", 64), ("wgmma", 128), ("wgmma", 256)],
+                         ids=["pipelined", "wgmma-64", "wgmma-128", "wgmma-256"])
+def test_tensor_core_out_tails_and_batches(monkeypatch, path, bma, splits):
     """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
     out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
     the aligned call; with K whole in each block, and split 2 ways (wgmma: a cluster whose blocks
     each write their share of y) and 3 ways (the last block of each tile writes y from the float32
-    partials), each through its own 8-byte and scalar paths."""
+    partials), each through its own 8-byte and scalar paths. The wgmma kernel runs each tile height
+    (activation rows a block: 64, 128, 256), whose unsplit epilogues store their tiles to shared
+    memory with stmatrix, four 8 x 8 tiles a warp at a time (M = 291 leaves a partial last tile)."""
     dtype = ml_dtypes.bfloat16
     N, K = 1001, 640
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 21, dtype)), "uint4", group_size=64, symmetric=False)
     rng = np.random.default_rng(22)
     a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
-    # 5 stages of 128 k: 2 splits of 3 stages, 3 splits of 2
+    # 5 stages of 128 k (10 of 64 k for the 256-row tile): 2 splits of 3 stages (5), 3 splits of 2 (4)
     monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (64, splits))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
     with _forced(path):
         y = cq.matmul(a, qw)
