@@ -164,3 +164,43 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: 
         err(rc, ctypes.byref(msg))
         raise RuntimeError(f"cuLaunchKernelEx failed: error {rc} ({(msg.value or b'?').decode()})")
     del values, attrs
+
+
+#: A CUtensorMap (cuda.h): 128 opaque bytes, passed by value to a kernel's ``__grid_constant__``
+#: parameter (kernels/weight_wgmma.cu TmaMap)
+TENSOR_MAP = np.dtype([("w", "<u8", (16,))])
+# cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT16, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+# CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (elements outside read as zeros)
+_TM_UINT16, _TM_INTERLEAVE_NONE, _TM_SWIZZLE_128B, _TM_L2_256B, _TM_OOB_ZERO = 1, 0, 3, 3, 0
+_encode_fn = None
+
+
+def tensor_map_2d(ptr: int, rows: int, cols: int, row_bytes: int, box_cols: int, box_rows: int) -> np.ndarray:
+    """A 0-d :data:`TENSOR_MAP` for TMA loads of ``box_rows`` x ``box_cols`` boxes of a row-major
+    matrix of 16-bit elements at device address ``ptr`` (``rows`` x ``cols``, rows ``row_bytes``
+    apart) into shared memory in the 128-byte swizzle, elements outside the matrix read as zeros
+    (``cuTensorMapEncodeTiled``, a host-side encoding: no GPU work). The driver wants ``ptr`` 16-byte
+    aligned, ``row_bytes`` a multiple of 16, ``box_cols`` x 2 <= 128 bytes and ``box_rows`` <= 256.
+    Raises ``RuntimeError`` with the driver's message if it refuses."""
+    global _encode_fn
+    if _encode_fn is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _encode_fn = fn
+    raw = np.zeros(TENSOR_MAP.itemsize + 64, dtype=np.uint8)  # the driver writes a 64-byte-aligned map
+    off = -raw.ctypes.data % 64
+    out = raw[off:off + TENSOR_MAP.itemsize].view(TENSOR_MAP).reshape(())
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(row_bytes)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    elem = (ctypes.c_uint32 * 2)(1, 1)
+    rc = _encode_fn(out.ctypes.data, _TM_UINT16, 2, ptr, dims, strides, box, elem, _TM_INTERLEAVE_NONE, _TM_SWIZZLE_128B,
+                    _TM_L2_256B, _TM_OOB_ZERO)
+    if rc:
+        msg = ctypes.c_char_p()
+        _driver()[1](rc, ctypes.byref(msg))
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: error {rc} ({(msg.value or b'?').decode()})")
+    return out

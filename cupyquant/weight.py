@@ -998,7 +998,7 @@ def _split_counters(device, n: int) -> cupy.ndarray:
 
 
 def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl, cluster=False,
-                  cluster_cap=None):
+                  cluster_cap=None, wg=False):
     """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
     bm x bn tiles of y, K in stages of bk, split as ``split(tiles, stages, slots)`` says; at most
     _MAX_GRID_Y row tiles per launch. ``cluster`` (weight_wgmma.cu): the splits of a tile run as one
@@ -1006,7 +1006,9 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
     workspace), when K is split 2 ways, or s = 3..8 ways with at most ``cluster_cap[s]`` tiles
     (clusters resident at once with one block per SM, _wg_cluster_cap); those wider clusters are
     launched with shared memory for one block per SM (_wg_one_block_smem). Other splits go through a
-    float32 workspace in global memory."""
+    float32 workspace in global memory. ``wg``: the kernel is weight_wgmma.cu's, which takes a tensor
+    map of the launch's rows of a after the argument struct (read by the 128-row tile,
+    _act_tensor_map; zeros for the others), always launched through cuLaunchKernelEx."""
     occ = _occupancy_of(device, k, threads, smem)
     args = np.zeros((), dtype=_GM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
@@ -1029,8 +1031,38 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
             _validate.keep_if_capturing(ws)
         else:
             ws = counters = 0
-        _run(k, (ntiles, mtiles, splits), (threads,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args),
-             launch_smem, pdl, (1, 1, splits) if in_cluster else None)
+        kargs = (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args)
+        if wg:
+            tmap = _act_tensor_map(a2[m0:], mrows, K) if bm == _WG_TMA_ROWS else _NO_TENSOR_MAP
+            _launch.launch(k, (ntiles, mtiles, splits), (threads,), kargs + (tmap,), launch_smem, pdl=pdl,
+                           cluster=(1, 1, splits) if in_cluster else None)
+        else:
+            _run(k, (ntiles, mtiles, splits), (threads,), kargs, launch_smem, pdl, (1, 1, splits) if in_cluster else None)
+
+
+# The 128-row wgmma tile loads its activations by TMA from a producer warpgroup (weight_wgmma.cu, the
+# header: 384 threads, the others 256), through a tensor map of the launch's rows of a: boxes of 64 k
+# by 128 rows in the 128-byte swizzle. Encoding one is host work in the driver; the maps are cached
+# by address and shape (matmul's activations are usually the same few buffers from call to call),
+# at most _TMAP_CACHE of them.
+_WG_TMA_ROWS = 128
+_WG_THREADS = {64: 256, 128: 384, 256: 256}
+_NO_TENSOR_MAP = np.zeros((), dtype=_launch.TENSOR_MAP)
+_TMAP_CACHE = 256
+_tmap_cache: dict = {}
+
+
+def _act_tensor_map(a2, rows: int, K: int) -> np.ndarray:
+    """The tensor map of the first ``rows`` rows of ``a2`` (``K`` columns; 16-byte aligned, rows a
+    multiple of 16 bytes apart: matmul copies ``a`` otherwise) for the 128-row tile's TMA loads."""
+    key = (a2.data.ptr, rows, K, a2.strides[0], a2.device.id)
+    m = _tmap_cache.get(key)
+    if m is None:
+        m = _launch.tensor_map_2d(a2.data.ptr, rows, K, a2.strides[0], _WG_BK, _WG_TMA_ROWS)
+        if len(_tmap_cache) >= _TMAP_CACHE:
+            del _tmap_cache[next(iter(_tmap_cache))]
+        _tmap_cache[key] = m
+    return m
 
 
 # The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 64, 128 or 256 rows of a,
@@ -1217,5 +1249,5 @@ def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
         iters = -(-iters_total // splits)
         return -(-iters_total // iters), iters
 
-    _launch_tiled(device, k, 256, _wg_smem(bma), bma, _WG_BN, _WG_BK * halves, split, a2, w, y2, M, N, K, zeros, pdl,
-                  cluster=_WG_CLUSTER, cluster_cap=cap)
+    _launch_tiled(device, k, _WG_THREADS[bma], _wg_smem(bma), bma, _WG_BN, _WG_BK * halves, split, a2, w, y2, M, N, K, zeros,
+                  pdl, cluster=_WG_CLUSTER, cluster_cap=cap, wg=True)

@@ -10,7 +10,8 @@
 // the weights are dequantized; B is read by the tensor cores from shared memory, where cp.async puts
 // the activations in the 128-byte-swizzled K-major layout the wgmma descriptor describes.
 //
-// A block is two warpgroups: 128 weight rows by BMA activation rows. K streams through shared memory
+// A block is two warpgroups that compute (a third copies for the 128-row tile, below): 128 weight
+// rows by BMA activation rows. K streams through shared memory
 // in stages of 64 HALVES (HALVES = 1 or 2): per half, one 128-byte row of activations per a row (a
 // swizzle atom of its own) and 32 bytes per weight row. STAGES slots deep with STAGES - 2 stages of
 // loads in flight: the slot that stage i + STAGES - 2 overwrites held stage i - 2, whose wgmmas both
@@ -50,6 +51,24 @@
 // as clusters of 1 x 1 x 2 blocks), the partials stay in shared memory and the cluster's blocks add
 // them through distributed shared memory, in the same order (cluster_split_finish below).
 //
+// The 128-row tile (WS in the kernel) adds a producer warpgroup (warps 8-11): thread 256 loads each
+// stage's activations with two TMA boxes (64 k by 128 rows of a, the 128-byte swizzle the wgmma
+// descriptor describes, rows past M read as zeros; the host encodes the tensor map, weight.py
+// _act_tensor_map) and the 128 producer threads copy the weights, scales and zero codes by
+// cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
+// barrier: full[s] completes when slot s has landed (the TMA's bytes, and one arrival per producer
+// thread when its copies complete: cp.async.mbarrier.arrive.noinc), empty[s] when every compute warp
+// has retired the wgmmas of the stage in slot s (one arrival a warp, at the fourth k16 step of the
+// next stage). The compute warps neither copy nor meet at a barrier; the producer runs up to STAGES
+// stages ahead, then exits (exited threads count as arrived at the epilogue's barriers). Registers:
+// 384 threads launch with 168 each, and setmaxnreg moves them to 224 for the compute warps and 56 for
+// the producer (256 x 224 + 128 x 56 = 384 x 168). Session 35, H100, A/B in one run, 2 rounds, the
+// same bits on every cell and on the 11 sanity cases: 4096^2 M = 256 (128/2) 16.59 / 16.53 -> 16.32 /
+// 16.31 us, 4096 x 14336 M = 256 (128/2) 45.98 / 45.79 -> 44.99 / 45.04, 14336 x 4096 M = 128 (128/1)
+// 26.34 / 26.08 -> 25.27 / 25.39, 28672 x 8192 M = 128 100.5 / 99.5 -> 95.4 / 94.8. The same
+// producer with cp.async for the activations (4 warps copying) was 1.5-5.5% slower than the stage
+// barrier: it is the TMA that pays, not the warp specialization alone.
+//
 // Epilogue (K not split): the tile goes through shared memory (transposed to a's row order) so that y is written
 // in 16-byte pieces along its rows (byte by byte where out= is not 16-byte aligned or at N's tail).
 
@@ -60,7 +79,7 @@ using namespace cq;
 
 static constexpr int WG_BN = 128;       // weight rows per block: two warpgroups of 64
 static constexpr int WG_BK = 64;        // K per stage: 128 bytes of each activation row
-static constexpr int WG_THREADS = 256;  // two warpgroups
+static constexpr int WG_THREADS = 256;  // two warpgroups that compute (the 128-row tile adds a producer: WG_THREADS + 128)
 
 struct WgArgs {
     i64 M, N, K;
@@ -70,6 +89,12 @@ struct WgArgs {
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
     int kperm;   // weight_gemm.cu's GemmArgs.kperm (the same arguments); here the KP template argument says it
+};
+// A CUtensorMap (cuTensorMapEncodeTiled, weight.py _act_tensor_map): the launch's rows of a, boxes of
+// 64 k by 128 rows in the 128-byte swizzle. Passed by value (__grid_constant__), as TMA reads it; the
+// 64- and 256-row tiles do not read it (the host passes zeros).
+struct alignas(64) TmaMap {
+    unsigned long long w[16];
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -142,6 +167,35 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 // what cp.async wrote (generic proxy) becomes visible to the wgmma's reads (async proxy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The 128-row tile's ring: mbarriers (CTA scope), the TMA load of a box, cp.async arrivals
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {  // the phase of parity `parity` has completed
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {  // one arrival, and `bytes` to come
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// one arrival on bar once every cp.async this thread has issued so far has completed
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// the box of the tensor map at (k c0, row c1) into this block's shared memory at dst, its bytes counted on bar
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsigned bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
 
 // The multiplier pairs (weight_mma.cuh frag_mul) read from constant memory, not as immediates: the
 // INT4 zero bias takes the FMA's immediate operand, and the 256-row build, short of registers, would
@@ -233,10 +287,10 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
 #endif
 
 template <typename T, int S, int BMA, int STAGES, int HALVES, bool KP>
-__global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
+__global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
     w4a16_wgmma(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
                 const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
-                WgArgs a) {
+                WgArgs a, const __grid_constant__ TmaMap tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
     constexpr int BK = 64 * HALVES;              // k per stage
@@ -407,14 +461,78 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     __shared__ unsigned zb_table[32];  // zero_bias of each zero code (uint4), rows g then g + 8
     if (S == W_UINT4 && tid < 32) zb_table[tid] = frag_zero_bias<T>((unsigned)tid & 15u, tid >> 4);  // read after the first stage's barrier
     pdl_wait_then_release();  // no global access above this line
+    // The 128-row tile: a producer warpgroup and the mbarrier ring (the header)
+    constexpr bool WS = BMA == 128;
+    static_assert(!WS || HALVES == 2, "the 128-row tile's producer copies stages of 128 k");
+    __shared__ __align__(8) unsigned long long mb_full[WS ? STAGES : 1], mb_empty[WS ? STAGES : 1];
+    const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
+    if constexpr (WS) {
+        if (tid == 0) {
+#pragma unroll
+            for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 129), mbar_init(empty0 + 8 * s, 8);
+        }
+        __syncthreads();  // the barriers are initialized (and zb_table written)
+        if (warp >= 8) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+            const int p = tid - WG_THREADS;
+            // weights: pieces L = p + 128 c of the block's 8 KB a stage (tile L / 64, piece L % 64),
+            // to the same swizzled places as load_stage's (HALVES = 2)
+            const unsigned char* pw[4];
+            unsigned pw_dst[4];
+            bool pw_ok[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int L = p + 128 * c, pp = L & 31, pg = pp >> 2;
+                pw_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
+                pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
+                pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
+            }
+            // scales and zero codes: load_stage's copies, by producer thread p in place of thread tid
+            const bool p_sc = p < SC_T;
+            const int p_tile = p_sc ? p / (4 * HALVES) : (p - SC_T) / HALVES;
+            const int p_scp = p % (4 * HALVES), p_zcp = (p - SC_T) % HALVES;
+            const i64 p_n16 = n0 / 16 + p_tile;
+            const bool p_sc_ok = p_sc && p_n16 < n16_total && p_scp < 2 * ngst;
+            const int p_zcb = 8 * ngst - 16 * p_zcp;
+            const bool p_zc_ok = S == W_UINT4 && !p_sc && p < SC_T + ZC_T && p_n16 < n16_total && p_zcb > 0;
+            const unsigned char* psc = reinterpret_cast<const unsigned char*>(scales) + (p_n16 * a.ng) * 32 + p_scp * 16 + (sz_k >> gsh) * 32;
+            const unsigned char* pzc = zeros + (p_n16 * a.ng) * 8 + p_zcp * 16 + (sz_k >> gsh) * 8;
+            const unsigned psz_dst = sbase + STAGES * STAGE + (p_sc ? p_tile * SC_TILE + p_scp * 16 : 8 * SC_TILE + p_tile * ZC_TILE + p_zcp * 16);
+            const int sc_step = 32 * (BK >> min(gsh, 16));  // a stage's groups: 32 bytes of scales (8 of zero codes) each
+            int slot = 0, use = 0;
+#pragma unroll 1
+            for (int i = 0; i < niter; ++i) {
+                if (use > 0) mbar_wait(empty0 + 8 * slot, (use - 1) & 1);  // the stage STAGES back is retired
+                if (p == 0) {
+                    mbar_expect_tx(full0 + 8 * slot, A_BYTES);
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, &tm, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
+                }
+#pragma unroll
+                for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
+                cp_async16_if(psz_dst + slot * SZ_STAGE, psc + (i64)i * sc_step, p_sc_ok);
+                if (p_zc_ok) {
+                    if (p_zcb >= 16) cp_async16_if(psz_dst + slot * SZ_STAGE, pzc + (i64)i * (sc_step >> 2), true);
+                    else cp_async8_if(psz_dst + slot * SZ_STAGE, pzc + (i64)i * (sc_step >> 2), true);
+                }
+                mbar_arrive_cp_async(full0 + 8 * slot);
+                if (++slot == STAGES) slot = 0, ++use;
+            }
+            asm volatile("cp.async.wait_all;" ::: "memory");
+            return;  // the epilogue's barriers wait only for the threads that have not exited
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+    }
     float acc[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
 
+    if constexpr (!WS) {
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < niter) load_stage(s, s);
-        cp_async_commit();
+        for (int s = 0; s < STAGES - 2; ++s) {
+            if (s < niter) load_stage(s, s);
+            cp_async_commit();
+        }
     }
     // B descriptor: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO
     // unused by swizzled K-major layouts (1 by convention)
@@ -570,7 +688,47 @@ __global__ void __launch_bounds__(WG_THREADS, BMA <= 64 ? 2 : 1)
     // on the 128-row tile, 173 -> about 150 on the 256-row tile. Session 32, H100, A/B against
     // the session's start in one run, the same output bits: 5-10% faster at M = 32-64 (14336 x
     // 4096 M = 64 22.6 -> 20.4 us), 6-11% at M = 128-1024 (4096 x 14336 M = 256 52.2 -> 47.1).
-    if constexpr (!AHEAD) {
+    if constexpr (WS) {
+        // stage() of the 128-row tile with the producer: wait for the slot's barrier instead of copies
+        // and a stage barrier (the activations came by TMA: no proxy fence), and release the slot
+        // of stage i - 1 once the fourth k16 step's wait has retired its last wgmma
+        auto stage_ws = [&](int i, int slot, unsigned parity) {
+            mbar_wait(full0 + 8 * slot, parity);
+            const unsigned char* st = smem + slot * STAGE;
+            const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
+            const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
+            unsigned wv[HALVES][4];
+            unsigned sc[HALVES][2][2], zc[HALVES][2][2];
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) read_words(st, szs, hh, wv, sc, zc);
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) {
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    wg_wait<3>();
+                    if (hh == 0 && s == 3 && i > 0) {
+                        __syncwarp();  // every lane's reads of that slot are done
+                        if (lane == 0) mbar_arrive(empty0 + 8 * (slot == 0 ? STAGES - 1 : slot - 1));
+                    }
+                    if constexpr (KP)
+                        dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
+                    else
+                        dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+                    wg_fence();
+                    Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
+                    wg_commit();
+                }
+            }
+        };
+        unsigned parity = 0;  // of the ring's pass
+#pragma unroll 1
+        for (int i = 0; i < niter; i += STAGES) {
+#pragma unroll
+            for (int j = 0; j < STAGES; ++j)
+                if (i + j < niter) stage_ws(i + j, j, parity);
+            parity ^= 1;
+        }
+    } else if constexpr (!AHEAD) {
         advance(STAGES - 2);  // the group of stage 0 loads stages STAGES - 2 ..
 #pragma unroll 1
         for (int i = 0; i < niter; i += STAGES) {

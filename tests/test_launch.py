@@ -132,3 +132,29 @@ def test_kernel_argument_structs_match_their_dtypes(module, dtype_name, cu, stru
     fields = _c_fields((Path(_jit.kernel_dir()) / cu).read_text(), struct)
     assert [(n, np.dtype(t)) for n, t in fields] == [(n, dt.fields[n][0]) for n in dt.names], (cu, struct)
     assert dt.isalignedstruct
+
+
+def test_tensor_map_matches_the_kernels_parameter():
+    """The 128-byte CUtensorMap that weight.py passes by value is the kernel's TmaMap: sixteen
+    64-bit words, 64-byte aligned (cuda.h's CUtensorMap is 16 x 64 bits, alignas(64))."""
+    from cupyquant import _jit
+
+    assert _launch.TENSOR_MAP.itemsize == 128 and _launch.TENSOR_MAP.names == ("w",)
+    src = (Path(_jit.kernel_dir()) / "weight_wgmma.cu").read_text()
+    body = re.search(r"^struct alignas\(64\) TmaMap \{(.*?)^\};", src, re.S | re.M)
+    assert body and " ".join(re.sub(r"//[^\n]*", "", body.group(1)).split()) == "unsigned long long w[16];"
+    assert "const __grid_constant__ TmaMap tm" in src
+
+
+@pytest.mark.gpu
+def test_tensor_map_2d_encodes_and_refuses():
+    """cuTensorMapEncodeTiled through ctypes: a map of a 16-byte-aligned matrix is 128 bytes, not
+    all zero, and the driver's refusal of a misaligned address comes back as a RuntimeError with its
+    message (matmul never asks for one: it copies such activations first)."""
+    import cupy
+
+    buf = cupy.zeros((300, 512), dtype=cupy.float16)
+    m = _launch.tensor_map_2d(buf.data.ptr, 300, 512, buf.strides[0], 64, 128)
+    assert m.shape == () and m.dtype == _launch.TENSOR_MAP and m.view(np.uint64).any()
+    with pytest.raises(RuntimeError, match="cuTensorMapEncodeTiled"):
+        _launch.tensor_map_2d(buf.data.ptr + 2, 300, 512, buf.strides[0], 64, 128)
