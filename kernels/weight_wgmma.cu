@@ -66,7 +66,7 @@
 // same bits on every cell and on the 11 sanity cases: 4096^2 M = 256 (128/2) 16.59 / 16.53 -> 16.32 /
 // 16.31 us, 4096 x 14336 M = 256 (128/2) 45.98 / 45.79 -> 44.99 / 45.04, 14336 x 4096 M = 128 (128/1)
 // 26.34 / 26.08 -> 25.27 / 25.39, 28672 x 8192 M = 128 100.5 / 99.5 -> 95.4 / 94.8. The same
-// producer with cp.async for the activations (4 warps copying) was 1.5-5.5% slower than the stage
+// producer with cp.async for the activations (4 warps copying) was 1-5.5% slower than the stage
 // barrier: it is the TMA that pays, not the warp specialization alone.
 //
 // Epilogue (K not split): the tile goes through shared memory (transposed to a's row order) so that y is written
