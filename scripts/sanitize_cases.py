@@ -372,23 +372,26 @@ def _decode_configs(run, qp, deq, dt, rng, tag):
 
 def _wgmma_edges(run, qw, deq, dt, rng):
     """The wgmma kernel (Hopper) at sizes matmul would give the decode kernel: rows of a past M and
-    weight rows past N in a tile (copies predicated off), and K split 1, 2 and 3 ways across blocks:
-    2 and 3 as clusters adding through distributed shared memory (3 where every tile's cluster fits
-    on the GPU at once), and 3 again through the workspace."""
+    weight rows past N in a tile (copies predicated off; the 128-row tile's TMA reads them as
+    zeros), and K split 1, 2 and 3 ways across blocks: 2 and 3 as clusters adding through
+    distributed shared memory (3 where every tile's cluster fits on the GPU at once), and 3 again
+    through the workspace; each tile height (64, 128 and 256 rows of a: the 128-row tile with its
+    producer warpgroup and mbarrier ring)."""
     N, K = qw.shape
     saved = cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap
     try:
         cqw.FORCE_PATH = "wgmma"
-        for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
-            cqw._wg_plan = lambda M, N_, iters, sms, s=splits, **kw: (64, min(s, iters))
-            cqw._wg_cluster_cap = (lambda *a: None) if workspace else saved[2]
-            for M in (17, 130):
-                ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
-                y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
-                exact = ah.astype(np.float64) @ deq.T
-                err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-                run.within(f"matmul wgmma {qw.scheme} G={qw.group_size} K={K} {dt.name} M={M} splits={splits}"
-                           f"{' workspace' if workspace else ''}", err, TOL[dt])
+        for bma in (64, 128, 256):
+            for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
+                cqw._wg_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
+                cqw._wg_cluster_cap = (lambda *a: None) if workspace else saved[2]
+                for M in (17, 130):
+                    ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                    y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
+                    exact = ah.astype(np.float64) @ deq.T
+                    err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                    run.within(f"matmul wgmma {bma} rows {qw.scheme} G={qw.group_size} K={K} {dt.name} M={M} "
+                               f"splits={splits}{' workspace' if workspace else ''}", err, TOL[dt])
     finally:
         cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap = saved
 
