@@ -1060,8 +1060,11 @@ def _act_tensor_map(a2, rows: int, K: int) -> np.ndarray:
     m = _tmap_cache.get(key)
     if m is None:
         m = _launch.tensor_map_2d(a2.data.ptr, rows, K, a2.strides[0], _WG_BK, _WG_TMA_ROWS)
-        if len(_tmap_cache) >= _TMAP_CACHE:
-            del _tmap_cache[next(iter(_tmap_cache))]
+        if len(_tmap_cache) >= _TMAP_CACHE:  # the oldest goes (another thread may be evicting too)
+            try:
+                _tmap_cache.pop(next(iter(_tmap_cache)), None)
+            except (StopIteration, RuntimeError):  # emptied, or changed size under the iterator
+                pass
         _tmap_cache[key] = m
     return m
 

@@ -381,15 +381,19 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // tid % (4 HALVES)); the next 8 HALVES threads the zero codes (tile, 16-byte piece; 8 bytes where
     // a tile has only 8 for the stage). Tiles past the padded weight are not copied (their rows are
     // never stored).
+    // The 128-row tile's producer warpgroup makes these copies: its thread szt = tid - WG_THREADS
+    // takes thread tid's part (the compute warps' values are unused there).
+    constexpr bool WS = BMA == 128;
+    const int szt = WS ? tid - WG_THREADS : tid;
     const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
     constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
-    const bool is_sc = tid < SC_T;
-    const int sz_tile = is_sc ? tid / (4 * HALVES) : (tid - SC_T) / HALVES;
-    const int sc_piece = tid % (4 * HALVES), zc_piece = (tid - SC_T) % HALVES;
+    const bool is_sc = szt < SC_T;
+    const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
+    const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
     const i64 sz_n16 = n0 / 16 + sz_tile;
     const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
     const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
-    const bool zc_ok = S == W_UINT4 && !is_sc && tid < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
+    const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
     const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
     const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
     unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
@@ -462,7 +466,6 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     if (S == W_UINT4 && tid < 32) zb_table[tid] = frag_zero_bias<T>((unsigned)tid & 15u, tid >> 4);  // read after the first stage's barrier
     pdl_wait_then_release();  // no global access above this line
     // The 128-row tile: a producer warpgroup and the mbarrier ring (the header)
-    constexpr bool WS = BMA == 128;
     static_assert(!WS || HALVES == 2, "the 128-row tile's producer copies stages of 128 k");
     __shared__ __align__(8) unsigned long long mb_full[WS ? STAGES : 1], mb_empty[WS ? STAGES : 1];
     const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
@@ -487,18 +490,8 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
                 pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
                 pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
             }
-            // scales and zero codes: load_stage's copies, by producer thread p in place of thread tid
-            const bool p_sc = p < SC_T;
-            const int p_tile = p_sc ? p / (4 * HALVES) : (p - SC_T) / HALVES;
-            const int p_scp = p % (4 * HALVES), p_zcp = (p - SC_T) % HALVES;
-            const i64 p_n16 = n0 / 16 + p_tile;
-            const bool p_sc_ok = p_sc && p_n16 < n16_total && p_scp < 2 * ngst;
-            const int p_zcb = 8 * ngst - 16 * p_zcp;
-            const bool p_zc_ok = S == W_UINT4 && !p_sc && p < SC_T + ZC_T && p_n16 < n16_total && p_zcb > 0;
-            const unsigned char* psc = reinterpret_cast<const unsigned char*>(scales) + (p_n16 * a.ng) * 32 + p_scp * 16 + (sz_k >> gsh) * 32;
-            const unsigned char* pzc = zeros + (p_n16 * a.ng) * 8 + p_zcp * 16 + (sz_k >> gsh) * 8;
-            const unsigned psz_dst = sbase + STAGES * STAGE + (p_sc ? p_tile * SC_TILE + p_scp * 16 : 8 * SC_TILE + p_tile * ZC_TILE + p_zcp * 16);
-            const int sc_step = 32 * (BK >> min(gsh, 16));  // a stage's groups: 32 bytes of scales (8 of zero codes) each
+            // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
+            const int sc_step = sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
             int slot = 0, use = 0;
 #pragma unroll 1
             for (int i = 0; i < niter; ++i) {
@@ -510,10 +503,10 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
                 }
 #pragma unroll
                 for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
-                cp_async16_if(psz_dst + slot * SZ_STAGE, psc + (i64)i * sc_step, p_sc_ok);
-                if (p_zc_ok) {
-                    if (p_zcb >= 16) cp_async16_if(psz_dst + slot * SZ_STAGE, pzc + (i64)i * (sc_step >> 2), true);
-                    else cp_async8_if(psz_dst + slot * SZ_STAGE, pzc + (i64)i * (sc_step >> 2), true);
+                cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next + (i64)i * sc_step, sc_ok);
+                if (zc_ok) {
+                    if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
+                    else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
                 }
                 mbar_arrive_cp_async(full0 + 8 * slot);
                 if (++slot == STAGES) slot = 0, ++use;

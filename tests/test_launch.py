@@ -158,3 +158,36 @@ def test_tensor_map_2d_encodes_and_refuses():
     assert m.shape == () and m.dtype == _launch.TENSOR_MAP and m["w"].any()
     with pytest.raises(RuntimeError, match="cuTensorMapEncodeTiled"):
         _launch.tensor_map_2d(buf.data.ptr + 2, 300, 512, buf.strides[0], 64, 128)
+
+
+def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
+    """weight._act_tensor_map encodes a map once per (address, rows, K, row stride, device) and keeps
+    at most _TMAP_CACHE of them, the oldest going first; the encoder is stubbed (no GPU needed)."""
+    from types import SimpleNamespace
+
+    from cupyquant import weight as W
+
+    calls = []
+
+    def fake(ptr, rows, cols, row_bytes, box_cols, box_rows):
+        calls.append((ptr, rows, cols, row_bytes, box_cols, box_rows))
+        return np.zeros((), _launch.TENSOR_MAP)
+
+    def buf(ptr, row_bytes=8192, dev=0):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), strides=(row_bytes, 2), device=SimpleNamespace(id=dev))
+
+    monkeypatch.setattr(_launch, "tensor_map_2d", fake)
+    monkeypatch.setattr(W, "_tmap_cache", {})
+    monkeypatch.setattr(W, "_TMAP_CACHE", 4)
+    m = W._act_tensor_map(buf(1 << 20), 200, 4096)
+    assert W._act_tensor_map(buf(1 << 20), 200, 4096) is m and len(calls) == 1
+    assert calls[0] == (1 << 20, 200, 4096, 8192, 64, 128)
+    # a different row count, row stride or device is a different map
+    W._act_tensor_map(buf(1 << 20), 201, 4096)
+    W._act_tensor_map(buf(1 << 20, row_bytes=16384), 200, 4096)
+    W._act_tensor_map(buf(1 << 20, dev=1), 200, 4096)
+    assert len(calls) == 4 and len(W._tmap_cache) == 4
+    W._act_tensor_map(buf(2 << 20), 200, 4096)  # the fifth evicts the first
+    assert len(W._tmap_cache) == 4 and len(calls) == 5
+    W._act_tensor_map(buf(1 << 20), 200, 4096)
+    assert len(calls) == 6, "the oldest map was evicted and is encoded again"
