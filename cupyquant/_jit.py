@@ -108,7 +108,7 @@ GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2
 
 #: w4a16_wgmma tile configurations: (rows of a per tile, ring stages, 64-k halves per stage)
 #: (kernels/weight_wgmma.cu), each built for both prepared INT4 orders (KP: weight.py _kperm).
-WGMMA_CONFIGS = ((64, 4, 2), (128, 5, 2), (256, 6, 1))
+WGMMA_CONFIGS = ((32, 6, 2), (64, 4, 2), (128, 5, 2), (256, 6, 1))
 
 _MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 

@@ -635,9 +635,9 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
       fewer than 2^25.
     * ``"wgmma"`` (``weight_wgmma.cu``): INT4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
-      operand: blocks of 128 weight rows by 64, 128 or 256 rows of ``a``, K streamed through
-      shared memory with ``cp.async`` in stages of 128 (4 deep; 256-row tiles: stages of 64, 6
-      deep; the 128-row tile 5 deep, loaded by a producer warpgroup of its own, the activations
+      operand: blocks of 128 weight rows by 32 (M <= 32), 64, 128 or 256 rows of ``a``, K
+      streamed through shared memory with ``cp.async`` in stages of 128 (4 deep; the 32-row tile
+      6 deep; 256-row tiles: stages of 64, 6 deep; the 128-row tile 5 deep, loaded by a producer warpgroup of its own, the activations
       by TMA), and split across blocks when few tiles and a long K make that pay: 2 ways as a
       thread-block cluster whose two blocks add their partials through distributed shared memory,
       3 to 8 ways likewise where every tile's cluster fits on the GPU at once (one block per SM;
@@ -1047,7 +1047,7 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
 # host: 7.6 us a map, 0.5 us for a cached one); the maps are cached by address and shape (matmul's
 # activations are usually the same few buffers from call to call), at most _TMAP_CACHE of them.
 _WG_TMA_ROWS = 128
-_WG_THREADS = {64: 256, 128: 384, 256: 256}
+_WG_THREADS = {32: 256, 64: 256, 128: 384, 256: 256}
 _NO_TENSOR_MAP = np.zeros((), dtype=_launch.TENSOR_MAP)
 _TMAP_CACHE = 256
 _tmap_cache: dict = {}
@@ -1069,7 +1069,7 @@ def _act_tensor_map(a2, rows: int, K: int) -> np.ndarray:
     return m
 
 
-# The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 64, 128 or 256 rows of a,
+# The wgmma kernel (kernels/weight_wgmma.cu): blocks of 128 weight rows by 32, 64, 128 or 256 rows of a,
 # K in stages of 64 or 128 (1 or 2 halves of 64), and the ring depth that fits each tile in shared
 # memory. _WG_BK is the unit of K the plans below count in. Stages of 128 k for the 64- and 128-row
 # tiles (session 13, forced plans, us, stages of 64 -> 128, the same bits): 28672x8192 M = 64 64/1
@@ -1081,12 +1081,15 @@ def _act_tensor_map(a2, rows: int, K: int) -> np.ndarray:
 # faster: 4096 x 14336 M = 128 128/1 31.8 -> 30.0-30.4 us, 8192 x 28672 M = 128 93.2 -> 89.7-90.3;
 # stages of 64, 8 or 10 deep, were 4-7% slower).
 # The 256-row tile keeps stages of 64: with 128 only 3 fit, one in flight (14336x4096 M = 256 256/1
-# 52 -> 67, 4096^2 M = 4096 224 -> 270).
+# 52 -> 67, 4096^2 M = 4096 224 -> 270). The 32-row tile (M <= 32; session 36) is the 64-row tile's
+# code at half the width, 6 stages of 128 deep (two blocks a SM); 10 deep (one block a SM) was
+# slower on every plan measured (H100, us, bf16 g128, M = 32: 14336x4096 32/1 18.1 -> 19.7,
+# 28672x8192 32/1 56.3 -> 69.1, 8192x28672 32/4 55.4 -> 67.4).
 _WG_BN, _WG_BK = 128, 64
 _WG_CONFIG = {bma: (stages, halves) for bma, stages, halves in _jit.WGMMA_CONFIGS}  # rows -> (stages, halves)
 
 
-_WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
+_WG_BLOCKS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
 
 
 # Estimated microseconds per 64 k of a block's main loop on the H100 (bf16, g128; forced plans of
@@ -1100,7 +1103,10 @@ _WG_BLOCKS_PER_SM = {64: 2, 128: 1, 256: 1}  # registers (launch bounds) and sha
 # 1-3% slower there (H200, us: M = 256 128/2 54.1-54.6, 256/4 55.9; M = 192 128/2 53.7-54.2, 256/4
 # 54.2-54.6, which 6.5 picks). It moves 4096x11008 M = 48 and 64 from 64/3 (cluster) to 64/4
 # (22.0 -> 20.9 us) and M = 128 from 128/3 to 128/4 (30.3 -> 29.5).
-_WG_STAGE_US = {64: (0.375, 0.33), 128: (0.53, 0.54), 256: (0.85, 0.89)}
+# 32-row tiles (session 36, H100, M = 32, forced plans): 0.283 us a 64 k with one block a SM
+# (14336x4096 32/1 18.1 us), 0.24 a block with two sharing one (28672x8192 32/1 56.3; 14336x4096
+# 32/2 as a cluster 18.9, which the estimate must put above 32/1).
+_WG_STAGE_US = {32: (0.283, 0.24), 64: (0.375, 0.33), 128: (0.53, 0.54), 256: (0.85, 0.89)}
 _WG_SPLIT_US = (6.5, 0.01)
 _WG_CLUSTER_SPLIT_US = 3.5
 # Splits of 3 to 8 ways as clusters (one block per SM; session 14, us, forced plans): 4096^2 M = 64
@@ -1117,7 +1123,7 @@ def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int
         cluster = splits == 2 and _WG_CLUSTER
     blocks = tiles * splits
     one, per = _WG_STAGE_US[bma]
-    if bma == 64 and not (cluster and splits > 2):
+    if bma <= 64 and not (cluster and splits > 2):
         per_sm = -(-blocks // sms)
         stage = one if per_sm == 1 else per * per_sm
     else:
@@ -1140,7 +1146,7 @@ def _wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
 
 def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
     """(rows of a per tile, K splits) for the wgmma kernel: the least _wg_estimate over tile heights
-    64 / 128 / 256 and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave), and 3
+    64 / 128 / 256 (and 32 where M <= 32) and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave), and 3
     and 6 where they run as clusters; ties go to the taller tile and fewer splits. ``cluster_cap``
     (splits -> clusters resident at once with one block per SM, _wg_cluster_cap) lets splits of 3
     to 8 run as clusters where every tile's cluster fits at once (None: only 2 splits are clusters;
@@ -1157,11 +1163,17 @@ def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
       8192x28672  M = 128  128/2 128.7, 64/2 152.8, 64/1 168.8                -> 128/2
       28672x8192  M = 128  128/1 138.6, 64/1 169.1                            -> 128/1
       28672x8192  M = 256  256/1 227.2, 128/1 311.6, 64/1 323.3               -> 256/1
+    and in session 36 (32-row tiles, 6 stages; the 64-row plan the one taken before):
+      14336x4096  M = 32   32/1 18.1, 32/2 18.9, 64/1 19.5                    -> 32/1
+      28672x8192  M = 32   32/1 56.3, 32/2 58.2 (M = 16), 64/1 63.3           -> 32/1
+      8192x28672  M = 32   32/4 55.4, 32/2 59.3, 64/4 62.0                    -> 32/4
     (*) 64/2 until session 20, which took the memset out of the workspace splits (about 2.5 us): 64/4
     then ran 11.8 us on an H200. (With the H100's cluster capacities the plan is 64/3 anyway, 10.7.)
     """
     best = None
-    for bma in (256, 128, 64):
+    for bma in (256, 128, 64, 32):
+        if bma == 32 and M > 32:
+            break  # the 32-row tile serves M <= 32 only (two tiles of 32 rows read the weights twice)
         tiles = -(-N // _WG_BN) * -(-M // bma)
         for splits in (1, 2, 3, 4, 6, 8):
             if splits > iters:

@@ -36,6 +36,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
 FAMILIES = ("fp8_tensor", "group_quant", "mx", "weight")
+# Selectable by --family but not in the default run: the wgmma kernel's edge cases alone (a subset of
+# "weight", short enough for racecheck, which takes longer than "weight" whole allows)
+EXTRA_FAMILIES = ("wgmma",)
 E8M0 = "float8_e8m0fnu"
 TOL = {F16: 2.0**-10, BF16: 2.0**-8}  # matmul bounds, as tests/test_weight.py derives them
 
@@ -375,13 +378,13 @@ def _wgmma_edges(run, qw, deq, dt, rng):
     weight rows past N in a tile (copies predicated off; the 128-row tile's TMA reads them as
     zeros), and K split 1, 2 and 3 ways across blocks: 2 and 3 as clusters adding through
     distributed shared memory (3 where every tile's cluster fits on the GPU at once), and 3 again
-    through the workspace; each tile height (64, 128 and 256 rows of a: the 128-row tile with its
+    through the workspace; each tile height (32, 64, 128 and 256 rows of a: the 128-row tile with its
     producer warpgroup and mbarrier ring)."""
     N, K = qw.shape
     saved = cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap
     try:
         cqw.FORCE_PATH = "wgmma"
-        for bma in (64, 128, 256):
+        for bma in (32, 64, 128, 256):
             for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
                 cqw._wg_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
                 cqw._wg_cluster_cap = (lambda *a: None) if workspace else saved[2]
@@ -396,7 +399,25 @@ def _wgmma_edges(run, qw, deq, dt, rng):
         cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap = saved
 
 
-RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight}
+def run_wgmma(run: Run):
+    """_wgmma_edges for three weights (INT4 groups of 128 and K = 1024, so that an unsplit tile's
+    stages wrap every ring; UINT4 groups of 32, fp16; INT4 per channel): every tile height and split
+    of the wgmma kernel, on Hopper only."""
+    if cupy.cuda.Device().compute_capability not in cqw._WGMMA_ARCHS:
+        print("sanitize_cases: wgmma: this GPU has no wgmma kernel; nothing run")
+        return
+    for scheme, sym, G, K, dt in (("int4", True, 128, 1024, BF16), ("uint4", False, 32, 1024, F16),
+                                  ("int4", True, None, 256, BF16)):
+        N = 100
+        rng = np.random.default_rng(seed_of("wgmma", scheme, G, K, dt.name))
+        wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
+        qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
+        deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
+                                    scheme, dt).astype(np.float64)
+        _wgmma_edges(run, qw, deq, dt, rng)
+
+
+RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight, "wgmma": run_wgmma}
 
 # Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
 # from a sanitizer that is attached and sees our launches (scripts/sanitize.sh requires each control
@@ -441,7 +462,8 @@ def run_control(tool: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default=",".join(FAMILIES), help=f"comma-separated subset of {','.join(FAMILIES)}")
+    p.add_argument("--family", default=",".join(FAMILIES),
+                   help=f"comma-separated subset of {','.join(FAMILIES + EXTRA_FAMILIES)} (default: all but {','.join(EXTRA_FAMILIES)})")
     p.add_argument("--pool", action="store_true", help="keep CuPy's memory pool (off by default: see the module docstring)")
     p.add_argument("--control", metavar="TOOL", help="run only the deliberately broken kernel for TOOL "
                    "(memcheck, initcheck, racecheck, synccheck): the sanitizer must report it")
@@ -451,9 +473,9 @@ def main(argv=None) -> int:
         run_control(args.control)
         return 0
     families = [f for f in args.family.split(",") if f]
-    unknown = sorted(set(families) - set(FAMILIES))
+    unknown = sorted(set(families) - set(FAMILIES) - set(EXTRA_FAMILIES))
     if unknown:
-        p.error(f"unknown families {unknown}; expected some of {FAMILIES}")
+        p.error(f"unknown families {unknown}; expected some of {FAMILIES + EXTRA_FAMILIES}")
     if not args.pool:
         cupy.cuda.set_allocator(None)
     run = Run()

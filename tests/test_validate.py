@@ -257,8 +257,18 @@ def test_wgmma_plan():
     assert plan(256, 28672, 128, 132) == (256, 1)
     for M, N in [(4096, 4096), (1024, 4096), (4096, 28672), (1024, 8192), (256, 14336)]:
         assert plan(M, N, 64, 132) == (256, 1), (M, N)
-    assert plan(16, 256, 128, 132) == (64, 8)  # two tiles: split as far as the rule goes
-    assert plan(16, 256, 1, 132) == (64, 1)  # one stage cannot be split
+    assert plan(16, 256, 128, 132) == (32, 8)  # two tiles: split as far as the rule goes
+    assert plan(16, 256, 1, 132) == (32, 1)  # one stage cannot be split
+    # the 32-row tile for M <= 32 (session 36), never above
+    assert plan(32, 14336, 64, 132) == (32, 1)
+    assert plan(17, 14336, 64, 132) == (32, 1)
+    assert plan(32, 28672, 128, 132) == (32, 1)
+    assert plan(32, 8192, 448, 132) == (32, 4)
+    assert plan(33, 14336, 64, 132) == (64, 1)
+    assert plan(33, 8192, 448, 132) == (64, 4)
+    assert _weight._wg_estimate(32, 112, 1, 64, 132, 32) == pytest.approx(0.283 * 64)
+    assert _weight._wg_estimate(32, 224, 1, 128, 132, 32) == pytest.approx(0.24 * 2 * 128)
+    assert _weight._wg_estimate(32, 112, 2, 64, 132, 32) > _weight._wg_estimate(32, 112, 1, 64, 132, 32)
     # 2 splits as a cluster: a flat cost; more through the workspace: fixed + per row and split
     assert _weight._wg_estimate(64, 50, 2, 64, 132, 16) == pytest.approx(0.375 * 32 + 3.5)
     assert _weight._wg_estimate(64, 100, 2, 64, 132, 16) == pytest.approx(0.66 * 32 + 3.5)

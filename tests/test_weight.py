@@ -372,7 +372,7 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
             assert _rel_err(cupy.asarray(first), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
 
 
-CLUSTER_CASES = [(64, 2), (128, 2), (256, 2), (64, 3), (128, 3), (256, 6), (64, 8)]
+CLUSTER_CASES = [(32, 2), (64, 2), (128, 2), (256, 2), (32, 3), (64, 3), (128, 3), (256, 6), (64, 8)]
 
 
 @pytest.mark.parametrize("bma,splits", CLUSTER_CASES, ids=[f"{b}-{s}" for b, s in CLUSTER_CASES])
@@ -461,13 +461,13 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
                 graph.launch(stream)
                 stream.synchronize()
                 assert_bits_equal(graph_out, cupy.asnumpy(want), f"graph replay {rep}")
-        for bma in (64, 256):
+        for bma in (32, 64, 256):
             monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, b=bma, **kw: (b, 1))
             cq.matmul(a, qw)
             assert launches[-1][0] == (256,) and not launches[-1][2]["w"].any(), bma
 
 
-SCALE_STEP_CASES = [(bma, g, s) for bma in (64, 128, 256) for g in (128, None) for s in (1, 3)]
+SCALE_STEP_CASES = [(bma, g, s) for bma in (32, 64, 128, 256) for g in (128, None) for s in (1, 3)]
 
 
 @pytest.mark.parametrize("bma,group,splits", SCALE_STEP_CASES, ids=[f"{b}-g{g}-{s}" for b, g, s in SCALE_STEP_CASES])
@@ -717,15 +717,15 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3], ids=["whole-K", "split2-K", "split3-K"])
-@pytest.mark.parametrize("path,bma", [("pipelined", 64), ("wgmma", 64), ("wgmma", 128), ("wgmma", 256)],
-                         ids=["pipelined", "wgmma-64", "wgmma-128", "wgmma-256"])
+@pytest.mark.parametrize("path,bma", [("pipelined", 64), ("wgmma", 32), ("wgmma", 64), ("wgmma", 128), ("wgmma", 256)],
+                         ids=["pipelined", "wgmma-32", "wgmma-64", "wgmma-128", "wgmma-256"])
 def test_tensor_core_out_tails_and_batches(monkeypatch, path, bma, splits):
     """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
     out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
     the aligned call; with K whole in each block, and split 2 ways (wgmma: a cluster whose blocks
     each write their share of y) and 3 ways (the last block of each tile writes y from the float32
     partials), each through its own 8-byte and scalar paths. The wgmma kernel runs each tile height
-    (activation rows a block: 64, 128, 256), whose unsplit epilogues store their tiles to shared
+    (activation rows a block: 32, 64, 128, 256), whose unsplit epilogues store their tiles to shared
     memory with stmatrix, four 8 x 8 tiles a warp at a time (M = 291 leaves a partial last tile)."""
     dtype = ml_dtypes.bfloat16
     N, K = 1001, 640
