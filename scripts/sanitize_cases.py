@@ -284,6 +284,17 @@ WEIGHT_SHAPES = [((1, 32), 32), ((5, 96), 32), ((3, 128), None), ((17, 384), 128
 SCHEMES = [("int4", True), ("uint4", False), ("float8_e4m3fn", True)]
 
 
+def _mm_weight(run: Run, tag, scheme, sym, G, N, K, dt):
+    """A quantized (N, K) weight for the matmul cases (rows scaled by 2^-4 .. 2^4), its float64
+    dequantization by the reference, and the generator that made it (seeded by the arguments)."""
+    rng = np.random.default_rng(seed_of(tag, scheme, G, K, dt.name))
+    wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
+    qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
+    deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
+                                scheme, dt).astype(np.float64)
+    return qw, deq, rng
+
+
 def run_weight(run: Run):
     i = 0
     for scheme, sym in SCHEMES:
@@ -310,11 +321,7 @@ def run_weight(run: Run):
                               ("int4", True, 128, 1024), ("uint4", False, 32, 1024)):
         for dt in (BF16, F16):
             N = 100
-            rng = np.random.default_rng(seed_of("mm", scheme, G, K, dt.name))
-            wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
-            qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
-            deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
-                                        scheme, dt).astype(np.float64)
+            qw, deq, rng = _mm_weight(run, "mm", scheme, sym, G, N, K, dt)
             # the prepared layout (bytes against the reference) for the single calls; the batched
             # ones below pass the plain weight, which matmul converts itself
             qp = run.op(cq.prepare_weight(qw))
@@ -408,13 +415,8 @@ def run_wgmma(run: Run):
         return
     for scheme, sym, G, K, dt in (("int4", True, 128, 1024, BF16), ("uint4", False, 32, 1024, F16),
                                   ("int4", True, None, 256, BF16)):
-        N = 100
-        rng = np.random.default_rng(seed_of("wgmma", scheme, G, K, dt.name))
-        wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
-        qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
-        deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
-                                    scheme, dt).astype(np.float64)
-        _wgmma_edges(run, qw, deq, dt, rng)
+        _wgmma_edges(run, *_mm_weight(run, "wgmma", scheme, sym, G, 100, K, dt)[:2], dt,
+                     np.random.default_rng(seed_of("wgmma a", scheme, G, K)))
 
 
 RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight, "wgmma": run_wgmma}
