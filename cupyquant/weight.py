@@ -637,9 +637,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 32 (M <= 32), 64, 128 or 256 rows of ``a``, K
       streamed through shared memory with ``cp.async`` in stages of 128 (4 deep; the 32-row tile
-      6 deep; 256-row tiles: stages of 64, 6 deep; the 128-row tile 5 deep, loaded by a producer warpgroup of its own, the activations
-      by TMA), and split across blocks when few tiles and a long K make that pay: 2 ways as a
-      thread-block cluster whose two blocks add their partials through distributed shared memory,
+      6 deep; 256-row tiles: stages of 64, 6 deep; the 128-row tile 5 deep, loaded by a producer
+      warpgroup of its own, the activations by TMA), and split across blocks when few tiles and a
+      long K make that pay: 2 ways as a thread-block cluster whose two blocks add their partials
+      through distributed shared memory,
       3 to 8 ways likewise where every tile's cluster fits on the GPU at once (one block per SM;
       the driver's cluster occupancy says), otherwise 4 or 8 ways as below. The tile height and
       the splits are chosen together by an estimate fitted to H100 timings.

@@ -37,7 +37,7 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
 FAMILIES = ("fp8_tensor", "group_quant", "mx", "weight")
 # Selectable by --family but not in the default run: the wgmma kernel's edge cases alone (a subset of
-# "weight", short enough for racecheck, which takes longer than "weight" whole allows)
+# "weight", to run one tool on that kernel only; racecheck still took over 7 minutes on it, session 36)
 EXTRA_FAMILIES = ("wgmma",)
 E8M0 = "float8_e8m0fnu"
 TOL = {F16: 2.0**-10, BF16: 2.0**-8}  # matmul bounds, as tests/test_weight.py derives them
