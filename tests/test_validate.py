@@ -334,3 +334,27 @@ def test_early_weight_reads_rule():
     assert not _weight._early_ok(plain, True)  # converted in every call: its prepared copy is new
     qw.scales = buf(5 << 20)  # new arrays: unread again
     assert not _weight._early_ok(qw, True)
+
+
+def test_wgmma_tile_table_matches_the_kernel():
+    """Each wgmma tile height's host figures against the kernel and the H100/H200 SM: its thread
+    count and blocks a SM are the kernel's __launch_bounds__ (the 128-row tile's producer warpgroup
+    adds 128 threads), its shared memory fits that many blocks in an SM's 228 KB (227 KB a block,
+    1 KB reserved per block), and the ring the kernel's SZ_STAGE assumes is _WG_SZ_STAGE."""
+    import re
+    from pathlib import Path
+
+    from cupyquant import _jit
+
+    src = (Path(_jit.kernel_dir()) / "weight_wgmma.cu").read_text()
+    assert "__launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)" in src
+    assert re.search(r"static constexpr int WG_THREADS = 256;", src)
+    assert sorted(_weight._WG_CONFIG) == sorted(_weight._WG_THREADS) == sorted(_weight._WG_BLOCKS_PER_SM)
+    for bma in _weight._WG_CONFIG:
+        assert _weight._WG_THREADS[bma] == (384 if bma == 128 else 256), bma
+        blocks = _weight._WG_BLOCKS_PER_SM[bma]
+        assert blocks == (2 if bma <= 64 else 1), bma
+        smem = _weight._wg_smem(bma)
+        assert smem <= 227 * 1024 and blocks * (smem + 1024) <= 228 * 1024, (bma, smem)
+    # SZ_STAGE = 8 (SC_TILE + ZC_TILE) with SC_TILE = 64 HALVES, ZC_TILE = 16 HALVES: 640 bytes a half
+    assert _weight._WG_SZ_STAGE == 8 * (64 + 16)
