@@ -1035,8 +1035,12 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
             ws = counters = 0
         kargs = (a2[m0:], w.data, w.scales, zeros, y2[m0:], ws, counters, args)
         if wg:
-            tmap = _act_tensor_map(a2[m0:], mrows, K) if bm == _WG_TMA_ROWS else _NO_TENSOR_MAP
-            _launch.launch(k, (ntiles, mtiles, splits), (threads,), kargs + (tmap,), launch_smem, pdl=pdl,
+            tmaps = (_NO_TENSOR_MAP, _NO_TENSOR_MAP)
+            if bm == _WG_TMA_TILE:  # boxes of the whole tile, and of the last tile's rows rounded up to 8
+                tail = -(-(mrows % bm) // 8) * 8
+                tail_map = _act_tensor_map(a2[m0:], mrows, K, tail) if tail else _NO_TENSOR_MAP
+                tmaps = (_act_tensor_map(a2[m0:], mrows, K, bm), tail_map)
+            _launch.launch(k, (ntiles, mtiles, splits), (threads,), kargs + tmaps, launch_smem, pdl=pdl,
                            cluster=(1, 1, splits) if in_cluster else None)
         else:
             _run(k, (ntiles, mtiles, splits), (threads,), kargs, launch_smem, pdl, (1, 1, splits) if in_cluster else None)
@@ -1047,20 +1051,21 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
 # by 128 rows in the 128-byte swizzle. Encoding one is host work in the driver (session 35, H100
 # host: 7.6 us a map, 0.5 us for a cached one); the maps are cached by address and shape (matmul's
 # activations are usually the same few buffers from call to call), at most _TMAP_CACHE of them.
-_WG_TMA_ROWS = 128
+_WG_TMA_TILE = 128  # the tile height that loads by TMA
 _WG_THREADS = {32: 256, 64: 256, 128: 384, 256: 256}
 _NO_TENSOR_MAP = np.zeros((), dtype=_launch.TENSOR_MAP)
 _TMAP_CACHE = 256
 _tmap_cache: dict = {}
 
 
-def _act_tensor_map(a2, rows: int, K: int) -> np.ndarray:
+def _act_tensor_map(a2, rows: int, K: int, box_rows: int) -> np.ndarray:
     """The tensor map of the first ``rows`` rows of ``a2`` (``K`` columns; 16-byte aligned, rows a
-    multiple of 16 bytes apart: matmul copies ``a`` otherwise) for the 128-row tile's TMA loads."""
-    key = (a2.data.ptr, rows, K, a2.strides[0], a2.device.id)
+    multiple of 16 bytes apart: matmul copies ``a`` otherwise) for the 128-row tile's TMA loads, in
+    boxes of 64 k by ``box_rows`` rows."""
+    key = (a2.data.ptr, rows, K, a2.strides[0], a2.device.id, box_rows)
     m = _tmap_cache.get(key)
     if m is None:
-        m = _launch.tensor_map_2d(a2.data.ptr, rows, K, a2.strides[0], _WG_BK, _WG_TMA_ROWS)
+        m = _launch.tensor_map_2d(a2.data.ptr, rows, K, a2.strides[0], _WG_BK, box_rows)
         if len(_tmap_cache) >= _TMAP_CACHE:  # the oldest goes (another thread may be evicting too)
             try:
                 _tmap_cache.pop(next(iter(_tmap_cache)), None)

@@ -95,8 +95,10 @@ struct WgArgs {
     int kperm;   // weight_gemm.cu's GemmArgs.kperm (the same arguments); here the KP template argument says it
 };
 // A CUtensorMap (cuTensorMapEncodeTiled, weight.py _act_tensor_map): the launch's rows of a, boxes of
-// 64 k by 128 rows in the 128-byte swizzle. Passed by value (__grid_constant__), as TMA reads it; the
-// 64- and 256-row tiles do not read it (the host passes zeros).
+// 64 k by 128 rows in the 128-byte swizzle (tm), and where M is not a multiple of 128, by the last
+// tile's rows rounded up to 8 (tm_tail). Passed by value (__grid_constant__), as TMA reads it; the
+// 64- and 256-row tiles do not read them, nor the 128-row tile tm_tail where M is a multiple of 128
+// (the host passes zeros).
 struct alignas(64) TmaMap {
     unsigned long long w[16];
 };
@@ -314,7 +316,7 @@ template <typename T, int S, int BMA, int STAGES, int HALVES, bool KP>
 __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
     w4a16_wgmma(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
                 const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
-                WgArgs a, const __grid_constant__ TmaMap tm) {
+                WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
     constexpr int BK = 64 * HALVES;              // k per stage
@@ -514,6 +516,12 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
                 pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
                 pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
             }
+            // activations: a box of the tile's 128 rows (tm), or where the tile holds fewer rows of a
+            // (the last M tile) a box of those rows rounded up to 8 (tm_tail): rows past M read as
+            // zeros, and the slot rows past the box keep stale data, as the copies' rows past M
+            const int tile_rows = (int)min((i64)BMA, a.M - m0);
+            const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
+            const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
             // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
             const int sc_step = sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
             int slot = 0, use = 0;
@@ -521,9 +529,9 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
             for (int i = 0; i < niter; ++i) {
                 if (use > 0) mbar_wait(empty0 + 8 * slot, (use - 1) & 1);  // the stage STAGES back is retired
                 if (p == 0) {
-                    mbar_expect_tx(full0 + 8 * slot, A_BYTES);
+                    mbar_expect_tx(full0 + 8 * slot, box_bytes);
 #pragma unroll
-                    for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, &tm, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
+                    for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
                 }
 #pragma unroll
                 for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);

@@ -419,17 +419,20 @@ TMA_CASES = [("int4", 128, 1), ("uint4", 64, 2), ("int4", None, 3)]
 def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
     """The 128-row tile's producer warpgroup loads the activations by TMA through a tensor map of
     the launch's rows of a (weight.py _act_tensor_map; the kernel launched with 384 threads, the 64-
-    and 256-row tiles with 256 and a map of zeros they do not read). Rows of a 192 bytes further
-    apart than K (a view, not copied: the map's row stride), M = 200 (the second tile's last 56 rows
-    past M, read as zeros), K whole, split 2 ways (a cluster) and 3 (the workspace): the same bits
-    as a contiguous copy of a, within the tolerance of the float64 reference, and the same bits again
-    from a CUDA graph replayed over a poisoned out= (the map travels by value in the graph's node)."""
+    and 256-row tiles with 256 and maps of zeros they do not read). Rows of a 192 bytes further
+    apart than K (a view, not copied: the map's row stride), M = 200 (the second tile's 72 rows
+    through the second map, whose boxes are 72 rows: none past M), K whole, split 2 ways (a cluster)
+    and 3 (the workspace): the same bits as a contiguous copy of a, within the tolerance of the
+    float64 reference, and the same bits again from a CUDA graph replayed over a poisoned out= (the
+    maps travel by value in the graph's node). Then M = 128 (no tail: a second map of zeros) and
+    last tiles of 1, 63, 64 and 127 rows (boxes of 8, 64, 64 and 128 rows; 7, 1, 0 and 1 past M) over
+    poisoned outputs, within the tolerance."""
     dtype = ml_dtypes.bfloat16
     N, K, M = 392, 1536, 200
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 51, dtype, outliers=False)), scheme, group_size=group,
                             symmetric=scheme == "int4")
-    wide = cupy.asarray(np.random.default_rng(52).standard_normal((M, K + 96)).astype(np.float32).astype(dtype))
-    a = wide[:, :K]
+    wide = cupy.asarray(np.random.default_rng(52).standard_normal((255, K + 96)).astype(np.float32).astype(dtype))
+    a = wide[:M, :K]
     assert a.strides[0] == (K + 96) * 2 and not a.flags.c_contiguous
     monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (128, splits))
     monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
@@ -437,16 +440,17 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
     real = cqw._launch.launch
 
     def spy(k, grid, block, args, *rest, **kw):
-        launches.append((tuple(block), args[0].data.ptr, args[-1]))
+        launches.append((tuple(block), args[0].data.ptr, args[-2], args[-1]))
         return real(k, grid, block, args, *rest, **kw)
 
     monkeypatch.setattr(cqw._launch, "launch", spy)
     with _forced("wgmma"):
         out = poisoned((M, N), dtype)
         cq.matmul(a, qw, out=out)
-        block, ptr, tmap = launches[-1]
+        block, ptr, tmap, tail = launches[-1]
         assert block == (384,) and ptr == a.data.ptr, "the strided view itself, by a producer warpgroup"
-        assert tmap.dtype == cqw._launch.TENSOR_MAP and tmap["w"].any(), "a tensor map"
+        assert tmap.dtype == tail.dtype == cqw._launch.TENSOR_MAP and tmap["w"].any(), "a tensor map"
+        assert tail["w"].any() and not np.array_equal(tail, tmap), "a second map for the last tile's 72 rows"
         want = cq.matmul(cupy.ascontiguousarray(a), qw)
         assert_bits_equal(out, cupy.asnumpy(want), "strided rows against a contiguous copy")
         assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
@@ -461,10 +465,15 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
                 graph.launch(stream)
                 stream.synchronize()
                 assert_bits_equal(graph_out, cupy.asnumpy(want), f"graph replay {rep}")
+        for m in (128, 129, 191, 192, 255):
+            out = poisoned((m, N), dtype)
+            cq.matmul(wide[:m, :K], qw, out=out)
+            assert launches[-1][0] == (384,) and launches[-1][3]["w"].any() == (m % 128 != 0), m
+            assert _rel_err(out, _matmul_ref(wide[:m, :K], qw)) <= TOL[np.dtype(dtype)], m
         for bma in (32, 64, 256):
             monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, b=bma, **kw: (b, 1))
             cq.matmul(a, qw)
-            assert launches[-1][0] == (256,) and not launches[-1][2]["w"].any(), bma
+            assert launches[-1][0] == (256,) and not launches[-1][2]["w"].any() and not launches[-1][3]["w"].any(), bma
 
 
 SCALE_STEP_CASES = [(bma, g, s) for bma in (32, 64, 128, 256) for g in (128, None) for s in (1, 3)]
