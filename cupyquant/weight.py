@@ -1048,8 +1048,10 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
 
 # The 128-row wgmma tile loads its activations by TMA from a producer warpgroup (weight_wgmma.cu, the
 # header: 384 threads, the others 256), through a tensor map of the launch's rows of a: boxes of 64 k
-# by 128 rows in the 128-byte swizzle. Encoding one is host work in the driver (session 35, H100
-# host: 7.6 us a map, 0.5 us for a cached one); the maps are cached by address and shape (matmul's
+# by 128 rows in the 128-byte swizzle, and where M is not a multiple of 128 a second map whose boxes
+# are the last tile's rows rounded up to 8 (a box mostly past M was slow on most shapes: session 37,
+# the kernel's header). Encoding one is host work in the driver (session 35, H100 host: 7.6 us a
+# map, 0.5 us for a cached one); the maps are cached by address, shape and box (matmul's
 # activations are usually the same few buffers from call to call), at most _TMAP_CACHE of them.
 _WG_TMA_TILE = 128  # the tile height that loads by TMA
 _WG_THREADS = {32: 256, 64: 256, 128: 384, 256: 256}

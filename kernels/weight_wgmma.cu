@@ -57,9 +57,10 @@
 //
 // The 128-row tile (WS in the kernel) adds a producer warpgroup (warps 8-11): thread 256 loads each
 // stage's activations with two TMA boxes (64 k by 128 rows of a, the 128-byte swizzle the wgmma
-// descriptor describes, rows past M read as zeros; the host encodes the tensor map, weight.py
-// _act_tensor_map) and the 128 producer threads copy the weights, scales and zero codes by
-// cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
+// descriptor describes; the host encodes the tensor map, weight.py _act_tensor_map; in the last M
+// tile, where M is not a multiple of 128, boxes of that tile's rows rounded up to 8 from a second
+// map, rows past M read as zeros) and the 128 producer threads copy the weights, scales and zero
+// codes by cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
 // barrier: full[s] completes when slot s has landed (the TMA's bytes, and one arrival per producer
 // thread when its copies complete: cp.async.mbarrier.arrive.noinc), empty[s] when every compute warp
 // has retired the wgmmas of the stage in slot s (one arrival a warp, at the fourth k16 step of the
@@ -72,6 +73,15 @@
 // 26.34 / 26.08 -> 25.27 / 25.39, 28672 x 8192 M = 128 100.5 / 99.5 -> 95.4 / 94.8. The same
 // producer with cp.async for the activations (4 warps copying) was 1-5.5% slower than the stage
 // barrier: it is the TMA that pays, not the warp specialization alone.
+// The last tile's boxes (session 37). With 128-row boxes, a last tile with many rows past M made
+// most calls slower than a whole one, more the more rows past M (H100, 4096^2, 128/2: M = 136 24.5
+// us, M = 200 19.7, against M = 256 16.2; 28 rows past M cost nothing measurable; 4096 x 14336
+// M = 200 was not slower either). Why is not known: such a box reads fewer bytes, and the zero fill
+// of the rows past M is the only work it adds.
+// Boxes of 32 rows for every tile (8 a stage) took that away but made the whole tiles 7-12% slower
+// (four times the TMA instructions); boxes of the last tile's rows from a second map keep one box a
+// half everywhere: M = 136 / 160 / 192 / 200 16.1 / 16.1 / 16.0 / 16.0 us, 16384 x 8192 M = 192
+// (128/1) 108.4 -> 97.8, the whole tiles unchanged (0.98-1.01), the same bits on every cell.
 //
 // Epilogue (K not split): the tile goes through shared memory (transposed to a's row order) so that y is written
 // in 16-byte pieces along its rows (byte by byte where out= is not 16-byte aligned or at N's tail).
