@@ -1100,50 +1100,50 @@ _WG_CONFIG = {bma: (stages, halves) for bma, stages, halves in _jit.WGMMA_CONFIG
 _WG_BLOCKS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
 
 
-# Estimated microseconds per 64 k of a block's main loop on the H100 (bf16, g128; forced plans of
-# session 13): 64-row tiles 0.375 us when one block runs per SM and 0.66 per pair of blocks sharing
-# one; 128-row tiles 0.53 while they fit in one wave, 0.54 per wave beyond; 256-row tiles 0.85 and
-# 0.89. Splitting K: 2 ways as a cluster (below) costs about 3.5 us (4096^2 M = 64 64/2 15.7 against
-# 64/1 24.9; 14336x4096 M = 64 64/2 25.7; 4096^2 M = 256 128/2 21.4), more ways through the
-# workspace about 8 + 0.01 x s x min(rows, M) us (4096x14336 M = 64 64/4 31.0 and 64/8 30.5; 4096^2
-# M = 256 256/4 33) until session 20, when the counters' memset went (_split_counters: 2.3-3.0 us
-# less); 6.5 since then, not 5.5, which would move 4096x14336 M = 224 and 256 from 128/2 to 256/4,
-# 1-3% slower there (H200, us: M = 256 128/2 54.1-54.6, 256/4 55.9; M = 192 128/2 53.7-54.2, 256/4
-# 54.2-54.6, which 6.5 picks). It moves 4096x11008 M = 48 and 64 from 64/3 (cluster) to 64/4
-# (22.0 -> 20.9 us) and M = 128 from 128/3 to 128/4 (30.3 -> 29.5).
-# 32-row tiles (session 36, H100, M = 32, forced plans): 0.283 us a 64 k with one block a SM
-# (14336x4096 32/1 18.1 us), 0.24 a block with two sharing one (28672x8192 32/1 56.3; 14336x4096
-# 32/2 as a cluster 18.9, which the estimate must put above 32/1).
-_WG_STAGE_US = {32: (0.283, 0.24), 64: (0.375, 0.33), 128: (0.53, 0.54), 256: (0.85, 0.89)}
-_WG_SPLIT_US = (6.5, 0.01)
-_WG_CLUSTER_SPLIT_US = 3.5
-# Splits of 3 to 8 ways as clusters (one block per SM; session 14, us, forced plans): 4096^2 M = 64
-# 64/3 12.2-12.6, M = 32 12.2-12.4; 2048x8192 M = 64 64/6 12.6-12.8; 1024x4096 M = 64 64/8 7.0-7.5:
-# the main loop at 0.375 us per 64 k plus about 4.3 us.
-_WG_WIDE_CLUSTER_US = 4.3
+# Estimated microseconds of a wgmma call on the H100 (bf16, g128), fitted by least squares (relative
+# error) to every plan of 35 cells timed forced in session 38 (.scratch/s38/plans2.py: 4096^2 M = 32-1024,
+# the other four benchmark shapes M = 32-1024, 4096x14336 M = 200, 4096x11008, 11008x4096, 2048x8192;
+# 587 timings of the plans the planner may pick, rms error 4%, at most 11%). A 64 k of a block's main
+# loop: _WG_STAGE_US[rows] = (one block a SM, in one wave; each block where two share an SM (32 and
+# 64 rows) or each wave beyond the first (128, 256)): 14336x4096 M = 64 64/1 20.0 us, M = 128 128/1
+# 25.2, M = 256 256/1 43.1; 28672x8192 M = 64 64/1 67.1, M = 128 128/1 97.4, M = 256 256/1 165.7.
+# Session 13's costs (64 rows 0.375, 128 rows 0.53, 256 rows 0.85) were older than the kernels' later
+# speedups and put 4096x14336 M = 200 on 256/4 (51.1 us) where 128/2 takes 44.1. A call costs
+# _WG_CALL_US more; K split 2 ways as a cluster _WG_CLUSTER_SPLIT_US = (fixed, per row of a up to the
+# tile's) more (4096^2 M = 256 128/2 16.2, 8192x28672 M = 256 256/2 154.0), 3 to 8 ways as clusters
+# _WG_WIDE_CLUSTER_US (4096^2 M = 64 64/3 10.0, 2048x8192 M = 64 64/6 10.3), through the workspace
+# _WG_SPLIT_US = (fixed, per split and row of the tile: the partial tiles are whole) (4096x14336
+# M = 64 64/4 22.9, M = 128 128/4 29.8, M = 256 256/4 52.3). Over those 35 cells the plan picked is
+# within 3% of the fastest plan measured (4096x11008 M = 128: 128/4 26.1 us, 128/3 25.4), 0.1% on
+# average; with session 13's costs it was up to 16% off (4096x14336 M = 200) and 9% (11008x4096
+# M = 64: 64/1 19.5, 64/3 through the workspace 17.9, a split the planner did not try).
+_WG_STAGE_US = {32: (0.245, 0.221), 64: (0.271, 0.247), 128: (0.340, 0.375), 256: (0.600, 0.644)}
+_WG_CALL_US = 1.47
+_WG_SPLIT_US = (2.92, 0.0101)
+_WG_CLUSTER_SPLIT_US = (1.88, 0.0091)
+_WG_WIDE_CLUSTER_US = (2.15, 0.0122)
 
 
 def _wg_estimate(bma: int, tiles: int, splits: int, iters: int, sms: int, M: int, cluster=None) -> float:
-    """Estimated microseconds of the wgmma kernel's main loop (see _WG_STAGE_US). ``cluster``: the
-    splits run as clusters (default: 2 splits, while _WG_CLUSTER is on); clusters of more than 2
-    blocks run one block per SM."""
+    """Estimated microseconds of a wgmma call (see _WG_STAGE_US). ``cluster``: the splits run as
+    clusters (default: 2 splits, while _WG_CLUSTER is on); clusters of more than 2 blocks run one
+    block per SM."""
     if cluster is None:
         cluster = splits == 2 and _WG_CLUSTER
     blocks = tiles * splits
     one, per = _WG_STAGE_US[bma]
-    if bma <= 64 and not (cluster and splits > 2):
-        per_sm = -(-blocks // sms)
-        stage = one if per_sm == 1 else per * per_sm
-    else:
-        stage = one if blocks <= sms else per * -(-blocks // sms)
-    fixed, per_row = _WG_SPLIT_US
+    per_sm = -(-blocks // sms)  # blocks on the busiest SM (32/64 rows, two a SM) or waves (one a SM)
+    stage = one if per_sm == 1 else per * per_sm
+    rows = min(bma, M)
     if splits == 1:
         split = 0.0
     elif cluster:
-        split = _WG_CLUSTER_SPLIT_US if splits == 2 else _WG_WIDE_CLUSTER_US
+        fixed, per_row = _WG_CLUSTER_SPLIT_US if splits == 2 else _WG_WIDE_CLUSTER_US
+        split = fixed + per_row * rows
     else:
-        split = fixed + per_row * splits * min(bma, M)
-    return stage * -(-iters // splits) + split
+        fixed, per_row = _WG_SPLIT_US
+        split = fixed + per_row * splits * bma
+    return _WG_CALL_US + stage * -(-iters // splits) + split
 
 
 def _wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
@@ -1154,29 +1154,29 @@ def _wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
 
 def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
     """(rows of a per tile, K splits) for the wgmma kernel: the least _wg_estimate over tile heights
-    64 / 128 / 256 (and 32 where M <= 32) and splits 1 / 2 / 4 / 8 (a split only while its blocks fit in one wave), and 3
-    and 6 where they run as clusters; ties go to the taller tile and fewer splits. ``cluster_cap``
-    (splits -> clusters resident at once with one block per SM, _wg_cluster_cap) lets splits of 3
-    to 8 run as clusters where every tile's cluster fits at once (None: only 2 splits are clusters;
-    the plans below). With the H100's capacities 4096^2 M = 64 takes 64/3 (12.2-12.6 us, session
-    14). Checked against the H100 (us, tile/splits: measured in session 13, 2 splits as clusters, 4
-    and 8 through the workspace):
-      4096x4096   M = 64   64/2 15.7, 64/4 15.8, 64/1 24.9                    -> 64/4 (*)
-      4096x4096   M = 256  128/2 21.4, 64/2 24.7, 256/4 33.0, 128/1 34.1      -> 128/2
-      14336x4096  M = 64   64/2 25.7, 64/1 26.0                               -> 64/1
-      14336x4096  M = 256  256/1 55.0, 128/1 73.2, 64/1 82.5                  -> 256/1
-      4096x14336  M = 64   64/8 30.5, 64/4 31.0, 64/2 45.6                    -> 64/4
-      4096x14336  M = 256  128/2 62.4, 256/4 62.4, 64/2 76.5                  -> 128/2
-      8192x28672  M = 64   64/4 83.6, 64/2 90.4, 64/1 168                     -> 64/4
-      8192x28672  M = 128  128/2 128.7, 64/2 152.8, 64/1 168.8                -> 128/2
-      28672x8192  M = 128  128/1 138.6, 64/1 169.1                            -> 128/1
-      28672x8192  M = 256  256/1 227.2, 128/1 311.6, 64/1 323.3               -> 256/1
-    and in session 36 (32-row tiles, 6 stages; the 64-row plan the one taken before):
-      14336x4096  M = 32   32/1 18.1, 32/2 18.9, 64/1 19.5                    -> 32/1
-      28672x8192  M = 32   32/1 56.3, 32/2 58.2 (M = 16), 64/1 63.3           -> 32/1
-      8192x28672  M = 32   32/4 55.4, 32/2 59.3, 64/4 62.0                    -> 32/4
-    (*) 64/2 until session 20, which took the memset out of the workspace splits (about 2.5 us): 64/4
-    then ran 11.8 us on an H200. (With the H100's cluster capacities the plan is 64/3 anyway, 10.7.)
+    64 / 128 / 256 (and 32 where M <= 32) and splits 1 / 2 / 3 / 4 / 6 / 8 (a split only while its
+    blocks fit in one wave); ties go to the taller tile and fewer splits. ``cluster_cap`` (splits ->
+    clusters resident at once with one block per SM, _wg_cluster_cap) lets splits of 3 to 8 run as
+    clusters where every tile's cluster fits at once (None: only 2 splits are clusters; more go
+    through the workspace). Checked against the H100's capacities and session 38's forced timings
+    (us, the three fastest plans the planner may take; c: a cluster of 3 or more, w: the workspace;
+    2 splits are a cluster):
+      4096x4096   M = 64   64/3c 9.9, 64/4w 11.0, 64/8w 12.3              -> 64/3c
+      4096x4096   M = 256  128/2 16.2, 64/1 19.1, 64/2 19.8               -> 128/2
+      14336x4096  M = 64   64/1 20.0, 64/2 20.7, 128/1 24.2               -> 64/1
+      14336x4096  M = 256  256/1 43.1, 128/1 48.9, 64/1 64.8              -> 256/1
+      4096x14336  M = 64   64/4w 22.9, 64/8w 23.0, 64/3c 25.3             -> 64/4w
+      4096x14336  M = 200  128/2 44.1, 256/4w 51.1, 256/3c 51.6           -> 128/2 (256/4w before)
+      4096x14336  M = 256  128/2 44.6, 256/4w 52.3, 256/3c 52.8           -> 128/2
+      28672x8192  M = 128  128/1 97.4, 64/1 132.8, 256/1 163.4            -> 128/1
+      28672x8192  M = 256  256/1 165.7, 128/1 197.2, 64/1 233.8           -> 256/1
+      8192x28672  M = 64   64/4w 65.1, 64/2 69.3, 64/3w 80.5              -> 64/4w
+      8192x28672  M = 128  128/2 89.3, 64/2 119.3, 64/1 125.1             -> 128/2
+      8192x28672  M = 256  256/2 154.0, 128/1 167.2, 64/1 225.5           -> 256/2
+      11008x4096  M = 64   64/3w 17.9, 64/1 19.5, 64/2 20.4               -> 64/3w (64/1 before)
+      2048x8192   M = 256  128/3c 19.6, 256/6c 20.5, 64/2 20.7            -> 128/3c (256/6c before)
+      4096x11008  M = 128  128/3c 25.4, 128/4w 26.1, 64/2 27.1            -> 128/4w (the worst miss, 3%)
+    Splits of 3 and 6 through the workspace were not tried before session 38 (only as clusters).
     """
     best = None
     for bma in (256, 128, 64, 32):
@@ -1187,8 +1187,6 @@ def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
             if splits > iters:
                 break
             wide = splits > 2 and _wide_cluster_fits(cluster_cap, splits, tiles)
-            if splits in (3, 6) and not wide:
-                continue  # 3 and 6 ways only as clusters
             if splits > 1 and not wide and tiles * splits > _WG_BLOCKS_PER_SM[bma] * sms:
                 continue
             est = _wg_estimate(bma, tiles, splits, iters, sms, M, cluster=(splits == 2 and _WG_CLUSTER) or wide)

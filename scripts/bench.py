@@ -19,6 +19,7 @@ import argparse
 import datetime
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -447,7 +448,18 @@ MATMUL_MS = [1, 2, 4, 8, 16]
 PREFILL_MS = [16, 32, 64, 128, 256, 1024, 4096]
 
 
-def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
+def _settle(seconds: float) -> None:
+    """Wait for the GPU to finish, then ``seconds`` more: long enough for the board's power
+    controller to bring the SM clock back up after a heavy burst (H100, session 38: 1395-1440 MHz at
+    the 700 W cap right after 1-3 s of 4096-row matmuls, 1965-1980 MHz 0.2-0.5 s later). Without it
+    a light call timed within about half a second of a heavy one runs at the lowered clock: the
+    decode kernel at 14336 x 4096 M = 16 took 14.7 us there against 14.1 after a pause."""
+    if seconds > 0:
+        cupy.cuda.Device().synchronize()
+        time.sleep(seconds)
+
+
+def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settle=0.5):
     """W4A16 / W8A16 decode matmul (cupyquant.matmul, bf16 activations, group 128) against cuBLAS
     fp16 (cupy.matmul) and torch bf16 matmul, every call replayed from a CUDA graph (a single
     4096 x 4096 call lasts a few microseconds, less than a Python launch), the weights rotated over
@@ -455,7 +467,10 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
     TFLOP/s is 2 M N K / t. On GPUs with programmatic dependent launch (9.0+) matmul uses it by
     default, so that each call of the graph overlaps its launch with the call before; the "no-PDL"
     columns time the same calls with ``pdl=False``. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined,
-    and wgmma on compute capability 9.0), whatever matmul_path would pick."""
+    and wgmma on compute capability 9.0), whatever matmul_path would pick. Every timing (each
+    contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_settle), so that
+    none runs at a clock that the previous cell's heavy calls pulled down: each is a burst from the
+    same state. scripts/sustained_matmul.py times the same calls held at the power cap."""
     from cupyquant import weight as _weight
 
     rows = []
@@ -479,6 +494,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
             # during capture), so it is timed as a loop of calls (host-bound where one call is
             # shorter than its launch); the same cuBLAS GEMM through torch.matmul in a graph is
             # the reference column when torch is there.
+            _settle(settle)
             t_cupy = _bench.time_loop(lambda w: cupy.matmul(a16, w.T, out=y16), [(w,) for w in w16s])
             flop = 2.0 * M * N * K
             row = {"N x K": f"{N}x{K}", "M": M, "cupy.matmul fp16 us": t_cupy * 1e6}
@@ -486,15 +502,18 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
             if torch is not None:
                 ta, ta16 = torch.from_dlpack(ab), torch.from_dlpack(a16)
                 tws16 = [torch.from_dlpack(w) for w in w16s]
+                _settle(settle)
                 t_cublas = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta16, w.t()), [(w,) for w in tws16], reps)
                 row["cuBLAS fp16 graph us"] = t_cublas * 1e6
                 row["cuBLAS TFLOP/s"] = flop / t_cublas / 1e12
                 tws = [torch.from_dlpack(w.astype(ml_dtypes.bfloat16)) for w in w16s]
+                _settle(settle)
                 row["torch bf16 us"] = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
                 del tws, tws16
             pdl_col = int(cupy.cuda.Device().compute_capability) >= 90  # matmul's default is PDL there
             for scheme in schemes:
                 qs = qws[scheme]
+                _settle(settle)
                 t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
                 tag = "W4A16" if scheme != "float8_e4m3fn" else "W8A16"
                 row[f"{tag} us"] = t * 1e6
@@ -503,6 +522,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
                 row[f"{tag} TFLOP/s"] = flop / t / 1e12
                 row[f"{tag} x cuBLAS"] = t_cublas / t
                 if pdl_col:  # the same calls without programmatic dependent launch
+                    _settle(settle)
                     tn = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb, pdl=False), [(q,) for q in qs], reps)
                     row[f"{tag} no-PDL us"] = tn * 1e6
                     row[f"{tag} no-PDL x cuBLAS"] = t_cublas / tn
@@ -512,6 +532,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False):
                     try:
                         for path in ("decode", "pipelined") + (("wgmma",) if hopper else ()):
                             _weight.FORCE_PATH = path
+                            _settle(settle)
                             tp = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
                             row[f"{tag} {path} us"] = tp * 1e6
                     finally:
@@ -546,6 +567,9 @@ def main(argv=None):
                    help=f"rows of a for --matmul, or 'prefill' for {PREFILL_MS}")
     p.add_argument("--matmul-shapes", default=None, help="N x K list for --matmul, e.g. 4096x4096,14336x4096")
     p.add_argument("--matmul-paths", action="store_true", help="also time INT4 on each kernel forced")
+    p.add_argument("--settle", type=float, default=0.5,
+                   help="--matmul: seconds of idle GPU before each timing, so that the clock has recovered from the "
+                        "previous heavy burst (0: none)")
     a = p.parse_args(argv)
     if a.matmul:
         return main_matmul(a)
@@ -641,7 +665,8 @@ def _load_torch(skip):
 def main_matmul(a):
     torch = _load_torch(a.no_torch)
     header = (f"{_bench.device_name()}, {datetime.date.today().isoformat()}; weight-only matmul, bf16 activations, "
-              f"group 128; CUDA-graph replay" + ("" if torch else "; torch not available"))
+              f"group 128; CUDA-graph replay; {a.settle:g} s idle before each timing"
+              + ("" if torch else "; torch not available"))
     print(header, flush=True)
     cols = None
     lines = []
@@ -656,7 +681,8 @@ def main_matmul(a):
 
     ms = PREFILL_MS if a.matmul_ms == "prefill" else [int(v) for v in a.matmul_ms.split(",")]
     shapes = MATMUL_SHAPES if a.matmul_shapes is None else [tuple(int(v) for v in s.split("x")) for s in a.matmul_shapes.split(",")]
-    bench_matmul(torch, shapes, ms, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row, a.matmul_paths)
+    bench_matmul(torch, shapes, ms, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row, a.matmul_paths,
+                 settle=a.settle)
     _emit(header, lines, a.markdown)
 
 
