@@ -1101,9 +1101,10 @@ _WG_BLOCKS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}  # registers (launch bounds) 
 
 
 # Estimated microseconds of a wgmma call on the H100 (bf16, g128), fitted by least squares (relative
-# error) to every plan of 35 cells timed forced in session 38 (.scratch/s38/plans2.py: 4096^2 M = 32-1024,
-# the other four benchmark shapes M = 32-1024, 4096x14336 M = 200, 4096x11008, 11008x4096, 2048x8192;
-# 587 timings of the plans the planner may pick, rms error 4%, at most 11%). A 64 k of a block's main
+# error) to every plan of 35 cells timed forced in session 38 (_wg_plan replaced by each plan in turn,
+# _bench.time_graph; BENCHMARKS.md, session 38: 4096^2 M = 32-1024, the other four benchmark shapes
+# M = 32-1024, 4096x14336 M = 200, 4096x11008, 11008x4096, 2048x8192; 587 timings of the plans the
+# planner may pick, rms error 4%, at most 11%). A 64 k of a block's main
 # loop: _WG_STAGE_US[rows] = (one block a SM, in one wave; each block where two share an SM (32 and
 # 64 rows) or each wave beyond the first (128, 256)): 14336x4096 M = 64 64/1 20.0 us, M = 128 128/1
 # 25.2, M = 256 256/1 43.1; 28672x8192 M = 64 64/1 67.1, M = 128 128/1 97.4, M = 256 256/1 165.7.
