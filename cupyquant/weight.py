@@ -490,6 +490,8 @@ _GM_ARGS = np.dtype(
      ("splits", np.int32), ("iters", np.int32), ("kperm", np.int32)],
     align=True,
 )
+# weight_wgmma.cu's WgArgs: the same layout, the last field the early flag (weight_wgmma.cu, _early_ok)
+_WG_ARGS = np.dtype([(n if n != "kperm" else "early", _GM_ARGS.fields[n][0]) for n in _GM_ARGS.names], align=True)
 _occupancy: dict = {}
 _decode_smem_set: set = set()  # ids of the decode kernels whose shared-memory limit is raised
 _sm_count: dict = {}
@@ -719,7 +721,7 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
                 if _arch(device) not in _WGMMA_ARCHS:
                     raise ValueError(f"the wgmma path needs a GPU of compute capability 9.0, device {device} is "
                                      f"{_arch(device)}")
-                _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
+                _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl, early)
             else:
                 _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
             if not cupy.cuda.get_current_stream().is_capturing():  # a captured call may never run
@@ -729,8 +731,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
 
 def _early_ok(w: QuantizedWeight, pdl: bool) -> bool:
     """Whether the decode kernel may load ``w``'s first chunk and its scales before its PDL wait
-    (weight.cu ``early``), so that they are on their way while the kernel before it on the stream
-    finishes. Only the activations can be that kernel's output, provided that it does not write the
+    (weight.cu ``early``), and the wgmma kernel its first stages' weights and scales (weight_wgmma.cu
+    ``early``), so that they are on their way while the kernel before it on the stream finishes. Only the activations can be that kernel's output, provided that it does not write the
     weight: so not before a matmul made outside a graph capture has read the weight's present
     arrays (the kernel that made them may be the one just before), nor with a plain weight (its
     prepared copy is made in the same call), nor without PDL (nothing to overlap). After that,
@@ -1000,7 +1002,7 @@ def _split_counters(device, n: int) -> cupy.ndarray:
 
 
 def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, K, zeros, pdl, cluster=False,
-                  cluster_cap=None, wg=False):
+                  cluster_cap=None, wg=False, early=False):
     """Launch a tensor-core kernel (weight_gemm.cu or weight_wgmma.cu: the same arguments) over
     bm x bn tiles of y, K in stages of bk, split as ``split(tiles, stages, slots)`` says; at most
     _MAX_GRID_Y row tiles per launch. ``cluster`` (weight_wgmma.cu): the splits of a tile run as one
@@ -1010,11 +1012,16 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
     launched with shared memory for one block per SM (_wg_one_block_smem). Other splits go through a
     float32 workspace in global memory. ``wg``: the kernel is weight_wgmma.cu's, which takes a tensor
     map of the launch's rows of a after the argument struct (read by the 128-row tile,
-    _act_tensor_map; zeros for the others), always launched through cuLaunchKernelEx."""
+    _act_tensor_map; zeros for the others), always launched through cuLaunchKernelEx, and ``early``
+    (_early_ok): it copies its first stages' weights before its PDL wait."""
     occ = _occupancy_of(device, k, threads, smem)
-    args = np.zeros((), dtype=_GM_ARGS)
+    args = np.zeros((), dtype=_WG_ARGS if wg else _GM_ARGS)
     args["N"], args["K"], args["lda"] = N, K, a2.strides[0] // a2.itemsize
-    args["ng"], args["gshift"], args["kperm"] = K // w.G, _gshift(w), int(_kperm(w))
+    args["ng"], args["gshift"] = K // w.G, _gshift(w)
+    if wg:
+        args["early"] = int(bool(early) and bool(pdl))
+    else:
+        args["kperm"] = int(_kperm(w))
     iters_total = K // bk
     ntiles = -(-N // bn)
     rows_per_launch = bm * _MAX_GRID_Y
@@ -1262,7 +1269,7 @@ def _wg_cluster_cap(device, t, scheme, kp) -> dict:
     return cap
 
 
-def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
+def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
     cap = _wg_cluster_cap(device, t, w.scheme, _kperm(w)) if _WG_CLUSTER else None
     bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device), cluster_cap=cap)
     stages, halves = _WG_CONFIG[bma]
@@ -1273,4 +1280,4 @@ def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl):
         return -(-iters_total // iters), iters
 
     _launch_tiled(device, k, _WG_THREADS[bma], _wg_smem(bma), bma, _WG_BN, _WG_BK * halves, split, a2, w, y2, M, N, K, zeros,
-                  pdl, cluster=_WG_CLUSTER, cluster_cap=cap, wg=True)
+                  pdl, cluster=_WG_CLUSTER, cluster_cap=cap, wg=True, early=early)

@@ -104,7 +104,7 @@ ARG_STRUCTS = [
     ("weight", "_WQ_ARGS", "weight.cu", "WDequantArgs"),
     ("weight", "_MM_ARGS", "weight.cu", "MatmulArgs"),
     ("weight", "_GM_ARGS", "weight_gemm.cu", "GemmArgs"),
-    ("weight", "_GM_ARGS", "weight_wgmma.cu", "WgArgs"),
+    ("weight", "_WG_ARGS", "weight_wgmma.cu", "WgArgs"),
 ]
 
 

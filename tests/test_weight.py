@@ -601,24 +601,29 @@ def test_matmul_pdl_argument(monkeypatch):
     assert_bits_equal(y, cupy.asnumpy(cq.matmul(a, qw, pdl=False)), "pdl off")
 
 
-def test_matmul_early_weight_reads(monkeypatch):
-    """The decode kernel reads a weight's first chunk and scales before its PDL wait (early) only from
-    the second call with a prepared weight object on, with PDL on: not in a weight's first call
-    (the kernel that wrote its arrays may be the one the launch overlaps), not for a plain weight
-    (converted in the call), not with pdl=False; a copy is a new object. Early or not, the same
-    bits. In a CUDA graph, a CuPy kernel writes a fresh weight's scales right before its first
-    matmul; the captured call must see them."""
+@pytest.mark.parametrize("path", ["decode", "wgmma"])
+def test_matmul_early_weight_reads(monkeypatch, path):
+    """The decode kernel reads a weight's first chunk and scales before its PDL wait (early), and the
+    wgmma kernel its first stages' weights and scales, only from the second call with a prepared
+    weight object on, with PDL on: not in a weight's first call (the kernel that wrote its arrays
+    may be the one the launch overlaps), not for a plain weight (converted in the call), not with
+    pdl=False; a copy is a new object. Early or not, the same bits. In a CUDA graph, a CuPy kernel
+    writes a fresh weight's scales right before its first matmul; the captured call must see
+    them."""
     hopper = _hopper()
+    if path == "wgmma" and not hopper:
+        pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
     early = []
-    real = cqw._launch_decode
-    monkeypatch.setattr(cqw, "_launch_decode", lambda *a: (early.append(a[-1]), real(*a)))
+    launcher = _LAUNCHERS[path]
+    real = getattr(cqw, launcher)
+    monkeypatch.setattr(cqw, launcher, lambda *a: (early.append(a[-1]), real(*a)))
     dtype = ml_dtypes.bfloat16
     wh = _weights((200, 512), _seed("early"), dtype)
     plain = cq.quantize_weight(cupy.asarray(wh), "int4")
     qw = cq.prepare_weight(plain)
     a = cupy.asarray(np.random.default_rng(_seed("early-a")).standard_normal((3, 512)).astype(dtype))
     want = _matmul_ref(a, qw)
-    with _forced("decode"):
+    with _forced(path):
         ys = [cq.matmul(a, qw), cq.matmul(a, qw), cq.matmul(a, qw, pdl=False), cq.matmul(a, qw)]
         assert early == [False, hopper, False, hopper], early
         for y in ys[1:]:
@@ -651,6 +656,40 @@ def test_matmul_early_weight_reads(monkeypatch):
         cq.matmul(a, q3), cq.matmul(a, q3)  # a captured call does not count as the first read
         assert early == [False, hopper], early
     assert_bits_equal(out, cupy.asnumpy(ys[0]), "first captured call after its weight was written")
+
+
+EARLY_PLANS = [(32, 1), (32, 2), (64, 1), (64, 2), (64, 3), (128, 1), (128, 2), (128, 3), (256, 1), (256, 2)]
+
+
+@pytest.mark.parametrize("bma,splits", EARLY_PLANS, ids=[f"{b}-{s}" for b, s in EARLY_PLANS])
+def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
+    """The wgmma kernel's early copies (weight_wgmma.cu a.early: the first stages' weights and
+    scales before the PDL wait; the 128-row tile's producer copies a whole ring of them, the others
+    STAGES - 2) on every tile, unsplit, split 2 ways (a cluster) and 3 (a cluster or the workspace,
+    as the GPU holds them), over a K shorter than the ring (4 stages of 128 k: fewer than the
+    32-row tile's 6, the 128-row tile's 5) and a longer one: the same bits as the calls that copy
+    them after the wait (pdl=False, and the weight's first call), within the tolerance."""
+    if not _hopper():
+        pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
+    dtype = ml_dtypes.bfloat16
+    early = []
+    real = cqw._launch_wgmma
+    monkeypatch.setattr(cqw, "_launch_wgmma", lambda *a: (early.append(a[-1]), real(*a)))
+    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    for N, K in ((264, 512), (136, 3072)):
+        qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((N, K), _seed("ew", N, K), dtype, outliers=False)),
+                                                  "uint4", group_size=64, symmetric=False))
+        a = cupy.asarray(np.random.default_rng(_seed("ewa", N, K)).standard_normal((bma + 7, K)).astype(np.float32).astype(dtype))
+        early.clear()
+        with _forced("wgmma"):
+            outs = [poisoned((bma + 7, N), dtype) for _ in range(3)]
+            cq.matmul(a, qw, out=outs[0])  # the weight's first call
+            cq.matmul(a, qw, out=outs[1], pdl=False)
+            cq.matmul(a, qw, out=outs[2])
+        assert early == [False, False, True], early
+        for o in outs[1:]:
+            assert_bits_equal(o, cupy.asnumpy(outs[0]), f"early against not, {N}x{K}")
+        assert _rel_err(outs[2], _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
 
 
 @pytest.mark.parametrize("group_size", [32, 128, None], ids=_id)
