@@ -1128,7 +1128,17 @@ _WG_BLOCKS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}  # registers (launch bounds) 
 _WG_STAGE_US = {32: (0.245, 0.221), 64: (0.271, 0.247), 128: (0.340, 0.375), 256: (0.600, 0.644)}
 _WG_CALL_US = 1.47
 _WG_SPLIT_US = (2.92, 0.0101)
-_WG_CLUSTER_SPLIT_US = (1.88, 0.0091)
+# Session 39 summed 2-way cluster splits from registers and copied the first stages' weights
+# before the PDL wait, which made a 2-way split about 1 us cheaper against an unsplit plan of one
+# wave (4096^2 M = 128 64/2 13.0 -> 11.9 us; 14336x4096 M = 64 64/1 20.2 -> 20.0). Its fixed cost
+# went from 1.88 to 0.8, the least change that makes the planner take the faster of the 20 cells
+# whose pick it changes, timed forced (old pick -> new, us): 14336x4096 M = 64 64/1 20.1-20.2 ->
+# 64/2 19.2-19.3, M = 32 32/1 17.4 -> 32/2 16.4-16.6, 12288x4096 M = 17-64 1-8% faster, 4096^2
+# M = 80-96 128/3 12.2-12.4 -> 64/2 11.8-11.9, 5120^2 M = 80-200 5-9% faster, 3072x4096 M = 160
+# 256/4 15.7 -> 128/2 14.4; slower in one, 6144x4096 M = 160 (128/1 23.2-23.5 -> 256/2 24.3-24.5),
+# where no value of this cost alone picks right without losing 14336x4096. Over session 39's scan
+# of the 35 cells (every plan forced again) the other picks did not move.
+_WG_CLUSTER_SPLIT_US = (0.8, 0.0091)
 _WG_WIDE_CLUSTER_US = (2.15, 0.0122)
 
 
@@ -1171,7 +1181,8 @@ def _wg_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
     2 splits are a cluster):
       4096x4096   M = 64   64/3c 9.9, 64/4w 11.0, 64/8w 12.3              -> 64/3c
       4096x4096   M = 256  128/2 16.2, 64/1 19.1, 64/2 19.8               -> 128/2
-      14336x4096  M = 64   64/1 20.0, 64/2 20.7, 128/1 24.2               -> 64/1
+      14336x4096  M = 64   64/1 20.0, 64/2 20.7, 128/1 24.2               -> 64/1 (64/2 since
+                                                                          session 39: 19.4 / 20.1)
       14336x4096  M = 256  256/1 43.1, 128/1 48.9, 64/1 64.8              -> 256/1
       4096x14336  M = 64   64/4w 22.9, 64/8w 23.0, 64/3c 25.3             -> 64/4w
       4096x14336  M = 200  128/2 44.1, 256/4w 51.1, 256/3c 51.6           -> 128/2 (256/4w before)
