@@ -51,9 +51,10 @@
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_gemm.cu: float32 partial tiles to the workspace, a per-tile
 // counter, and the last split adds the partials in split order 0, 1, ..., so the result does not
-// depend on timing, and writes y (weight_mma.cuh split_k_finish). Without one (2 splits, launched
-// as clusters of 1 x 1 x 2 blocks), the partials stay in shared memory and the cluster's blocks add
-// them through distributed shared memory, in the same order (cluster_split_finish below).
+// depend on timing, and writes y (weight_mma.cuh split_k_finish). Without one (the splits launched
+// as clusters of 1 x 1 x splits blocks), the partials stay on the SMs and the cluster's blocks add
+// them through distributed shared memory, in the same order: 2 splits from the accumulator
+// registers (the kernel's end), 3 to 8 from each block's whole partial tile (cluster_split_finish).
 //
 // The 128-row tile (WS in the kernel) adds a producer warpgroup (warps 8-11): thread 256 loads each
 // stage's activations with two TMA boxes (64 k by 128 rows of a, the 128-byte swizzle the wgmma
