@@ -731,11 +731,12 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
 
 def _early_ok(w: QuantizedWeight, pdl: bool) -> bool:
     """Whether the decode kernel may load ``w``'s first chunk and its scales before its PDL wait
-    (weight.cu ``early``), and the wgmma kernel its first stages' weights and scales (weight_wgmma.cu
-    ``early``), so that they are on their way while the kernel before it on the stream finishes. Only the activations can be that kernel's output, provided that it does not write the
-    weight: so not before a matmul made outside a graph capture has read the weight's present
-    arrays (the kernel that made them may be the one just before), nor with a plain weight (its
-    prepared copy is made in the same call), nor without PDL (nothing to overlap). After that,
+    (weight.cu ``early``), and the wgmma kernel its first stages' weights and scales
+    (weight_wgmma.cu ``early``), so that they are on their way while the kernel before it on the
+    stream finishes. Only the activations can be that kernel's output, provided that it does not
+    write the weight: so not before a matmul made outside a graph capture has read the weight's
+    present arrays (the kernel that made them may be the one just before), nor with a plain weight
+    (its prepared copy is made in the same call), nor without PDL (nothing to overlap). After that,
     ``matmul``'s docstring asks that a kernel writing into a weight's arrays not be the one
     launched just before a PDL call with it."""
     return bool(pdl) and w.layout == "prepared" and w._read_key == _arrays_key(w)
@@ -1131,8 +1132,9 @@ _WG_SPLIT_US = (2.92, 0.0101)
 # Session 39 summed 2-way cluster splits from registers and copied the first stages' weights
 # before the PDL wait, which made a 2-way split about 1 us cheaper against an unsplit plan of one
 # wave (4096^2 M = 128 64/2 13.0 -> 11.9 us; 14336x4096 M = 64 64/1 20.2 -> 20.0). Its fixed cost
-# went from 1.88 to 0.8, the least change that makes the planner take the faster of the 20 cells
-# whose pick it changes, timed forced (old pick -> new, us): 14336x4096 M = 64 64/1 20.1-20.2 ->
+# went from 1.88 to 0.8, the highest value at which the planner splits 14336x4096 M = 32 and 64
+# (the faster plans). That moves the pick of 20 cells of a grid of 18 shapes x 14 M, each timed
+# with both picks forced (old -> new, us): 14336x4096 M = 64 64/1 20.1-20.2 ->
 # 64/2 19.2-19.3, M = 32 32/1 17.4 -> 32/2 16.4-16.6, 12288x4096 M = 17-64 1-8% faster, 4096^2
 # M = 80-96 128/3 12.2-12.4 -> 64/2 11.8-11.9, 5120^2 M = 80-200 5-9% faster, 3072x4096 M = 160
 # 256/4 15.7 -> 128/2 14.4; slower in one, 6144x4096 M = 160 (128/1 23.2-23.5 -> 256/2 24.3-24.5),
