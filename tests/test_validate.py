@@ -343,8 +343,8 @@ def test_wgmma_plan_session39():
                                 ((256, 2048, 128), (128, 3)),  # 19.9; 128/2 24.5
                                 ((128, 28672, 128), (128, 1))]:  # 98.8; 128/2 114.9
         assert plan(M, N, iters, 132, cluster_cap=cap) == want, (M, N, iters)
-    # the one measured cell it gets wrong: 6144 x 4096 M = 160 takes 256/2 (24.3-24.5), 128/1 23.2-23.5
-    assert plan(160, 6144, 64, 132, cluster_cap=cap) == (256, 2)
+    # (the one timed cell it gets wrong, not pinned here: 6144 x 4096 M = 160 takes 256/2, 24.3-24.5
+    # us, where 128/1 takes 23.2-23.5)
 
 
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
