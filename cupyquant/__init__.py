@@ -44,5 +44,15 @@ def __getattr__(name):
     return value
 
 
+def _all_families() -> dict:
+    """Every kernel family and its instantiations: imports each op module, which registers its own
+    families with the loader (``cupyquant._jit.register``)."""
+    from . import _jit
+
+    for module in sorted(set(_EXPORTS.values()) - {"_jit", "tensor"}):
+        importlib.import_module(f"{__name__}.{module}")
+    return _jit.families()
+
+
 def __dir__():
     return __all__

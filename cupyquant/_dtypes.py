@@ -76,6 +76,9 @@ FORMAT_NAMES = tuple(_FORMATS)
 FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")
 MX_NAMES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")
 INPUT_TYPES = tuple(_INPUTS.values())
+#: C++ types of the inputs, and of the 16-bit inputs the matmul kernels take, for template arguments.
+INPUT_CTYPES = tuple(t.ctype for t in INPUT_TYPES)
+HALF_CTYPES = ("__half", "__nv_bfloat16")
 
 
 def element_format(dtype, arg: str = "dtype", allowed=None) -> ElementFormat:

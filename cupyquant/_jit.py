@@ -12,12 +12,15 @@ Adding a kernel family takes three steps:
 1. Write ``kernels/<family>.cu``: ``#include "common.cuh"``, ``extern "C++"`` templates of
    ``__global__`` kernels, and a comment block saying what it computes, its rounding rule, its
    memory layout and the ``cupyquant.reference`` function it must match bit for bit.
-2. Register it in ``_FAMILIES`` below: the family name and every instantiation a wrapper may ask
-   for (use :func:`expr` and the tables in ``_dtypes``). A CPU test compiles all of them with NVRTC
-   for sm_80, sm_89, sm_90, sm_100 and sm_120.
-3. Write ``cupyquant/<family>.py``: validate arguments, then ``kernel(device, family, name,
-   *targs)`` and launch it on the current stream. Asking for an unregistered expression raises, so the registry
-   cannot fall behind the wrappers.
+2. Write the op module and declare the family there with :func:`register`: its name and every
+   instantiation its wrapper may ask for (build them with :func:`product` from the module's own
+   configuration tables and those in ``_dtypes``). A CPU test compiles all of them with NVRTC for
+   sm_80, sm_89, sm_90, sm_100 and sm_120.
+3. In the wrapper: validate arguments, then ``kernel(device, family, name, *targs)`` and launch it
+   on the current stream. Asking for an unregistered expression raises, so the registry cannot fall
+   behind the wrappers.
+
+This module knows no op: the op modules declare their families and configurations to it.
 
 Local includes are inlined (rather than found through ``-I``) because CuPy's disk cache hashes only
 the source string: a header edited behind an unchanged ``.cu`` would otherwise load a stale binary.
@@ -33,7 +36,6 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from . import _dtypes
 
 KERNEL_DIR_ENV = "CUPYQUANT_KERNEL_DIR"
 CUDA_INCLUDE_ENV = "CUPYQUANT_CUDA_INCLUDE"
@@ -78,101 +80,48 @@ def expr(name: str, *targs) -> str:
     return f"{name}<{', '.join(parts)}>"
 
 
-def _product(name: str, *axes) -> list[str]:
+def product(name: str, *axes) -> list[str]:
+    """Every name expression ``name<a, b, ...>`` over the product of the template-argument axes."""
     return [expr(name, *combo) for combo in itertools.product(*axes)]
 
 
-_BOOLS = (False, True)
-# Configurations of the decode matmul (kernels/weight.cu MM_DEC3 ... MM_TWO_ONE): M <= 8 with 3
-# or 4 blocks of 8 warps per SM, M tiles of 16 rows with blocks of 8 warps, M <= 8 with blocks of
-# 16 warps, M <= 8 with blocks of 4, M tiles of 16 rows with blocks of 4 and of 16 warps (32 weight
-# rows a block), with blocks of 4 and of 8 warps of 64 weight rows, and M tiles of 16 rows with
-# blocks of 8 warps one per SM and two sets of partial sums (MM_TWO_ONE).
-MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO, MATMUL_WIDE, MATMUL_NARROW, MATMUL_TWO_NARROW, MATMUL_TWO_WIDE, MATMUL_FOUR, MATMUL_FOUR_WIDE, MATMUL_TWO_ONE = range(10)
-MATMUL_CONFIGS = (MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO, MATMUL_WIDE, MATMUL_NARROW, MATMUL_TWO_NARROW, MATMUL_TWO_WIDE, MATMUL_FOUR,
-                  MATMUL_FOUR_WIDE, MATMUL_TWO_ONE)
-_IN_CTYPES = tuple(t.ctype for t in _dtypes.INPUT_TYPES)
-_FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
-_Q8_TAGS = _FP8_TAGS + (_dtypes.element_format("int8").ctag,)
-
-# Static-scale modes of fp8_quantize, mirrored in kernels/fp8_tensor.cu.
-FP8_SCALE_FROM_AMAX, FP8_SCALE_FROM_DEVICE, FP8_SCALE_FROM_ARG = 0, 1, 2
-
-# Weight schemes of kernels/weight.cu (W_INT4, W_UINT4, W_FP8); the matmul takes fp16/bf16 only.
-WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8 = 0, 1, 2
-_WEIGHT_SCHEMES = (WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8)
-_HALF_CTYPES = ("__half", "__nv_bfloat16")
-#: w4a16_gemm tile configurations (MT m16 tiles per warp, WM warps along M, STAGES) and the POST
-#: values each is built with (kernels/weight_gemm.cu: MT = 4 has no registers for POST's partials).
-GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2, 3): (False,)}
-
-#: w4a16_wgmma tile configurations: (rows of a per tile, ring stages, 64-k halves per stage)
-#: (kernels/weight_wgmma.cu), each built for both prepared INT4 orders (KP: weight.py _kperm).
-WGMMA_CONFIGS = ((32, 6, 2), (64, 4, 2), (128, 5, 2), (256, 6, 1))
-
-_MX_FP_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
-
-#: family -> every instantiation its wrappers may request.
-_FAMILIES: dict[str, tuple[str, ...]] = {
-    "fp8_tensor": tuple(
-        _product("fp8_amax", _IN_CTYPES, _BOOLS)
-        + _product(
-            "fp8_quantize",
-            _IN_CTYPES,
-            _FP8_TAGS,
-            (FP8_SCALE_FROM_AMAX, FP8_SCALE_FROM_DEVICE, FP8_SCALE_FROM_ARG),
-            _BOOLS,
-        )
-        + _product("fp8_dequantize", _IN_CTYPES, _FP8_TAGS, _BOOLS)
-    ),
-    "group_quant": tuple(
-        _product("group_quantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
-        + _product("token_quantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
-        + _product("silu_mul_quantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
-        + _product("silu_mul_intermediate", _IN_CTYPES)
-        + _product("group_dequantize", _IN_CTYPES, _Q8_TAGS, _BOOLS)
-    ),
-    "mx": tuple(
-        _product("mx_quantize", _IN_CTYPES, _MX_FP_TAGS, _BOOLS, _BOOLS)
-        + _product("nvfp4_quantize", _IN_CTYPES, _BOOLS, _BOOLS)
-        + _product("mx_dequantize", _IN_CTYPES, _MX_FP_TAGS, _BOOLS)
-        + _product("nvfp4_dequantize", _IN_CTYPES, _BOOLS)
-        + _product("cvt_check", _MX_FP_TAGS, _BOOLS)
-        + _product("e8m0_check", _BOOLS)
-    ),
-    "weight": tuple(
-        _product("weight_quantize", _IN_CTYPES, _WEIGHT_SCHEMES)
-        + _product("weight_dequantize", _IN_CTYPES, _IN_CTYPES, _WEIGHT_SCHEMES)
-        + _product("w4a16_matmul", _HALF_CTYPES, _WEIGHT_SCHEMES, MATMUL_CONFIGS, _BOOLS)
-    ),
-    "weight_gemm": tuple(
-        e
-        for cfg, posts in GEMM_CONFIGS.items()
-        for e in _product("w4a16_gemm", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg], posts)
-    ),
-    "weight_wgmma": tuple(
-        e
-        for cfg in WGMMA_CONFIGS
-        for e in _product("w4a16_wgmma", _HALF_CTYPES, (WEIGHT_INT4, WEIGHT_UINT4), *[(v,) for v in cfg], _BOOLS)
-    ),
-}
-
-#: Families compiled for the family-specific target (``-arch=sm_100a``, ``sm_120a``, ...) on GPUs
-#: that have one: mx because its FP4 and UE8M0 conversions exist as instructions only there, and
-#: weight_wgmma because Hopper's wgmma exists only on sm_90a. NVRTC given both CuPy's
-#: ``-arch=sm_XX`` and ``-arch=sm_XXa`` compiles for the latter.
-_SPECIFIC_TARGETS = {
-    "mx": ("100", "101", "103", "110", "120", "121"),
-    "weight_wgmma": ("90",),
-}
-ARCH_SPECIFIC_FAMILIES = frozenset(_SPECIFIC_TARGETS)
+#: family -> every instantiation its wrappers may request, filled by the op modules through
+#: :func:`register` when they are imported.
+_FAMILIES: dict[str, tuple[str, ...]] = {}
+#: family -> compute capabilities (``"100"``) for which it is compiled for the family-specific
+#: target (``-arch=sm_100a``): where an instruction it needs exists only there.
+_SPECIFIC_TARGETS: dict[str, tuple[str, ...]] = {}
 #: Families with no portable build to fall back to: without the specific target their kernels are
-#: stubs (weight_wgmma traps), so a failed specific build is an error, not a fallback.
-_SPECIFIC_REQUIRED = frozenset({"weight_wgmma"})
+#: stubs, so a failed specific build is an error, not a fallback.
+_SPECIFIC_REQUIRED: set[str] = set()
+
+
+def register(family: str, expressions, *, specific_targets=(), specific_required: bool = False) -> str:
+    """Declare a kernel family (``kernels/<family>.cu``) and every name expression its wrapper may
+    ask for; returns ``family``. Called once by the op module that owns the family, at import.
+
+    ``specific_targets``: compute capabilities on which NVRTC is asked for the family-specific target
+    (``-arch=sm_XXa``), falling back to the portable build when that fails, unless
+    ``specific_required``."""
+    exprs = tuple(expressions)
+    if family in _FAMILIES and _FAMILIES[family] != exprs:
+        raise ValueError(f"kernel family {family!r} is already registered with other instantiations")
+    _FAMILIES[family] = exprs
+    if specific_targets:
+        _SPECIFIC_TARGETS[family] = tuple(specific_targets)
+    if specific_required:
+        _SPECIFIC_REQUIRED.add(family)
+    return family
+
+
+def arch_specific_families() -> frozenset:
+    """The registered families that have a family-specific target on some GPU."""
+    return frozenset(_SPECIFIC_TARGETS)
 
 
 def families() -> dict[str, tuple[str, ...]]:
-    """A copy of the registry: family name -> registered name expressions."""
+    """A copy of the registry: family name -> registered name expressions, for the families whose
+    op modules are imported (``cupyquant._all_families()`` imports them all)."""
     return dict(_FAMILIES)
 
 
@@ -213,9 +162,9 @@ def _inline(path: Path, seen: set) -> str:
 
 def source(family: str) -> str:
     """The family's source with local includes inlined: exactly the string NVRTC compiles."""
-    if family not in _FAMILIES:
-        raise KeyError(f"unknown kernel family {family!r}; registered: {sorted(_FAMILIES)}")
     path = kernel_dir() / f"{family}.cu"
+    if not path.is_file():
+        raise KeyError(f"unknown kernel family {family!r}: no {path}")
     return _inline(path, {path.resolve()})
 
 

@@ -8,10 +8,22 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _validate
+from . import _device, _dtypes, _jit, _validate
 from .tensor import QuantizedTensor, Scheme
 
-_FAMILY = "fp8_tensor"
+# Scale modes of fp8_quantize, mirrored in kernels/fp8_tensor.cu: amax reduced on the device, a
+# static scale in a device array, or a static scale passed as an argument.
+SCALE_FROM_AMAX, SCALE_FROM_DEVICE, SCALE_FROM_ARG = 0, 1, 2
+_FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
+_BOOLS = (False, True)
+_FAMILY = _jit.register(
+    "fp8_tensor",
+    _jit.product("fp8_amax", _dtypes.INPUT_CTYPES, _BOOLS)
+    + _jit.product(
+        "fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, (SCALE_FROM_AMAX, SCALE_FROM_DEVICE, SCALE_FROM_ARG), _BOOLS
+    )
+    + _jit.product("fp8_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
+)
 _FP8 = _dtypes.FP8_NAMES
 _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
 _AMAX_BLOCK = 512  # must equal AMAX_BLOCK in fp8_tensor.cu
@@ -20,19 +32,12 @@ _SCALAR_BLOCKS_PER_SM = 8
 _SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8}
 
 
-def _sm_count(device: int, _cache={}) -> int:
-    n = _cache.get(device)
-    if n is None:
-        n = _cache[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-    return n
-
-
 def _flat_grid(n: int, vec: bool, device: int, per_thread: int) -> int:
     """Blocks for a flat vector launch where each thread takes ``per_thread`` elements and one more
     thread the tail, or for the scalar grid-stride loop."""
     if vec:
         return max(1, -(-(n // per_thread + 1) // _BLOCK))
-    return max(1, min(-(-n // _BLOCK), _sm_count(device) * _SCALAR_BLOCKS_PER_SM))
+    return max(1, min(-(-n // _BLOCK), _device.sm_count(device) * _SCALAR_BLOCKS_PER_SM))
 
 
 def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int, n64: np.int64) -> None:
@@ -44,7 +49,7 @@ def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int, n64
         return
     vec = x.data.ptr % 16 == 0
     per_block = _AMAX_BLOCK * (16 // x.itemsize if vec else 1)
-    grid = max(1, min(-(-n // per_block), _sm_count(device) * _AMAX_BLOCKS_PER_SM))
+    grid = max(1, min(-(-n // per_block), _device.sm_count(device) * _AMAX_BLOCKS_PER_SM))
     k = _jit.kernel(device, _FAMILY, "fp8_amax", in_t.ctype, vec)
     k((grid,), (_AMAX_BLOCK,), (x, n64, amax_out))
 
@@ -130,7 +135,7 @@ def quantize_fp8(
     in_t = _validate.float_input(x, "x")
     _validate.c_contiguous(x, "x")
     device = x.data.device_id
-    mode, scale_dev, scale_arg = _jit.FP8_SCALE_FROM_AMAX, None, np.float32(0)
+    mode, scale_dev, scale_arg = SCALE_FROM_AMAX, None, np.float32(0)
     if scale is not None:
         if isinstance(scale, cupy.ndarray):
             if scale.dtype != np.float32:
@@ -138,9 +143,9 @@ def quantize_fp8(
             if scale.size != 1:
                 raise ValueError(f"scale must hold exactly one element, got shape {scale.shape}")
             _validate.same_device(scale, "scale", device, "x")
-            mode, scale_dev = _jit.FP8_SCALE_FROM_DEVICE, scale
+            mode, scale_dev = SCALE_FROM_DEVICE, scale
         else:
-            mode, scale_arg = _jit.FP8_SCALE_FROM_ARG, _validate.positive_finite_scalar(scale, "scale")
+            mode, scale_arg = SCALE_FROM_ARG, _validate.positive_finite_scalar(scale, "scale")
     if out is not None:
         _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
 
@@ -150,10 +155,10 @@ def quantize_fp8(
         q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
         scale_inv = cupy.empty((1,), dtype=np.float32)
         amax_f = None
-        if mode == _jit.FP8_SCALE_FROM_AMAX:
+        if mode == SCALE_FROM_AMAX:
             amax_f = src = cupy.empty((1,), dtype=np.float32)
             _launch_amax(x, in_t, amax_f, device, n64)
-        elif mode == _jit.FP8_SCALE_FROM_DEVICE:
+        elif mode == SCALE_FROM_DEVICE:
             src = scale_dev
         else:
             src = scale_inv  # unused by the kernel in this mode; any valid pointer

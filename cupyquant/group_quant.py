@@ -32,7 +32,16 @@ import numpy as np
 from . import _dtypes, _jit, _validate
 from .tensor import QuantizedTensor, Scheme
 
-_FAMILY = "group_quant"
+_BOOLS = (False, True)
+_Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
+_FAMILY = _jit.register(
+    "group_quant",
+    _jit.product("group_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    + _jit.product("token_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
+    + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS),
+)
 _FORMATS = _dtypes.FP8_NAMES + ("int8",)
 _GROUP_SIZES = (32, 64, 128, 256)
 _LAYOUTS = ("row", "col")

@@ -37,7 +37,19 @@ from .fp8_tensor import _launch_amax
 from .group_quant import _grid2d, _rows_view
 from .tensor import QuantizedTensor, Scheme
 
-_FAMILY = "mx"
+_BOOLS = (False, True)
+_MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
+# The FP4 and UE8M0 conversions exist as instructions only on the Blackwell family-specific targets.
+_FAMILY = _jit.register(
+    "mx",
+    _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
+    + _jit.product("nvfp4_quantize", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS)
+    + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS)
+    + _jit.product("nvfp4_dequantize", _dtypes.INPUT_CTYPES, _BOOLS)
+    + _jit.product("cvt_check", _MX_TAGS, _BOOLS)
+    + _jit.product("e8m0_check", _BOOLS),
+    specific_targets=("100", "101", "103", "110", "120", "121"),
+)
 _THREADS = 256  # THREADS in mx.cu
 _TILE_K = 256  # TILE_K in mx.cu: elements per tile row (tiles are 128 rows high)
 _MX_BLOCK = 32

@@ -22,6 +22,15 @@ import ml_dtypes
 import numpy as np
 
 from . import _dtypes
+from ._checks import WEIGHT_DTYPES, WEIGHT_GROUP_SIZES, weight_scheme  # noqa: F401 (re-exported)
+from ._layouts import (  # noqa: F401 (re-exported)
+    pack_fp4,
+    swizzle_offsets,
+    swizzle_scales,
+    swizzled_shape,
+    unpack_fp4,
+    unswizzle_scales,
+)
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -358,23 +367,6 @@ def e2m1_to_float(codes) -> np.ndarray:
     return (np.asarray(codes, dtype=np.uint8) & 0xF).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
 
 
-def pack_fp4(codes) -> np.ndarray:
-    """Pack 4-bit codes two per byte along the last axis, element 2i in the low nibble of byte i;
-    an odd last element gets a zero high nibble. ``(..., K) -> (..., ceil(K / 2))`` uint8."""
-    codes = np.asarray(codes, dtype=np.uint8) & 0xF
-    K = codes.shape[-1]
-    if K % 2:
-        codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (1,), np.uint8)], axis=-1)
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
-
-
-def unpack_fp4(packed, K: int) -> np.ndarray:
-    """Inverse of :func:`pack_fp4`: ``(..., ceil(K / 2))`` bytes -> ``(..., K)`` codes."""
-    packed = np.asarray(packed, dtype=np.uint8)
-    out = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (2 * packed.shape[-1],))
-    return out[..., :K].astype(np.uint8)
-
-
 def cast_elements(v, dtype) -> np.ndarray:
     """float32 -> element codes of an MX/NVFP4 element format: FP8 bit patterns (:func:`cast_fp8`)
     or E2M1 codes (:func:`cast_e2m1`), unpacked, uint8."""
@@ -550,65 +542,9 @@ def dequantize_nvfp4(data, scale, global_scale, out_dtype=np.float32, *, K=None)
     return round_to(y, out_dtype)
 
 
-def swizzled_shape(rows: int, n_blocks: int) -> tuple:
-    """``(round_up(rows, 128), round_up(n_blocks, 4))``: the padded extent of the 128x4 layout."""
-    return (-(-rows // 128) * 128, -(-n_blocks // 4) * 4)
-
-
-def swizzle_offsets(rows: int, n_blocks: int) -> np.ndarray:
-    """Byte offsets (int64 ``(rows, n_blocks)``) of each scale in the 128x4 swizzled layout that
-    cuBLAS and Blackwell block-scaled MMA read: for row m and scale column k,
-    ``((m // 128) * ceil(n_blocks / 4) + k // 4) * 512 + (m % 32) * 16 + ((m // 32) % 4) * 4 + k % 4``."""
-    m = np.arange(rows, dtype=np.int64)[:, None]
-    k = np.arange(n_blocks, dtype=np.int64)[None, :]
-    kt = -(-n_blocks // 4)
-    return ((m // 128) * kt + k // 4) * 512 + (m % 32) * 16 + ((m // 32) % 4) * 4 + k % 4
-
-
-def swizzle_scales(scale) -> np.ndarray:
-    """Dense scales ``(..., n_blocks)`` (leading axes flattened into rows) -> the swizzled buffer,
-    uint8 of :func:`swizzled_shape`, its bytes in layout order and the padding zero."""
-    scale = np.asarray(scale, dtype=np.uint8)
-    nb = scale.shape[-1]
-    s2 = scale.reshape(int(np.prod(scale.shape[:-1])), nb)
-    buf = np.zeros(swizzled_shape(s2.shape[0], nb), np.uint8)
-    buf.reshape(-1)[swizzle_offsets(*s2.shape).reshape(-1)] = s2.reshape(-1)
-    return buf
-
-
-def unswizzle_scales(buf, lead_shape, n_blocks: int) -> np.ndarray:
-    """Inverse of :func:`swizzle_scales`: the dense ``lead_shape + (n_blocks,)`` scales."""
-    rows = int(np.prod(lead_shape)) if len(lead_shape) else 1
-    flat = np.asarray(buf, dtype=np.uint8).reshape(-1)
-    return flat[swizzle_offsets(rows, n_blocks).reshape(-1)].reshape(tuple(lead_shape) + (n_blocks,))
-
-
 # ------------------------------------------------------------------ weight-only (GPTQ/Marlin, AWQ, W8A16)
 
-WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn")
-WEIGHT_GROUP_SIZES = (32, 64, 128, None)
 AWQ_RANGE_FLOOR = np.float32(1e-5)  # AWQ's clamp(min=1e-5) on max - min
-
-
-def weight_scheme(dtype, symmetric=True) -> str:
-    """The weight scheme a ``(dtype, symmetric)`` pair names: ``"int4"`` (symmetric, uint4b8),
-    ``"uint4"`` (asymmetric with zero points: ``dtype="uint4"``, or ``"int4"`` with
-    ``symmetric=False``) or ``"float8_e4m3fn"`` (symmetric only)."""
-    if not isinstance(dtype, str):
-        # ml_dtypes.float8_e4m3fn (the type or its np.dtype) names the FP8 scheme, as it does for
-        # quantize_fp8; int4/uint4 have names only (ml_dtypes' int4 types are not packed formats)
-        try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            raise TypeError(f"dtype must be one of {WEIGHT_DTYPES} or ml_dtypes.float8_e4m3fn, got {dtype!r}") from None
-        dtype = name if name == "float8_e4m3fn" else dtype
-    if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
-    if dtype == "float8_e4m3fn":
-        if not symmetric:
-            raise ValueError("symmetric=False: float8_e4m3fn weights have no zero points")
-        return dtype
-    return "uint4" if dtype == "uint4" or not symmetric else "int4"
 
 
 def _rne_clamp(v, lo, hi) -> np.ndarray:

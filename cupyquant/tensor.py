@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _layouts
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,11 @@ class QuantizedTensor:
         ``float8_e8m0fnu`` / ``float8_e4m3fn``; packed UE8M0 words are unpacked (the words also
         given as ``scale_packed``) and swizzled scales unswizzled (the layout buffer also given as
         ``scale_swizzled``). ``amax`` and ``global_scale`` where present."""
-        from . import reference
-
         scale = np.ascontiguousarray(self.scale.get())
         data = self.data.get()
         fmt = self.format
         if fmt.bits == 4:
-            out = {"data": reference.unpack_fp4(data, self.shape[-1]).view(fmt.host_dtype), "data_packed": data}
+            out = {"data": _layouts.unpack_fp4(data, self.shape[-1]).view(fmt.host_dtype), "data_packed": data}
         else:
             out = {"data": data.view(fmt.host_dtype)}
         out["scale"] = scale
@@ -111,7 +109,7 @@ class QuantizedTensor:
             kb = -(-self.shape[-1] // self.scheme.block[0])
             if self.scheme.scale_layout == "swizzled":
                 out["scale_swizzled"] = scale
-                scale = reference.unswizzle_scales(scale, self.shape[:-1], kb)
+                scale = _layouts.unswizzle_scales(scale, self.shape[:-1], kb)
             out["scale"] = scale.view(_dtypes.SCALE_DTYPES[self.scheme.scale_dtype])
         elif self.scheme.scale_dtype == "float8_e8m0fnu" and scale.dtype == np.int32:
             n = 1 if self.scheme.granularity == "token" else self.shape[-1] // self.scheme.block[0]

@@ -39,11 +39,52 @@ from cupy.cuda import driver as _driver
 import ml_dtypes
 import numpy as np
 
-from . import _dtypes, _jit, _launch, _validate
-from . import reference as _ref
+from . import _checks, _device, _dtypes, _jit, _launch, _layouts, _validate
 
-_FAMILY = "weight"
-_SCHEME_IDS = {"int4": _jit.WEIGHT_INT4, "uint4": _jit.WEIGHT_UINT4, "float8_e4m3fn": _jit.WEIGHT_FP8}
+_BOOLS = (False, True)
+# Weight schemes of kernels/weight.cu (W_INT4, W_UINT4, W_FP8); the matmul takes fp16/bf16 only.
+WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8 = 0, 1, 2
+_SCHEME_IDS = {"int4": WEIGHT_INT4, "uint4": WEIGHT_UINT4, "float8_e4m3fn": WEIGHT_FP8}
+# Configurations of the decode matmul (kernels/weight.cu MM_DEC3 ... MM_TWO_ONE): M <= 8 with 3
+# or 4 blocks of 8 warps per SM, M tiles of 16 rows with blocks of 8 warps, M <= 8 with blocks of
+# 16 warps, M <= 8 with blocks of 4, M tiles of 16 rows with blocks of 4 and of 16 warps (32 weight
+# rows a block), with blocks of 4 and of 8 warps of 64 weight rows, and M tiles of 16 rows with
+# blocks of 8 warps one per SM and two sets of partial sums (MM_TWO_ONE).
+MATMUL_CONFIGS = tuple(range(10))
+(MATMUL_DEC3, MATMUL_DEC4, MATMUL_TWO, MATMUL_WIDE, MATMUL_NARROW, MATMUL_TWO_NARROW, MATMUL_TWO_WIDE, MATMUL_FOUR,
+ MATMUL_FOUR_WIDE, MATMUL_TWO_ONE) = MATMUL_CONFIGS
+#: w4a16_gemm tile configurations (MT m16 tiles per warp, WM warps along M, STAGES) and the POST
+#: values each is built with (kernels/weight_gemm.cu: MT = 4 has no registers for POST's partials).
+GEMM_CONFIGS = {(1, 1, 4): _BOOLS, (2, 1, 4): _BOOLS, (4, 1, 4): (False,), (4, 2, 3): (False,)}
+#: w4a16_wgmma tile configurations: (rows of a per tile, ring stages, 64-k halves per stage)
+#: (kernels/weight_wgmma.cu), each built for both prepared INT4 orders (KP: _kperm).
+WGMMA_CONFIGS = ((32, 6, 2), (64, 4, 2), (128, 5, 2), (256, 6, 1))
+_INT4_IDS = (WEIGHT_INT4, WEIGHT_UINT4)
+_FAMILY = _jit.register(
+    "weight",
+    _jit.product("weight_quantize", _dtypes.INPUT_CTYPES, _SCHEME_IDS.values())
+    + _jit.product("weight_dequantize", _dtypes.INPUT_CTYPES, _dtypes.INPUT_CTYPES, _SCHEME_IDS.values())
+    + _jit.product("w4a16_matmul", _dtypes.HALF_CTYPES, _SCHEME_IDS.values(), MATMUL_CONFIGS, _BOOLS),
+)
+_jit.register(
+    "weight_gemm",
+    [
+        e
+        for cfg, posts in GEMM_CONFIGS.items()
+        for e in _jit.product("w4a16_gemm", _dtypes.HALF_CTYPES, _INT4_IDS, *[(v,) for v in cfg], posts)
+    ],
+)
+# Hopper's wgmma exists only on sm_90a, and the kernel has no portable build (it traps elsewhere).
+_jit.register(
+    "weight_wgmma",
+    [
+        e
+        for cfg in WGMMA_CONFIGS
+        for e in _jit.product("w4a16_wgmma", _dtypes.HALF_CTYPES, _INT4_IDS, *[(v,) for v in cfg], _BOOLS)
+    ],
+    specific_targets=("90",),
+    specific_required=True,
+)
 _CHUNK = {"int4": 128, "uint4": 128, "float8_e4m3fn": 64}  # K per warp iteration (weight.cu: 4 x VALS)
 _MM_M = 16  # rows of a per block (one M tile: one or two mma B fragments)
 
@@ -165,8 +206,8 @@ class QuantizedWeight:
         if w.scheme == "float8_e4m3fn":
             codes = data.view(ml_dtypes.float8_e4m3fn)
         else:
-            codes = _ref.unpack_fp4(data, K)
-        zeros = None if w.zeros is None else _ref.unpack_fp4(cupy.asnumpy(w.zeros), ng)
+            codes = _layouts.unpack_fp4(data, K)
+        zeros = None if w.zeros is None else _layouts.unpack_fp4(cupy.asnumpy(w.zeros), ng)
         return {"data": data, "codes": codes, "scales": cupy.asnumpy(w.scales), "zeros": zeros}
 
     def __repr__(self) -> str:
@@ -208,14 +249,14 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
         ``w`` not 2-D, not C-contiguous or with an odd K; an unsupported ``dtype`` or
         ``group_size``, or one that does not divide K; ``symmetric=False`` with FP8.
     """
-    scheme = _ref.weight_scheme(dtype, symmetric)
+    scheme = _checks.weight_scheme(dtype, symmetric)
     t = _validate.float_input(w, "w")
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     _validate.c_contiguous(w, "w")
     N, K = w.shape
-    if group_size not in _ref.WEIGHT_GROUP_SIZES or isinstance(group_size, (float, bool, np.floating)):
-        raise ValueError(f"group_size must be one of {_ref.WEIGHT_GROUP_SIZES}, got {group_size!r}")
+    if group_size not in _checks.WEIGHT_GROUP_SIZES or isinstance(group_size, (float, bool, np.floating)):
+        raise ValueError(f"group_size must be one of {_checks.WEIGHT_GROUP_SIZES}, got {group_size!r}")
     if K == 0 or K % 2:
         raise ValueError(f"w's K = {K} must be even and nonzero (two INT4 codes per byte)")
     G = K if group_size is None else int(group_size)
@@ -483,7 +524,6 @@ _WG_DECODE_MN_PER_SM = 1536
 #: Tests and benchmarks set this to "decode", "pipelined" or "wgmma" to force INT4 matmuls onto one
 #: kernel ("wgmma" needs compute capability 9.0; FP8 weights always take "decode").
 FORCE_PATH = None
-_arch_of: dict = {}
 
 _GM_ARGS = np.dtype(
     [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
@@ -494,7 +534,6 @@ _GM_ARGS = np.dtype(
 _WG_ARGS = np.dtype([(n if n != "kperm" else "early", _GM_ARGS.fields[n][0]) for n in _GM_ARGS.names], align=True)
 _occupancy: dict = {}
 _decode_smem_set: set = set()  # ids of the decode kernels whose shared-memory limit is raised
-_sm_count: dict = {}
 
 
 def _gemm_config(M: int):
@@ -518,30 +557,16 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
         return "decode"
     N, K = w.shape
     if arch is None:
-        arch = _current_arch()
+        arch = _device.current_arch()
     if arch in _WGMMA_ARCHS and K < 1 << 31:  # the kernel's group index is 32-bit
         if sms is None:
-            sms = _current_sms()
+            sms = _device.current_sm_count()
         if M <= _WG_DECODE_MAX_M and M * N < _WG_DECODE_MN_PER_SM * sms:
             return "decode"
         return "wgmma"
     if M <= _DECODE_SMALL_M and N * K < _SMALL_W or M <= _DECODE_MID_M and N * K < _MID_W:
         return "decode"
     return "pipelined"
-
-
-def _current_sms():
-    try:
-        return _sms(cupy.cuda.Device().id)
-    except cupy.cuda.runtime.CUDARuntimeError:
-        return 132
-
-
-def _current_arch():
-    try:
-        return _arch(cupy.cuda.Device().id)
-    except cupy.cuda.runtime.CUDARuntimeError:
-        return None
 
 
 def _gemm_kernel(device, t, w, M):
@@ -563,20 +588,6 @@ def _occupancy_of(device, k, threads: int, smem: int) -> int:
         k.max_dynamic_shared_size_bytes = smem
         occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, threads, smem))
     return occ
-
-
-def _arch(device) -> str:
-    arch = _arch_of.get(device)
-    if arch is None:
-        arch = _arch_of[device] = cupy.cuda.Device(device).compute_capability
-    return arch
-
-
-def _sms(device) -> int:
-    n = _sm_count.get(device)
-    if n is None:
-        n = _sm_count[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-    return n
 
 
 _MIN_SPLIT_STAGES = 4  # each split streams at least this many stages of K (pipeline fill, reduction)
@@ -692,10 +703,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     _validate.same_device(a, "a", device, "w")
     if pdl is not None and not isinstance(pdl, (bool, np.bool_)):
         raise TypeError(f"pdl must be None, True or False, got {type(pdl).__name__}")
-    pdl_ok = int(_arch(device)) >= 90
+    pdl_ok = int(_device.arch(device)) >= 90
     if pdl and not pdl_ok:
         raise ValueError(f"pdl=True needs a GPU of compute capability 9.0 or newer (programmatic dependent launch), "
-                         f"device {device} is {_arch(device)}")
+                         f"device {device} is {_device.arch(device)}")
     pdl = pdl_ok if pdl is None else bool(pdl)
     lead = a.shape[:-1]
     M = math.prod(lead)
@@ -714,13 +725,13 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
                 w = _prepared_of(w)
                 _validate.keep_if_capturing(w.data, w.scales, w.zeros)
             zeros = w.zeros if w.zeros is not None else 0
-            path = matmul_path(M, w, arch=_arch(device), sms=_sms(device))
+            path = matmul_path(M, w, arch=_device.arch(device), sms=_device.sm_count(device))
             if path == "decode":
                 _launch_decode(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl, early)
             elif path == "wgmma":
-                if _arch(device) not in _WGMMA_ARCHS:
+                if _device.arch(device) not in _WGMMA_ARCHS:
                     raise ValueError(f"the wgmma path needs a GPU of compute capability 9.0, device {device} is "
-                                     f"{_arch(device)}")
+                                     f"{_device.arch(device)}")
                 _launch_wgmma(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl, early)
             else:
                 _launch_gemm(device, t, a2, w, y.reshape(M, N), M, N, K, zeros, pdl)
@@ -757,17 +768,17 @@ def _gshift(w) -> int:
 # The decode kernel's configurations (weight.cu CFG): (warps per block, blocks per SM that its
 # register budget allows), for M <= 8 (16 weight rows a block) and for M tiles of 16 rows (32).
 _DECODE_CONFIGS = {
-    False: {_jit.MATMUL_DEC3: (8, 3), _jit.MATMUL_DEC4: (8, 4), _jit.MATMUL_WIDE: (16, 2), _jit.MATMUL_NARROW: (4, 8)},
-    True: {_jit.MATMUL_TWO: (8, 2), _jit.MATMUL_TWO_NARROW: (4, 4), _jit.MATMUL_TWO_WIDE: (16, 1)},
+    False: {MATMUL_DEC3: (8, 3), MATMUL_DEC4: (8, 4), MATMUL_WIDE: (16, 2), MATMUL_NARROW: (4, 8)},
+    True: {MATMUL_TWO: (8, 2), MATMUL_TWO_NARROW: (4, 4), MATMUL_TWO_WIDE: (16, 1)},
 }
 # MM_FOUR (M tiles of 16 rows, 64 weight rows a block): 4 warps, 2 blocks per SM. Not in the wave
 # model: _decode_config takes it for INT4 whenever its blocks outnumber the SMs (measured below).
-_DECODE_FOUR = {_jit.MATMUL_FOUR: (4, 2), _jit.MATMUL_FOUR_WIDE: (8, 1)}
+_DECODE_FOUR = {MATMUL_FOUR: (4, 2), MATMUL_FOUR_WIDE: (8, 1)}
 _FOUR_WIDE_MIN_CHUNKS = 4
 # MM_TWO_ONE (M tiles of 16 rows, 32 rows a block of 8 warps, one per SM, two sets of partial sums):
 # not in the wave model either; _decode_config takes it instead of MM_TWO_WIDE for K of at most
 # _TWO_ONE_MAX_CHUNKS chunks where the partial sums are taken per chunk (INT4, groups of 128 or per channel).
-_DECODE_TWO_ONE = {_jit.MATMUL_TWO_ONE: (8, 1)}
+_DECODE_TWO_ONE = {MATMUL_TWO_ONE: (8, 1)}
 _TWO_ONE_MAX_CHUNKS = 32
 _DECODE_WARPS = {cfg: warps for table in (*_DECODE_CONFIGS.values(), _DECODE_FOUR, _DECODE_TWO_ONE) for cfg, (warps, _) in table.items()}
 # The decode kernel's time model (_decode_config): below _DECODE_INFLIGHT_KB of weights in flight per
@@ -882,13 +893,13 @@ def _decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_
     the loop; since the first chunk is loaded before the PDL wait, session 22, WI is the fastest
     there, 4.67 us against D4 5.16), 3072 x 4096 M = 16 (+2.2%); FP8 28672 x 8192 M = 16 (TN 94.03, TX 91.25)."""
     if two and four_blocks > sms:
-        return _jit.MATMUL_FOUR
+        return MATMUL_FOUR
     if two and four_blocks and _four_wide_splits(four_blocks, sms, nchunks, split_ok):
-        return _jit.MATMUL_FOUR_WIDE
+        return MATMUL_FOUR_WIDE
     configs = _DECODE_CONFIGS[bool(two)]
     pick = min(configs, key=lambda cfg: _decode_estimate(cfg, blocks, sms, nchunks, two))
-    if pick == _jit.MATMUL_TWO_WIDE and chains_ok and nchunks <= _TWO_ONE_MAX_CHUNKS:
-        return _jit.MATMUL_TWO_ONE
+    if pick == MATMUL_TWO_WIDE and chains_ok and nchunks <= _TWO_ONE_MAX_CHUNKS:
+        return MATMUL_TWO_ONE
     return pick
 
 
@@ -912,7 +923,7 @@ def _decode_splits(cfg: int, blocks: int, sms: int, nchunks: int) -> int:
     capability 9.0+ only. The splits of a tile run as one thread-block cluster (weight.cu) whose
     blocks add their sums through distributed shared memory. Only MM_FOUR_WIDE is split, as
     _four_wide_splits says."""
-    return max(1, _four_wide_splits(blocks, sms, nchunks, True)) if cfg == _jit.MATMUL_FOUR_WIDE else 1
+    return max(1, _four_wide_splits(blocks, sms, nchunks, True)) if cfg == MATMUL_FOUR_WIDE else 1
 
 
 def _run(k, grid, block, args, smem, pdl, cluster=None):
@@ -939,8 +950,8 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
         two = mrows > 8
         mtiles = -(-mrows // _MM_M)
         four_blocks = -(-N // _mm_rows(two, True)) * mtiles if two and w.scheme != "float8_e4m3fn" else 0
-        cfg = _decode_config(-(-N // _mm_rows(two)) * mtiles, _sms(device), K // _CHUNK[w.scheme], two, four_blocks,
-                             int(_arch(device)) >= 90 and mrows >= _MM_M, post)
+        cfg = _decode_config(-(-N // _mm_rows(two)) * mtiles, _device.sm_count(device), K // _CHUNK[w.scheme], two, four_blocks,
+                             int(_device.arch(device)) >= 90 and mrows >= _MM_M, post)
         k = _jit.kernel(device, _FAMILY, "w4a16_matmul", t.ctype, _SCHEME_IDS[w.scheme], cfg, post)
         warps = _mm_warps(cfg)
         four = cfg in _DECODE_FOUR
@@ -950,7 +961,7 @@ def _launch_decode(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
             k.max_dynamic_shared_size_bytes = smem  # attribute, so it is set once per kernel
             _decode_smem_set.add(id(k))
         grid = (-(-N // rows), mtiles)
-        splits = _decode_splits(cfg, grid[0] * mtiles, _sms(device), K // _CHUNK[w.scheme]) if int(_arch(device)) >= 90 else 1
+        splits = _decode_splits(cfg, grid[0] * mtiles, _device.sm_count(device), K // _CHUNK[w.scheme]) if int(_device.arch(device)) >= 90 else 1
         _run(k, grid + (splits,), (32 * warps,), (a2[m0:], w.data, w.scales, zeros, y2[m0:], args), smem, pdl,
              (1, 1, splits) if splits > 1 else None)
 
@@ -1029,7 +1040,7 @@ def _launch_tiled(device, k, threads, smem, bm, bn, bk, split, a2, w, y2, M, N, 
     for m0 in range(0, M, rows_per_launch):
         mrows = min(rows_per_launch, M - m0)
         mtiles = -(-mrows // bm)
-        splits, iters = split(ntiles * mtiles, iters_total, occ * _sms(device))
+        splits, iters = split(ntiles * mtiles, iters_total, occ * _device.sm_count(device))
         args["M"], args["splits"], args["iters"] = mrows, splits, iters
         in_cluster = cluster and (splits == 2 or (splits > 2 and _wide_cluster_fits(cluster_cap, splits, ntiles * mtiles)))
         launch_smem = smem
@@ -1102,7 +1113,7 @@ def _act_tensor_map(a2, rows: int, K: int, box_rows: int) -> np.ndarray:
 # slower on every plan measured (H100, us, bf16 g128, M = 32: 14336x4096 32/1 18.1 -> 19.7,
 # 28672x8192 32/1 56.3 -> 69.1, 8192x28672 32/4 55.4 -> 67.4).
 _WG_BN, _WG_BK = 128, 64
-_WG_CONFIG = {bma: (stages, halves) for bma, stages, halves in _jit.WGMMA_CONFIGS}  # rows -> (stages, halves)
+_WG_CONFIG = {bma: (stages, halves) for bma, stages, halves in WGMMA_CONFIGS}  # rows -> (stages, halves)
 
 
 _WG_BLOCKS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}  # registers (launch bounds) and shared memory
@@ -1245,7 +1256,6 @@ def _wg_smem(bma: int) -> int:
 
 _wg_cluster_caps: dict = {}
 _one_block_set: set = set()
-_smem_per_sm: dict = {}
 
 
 def _wg_one_block_smem(device, k, smem: int) -> int:
@@ -1254,9 +1264,7 @@ def _wg_one_block_smem(device, k, smem: int) -> int:
     A 64-row tile (104 KB) otherwise runs two blocks a SM, and the cluster scheduler then packs a
     cluster's blocks two to an SM on some SMs while others idle (session 14: 4096x14336 M = 64 64/3
     40.0 us packed, 32.2-32.7 one block per SM; 4096^2 M = 64 64/3 15.2 and 12.6)."""
-    smem_sm = _smem_per_sm.get(device)
-    if smem_sm is None:
-        smem_sm = _smem_per_sm[device] = cupy.cuda.Device(device).attributes["MaxSharedMemoryPerMultiprocessor"]
+    smem_sm = _device.smem_per_sm(device)
     one = max(smem, smem_sm // 2 + 1024)
     key = (device, id(k))
     if key not in _one_block_set:
@@ -1284,7 +1292,7 @@ def _wg_cluster_cap(device, t, scheme, kp) -> dict:
 
 def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
     cap = _wg_cluster_cap(device, t, w.scheme, _kperm(w)) if _WG_CLUSTER else None
-    bma, splits = _wg_plan(M, N, K // _WG_BK, _sms(device), cluster_cap=cap)
+    bma, splits = _wg_plan(M, N, K // _WG_BK, _device.sm_count(device), cluster_cap=cap)
     stages, halves = _WG_CONFIG[bma]
     k = _jit.kernel(device, "weight_wgmma", "w4a16_wgmma", t.ctype, _SCHEME_IDS[w.scheme], bma, stages, halves, _kperm(w))
 

@@ -42,6 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import cupyquant  # noqa: E402
+
 # GPU mode: per family, (untimed setup, timed op); the op's first call compiles (or loads) the whole
 # family. x is a (1024, 1024) bfloat16 array of ones. A family missing here is reported as skipped.
 GPU_OPS = {
@@ -99,7 +101,7 @@ def _cubin(family: str, arch: str) -> bytes:
 
     prog = nvrtc.createProgram(_jit.source(family), f"{family}.cu", [], [])
     try:
-        for e in _jit.families()[family]:
+        for e in cupyquant._all_families()[family]:
             nvrtc.addNameExpression(prog, e)
         nvrtc.compileProgram(prog, list(_jit.options() + _jit.CUPY_ADDED_OPTIONS + (f"-arch=sm_{arch}",)))
         return nvrtc.getCUBIN(prog)
@@ -126,7 +128,7 @@ def _warm_seconds(family: str, arch: str, cache_dir: str, runs: int = 20) -> flo
 
     from cupyquant import _jit
 
-    exprs = sorted(_jit.families()[family])
+    exprs = sorted(cupyquant._all_families()[family])
     backend = DiskKernelCacheBackend(cache_dir)
 
     def key(src: str) -> str:
@@ -156,8 +158,8 @@ def measure_cpu(archs, repeat: int) -> dict:
     with tempfile.TemporaryDirectory() as cache_dir:
         for arch in archs:
             probe = _probe_seconds(arch)  # also loads NVRTC, so the first cold run does not pay that
-            for family in sorted(_jit.families()):
-                if arch.endswith("a") and family not in _jit.ARCH_SPECIFIC_FAMILIES:
+            for family in sorted(cupyquant._all_families()):
+                if arch.endswith("a") and family not in _jit.arch_specific_families():
                     continue
                 cold = []
                 try:
@@ -170,7 +172,7 @@ def measure_cpu(archs, repeat: int) -> dict:
                           file=sys.stderr)
                     continue
                 rows.append({
-                    "family": family, "arch": f"sm_{arch}", "instantiations": len(_jit.families()[family]),
+                    "family": family, "arch": f"sm_{arch}", "instantiations": len(cupyquant._all_families()[family]),
                     "cold_median_s": statistics.median(cold), "cold_min_s": min(cold),
                     "warm_s": _warm_seconds(family, arch, cache_dir), "probe_s": probe,
                 })
@@ -186,7 +188,7 @@ def measure_gpu() -> dict:
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
     rows = []
-    for family in sorted(_jit.families()):
+    for family in sorted(cupyquant._all_families()):
         if family not in GPU_OPS:
             print(f"compile_time.py: no op listed for family {family!r} in GPU_OPS; skipped", file=sys.stderr)
             continue
@@ -200,7 +202,7 @@ def measure_gpu() -> dict:
                 res[phase] = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append({
             "family": family, "arch": f"sm_{dev.compute_capability}", "op": op,
-            "instantiations": len(_jit.families()[family]),
+            "instantiations": len(cupyquant._all_families()[family]),
             "cold_first_s": res["cold"]["first"], "cold_second_s": res["cold"]["second"],
             "warm_first_s": res["warm"]["first"], "warm_second_s": res["warm"]["second"],
             "cubins": res["cold"]["cubins"],

@@ -361,7 +361,7 @@ def _decode_configs(run, qp, deq, dt, rng, tag):
     N, K = qp.shape
     pick, pick_splits = cqw._decode_config, cqw._decode_splits
     path = cqw.FORCE_PATH
-    hopper = int(cqw._arch(cupy.cuda.Device().id)) >= 90
+    hopper = int(cqw._device.arch(cupy.cuda.Device().id)) >= 90
     try:
         cqw.FORCE_PATH = "decode"
         for cfg in cqw._jit.MATMUL_CONFIGS:

@@ -8,9 +8,10 @@ import shutil
 
 import pytest
 
+import cupyquant
 from cupyquant import _jit
 
-FAMILIES = sorted(_jit.families())
+FAMILIES = sorted(cupyquant._all_families())
 
 
 @pytest.mark.parametrize("arch", _jit.TEST_ARCHS)
@@ -148,7 +149,7 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log[0])
     assert len(spills) >= len(lowered), log[0]  # one report per kernel
     assert all(st == ld == "0" for st, ld in spills), log[0]
-    for bma, _, _ in _jit.WGMMA_CONFIGS:
+    for bma, _, _ in cupyquant.weight.WGMMA_CONFIGS:
         for t in ("f16", "bf16"):
             assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
     assert "fence.proxy.async.shared::cta" in ptx[0]

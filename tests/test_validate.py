@@ -95,8 +95,8 @@ def test_decode_config_fills_waves():
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    D3, D4, WI, NA, TW, TN, TX = (_jit.MATMUL_DEC3, _jit.MATMUL_DEC4, _jit.MATMUL_WIDE, _jit.MATMUL_NARROW,
-                                  _jit.MATMUL_TWO, _jit.MATMUL_TWO_NARROW, _jit.MATMUL_TWO_WIDE)
+    D3, D4, WI, NA, TW, TN, TX = (_weight.MATMUL_DEC3, _weight.MATMUL_DEC4, _weight.MATMUL_WIDE, _weight.MATMUL_NARROW,
+                                  _weight.MATMUL_TWO, _weight.MATMUL_TWO_NARROW, _weight.MATMUL_TWO_WIDE)
     expect = {  # (N, K): (M <= 8, M tiles of 16 rows)
         (4096, 4096): (WI, TX), (14336, 4096): (NA, TN), (4096, 14336): (WI, TX), (28672, 8192): (NA, TN),
         (8192, 28672): (D4, TW), (11008, 4096): (NA, TN), (4096, 11008): (WI, TX), (2048, 4096): (WI, TX),
@@ -127,7 +127,7 @@ def test_decode_config_fills_waves():
     assert cqw._mm_rows(False) == 16 and cqw._mm_rows(True) == 32
     assert cqw._mm_smem(False) == 16 * 1024 and cqw._mm_smem(True) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
     # MM_FOUR: 4 warps of 64 rows (4 tiles), 2 stages of 4 KB each
-    FO = _jit.MATMUL_FOUR
+    FO = _weight.MATMUL_FOUR
     assert cqw._mm_warps(FO) == 4 and cqw._mm_rows(True, True) == 64 and cqw._mm_smem(True, 4, True) == 32 * 1024
 
 
@@ -139,7 +139,7 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    FO, FW, TW, TN, TX = _jit.MATMUL_FOUR, _jit.MATMUL_FOUR_WIDE, _jit.MATMUL_TWO, _jit.MATMUL_TWO_NARROW, _jit.MATMUL_TWO_WIDE
+    FO, FW, TW, TN, TX = _weight.MATMUL_FOUR, _weight.MATMUL_FOUR_WIDE, _weight.MATMUL_TWO, _weight.MATMUL_TWO_NARROW, _weight.MATMUL_TWO_WIDE
     expect = {  # (N, K, M tiles): the pick for INT4 (no K split offered)
         (14336, 4096, 1): FO, (28672, 8192, 1): FO, (11008, 4096, 1): FO, (22016, 4096, 1): FO,
         (18432, 2048, 1): FO, (8192, 8192, 2): FO, (5120, 5120, 2): FO, (8192, 28672, 2): FO,
@@ -164,7 +164,7 @@ def test_decode_config_two_one_for_short_k():
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    T1, TX, TW, FW, WI = _jit.MATMUL_TWO_ONE, _jit.MATMUL_TWO_WIDE, _jit.MATMUL_TWO, _jit.MATMUL_FOUR_WIDE, _jit.MATMUL_WIDE
+    T1, TX, TW, FW, WI = _weight.MATMUL_TWO_ONE, _weight.MATMUL_TWO_WIDE, _weight.MATMUL_TWO, _weight.MATMUL_FOUR_WIDE, _weight.MATMUL_WIDE
     assert cqw._mm_warps(T1) == 8 and cqw._mm_smem(True, 8) == 32 * 1024
     for (N, K), (chained, plain) in {
         (4096, 4096): (T1, TX), (3072, 4096): (T1, TX), (2048, 4096): (T1, TX),  # 32 chunks: T1
@@ -190,7 +190,7 @@ def test_decode_config_four_wide_and_its_k_split():
     from cupyquant import _jit
     from cupyquant import weight as cqw
 
-    FO, FW, TW, TX = _jit.MATMUL_FOUR, _jit.MATMUL_FOUR_WIDE, _jit.MATMUL_TWO, _jit.MATMUL_TWO_WIDE
+    FO, FW, TW, TX = _weight.MATMUL_FOUR, _weight.MATMUL_FOUR_WIDE, _weight.MATMUL_TWO, _weight.MATMUL_TWO_WIDE
     assert cqw._mm_warps(FW) == 8 and cqw._mm_smem(True, 8, True) == 64 * 1024
     model = {33: TX, 66: TX}  # the wave model's picks for 2 x four blocks of 32 rows, 64 chunks
     for four, split_ok, nchunks, want, splits in (
@@ -217,7 +217,7 @@ def test_decode_config_four_wide_and_its_k_split():
         rows = 64 if cfg in (FO, FW) else 32
         assert (cfg, cqw._decode_splits(cfg, -(-N // rows) * mt, 132, K // 128)) == want, (N, K, mt, full)
     # the other configurations are never split, whatever their blocks
-    for cfg in (FO, TW, TX, _jit.MATMUL_DEC3, _jit.MATMUL_WIDE):
+    for cfg in (FO, TW, TX, _weight.MATMUL_DEC3, _weight.MATMUL_WIDE):
         assert cqw._decode_splits(cfg, 40, 132, 128) == 1
     assert cqw._decode_config(200, 132, 64, False, 50, True) != FW  # M <= 8 (two = False)
 

@@ -836,7 +836,7 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
                         or run(k, grid, block, args, smem, pdl, cluster))
     dtype = ml_dtypes.bfloat16
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    hopper = int(cqw._arch(cupy.cuda.Device().id)) >= 90
+    hopper = int(cqw._device.arch(cupy.cuda.Device().id)) >= 90
     seen, split_seen = set(), set()
     # 16 x SMs rows: one block of 16 rows (M <= 8) a SM; 128 x SMs rows, K = 1024: 8 blocks of 4
     # warps a SM, at M = 16 two blocks of 64 rows (MM_FOUR); 64 x SMs rows: one block of 64 rows a
@@ -865,7 +865,7 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM); at M = 16 the
     # latter is 2 x SMs blocks of 64 rows (MM_FOUR)
     assert {cqw._mm_warps(c) for c in seen} >= {4, 16}, seen
-    assert {_jit.MATMUL_FOUR, _jit.MATMUL_FOUR_WIDE} <= seen, seen
+    assert {cqw.MATMUL_FOUR, cqw.MATMUL_FOUR_WIDE} <= seen, seen
     assert split_seen == ({(32 * sms, 16)} if hopper else set()), split_seen
 
 
@@ -887,10 +887,10 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 14, dtype, outliers=False)), scheme, group_size=64, symmetric=sym)
     got = {}
     monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma on compute capability 9.0
-    for cfg, ms in ((_jit.MATMUL_DEC3, (1, 5, 8)), (_jit.MATMUL_DEC4, (1, 5, 8)), (_jit.MATMUL_WIDE, (1, 5, 8)),
-                    (_jit.MATMUL_NARROW, (1, 5, 8)), (_jit.MATMUL_TWO, (9, 16)), (_jit.MATMUL_TWO_NARROW, (9, 16)),
-                    (_jit.MATMUL_TWO_WIDE, (9, 16)), (_jit.MATMUL_FOUR, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, (9, 16, 33)),
-                    (_jit.MATMUL_TWO_ONE, (9, 16, 33))):
+    for cfg, ms in ((cqw.MATMUL_DEC3, (1, 5, 8)), (cqw.MATMUL_DEC4, (1, 5, 8)), (cqw.MATMUL_WIDE, (1, 5, 8)),
+                    (cqw.MATMUL_NARROW, (1, 5, 8)), (cqw.MATMUL_TWO, (9, 16)), (cqw.MATMUL_TWO_NARROW, (9, 16)),
+                    (cqw.MATMUL_TWO_WIDE, (9, 16)), (cqw.MATMUL_FOUR, (9, 16, 33)), (cqw.MATMUL_FOUR_WIDE, (9, 16, 33)),
+                    (cqw.MATMUL_TWO_ONE, (9, 16, 33))):
         monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
@@ -899,7 +899,7 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
             assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)], (cfg, M)
             got.setdefault((cfg, M), cupy.asnumpy(out))
     for M in (1, 5, 8):
-        assert_bits_equal(cupy.asarray(got[_jit.MATMUL_DEC4, M]), got[_jit.MATMUL_DEC3, M], f"M={M}: 4 blocks per SM vs 3")
+        assert_bits_equal(cupy.asarray(got[cqw.MATMUL_DEC4, M]), got[cqw.MATMUL_DEC3, M], f"M={M}: 4 blocks per SM vs 3")
 
 
 def test_decode_k_split_exact_and_deterministic(monkeypatch):
@@ -915,19 +915,19 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     in fp16 and bf16; and the wrapper's own split run twice gives the same bits."""
     from cupyquant import _jit
 
-    if int(cqw._arch(cupy.cuda.Device().id)) < 90:
+    if int(cqw._device.arch(cupy.cuda.Device().id)) < 90:
         pytest.skip("the decode K split runs as thread-block clusters: compute capability 9.0+")
     rng = np.random.default_rng(18)
     N, K = 1000, 2048
     w = rng.integers(-7, 8, (N, K)).astype(np.float32)
     w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
     monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma otherwise
-    fp16_cases = ((_jit.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (_jit.MATMUL_FOUR_WIDE, 3, (16,)), (_jit.MATMUL_FOUR, 2, (16, 33)),
-                  (_jit.MATMUL_TWO_WIDE, 2, (9,)), (_jit.MATMUL_TWO, 8, (16,)), (_jit.MATMUL_DEC3, 2, (1, 5)),
-                  (_jit.MATMUL_WIDE, 8, (1,)), (_jit.MATMUL_TWO_ONE, 1, (9, 16, 33)), (_jit.MATMUL_TWO_ONE, 2, (16,)))
+    fp16_cases = ((cqw.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (cqw.MATMUL_FOUR_WIDE, 3, (16,)), (cqw.MATMUL_FOUR, 2, (16, 33)),
+                  (cqw.MATMUL_TWO_WIDE, 2, (9,)), (cqw.MATMUL_TWO, 8, (16,)), (cqw.MATMUL_DEC3, 2, (1, 5)),
+                  (cqw.MATMUL_WIDE, 8, (1,)), (cqw.MATMUL_TWO_ONE, 1, (9, 16, 33)), (cqw.MATMUL_TWO_ONE, 2, (16,)))
     # bf16 (its own code extraction): the 64-row blocks, whose mma pair the weight registers of two
     # k16 steps and keep two sets of partial sums, unsplit and split
-    bf16_cases = ((_jit.MATMUL_FOUR_WIDE, 1, (16, 33)), (_jit.MATMUL_FOUR_WIDE, 2, (9,)), (_jit.MATMUL_FOUR, 1, (16,)))
+    bf16_cases = ((cqw.MATMUL_FOUR_WIDE, 1, (16, 33)), (cqw.MATMUL_FOUR_WIDE, 2, (9,)), (cqw.MATMUL_FOUR, 1, (16,)))
     for dtype, cases in ((np.float16, fp16_cases), (ml_dtypes.bfloat16, bf16_cases)):
         qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
         for cfg, splits, ms in cases:
