@@ -12,11 +12,11 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "quantize_fp8": "fp8_tensor",
-    "amax": "fp8_tensor",
-    "quantize_groupwise": "group_quant",
-    "silu_mul_quantize": "group_quant",
-    "empty_scales": "group_quant",
+    "quantize_fp8": "per_tensor",
+    "amax": "per_tensor",
+    "quantize_groupwise": "groupwise",
+    "silu_mul_quantize": "groupwise",
+    "empty_scales": "groupwise",
     "quantize_mx": "mx",
     "quantize_nvfp4": "mx",
     "block_scale_shape": "mx",
@@ -25,9 +25,9 @@ _EXPORTS = {
     "prepare_weight": "weight",
     "matmul": "weight",
     "QuantizedWeight": "weight",
-    "dequantize": "tensor",
-    "QuantizedTensor": "tensor",
-    "Scheme": "tensor",
+    "dequantize": "quantized",
+    "QuantizedTensor": "quantized",
+    "Scheme": "quantized",
     "KernelCompileError": "_jit",
     "CudaHeadersNotFound": "_jit",
 }
@@ -49,7 +49,7 @@ def _all_families() -> dict:
     families with the loader (``cupyquant._jit.register``)."""
     from . import _jit
 
-    for module in sorted(set(_EXPORTS.values()) - {"_jit", "tensor"}):
+    for module in sorted(set(_EXPORTS.values()) - {"_jit", "quantized"}):
         importlib.import_module(f"{__name__}.{module}")
     return _jit.families()
 

@@ -69,7 +69,7 @@ def _normal_mask(q, host, target):
 def entries(xh):
     """Every scheme of the report for host data ``xh``. A new family adds its rows here."""
     import cupyquant as cq
-    from cupyquant import group_quant
+    from cupyquant import groupwise
     from cupyquant import reference as ref
 
     def pair(t):
@@ -100,7 +100,7 @@ def entries(xh):
     rows.append(Entry(
         "SiLU*Mul + FP8 E4M3 group-128",
         lambda x: cq.silu_mul_quantize(x, group_size=128),
-        lambda h, x, q: pair(ref.quantize_silu_intermediate(group_quant._silu_mul_intermediate(x)[0].get(), group_size=128)),
+        lambda h, x, q: pair(ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), group_size=128)),
         target=lambda x64: ref.silu_mul(x64.astype(np.float32)).astype(np.float64),
     ))
 

@@ -33,9 +33,9 @@ import cupy
 import numpy as np
 
 from . import _dtypes, _jit, _validate
-from .fp8_tensor import _launch_amax
-from .group_quant import _grid2d, _rows_view
-from .tensor import QuantizedTensor, Scheme
+from .per_tensor import _launch_amax
+from .groupwise import _grid2d, _rows_view
+from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
 _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
@@ -358,3 +358,6 @@ def _conversion_check(dtype, base: int, n: int, hardware: bool, patterns=None) -
         k = _jit.kernel(device, _FAMILY, "cvt_check", _dtypes.element_format(dtype).ctag, bool(hardware))
     k((-(-n // 256),), (256,), (patterns if patterns is not None else np.uint64(0), np.uint32(base), np.int64(n), codes))
     return codes
+
+
+register_dequantizer(_FAMILY, _dequantize)

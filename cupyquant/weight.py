@@ -40,6 +40,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _checks, _device, _dtypes, _jit, _launch, _layouts, _validate
+from .quantized import register_container
 
 _BOOLS = (False, True)
 # Weight schemes of kernels/weight.cu (W_INT4, W_UINT4, W_FP8); the matmul takes fp16/bf16 only.
@@ -1302,3 +1303,6 @@ def _launch_wgmma(device, t, a2, w, y2, M, N, K, zeros, pdl, early=False):
 
     _launch_tiled(device, k, _WG_THREADS[bma], _wg_smem(bma), bma, _WG_BN, _WG_BK * halves, split, a2, w, y2, M, N, K, zeros,
                   pdl, cluster=_WG_CLUSTER, cluster_cap=cap, wg=True, early=early)
+
+
+register_container(QuantizedWeight, dequantize_weight)

@@ -263,7 +263,7 @@ __device__ __forceinline__ float nvfp4_encode_scale(float amax) {
 }
 
 // Where the NVFP4 global scale comes from (cupyquant.mx mirrors these numbers).
-#define GS_FROM_AMAX 0    // gs_ptr holds the global amax (written by fp8_tensor's amax kernel)
+#define GS_FROM_AMAX 0    // gs_ptr holds the global amax (written by per_tensor's amax kernel)
 #define GS_FROM_DEVICE 1  // gs_ptr holds S_enc
 #define GS_FROM_ARG 2     // S_enc is the argument gs_arg
 

@@ -47,8 +47,8 @@ import cupyquant  # noqa: E402
 # GPU mode: per family, (untimed setup, timed op); the op's first call compiles (or loads) the whole
 # family. x is a (1024, 1024) bfloat16 array of ones. A family missing here is reported as skipped.
 GPU_OPS = {
-    "fp8_tensor": ("", "cq.quantize_fp8(x)"),
-    "group_quant": ("", "cq.quantize_groupwise(x, 'float8_e4m3fn', group_size=128)"),
+    "per_tensor": ("", "cq.quantize_fp8(x)"),
+    "groupwise": ("", "cq.quantize_groupwise(x, 'float8_e4m3fn', group_size=128)"),
     "mx": ("", "cq.quantize_mx(x, 'float8_e4m3fn')"),
     "weight": ("", "cq.quantize_weight(x, 'int4', group_size=128)"),
     # matmul picks its kernel by M; M = 1024 is meant to reach the large-M (prefill) family

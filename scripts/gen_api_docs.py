@@ -25,9 +25,9 @@ API_MD = ROOT / "docs" / "api.md"
 
 #: Module order on the page, and what each section is called.
 MODULES = [
-    ("tensor", "Quantized tensors and dequantization"),
-    ("fp8_tensor", "Per-tensor FP8"),
-    ("group_quant", "Per-token and per-group FP8/INT8, fused SiLU*Mul"),
+    ("quantized", "Quantized tensors and dequantization"),
+    ("per_tensor", "Per-tensor FP8"),
+    ("groupwise", "Per-token and per-group FP8/INT8, fused SiLU*Mul"),
     ("mx", "Microscaling: MXFP8, MXFP4, NVFP4"),
     ("weight", "Weight-only INT4/FP8 and the matmul"),
     ("_jit", "Errors"),

@@ -42,7 +42,7 @@ def main():
     # what one launch costs with the fp8_quantize argument list, by argument kind
     from cupyquant import _jit
 
-    k = _jit.kernel(cupy.cuda.runtime.getDevice(), "fp8_tensor", "fp8_quantize", "__nv_bfloat16", "cq::E4M3", 2, True)
+    k = _jit.kernel(cupy.cuda.runtime.getDevice(), "per_tensor", "fp8_quantize", "__nv_bfloat16", "cq::E4M3", 2, True)
     out = cupy.empty(a.elements, np.uint8)
     sc = cupy.empty(1, np.float32)
     n64, f32 = np.int64(a.elements), np.float32(0.5)

@@ -6,7 +6,7 @@ point CUPYQUANT_KERNEL_DIR at it, run the tests that should notice, and report k
     CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py mx.cu      # those of one kernel file
 
 Exit status 1 if any mutant survives. Each mutant is (name, file, old text, new text, pytest args[,
-test file]); the test file defaults to tests/test_fp8_tensor.py.
+test file]); the test file defaults to tests/test_per_tensor.py.
 """
 
 from __future__ import annotations
@@ -21,34 +21,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 MUTANTS = [
-    ("quantize tail loses its last element", "fp8_tensor.cu", "for (i64 j = nvec * 16; j < n; ++j)\n                q[j]",
+    ("quantize tail loses its last element", "per_tensor.cu", "for (i64 j = nvec * 16; j < n; ++j)\n                q[j]",
      "for (i64 j = nvec * 16; j < n - 1; ++j)\n                q[j]", ["-k", "test_quantize_matches_reference and 2049"]),
-    ("dequantize skips the last unit", "fp8_tensor.cu", "if (unit < nunits) {\n                dequant_unit",
+    ("dequantize skips the last unit", "per_tensor.cu", "if (unit < nunits) {\n                dequant_unit",
      "if (unit + 1 < nunits) {\n                dequant_unit", ["-k", "dequantize_matches"]),
-    ("quantize vector product by ftz multiply", "fp8_tensor.cu", "to_fp8x2<F>(mul_rn(f[4 * i], scale), mul_rn(f[4 * i + 1], scale))",
+    ("quantize vector product by ftz multiply", "per_tensor.cu", "to_fp8x2<F>(mul_rn(f[4 * i], scale), mul_rn(f[4 * i + 1], scale))",
      "to_fp8x2<F>(f[4 * i] * scale, f[4 * i + 1] * scale)", ["-k", "special_values and subnormal_only"]),
-    ("scale_inv by ftz division", "fp8_tensor.cu", "scale_inv = div_rn(1.0f, scale);", "scale_inv = 1.0f / scale;",
+    ("scale_inv by ftz division", "per_tensor.cu", "scale_inv = div_rn(1.0f, scale);", "scale_inv = 1.0f / scale;",
      ["-k", "tiny_amax"]),
-    ("quantize product by ftz multiply", "fp8_tensor.cu", "mul_rn(to_float(x[j]), scale)", "(to_float(x[j]) * scale)",
+    ("quantize product by ftz multiply", "per_tensor.cu", "mul_rn(to_float(x[j]), scale)", "(to_float(x[j]) * scale)",
      ["-k", "special_values and subnormal_only"]),
     ("no saturation", "common.cuh", "make_float2(lo, hi), __NV_SATFINITE", "make_float2(lo, hi), __NV_NOSAT",
      ["-k", "special_values"]),
-    ("amax ignores the last unrolled load", "fp8_tensor.cu", "for (int u = 0; u < AMAX_UNROLL; ++u) m = max(m, absmax16<T>(v[u]));",
+    ("amax ignores the last unrolled load", "per_tensor.cu", "for (int u = 0; u < AMAX_UNROLL; ++u) m = max(m, absmax16<T>(v[u]));",
      "for (int u = 0; u < AMAX_UNROLL - 1; ++u) m = max(m, absmax16<T>(v[u]));", ["-k", "amax_max_element_anywhere"]),
-    ("per-token int8 zero test by ftz compare", "group_quant.cu", "return __float_as_uint(amax) == 0u ? 0.0f",
-     "return amax == 0.0f ? 0.0f", ["-k", "special_values and None and int8"], "tests/test_group_quant.py"),
+    ("per-token int8 zero test by ftz compare", "groupwise.cu", "return __float_as_uint(amax) == 0u ? 0.0f",
+     "return amax == 0.0f ? 0.0f", ["-k", "special_values and None and int8"], "tests/test_groupwise.py"),
     ("group quotient without the remainder correction", "common.cuh", "fma.rn.f32 %0, ne, %2, %3; }\" : \"=f\"(q) : \"f\"(e), \"f\"(r), \"f\"(q0));\n    return q;",
-     "fma.rn.f32 %0, ne, %2, %3; }\" : \"=f\"(q) : \"f\"(e), \"f\"(r), \"f\"(q0));\n    return q0;", ["-k", "every_combination"], "tests/test_group_quant.py"),
-    ("group quotient by multiplying with the reciprocal", "group_quant.cu", "for (int i = 0; i < 8; ++i) v[i] = div_by(f[i], s, r);",
-     "for (int i = 0; i < 8; ++i) v[i] = mul_rn(f[i], r);", ["-k", "every_combination"], "tests/test_group_quant.py"),
-    ("int8 truncates like vLLM's group kernel", "group_quant.cu", "cvt.rni.sat.s8.f32", "cvt.rzi.sat.s8.f32",
-     ["-k", "every_combination and int8"], "tests/test_group_quant.py"),
-    ("col padding rows left unwritten", "group_quant.cu", "if (a.col && m == a.M - 1)\n            for (i64 p = a.M; p < a.M_pad; ++p) a.words",
-     "if (false)\n            for (i64 p = a.M; p < a.M_pad; ++p) a.words", ["-k", "col_layout_strides"], "tests/test_group_quant.py"),
-    ("silu sigmoid by an approximate division", "group_quant.cu", "const float sigmoid = rcp_rn(add_rn(1.0f, e));",
-     "const float sigmoid = __fdividef(1.0f, 1.0f + e);", ["-k", "test_silu_mul_quantize"], "tests/test_group_quant.py"),
-    ("silu with the fast exp", "group_quant.cu", "return silu_mul_from_exp(gate, up, expf(-gate));",
-     "return silu_mul_from_exp(gate, up, __expf(-gate));", ["-k", "test_silu_mul_quantize"], "tests/test_group_quant.py"),
+     "fma.rn.f32 %0, ne, %2, %3; }\" : \"=f\"(q) : \"f\"(e), \"f\"(r), \"f\"(q0));\n    return q0;", ["-k", "every_combination"], "tests/test_groupwise.py"),
+    ("group quotient by multiplying with the reciprocal", "groupwise.cu", "for (int i = 0; i < 8; ++i) v[i] = div_by(f[i], s, r);",
+     "for (int i = 0; i < 8; ++i) v[i] = mul_rn(f[i], r);", ["-k", "every_combination"], "tests/test_groupwise.py"),
+    ("int8 truncates like vLLM's group kernel", "groupwise.cu", "cvt.rni.sat.s8.f32", "cvt.rzi.sat.s8.f32",
+     ["-k", "every_combination and int8"], "tests/test_groupwise.py"),
+    ("col padding rows left unwritten", "groupwise.cu", "if (a.col && m == a.M - 1)\n            for (i64 p = a.M; p < a.M_pad; ++p) a.words",
+     "if (false)\n            for (i64 p = a.M; p < a.M_pad; ++p) a.words", ["-k", "col_layout_strides"], "tests/test_groupwise.py"),
+    ("silu sigmoid by an approximate division", "groupwise.cu", "const float sigmoid = rcp_rn(add_rn(1.0f, e));",
+     "const float sigmoid = __fdividef(1.0f, 1.0f + e);", ["-k", "test_silu_mul_quantize"], "tests/test_groupwise.py"),
+    ("silu with the fast exp", "groupwise.cu", "return silu_mul_from_exp(gate, up, expf(-gate));",
+     "return silu_mul_from_exp(gate, up, __expf(-gate));", ["-k", "test_silu_mul_quantize"], "tests/test_groupwise.py"),
     ("E8M0 ceil never rounds up", "mx.cu", "return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e + (up ? 1u : 0u);",
      "return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e;", ["-k", "mx_every_combination and float32 and dense"], "tests/test_mx.py"),
     ("E = 254 multiplier by the bit formula (0)", "mx.cu", "E == 254u ? 0x00400000u : (254u - E) << 23", "(254u - E) << 23",
@@ -93,7 +93,7 @@ def main() -> int:
                 continue
             path.write_text(text.replace(old, new))
             env = dict(os.environ, CUPYQUANT_KERNEL_DIR=d, CUPY_CACHE_DIR=tempfile.mkdtemp())
-            cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(test_file or ["tests/test_fp8_tensor.py"]), *args]
+            cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(test_file or ["tests/test_per_tensor.py"]), *args]
             r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             last = (r.stdout.strip().splitlines() or ["?"])[-1]
             killed = r.returncode == 1

@@ -28,14 +28,14 @@ import ml_dtypes
 import numpy as np
 
 import cupyquant as cq
-from cupyquant import group_quant
+from cupyquant import groupwise
 from cupyquant import weight as cqw
 from cupyquant import reference as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
-FAMILIES = ("fp8_tensor", "group_quant", "mx", "weight")
+FAMILIES = ("per_tensor", "groupwise", "mx", "weight")
 # Selectable by --family but not in the default run: the wgmma kernel's edge cases alone (a subset of
 # "weight", to run one tool on that kernel only; racecheck still took over 7 minutes on it, session 36)
 EXTRA_FAMILIES = ("wgmma",)
@@ -218,7 +218,7 @@ def run_group(run: Run):
                 oshape = shape[:-1] + (shape[-1] // 2,)
                 q = run.op(cq.silu_mul_quantize(x, fmt, group_size=G, scale_layout=layout,
                                                 out=poison(oshape, np.int8 if fmt == "int8" else np.uint8)))
-                r = run.op(group_quant._silu_mul_intermediate(x))[0].get()
+                r = run.op(groupwise._silu_mul_intermediate(x))[0].get()
                 eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=G)
                 tag = f"silu {shape} G={G} {fmt} {layout} {dt.name}"
                 run.same(f"{tag} q", q.data, eq)
@@ -419,7 +419,7 @@ def run_wgmma(run: Run):
                      np.random.default_rng(seed_of("wgmma a", scheme, G, K)))
 
 
-RUNNERS = {"fp8_tensor": run_fp8, "group_quant": run_group, "mx": run_mx, "weight": run_weight, "wgmma": run_wgmma}
+RUNNERS = {"per_tensor": run_fp8, "groupwise": run_group, "mx": run_mx, "weight": run_weight, "wgmma": run_wgmma}
 
 # Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
 # from a sanitizer that is attached and sees our launches (scripts/sanitize.sh requires each control

@@ -22,15 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "as is": [],
     "group: x * (1/s) instead of x / s": [
-        ("group_quant.cu", "return to_q<F>(fmin_ieee(fmax_ieee(div_rn(x, s),", "return to_q<F>(fmin_ieee(fmax_ieee(mul_rn(x, s),"),
+        ("groupwise.cu", "return to_q<F>(fmin_ieee(fmax_ieee(div_rn(x, s),", "return to_q<F>(fmin_ieee(fmax_ieee(mul_rn(x, s),"),
     ],
     "token/silu: x * (1/s) instead of x / s": [
-        ("group_quant.cu", "return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(x, s), F::max_finite)));",
+        ("groupwise.cu", "return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(x, s), F::max_finite)));",
          "return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(mul_rn(x, s), F::max_finite)));"),
-        ("group_quant.cu", "return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(r, s), F::max_finite)));",
+        ("groupwise.cu", "return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(div_rn(r, s), F::max_finite)));",
          "return to_q<F>(fmax_ieee(-F::max_finite, fmin_ieee(mul_rn(r, s), F::max_finite)));"),
     ],
-    "no scale store": [("group_quant.cu", "if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);", "")],
+    "no scale store": [("groupwise.cu", "if ((u & (tpg - 1)) == 0) store_scale(sa, row, u / tpg, s);", "")],
 }
 
 CHILD = r"""

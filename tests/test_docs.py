@@ -74,7 +74,7 @@ def test_cpu_examples_print_what_the_docs_show():
 def test_gpu_examples_parse_and_have_an_output_block():
     ex = _script("docs_examples")
     examples = ex.collect({"GPU"})
-    scheme_pages = {"per_tensor_fp8.md", "group_quant.md", "silu_mul.md", "microscaling.md", "nvfp4.md", "weight_only.md"}
+    scheme_pages = {"per_tensor.md", "groupwise.md", "silu_mul.md", "microscaling.md", "nvfp4.md", "weight_only.md"}
     assert scheme_pages <= {e.path.name for e in examples}, "every scheme page has a GPU example"
     for e in examples:
         compile(e.code, e.where, "exec")

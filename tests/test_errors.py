@@ -30,7 +30,7 @@ import pytest
 from conftest import poisoned
 
 import cupyquant as cq
-from cupyquant.tensor import QuantizedTensor, Scheme
+from cupyquant.quantized import QuantizedTensor, Scheme
 from cupyquant.weight import QuantizedWeight
 
 cupy = pytest.importorskip("cupy")
@@ -101,7 +101,7 @@ def _host_qw():
 
 def _host_qt():
     """A QuantizedTensor whose arrays are NumPy."""
-    scheme = Scheme("float8_e4m3fn", "tensor", None, "float32", "scalar", "fp8_tensor")
+    scheme = Scheme("float8_e4m3fn", "tensor", None, "float32", "scalar", "per_tensor")
     return QuantizedTensor(np.zeros(8, U8), np.ones(1, F32), scheme, (8,), F32)
 
 

@@ -22,8 +22,8 @@ What a case covers
   layouts, power-of-two scales, packed UE8M0 scales, ``scale_ub`` (float or device), ``out=`` and
   ``scale_out=`` (from :func:`cupyquant.empty_scales`); the raw scale buffer's padding is checked.
 - ``silu``: :func:`cupyquant.silu_mul_quantize`. CUDA's ``expf`` is not correctly rounded, so as in
-  test_group_quant.py the quantized bytes are compared with the reference quantization of the
-  device's float32 intermediate (``group_quant._silu_mul_intermediate``), and that intermediate is
+  test_groupwise.py the quantized bytes are compared with the reference quantization of the
+  device's float32 intermediate (``groupwise._silu_mul_intermediate``), and that intermediate is
   compared bit for bit with :func:`cupyquant.reference.silu_mul_from_exp` of the device's ``expf``.
 - ``mx``: :func:`cupyquant.quantize_mx`: MXFP8 (both element types), MXFP4, ceil/floor rounding,
   dense/swizzled scales (padding included).
@@ -749,7 +749,7 @@ def _run_group(cupy, case, hs, f):
 
 
 def _run_silu(cupy, case, hs, f):
-    from cupyquant import group_quant
+    from cupyquant import groupwise
 
     p = case.params
     x = _device_input(cupy, hs, p)
@@ -764,7 +764,7 @@ def _run_silu(cupy, case, hs, f):
     )
     f.check(out is None or q.data is out, "q.data is not the out= buffer")
     f.check(scale_out is None or q.scale is scale_out, "q.scale is not the scale_out= buffer")
-    r, e = (a.get() for a in group_quant._silu_mul_intermediate(x))
+    r, e = (a.get() for a in groupwise._silu_mul_intermediate(x))
     # r from the device's expf is bit-exact with the host's IEEE steps after it (NaN payloads aside)
     xf = hs["x"].astype(np.float32)
     r_host = ref.silu_mul_from_exp(xf[..., :H], xf[..., H:], e)
@@ -1001,11 +1001,11 @@ def test_default_cases_cover_every_option():
 
 def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
     """What the GPU half will pass, run through the wrappers' own argument checks that need no
-    device (cupyquant._dtypes, _validate, group_quant, mx import CuPy but touch no GPU; skipped where
+    device (cupyquant._dtypes, _validate, groupwise, mx import CuPy but touch no GPU; skipped where
     CuPy is missing): formats and dtypes in each spelling, derived scalars, views, group sizes and
     the scale shapes the library allocates."""
     try:
-        from cupyquant import _dtypes, _validate, group_quant, mx
+        from cupyquant import _dtypes, _validate, groupwise, mx
     except ImportError:
         pytest.skip("CuPy is not importable: the wrappers' argument checks cannot be loaded")
     p = case.params
@@ -1019,16 +1019,16 @@ def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
     if kind in ("fp8", "weight") or (kind == "nvfp4" and p["global_scale"] == "dynamic"):
         assert x.flags.c_contiguous, (p["view"], x.strides)
     elif kind != "matmul":
-        group_quant._rows_view(x, "x")  # raises ValueError where the op would
+        groupwise._rows_view(x, "x")  # raises ValueError where the op would
     if kind in ("fp8", "group", "silu", "mx"):
         allowed = {"fp8": _dtypes.FP8_NAMES, "mx": _dtypes.MX_NAMES}.get(kind, Q8)
         assert _dtypes.element_format(_arg(p["fmt"], p["dtype_as"]), "dtype", allowed=allowed).name == p["fmt"]
     if kind in ("group", "silu"):
         K = x.shape[-1] if kind == "group" else x.shape[-1] // 2
-        group_quant._group_count(K, p["group_size"])
+        groupwise._group_count(K, p["group_size"])
         if kind == "group":
             sdt = _arg(p["scale_dtype"], p["scale_dtype_as"])
-            assert group_quant._scale_kind(p["layout"], sdt) == (p["scale_dtype"] == "float8_e8m0fnu")
+            assert groupwise._scale_kind(p["layout"], sdt) == (p["scale_dtype"] == "float8_e8m0fnu")
     if kind in ("mx", "nvfp4"):
         block = 32 if kind == "mx" else 16
         assert mx.block_scale_shape(x.shape, block, p["layout"]) == E["scale"].shape

@@ -48,24 +48,24 @@ def test_local_includes_are_inlined(family):
 
 def test_kernel_dir_override_and_compile_error(tmp_path, monkeypatch):
     shutil.copy(_jit.kernel_dir() / "common.cuh", tmp_path / "common.cuh")
-    (tmp_path / "fp8_tensor.cu").write_text('#include "common.cuh"\n__global__ void broken() { undefined_symbol(); }\n')
+    (tmp_path / "per_tensor.cu").write_text('#include "common.cuh"\n__global__ void broken() { undefined_symbol(); }\n')
     monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
     assert _jit.kernel_dir() == tmp_path
     with pytest.raises(_jit.KernelCompileError) as info:
-        _jit.compile_for_arch("fp8_tensor", "90", ["broken"])
+        _jit.compile_for_arch("per_tensor", "90", ["broken"])
     err = info.value
-    assert err.family == "fp8_tensor"
+    assert err.family == "per_tensor"
     assert "-arch=sm_90" in err.options
     assert "undefined_symbol" in err.log
-    assert "fp8_tensor" in str(err) and "undefined_symbol" in str(err)
+    assert "per_tensor" in str(err) and "undefined_symbol" in str(err)
 
 
 def test_missing_local_include_is_named(tmp_path, monkeypatch):
     (tmp_path / "common.cuh").write_text("// empty\n")
-    (tmp_path / "fp8_tensor.cu").write_text('#include "nothere.cuh"\n')
+    (tmp_path / "per_tensor.cu").write_text('#include "nothere.cuh"\n')
     monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match="nothere.cuh"):
-        _jit.source("fp8_tensor")
+        _jit.source("per_tensor")
 
 
 def test_unknown_family():
@@ -104,7 +104,7 @@ def test_expr_formats_template_arguments():
 
 def test_unregistered_expression_is_refused_before_compiling():
     with pytest.raises(KeyError, match="not registered"):
-        _jit.kernel(0, "fp8_tensor", "fp8_quantize", "double", "cq::E4M3", 0, True)
+        _jit.kernel(0, "per_tensor", "fp8_quantize", "double", "cq::E4M3", 0, True)
 
 
 @pytest.mark.parametrize("arch", ["100a", "120a"])
@@ -130,7 +130,7 @@ def test_specific_target_is_asked_only_where_it_exists():
     assert _jit.specific_target("mx", "100") == "-arch=sm_100a"
     assert _jit.specific_target("mx", "120") == "-arch=sm_120a"
     assert _jit.specific_target("mx", "90") is None
-    assert _jit.specific_target("fp8_tensor", "100") is None
+    assert _jit.specific_target("per_tensor", "100") is None
 
 
 def test_hopper_matmul_uses_wgmma_only_on_sm90a():

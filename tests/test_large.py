@@ -27,7 +27,7 @@ import pytest
 from conftest import assert_bits_equal
 
 import cupyquant as cq
-from cupyquant import group_quant
+from cupyquant import groupwise
 from cupyquant import reference as ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.large]
@@ -151,7 +151,7 @@ def _fp8_case(offset: int, fmt: str):
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset1"])
-def test_fp8_tensor(offset):
+def test_per_tensor(offset):
     _need(5 * (BIG + BIG // 4096))
     _check(*_fp8_case(offset, "float8_e4m3fn"))
 
@@ -211,8 +211,8 @@ def _silu_case(H, fmt, group_size):
     got = {"q": _rows(q.data, rows), "scales": _rows(q.scale, rows)}
     del x, q, bits
     # the fused intermediate of the sampled rows, from the same device function (CUDA's expf is
-    # not correctly rounded; tests/test_group_quant.py checks that function against NumPy)
-    r = group_quant._silu_mul_intermediate(cupy.asarray(xs))[0].get()
+    # not correctly rounded; tests/test_groupwise.py checks that function against NumPy)
+    r = groupwise._silu_mul_intermediate(cupy.asarray(xs))[0].get()
     eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=group_size)
     return got, {"q": eq, "scales": es}
 
@@ -228,7 +228,7 @@ GROUP_CASES = {
 
 
 @pytest.mark.parametrize("case", list(GROUP_CASES))
-def test_group_quant(case):
+def test_groupwise(case):
     _need(5 * BIG + (1 << 30))
     _check(*GROUP_CASES[case]())
 

@@ -97,7 +97,7 @@ def test_kernel_params_point_at_each_value():
 # kernel file and struct it must match field for field (name, type, order).
 _C_TYPES = {"i64": np.int64, "int": np.int32, "float": np.float32, "unsigned long long": np.uint64}
 ARG_STRUCTS = [
-    ("group_quant", "_SCALE_ARGS", "group_quant.cu", "ScaleArgs"),
+    ("groupwise", "_SCALE_ARGS", "groupwise.cu", "ScaleArgs"),
     ("mx", "_QUANT_ARGS", "mx.cu", "QuantArgs"),
     ("mx", "_DEQUANT_ARGS", "mx.cu", "DequantArgs"),
     ("weight", "_WQ_ARGS", "weight.cu", "WQuantArgs"),

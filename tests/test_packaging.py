@@ -45,7 +45,7 @@ def test_installed_copy_finds_its_kernels(wheel, tmp_path):
     env["PYTHONPATH"] = str(target)
     code = (
         "import cupyquant, cupyquant._jit as j; d = j.kernel_dir(); print(d); "
-        "assert str(d).startswith(%r), d; assert 'namespace cq' in j.source('fp8_tensor')" % str(target)
+        "assert str(d).startswith(%r), d; assert 'namespace cq' in j.source('per_tensor')" % str(target)
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert str(target) in out.stdout

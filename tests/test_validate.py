@@ -74,7 +74,7 @@ def test_public_api_and_unknown_attribute():
 
 
 def test_magic_division_for_col_scale_rows():
-    from cupyquant.group_quant import _magic
+    from cupyquant.groupwise import _magic
 
     rng = np.random.default_rng(3)
     divisors = list(range(1, 70)) + [127, 128, 129, 4095, 4096, 4097, 65537, (1 << 31) - 1] + list(rng.integers(1, 1 << 31, 40))

@@ -1,4 +1,4 @@
-// group_quant.cu: per-token and per-group FP8/INT8 quantization (vLLM's activation path), the fused
+// groupwise.cu: per-token and per-group FP8/INT8 quantization (vLLM's activation path), the fused
 // SiLU(gate) * up + group quantization, and their dequantizer.
 //
 // What it computes (reference: cupyquant.reference.quantize_groupwise / silu_mul_quantize /
@@ -65,7 +65,7 @@ __device__ __forceinline__ float e8m0_to_float(unsigned e) {
 }
 
 // Runtime parameters shared by the quantizers: where scales go and how they are made. Passed by value
-// from a NumPy structured scalar with the same fields (cupyquant.group_quant._SCALE_ARGS, align=True).
+// from a NumPy structured scalar with the same fields (cupyquant.groupwise._SCALE_ARGS, align=True).
 struct ScaleArgs {
     unsigned* words;     // scale buffer (float32 bits or packed UE8M0)
     i64 M;               // tokens per batch

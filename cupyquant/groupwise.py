@@ -1,7 +1,7 @@
 """Per-token and per-group FP8/INT8 quantization (vLLM's activation path), the fused SiLU*Mul +
 group quantization, and their dequantization.
 
-Kernels: ``kernels/group_quant.cu``. Reference: :func:`cupyquant.reference.quantize_groupwise`,
+Kernels: ``kernels/groupwise.cu``. Reference: :func:`cupyquant.reference.quantize_groupwise`,
 :func:`cupyquant.reference.silu_mul_quantize`, :func:`cupyquant.reference.dequantize_groupwise`.
 
 Scale layouts (``scale_layout``), for ``x`` of shape ``(*B, M, K)`` with ``NG = K // group_size``
@@ -30,12 +30,12 @@ import cupy
 import numpy as np
 
 from . import _dtypes, _jit, _validate
-from .tensor import QuantizedTensor, Scheme
+from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 _FAMILY = _jit.register(
-    "group_quant",
+    "groupwise",
     _jit.product("group_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("token_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
@@ -46,7 +46,7 @@ _FORMATS = _dtypes.FP8_NAMES + ("int8",)
 _GROUP_SIZES = (32, 64, 128, 256)
 _LAYOUTS = ("row", "col")
 _BLOCK = 256  # threads per block of the per-group kernels (their launch bounds)
-_TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in group_quant.cu
+_TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in groupwise.cu
 
 # The kernels' ScaleArgs struct, field for field (C alignment).
 _SCALE_ARGS = np.dtype(
@@ -448,3 +448,6 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
                 grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
             k(grid, block, (q.data, y, np.int64(rows), np.int32(K), np.int32(g_shift), sa))
     return y
+
+
+register_dequantizer(_FAMILY, _dequantize)

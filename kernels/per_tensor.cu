@@ -1,4 +1,4 @@
-// fp8_tensor.cu: per-tensor FP8 (E4M3, E5M2) quantization and dequantization.
+// per_tensor.cu: per-tensor FP8 (E4M3, E5M2) quantization and dequantization.
 //
 // What it computes (TransformerEngine's "current scaling"; reference: cupyquant.reference
 // .amax / .compute_scale / .quantize_fp8 / .dequantize_fp8, which these kernels match bit for bit):

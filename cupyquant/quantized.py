@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,8 +157,9 @@ def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
     Each family's formula is in its module: per tensor, ``y = round(float(q) * scale)`` with the
     product in IEEE float32, rounded to nearest even into ``dtype``.
     """
-    if type(q).__name__ == "QuantizedWeight":
-        return importlib.import_module(f"{__package__}.weight").dequantize_weight(q, dtype, out=out)
+    by_type = _TYPE_DEQUANTIZERS.get(type(q))
+    if by_type is not None:
+        return by_type(q, dtype, out=out)
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q must be a cupyquant.QuantizedTensor or QuantizedWeight, got {type(q).__name__}")
     from . import _validate  # imports CuPy, which this module must not at import
@@ -169,5 +169,29 @@ def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
     if q.global_scale is not None:
         _validate.cupy_array(q.global_scale, "q.global_scale")
     out_type = _dtypes.input_type(q.dtype if dtype is None else dtype, "dtype")
-    module = importlib.import_module(f"{__package__}.{q.scheme.family}")
-    return module._dequantize(q, out_type, out)
+    fn = _DEQUANTIZERS.get(q.scheme.family)
+    if fn is None:
+        from . import _all_families
+
+        _all_families()  # imports every op module; each registers its dequantizer
+        fn = _DEQUANTIZERS.get(q.scheme.family)
+        if fn is None:
+            raise ValueError(f"q.scheme.family={q.scheme.family!r} names no kernel family")
+    return fn(q, out_type, out)
+
+
+#: kernel family -> its dequantizer ``fn(q, out_type, out)``, filled by the op modules at import.
+_DEQUANTIZERS: dict = {}
+#: container type -> ``fn(q, dtype, out=out)``, for containers other than QuantizedTensor.
+_TYPE_DEQUANTIZERS: dict = {}
+
+
+def register_dequantizer(family: str, fn) -> None:
+    """Declare the function that dequantizes the QuantizedTensors of a kernel family (``q``, the
+    output :class:`~cupyquant._dtypes.InputType`, ``out``): called by each op module at import."""
+    _DEQUANTIZERS[family] = fn
+
+
+def register_container(cls, fn) -> None:
+    """Declare how :func:`dequantize` takes a container of another type (``fn(q, dtype, out=out)``)."""
+    _TYPE_DEQUANTIZERS[cls] = fn

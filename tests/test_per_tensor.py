@@ -166,10 +166,10 @@ def test_amax_alone(in_dtype):
 
 
 def _amax_stride_vectors():
-    from cupyquant import fp8_tensor
+    from cupyquant import per_tensor
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return sms * fp8_tensor._AMAX_BLOCKS_PER_SM * fp8_tensor._AMAX_BLOCK
+    return sms * per_tensor._AMAX_BLOCKS_PER_SM * per_tensor._AMAX_BLOCK
 
 
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)

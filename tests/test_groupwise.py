@@ -12,7 +12,7 @@ import pytest
 from conftest import assert_bits_equal, heavy_tailed, poisoned
 
 import cupyquant as cq
-from cupyquant import group_quant
+from cupyquant import groupwise
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -291,7 +291,7 @@ def test_silu_mul_quantize(in_dtype, fmt, group_size, layout):
     x = cupy.asarray(xh)
     out = poisoned((11, 1024), np.int8 if fmt == "int8" else np.uint8)
     q = cq.silu_mul_quantize(x, fmt, group_size=group_size, scale_layout=layout, out=out)
-    r, e = (a.get() for a in group_quant._silu_mul_intermediate(x))
+    r, e = (a.get() for a in groupwise._silu_mul_intermediate(x))
     check_intermediate(xh, r, e)
     # (c) the fused bytes and scales are exactly the reference quantization of that intermediate
     eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=group_size)
@@ -310,7 +310,7 @@ def test_silu_mul_scale_ub_and_specials(fmt):
     xh[4, H + 7] = np.nan
     xh[5, :H] = 1e-42  # subnormal gates
     x = cupy.asarray(xh)
-    r, e = (a.get() for a in group_quant._silu_mul_intermediate(x))
+    r, e = (a.get() for a in groupwise._silu_mul_intermediate(x))
     check_intermediate(xh, r, e)
     for ub in (None, 1e-3, cupy.asarray([1e-3], np.float32), 1e30):
         q = cq.silu_mul_quantize(x, fmt, group_size=64, scale_ub=ub, scale_layout="col")
@@ -323,7 +323,7 @@ def test_silu_mul_3d_and_odd_rows():
     xh = heavy_tailed((3, 7, 2 * 384), 21, ml_dtypes.bfloat16)
     x = cupy.asarray(xh)
     q = cq.silu_mul_quantize(x, "float8_e4m3fn", group_size=128, scale_layout="col")
-    r = group_quant._silu_mul_intermediate(x)[0].get()
+    r = groupwise._silu_mul_intermediate(x)[0].get()
     eq, es = ref.quantize_silu_intermediate(r, "float8_e4m3fn", group_size=128)
     check(q, eq, es, "col")
     assert q.scale.shape == (3, 7, 3)
@@ -385,7 +385,7 @@ def test_graph_capture_and_no_sync():
     stream.synchronize()
     eq, es = ref.quantize_groupwise(xh2, group_size=128)
     check(q, eq, es, "col")
-    r = group_quant._silu_mul_intermediate(x)[0].get()
+    r = groupwise._silu_mul_intermediate(x)[0].get()
     eq, es = ref.quantize_silu_intermediate(r, group_size=128)
     check(qs, eq, es, "row")
 

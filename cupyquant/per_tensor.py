@@ -1,6 +1,6 @@
 """Per-tensor FP8 quantization (TransformerEngine current scaling), static scales, dequantization.
 
-Kernels: ``kernels/fp8_tensor.cu``. Reference: :func:`cupyquant.reference.quantize_fp8`.
+Kernels: ``kernels/per_tensor.cu``. Reference: :func:`cupyquant.reference.quantize_fp8`.
 """
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import cupy
 import numpy as np
 
 from . import _device, _dtypes, _jit, _validate
-from .tensor import QuantizedTensor, Scheme
+from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
-# Scale modes of fp8_quantize, mirrored in kernels/fp8_tensor.cu: amax reduced on the device, a
+# Scale modes of fp8_quantize, mirrored in kernels/per_tensor.cu: amax reduced on the device, a
 # static scale in a device array, or a static scale passed as an argument.
 SCALE_FROM_AMAX, SCALE_FROM_DEVICE, SCALE_FROM_ARG = 0, 1, 2
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
 _BOOLS = (False, True)
 _FAMILY = _jit.register(
-    "fp8_tensor",
+    "per_tensor",
     _jit.product("fp8_amax", _dtypes.INPUT_CTYPES, _BOOLS)
     + _jit.product(
         "fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, (SCALE_FROM_AMAX, SCALE_FROM_DEVICE, SCALE_FROM_ARG), _BOOLS
@@ -26,7 +26,7 @@ _FAMILY = _jit.register(
 )
 _FP8 = _dtypes.FP8_NAMES
 _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
-_AMAX_BLOCK = 512  # must equal AMAX_BLOCK in fp8_tensor.cu
+_AMAX_BLOCK = 512  # must equal AMAX_BLOCK in per_tensor.cu
 _AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
 _SCALAR_BLOCKS_PER_SM = 8
 _SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8}
@@ -181,3 +181,6 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
         # two units of 16 // itemsize elements per thread (see fp8_dequantize)
         k((_flat_grid(n, vec, device, 2 * (16 // y.itemsize)),), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
     return y
+
+
+register_dequantizer(_FAMILY, _dequantize)
