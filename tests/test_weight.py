@@ -14,6 +14,7 @@ from conftest import assert_bits_equal, poisoned
 
 import cupyquant as cq
 from cupyquant import reference as ref
+from cupyquant import _device
 from cupyquant import weight as cqw
 
 pytestmark = pytest.mark.gpu
@@ -592,7 +593,7 @@ def test_matmul_pdl_argument(monkeypatch):
     with pytest.raises(TypeError, match="^pdl must be None, True or False"):
         cq.matmul(a, qw, pdl="yes")
     # a GPU below compute capability 9.0 has no PDL: None turns it off there and True is an error
-    monkeypatch.setattr(cqw, "_arch", lambda device: "80")
+    monkeypatch.setattr(_device, "arch", lambda device: "80")
     with pytest.raises(ValueError, match="^pdl=True needs a GPU of compute capability 9.0"):
         cq.matmul(a, qw, pdl=True)
     monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: pytest.fail("PDL launch below compute capability 9.0"))
