@@ -177,10 +177,9 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
 // pieces, adds the splits' partials in split order 0, 1, ... (so the sum does not depend on which
 // block finishes first), rounds once to T and writes y. visit(f) calls f(m, n, v) for each output
 // (m, n) of this thread's accumulators (v its value), m and n relative to the tile.
-// The read-back is coalesced and branch-free, each round's loads in flight together. (Until session
-// 12 the last block read the row-major partials back into its accumulators one output at a time,
-// each load under its own bounds branch: Nsight Compute showed the reduction of 64-row tiles taking
-// about as long as their main loop.)
+// The read-back is coalesced and branch-free, each round's loads in flight together (a read-back
+// one output at a time, each load under its own bounds branch, takes as long as the main loop of a
+// 64-row tile).
 // Returns in every block; the caller returns after it. s_last: an int in the block's shared memory.
 namespace cq {
 // Four float32 sums of row m, columns n .. n + 3 of y (M x N, row-major) rounded once to T and
@@ -216,9 +215,9 @@ __device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __re
     if (threadIdx.x == 0) {
         // acquire-release at GPU scope, by one thread: the release is cumulative, so it publishes
         // every partial the barrier above ordered before it, and the acquire orders the last
-        // split's reads below (after the next barrier) after the other splits' stores. (Until
-        // session 20 every thread fenced itself, __threadfence before the barrier and after it in
-        // the last split: 4% of the stall samples of 4096 x 14336 M = 64 64/4 sat on the ERRBAR.)
+        // split's reads below (after the next barrier) after the other splits' stores (a
+        // __threadfence in every thread instead puts 4% of the stall samples of 4096 x 14336
+        // M = 64 64/4 on the ERRBAR).
         int old;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
         s_last = old == splits - 1;

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 #pragma unroll 1
     for (int i = 0; i < niter; ++i) {
         cp_async_wait<STAGES - 2>();
-        __syncthreads();  // stage i has landed for every thread, and slot (i - 1) % STAGES is free
+        __syncthreads();  // stage i has arrived for every thread, and slot (i - 1) % STAGES is free
         if (i + STAGES - 1 < niter) load_stage((i + STAGES - 1) % STAGES, it0 + i + STAGES - 1);
         cp_async_commit();
         const SZ nxt = load_sz(it0 + min(i + 1, niter - 1));

@@ -12,11 +12,11 @@ from cupyquant.weight import configs as C, dispatch, plan
 
 
 def test_decode_config_fills_waves():
-    """The decode kernel's configuration (weight.py _decode_config): the least of a model in which
+    """The decode kernel's configuration (plan.decode_config): the least of a model in which
     blocks run in waves, each as long as a warp's chunks plus one, at one round per chunk up to
     20 KB in flight per SM and longer beyond. On the H100's 132 SMs these are the configurations
-    that session 16 measured fastest (but 4096 x 4096 and 3072 x 4096 at M <= 8, 3.5% and 4.8%
-    slower than the best)."""
+    measured fastest (but 4096 x 4096 and 3072 x 4096 at M <= 8, 3.5% and 4.8% slower than the
+    best)."""
     D3, D4, WI, NA, TW, TN, TX = (C.R16_W8_B3, C.R16_W8_B4, C.R16_W16_B2, C.R16_W4_B8,
                                   C.R32_W8_B2, C.R32_W4_B4, C.R32_W16_B1)
     expect = {  # (N, K): (M <= 8, M tiles of 16 rows)
@@ -54,9 +54,9 @@ def test_decode_config_fills_waves():
 
 
 def test_decode_config_four_where_its_blocks_outnumber_the_sms():
-    """MM_FOUR (64 weight rows a block, offered for INT4 at M > 8): taken exactly when its blocks
-    (N / 64 times the M tiles) outnumber the SMs, as session 17 measured it fastest on the H100
-    (weight.py _decode_config); otherwise MM_FOUR_WIDE (test below) or the wave model's pick, and
+    """R64_W4_B2 (64 weight rows a block, offered for INT4 at M > 8): taken exactly when its blocks
+    (N / 64 times the M tiles) outnumber the SMs, where it is the fastest on the H100
+    (plan.DecodeCosts); otherwise R64_W8_B1 (test below) or the wave model's pick, and
     never at M <= 8 or where the caller offers none (FP8: four_blocks = 0)."""
     from cupyquant import _jit
     FO, FW, TW, TN, TX = C.R64_W4_B2, C.R64_W8_B1, C.R32_W8_B2, C.R32_W4_B4, C.R32_W16_B1
@@ -69,7 +69,7 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     for (N, K, mt), want in expect.items():
         blocks, four = -(-N // 32) * mt, -(-N // 64) * mt
         assert plan.decode_config(blocks, 132, K // 128, True, four) == want, (N, K, mt)
-        if want == FO:  # the same grid without MM_FOUR on offer gets the model's pick
+        if want == FO:  # the same grid without R64_W4_B2 on offer gets the model's pick
             assert plan.decode_config(blocks, 132, K // 128, True) != FO
     assert plan.decode_config(264, 132, 64, True, 132) != FO  # 132 blocks: not more than the SMs
     assert plan.decode_config(264, 132, 64, True, 133) == FO
@@ -77,8 +77,8 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
 
 
 def test_decode_config_two_one_for_short_k():
-    """MM_TWO_ONE (8 warps of 32 weight rows, one block per SM, two sets of partial sums; session
-    23 on the H100, weight.py _decode_config) replaces MM_TWO_WIDE where the caller says the sums
+    """R32_W8_B1_EVEN_ODD (8 warps of 32 weight rows, one block per SM, two sets of partial sums;
+    plan.DecodeCosts) replaces R32_W16_B1 where the caller says the sums
     are taken per chunk (chains_ok: INT4 with whole-chunk groups) and K has at most 32 chunks;
     never at M <= 8, never in place of another configuration, never without chains_ok."""
     from cupyquant import _jit
@@ -99,12 +99,12 @@ def test_decode_config_two_one_for_short_k():
 
 
 def test_decode_config_four_wide_and_its_k_split():
-    """MM_FOUR_WIDE (8 warps of 64 weight rows, one block per SM; INT4 at M > 8; session 18 on the
-    H100, weight.py _decode_config): taken unsplit when the blocks of 64 rows fill more than half
+    """R64_W8_B1 (8 warps of 64 weight rows, one block per SM; INT4 at M > 8; plan.DecodeCosts):
+    taken unsplit when the blocks of 64 rows fill more than half
     the SMs and at most all of them, and split 2 ways along K (a cluster of 2 blocks per tile)
     when they fill more than a quarter and at most a half, if a split is offered (split_ok:
     compute capability 9.0+ and 16 rows of a or more) and K has 64 chunks or more (4 for each of
-    the cluster's 16 warps); otherwise the wave model's pick. Only MM_FOUR_WIDE is ever split."""
+    the cluster's 16 warps); otherwise the wave model's pick. Only R64_W8_B1 is ever split."""
     from cupyquant import _jit
     FO, FW, TW, TX = C.R64_W4_B2, C.R64_W8_B1, C.R32_W8_B2, C.R32_W16_B1
     assert FW.warps == 8 and C.decode_smem(FW) == 64 * 1024
@@ -157,13 +157,13 @@ DOC_PATHS = [
 ]
 
 
-def test_wgmma_plan():
-    """_wg_plan: tile height and K splits with the least estimated time (132 SMs); the cases of its
+def test_sm90_plan():
+    """plan.sm90_plan: tile height and K splits with the least estimated time (132 SMs); the cases of its
     docstring, measured on the H100, plus the prefill sizes that keep one 256-row tile per block."""
     pick = plan.sm90_plan
-    assert pick(64, 4096, 64, 132) == (64, 4)  # 64/2 until the workspace's memset went (session 20)
+    assert pick(64, 4096, 64, 132) == (64, 4)
     assert pick(256, 4096, 64, 132) == (128, 2)
-    assert pick(64, 14336, 64, 132) == (64, 2)  # 64/1 until session 39's 2-way cost
+    assert pick(64, 14336, 64, 132) == (64, 2)
     assert pick(256, 14336, 64, 132) == (256, 1)
     assert pick(64, 4096, 224, 132) == (64, 4)
     assert pick(256, 4096, 224, 132) == (128, 2)
@@ -175,12 +175,12 @@ def test_wgmma_plan():
         assert pick(M, N, 64, 132) == (256, 1), (M, N)
     assert pick(16, 256, 128, 132) == (32, 8)  # two tiles: split as far as the rule goes
     assert pick(16, 256, 1, 132) == (32, 1)  # one stage cannot be split
-    # the 32-row tile for M <= 32 (session 36), never above
-    assert pick(32, 14336, 64, 132) == (32, 2)  # 32/1 until session 39
+    # the 32-row tile for M <= 32, never above
+    assert pick(32, 14336, 64, 132) == (32, 2)
     assert pick(17, 14336, 64, 132) == (32, 2)
     assert pick(32, 28672, 128, 132) == (32, 1)
     assert pick(32, 8192, 448, 132) == (32, 4)
-    assert pick(33, 14336, 64, 132) == (64, 2)  # 64/1 until session 39
+    assert pick(33, 14336, 64, 132) == (64, 2)
     assert pick(33, 8192, 448, 132) == (64, 4)
     # the estimate: a fixed cost, the main loop (one block a SM, or the busiest SM's blocks / the
     # waves), and a split's cost
@@ -188,7 +188,7 @@ def test_wgmma_plan():
     one32, per32 = plan.SM90.stage(32)
     assert est(32, 112, 1, 64, 132, 32) == pytest.approx(call + one32 * 64)
     assert est(32, 224, 1, 128, 132, 32) == pytest.approx(call + per32 * 2 * 128)
-    assert est(32, 112, 2, 64, 132, 32) < est(32, 112, 1, 64, 132, 32)  # 2 ways first since session 39 (16.5 against 17.4 us)
+    assert est(32, 112, 2, 64, 132, 32) < est(32, 112, 1, 64, 132, 32)  # 2 ways first (16.5 against 17.4 us)
     # 2 splits as a cluster: fixed + per row of a in the tile; more through the workspace: fixed +
     # per split and row of the whole tile (the partial tiles are whole)
     one64, per64 = plan.SM90.stage(64)
@@ -200,11 +200,11 @@ def test_wgmma_plan():
     assert est(128, 300, 1, 10, 132, 300) == pytest.approx(call + plan.SM90.stage(128)[1] * 3 * 10)
 
 
-# the H100's clusters resident at once with one block per SM (cuOccupancyMaxActiveClusters, session 14)
+# the H100's clusters resident at once with one block per SM (cuOccupancyMaxActiveClusters)
 H100_CLUSTER_CAP = {3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}
 
 
-def test_wgmma_plan_wide_clusters():
+def test_sm90_plan_wide_clusters():
     """With cluster capacities, splits of 3 to 8 ways run as clusters where every tile's cluster fits
     at once (one block per SM, a flat cost), and 3 and 6 become plans; where they do not fit, the
     plans are those without capacities."""
@@ -228,14 +228,14 @@ def test_wgmma_plan_wide_clusters():
     assert plan.sm90_estimate(64, 32, 4, 64, 132, 64, cluster=False) == pytest.approx(call + one64 * 16 + wfix + wrow * 4 * 64)
 
 
-def test_wgmma_plan_session38():
-    """The plans of cells where session 38's forced timings (H100, us) showed session 13's stage
-    costs picking a slower plan, and cells whose plan stayed (the fastest measured)."""
+def test_sm90_plan_picks_the_fastest_measured():
+    """The plans of cells whose forced timings (H100, us) pin the stage costs, each the fastest
+    plan measured (the other plan of the comment is the runner-up)."""
     pick, cap = plan.sm90_plan, H100_CLUSTER_CAP
-    assert pick(200, 4096, 224, 132, cluster_cap=cap) == (128, 2)  # 44.1; 256/4 51.1 before
-    assert pick(64, 11008, 64, 132, cluster_cap=cap) == (64, 3)  # workspace 17.9; 64/1 19.5 before
-    assert pick(256, 2048, 128, 132, cluster_cap=cap) == (128, 3)  # cluster 19.6; 256/6 20.5 before
-    # the benchmark's cells: the fastest plan measured (14336 x 4096 M = 64: 64/2 since session 39)
+    assert pick(200, 4096, 224, 132, cluster_cap=cap) == (128, 2)  # 44.1; 256/4 51.1
+    assert pick(64, 11008, 64, 132, cluster_cap=cap) == (64, 3)  # workspace 17.9; 64/1 19.5
+    assert pick(256, 2048, 128, 132, cluster_cap=cap) == (128, 3)  # cluster 19.6; 256/6 20.5
+    # the benchmark's cells: the fastest plan measured
     for (M, N, iters), want in [((64, 4096, 64), (64, 3)), ((256, 4096, 64), (128, 2)), ((64, 14336, 64), (64, 2)),
                                 ((256, 14336, 64), (256, 1)), ((64, 4096, 224), (64, 4)), ((256, 4096, 224), (128, 2)),
                                 ((64, 28672, 128), (64, 1)), ((128, 28672, 128), (128, 1)), ((256, 28672, 128), (256, 1)),
@@ -244,10 +244,9 @@ def test_wgmma_plan_session38():
         assert pick(M, N, iters, 132, cluster_cap=cap) == want, (M, N, iters)
 
 
-def test_wgmma_plan_session39():
-    """Session 39's 2-way cluster cost (the register epilogue and the early weight copies made a
-    2-way split about 1 us cheaper against an unsplit plan): the cells where H100 timings (us) put
-    the 2-way split first take it, and those where another plan stays faster keep that."""
+def test_sm90_plan_two_way_cluster_cost():
+    """The 2-way cluster cost (Sm90Costs.cluster2_split_us): the cells where H100 timings (us) put
+    the 2-way split first take it, and those where another plan is faster keep that."""
     pick, cap = plan.sm90_plan, H100_CLUSTER_CAP
     for (M, N, iters), want in [((64, 14336, 64), (64, 2)),  # 19.2-19.4; 64/1 20.1-20.2
                                 ((32, 14336, 64), (32, 2)),  # 16.4-16.6; 32/1 17.4-17.6
@@ -278,7 +277,7 @@ def test_matmul_path_table(arch):
 
 
 def test_early_weight_reads_rule():
-    """weight._early_ok: the decode kernel reads the weight before its PDL wait only with PDL on, for
+    """dispatch.early_ok: the decode kernel reads the weight before its PDL wait only with PDL on, for
     a prepared weight whose arrays a matmul has already read; a new object (a copy, a fresh prepare)
     or new arrays in the same object start unread. (test_weight.py checks the launches and the bits
     on the GPU.)"""
@@ -303,7 +302,7 @@ def test_wgmma_tile_table_matches_the_kernel():
     """Each wgmma tile height's host figures against the kernel and the H100/H200 SM: its thread
     count and blocks a SM are the kernel's __launch_bounds__ (the 128-row tile's producer warpgroup
     adds 128 threads), its shared memory fits that many blocks in an SM's 228 KB (227 KB a block,
-    1 KB reserved per block), and the ring the kernel's SZ_STAGE assumes is _WG_SZ_STAGE."""
+    1 KB reserved per block), and the ring the kernel's SZ_STAGE assumes is configs.SM90_GEMM_SCALE_BYTES."""
     import re
     from pathlib import Path
 

@@ -70,7 +70,7 @@ R32_W8_B1_EVEN_ODD = DecodeConfig("r32_w8_b1_even_odd", 8, 1, 2, 2, True)
 #: Every decode configuration (plan.py says which serves which shapes).
 DECODE_CONFIGS = (R16_W8_B3, R16_W8_B4, R32_W8_B2, R16_W16_B2, R16_W4_B8, R32_W4_B4, R32_W16_B1, R64_W4_B2,
                   R64_W8_B1, R32_W8_B1_EVEN_ODD)
-#: The decode kernel's ring depth: weight chunks in flight per warp (kernels/weight.cu MM_STAGES).
+#: The decode kernel's ring depth: weight chunks in flight per warp (kernels/weight_decode.cu DECODE_STAGES).
 DECODE_STAGES = 2
 
 

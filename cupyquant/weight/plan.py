@@ -139,8 +139,8 @@ def decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_b
 
 
 def four_wide_splits(four_blocks: int, sms: int, nchunks: int, split_ok: bool) -> int:
-    """R64_W8_B1's K split for ``four_blocks`` blocks of 64 rows (times the M tiles), or 0 where it is
-    not taken: 1 when they fill between half the SMs and all of them; 2 when they fill between a
+    """R64_W8_B1's K split for ``four_blocks`` blocks of 64 rows (times the M tiles), or 0 where it
+    does not apply: 1 when they fill between half the SMs and all of them; 2 when they fill between a
     quarter and a half, ``split_ok`` and each of the cluster's 16 warps keeps at least
     DECODE.four_wide_min_chunks chunks."""
     if sms < 2 * four_blocks <= 2 * sms:
