@@ -1,4 +1,4 @@
-// weight_mma.cuh: what the weight kernels (weight.cu, weight_gemm.cu) share: the scheme ids, the
+// weight_mma.cuh: what the weight kernels (weight_quant.cu, weight_decode.cu, weight_sm80_gemm.cu, weight_sm90_gemm.cu) share: the scheme ids, the
 // fp16/bf16 pair arithmetic that dequantizes INT4 codes, and the m16n8k16 tensor-core multiply.
 #pragma once
 
@@ -50,7 +50,7 @@ __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsig
     return d;
 }
 
-// Fragment-ordered INT4 (weight.py prepare_weight): a lane's 32-bit word of a k16 step holds the 8
+// Fragment-ordered INT4 (weight/quantize.py prepare_weight): a lane's 32-bit word of a k16 step holds the 8
 // codes of its A fragment, register j % 4 in nibble j (half 0) and nibble j + 4 (half 1); registers
 // 0 and 2 are row g, 1 and 3 row g + 8. frag_codes gives register j with the magic exponent ORed in:
 // fp16 1024 + q (j even: mask 0x000f000f) or 1024 + 16 q (j odd: mask 0x00f000f0), from the word
@@ -125,7 +125,7 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 // Thread-block clusters (compute capability 9.0 and newer): a barrier over the cluster's blocks
 // (release / acquire: the shared-memory stores before it are visible to the loads after it), this
 // block's rank, another block's shared address (mapa) and 16- or 4-byte loads from it
-// (distributed shared memory). Used by the K splits of weight.cu and weight_wgmma.cu.
+// (distributed shared memory). Used by the K splits of weight_decode.cu and weight_sm90_gemm.cu.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -170,23 +170,22 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
 
 
 // ---------------------------------------------------------------- split K across blocks
-// Blocks (x, y, z), z the split of K (weight_gemm.cu, weight_wgmma.cu), over BM x BN tiles of y.
+// Blocks (x, y, z), z the split of K (weight_sm80_gemm.cu, weight_sm90_gemm.cu), over BM x BN tiles of y.
 // Each block stores its float32 partial tile to ws, tile-major: [splits][gridDim.y][gridDim.x][BM][BN]
 // (through L2; rows and columns past M and N included, so every tile is whole and 16-byte aligned);
 // the last block of tile (x, y) to arrive (a per-tile counter) reads the tile back in 16-byte
 // pieces, adds the splits' partials in split order 0, 1, ... (so the sum does not depend on which
 // block finishes first), rounds once to T and writes y. visit(f) calls f(m, n, v) for each output
 // (m, n) of this thread's accumulators (v its value), m and n relative to the tile.
-// The read-back is coalesced and branch-free, each round's loads in flight together. (Until session
-// 12 the last block read the row-major partials back into its accumulators one output at a time,
-// each load under its own bounds branch: Nsight Compute showed the reduction of 64-row tiles taking
-// about as long as their main loop.)
+// The read-back is coalesced and branch-free, each round's loads in flight together (a read-back
+// one output at a time, each load under its own bounds branch, takes as long as the main loop of a
+// 64-row tile).
 // Returns in every block; the caller returns after it. s_last: an int in the block's shared memory.
 namespace cq {
 // Four float32 sums of row m, columns n .. n + 3 of y (M x N, row-major) rounded once to T and
 // stored: one 8-byte store where all four columns exist and the address allows it (out= may be
 // misaligned), else element by element up to N; nothing for rows past M. Shared by the split-K
-// finishes (split_k_finish here, weight_wgmma.cu cluster_split_finish).
+// finishes (split_k_finish here, weight_sm90_gemm.cu cluster_split_finish).
 template <typename T>
 __device__ __forceinline__ void store_rounded4(T* __restrict__ y, i64 M, i64 N, i64 m, i64 n, float4 s) {
     if (m >= M) return;
@@ -216,9 +215,9 @@ __device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __re
     if (threadIdx.x == 0) {
         // acquire-release at GPU scope, by one thread: the release is cumulative, so it publishes
         // every partial the barrier above ordered before it, and the acquire orders the last
-        // split's reads below (after the next barrier) after the other splits' stores. (Until
-        // session 20 every thread fenced itself, __threadfence before the barrier and after it in
-        // the last split: 4% of the stall samples of 4096 x 14336 M = 64 64/4 sat on the ERRBAR.)
+        // split's reads below (after the next barrier) after the other splits' stores (a
+        // __threadfence in every thread instead puts 4% of the stall samples of 4096 x 14336
+        // M = 64 64/4 on the ERRBAR).
         int old;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
         s_last = old == splits - 1;

@@ -466,8 +466,8 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
     enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points);
     TFLOP/s is 2 M N K / t. On GPUs with programmatic dependent launch (9.0+) matmul uses it by
     default, so that each call of the graph overlaps its launch with the call before; the "no-PDL"
-    columns time the same calls with ``pdl=False``. ``paths``: INT4 is also timed on each kernel forced (decode, pipelined,
-    and wgmma on compute capability 9.0), whatever matmul_path would pick. Every timing (each
+    columns time the same calls with ``pdl=False``. ``paths``: INT4 is also timed on each kernel forced (decode, sm80_gemm,
+    and sm90_gemm on compute capability 9.0), whatever matmul_path would pick. Every timing (each
     contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_settle), so that
     none runs at a clock that the previous cell's heavy calls pulled down: each is a burst from the
     same state. scripts/sustained_matmul.py times the same calls held at the power cap."""
@@ -527,16 +527,12 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
                     row[f"{tag} no-PDL us"] = tn * 1e6
                     row[f"{tag} no-PDL x cuBLAS"] = t_cublas / tn
                 if paths and scheme != "float8_e4m3fn":
-                    saved = _weight.FORCE_PATH
-                    hopper = cupy.cuda.Device().compute_capability in _weight._WGMMA_ARCHS
-                    try:
-                        for path in ("decode", "pipelined") + (("wgmma",) if hopper else ()):
-                            _weight.FORCE_PATH = path
+                    hopper = cupy.cuda.Device().compute_capability in _weight.plan.SM90_ARCHS
+                    for path in ("decode", "sm80_gemm") + (("sm90_gemm",) if hopper else ()):
+                        with _weight._forced_path(path):
                             _settle(settle)
                             tp = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
-                            row[f"{tag} {path} us"] = tp * 1e6
-                    finally:
-                        _weight.FORCE_PATH = saved
+                        row[f"{tag} {path} us"] = tp * 1e6
             rows.append(row)
             print_row(row)
         del qws, w16s

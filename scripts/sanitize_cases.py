@@ -29,16 +29,19 @@ import numpy as np
 
 import cupyquant as cq
 from cupyquant import groupwise
+from cupyquant import _device
 from cupyquant import weight as cqw
+from cupyquant.weight import configs as WC, launch as WL, plan as WP
 from cupyquant import reference as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
 FAMILIES = ("per_tensor", "groupwise", "mx", "weight")
-# Selectable by --family but not in the default run: the wgmma kernel's edge cases alone (a subset of
-# "weight", to run one tool on that kernel only; racecheck still took over 7 minutes on it, session 36)
-EXTRA_FAMILIES = ("wgmma",)
+# Selectable by --family but not in the default run: the sm90 gemm's edge cases alone (a subset of
+# "weight", to run one tool on that kernel only: racecheck takes over 7 minutes on it)
+EXTRA_FAMILIES = ("weight_sm90_gemm",)
+FAMILY_ALIASES = {"wgmma": "weight_sm90_gemm"}  # older names still accepted
 E8M0 = "float8_e8m0fnu"
 TOL = {F16: 2.0**-10, BF16: 2.0**-8}  # matmul bounds, as tests/test_weight.py derives them
 
@@ -328,9 +331,9 @@ def run_weight(run: Run):
             pd, ps, pz = ref.prepare_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
                                             scheme=scheme)
             run.same(f"prepared data {scheme} G={G} K={K}", qp.data, pd)
-            run.same(f"prepared scales {scheme} G={G} K={K}", qp.scales, ps)
+            run.same(f"prepared scales {scheme} G={G} K={K}", qp.scale, ps)
             if pz is not None:
-                run.same(f"prepared zeros {scheme} G={G} K={K}", qp.zeros, pz)
+                run.same(f"prepared zeros {scheme} G={G} K={K}", qp.zero_point, pz)
             for M in (1, 16, 64, 300):
                 ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                 out = poison((M, N), dt)
@@ -348,36 +351,32 @@ def run_weight(run: Run):
                 err = float(np.linalg.norm(y.get().reshape(6, N).astype(np.float64) - exact) / np.linalg.norm(exact))
                 run.within(f"matmul {vname} {scheme} G={G} {dt.name}", err, TOL[dt])
             run.same(f"matmul M=0 {scheme}", run.op(cq.matmul(cupy.asarray(ah[:0]), qw)), np.zeros((0, 3, N), dt))
-            if scheme != "float8_e4m3fn" and cupy.cuda.Device().compute_capability in cqw._WGMMA_ARCHS:
+            if scheme != "float8_e4m3fn" and cupy.cuda.Device().compute_capability in WP.SM90_ARCHS:
                 _wgmma_edges(run, qw, deq, dt, rng)
 
 
 def _decode_configs(run, qp, deq, dt, rng, tag):
-    """The decode kernel in each of its configurations (blocks of 4, 8 or 16 warps; M tiles of 8 or
-    16 rows), whichever weight.py _decode_config would pick for this shape; on compute capability
-    9.0+ also with K split 2 ways across a cluster (the wrapper splits MM_FOUR_WIDE only; the
-    others forced) and 3 ways for MM_FOUR_WIDE (the cluster's blocks add through distributed
-    shared memory)."""
+    """The decode kernel in each of its configurations (configs.DECODE_CONFIGS), whichever
+    plan.decode_config would pick for this shape; on compute capability 9.0+ also with K split 2 ways
+    across a cluster (the wrapper splits R64_W8_B1 only; the others forced) and 3 ways for R64_W8_B1
+    (the cluster's blocks add through distributed shared memory)."""
     N, K = qp.shape
-    pick, pick_splits = cqw._decode_config, cqw._decode_splits
-    path = cqw.FORCE_PATH
-    hopper = int(cqw._device.arch(cupy.cuda.Device().id)) >= 90
+    pick, pick_splits = WP.decode_config, WP.decode_splits
+    hopper = int(_device.arch(cupy.cuda.Device().id)) >= 90
     try:
-        cqw.FORCE_PATH = "decode"
-        for cfg in cqw._jit.MATMUL_CONFIGS:
-            two = cfg in cqw._DECODE_CONFIGS[True] or cfg in cqw._DECODE_FOUR or cfg in cqw._DECODE_TWO_ONE  # M tiles of 16 rows
-            cqw._decode_config = lambda *args, cfg=cfg: cfg
-            for splits in ((1, 2, 3) if cfg == cqw._jit.MATMUL_FOUR_WIDE else (1, 2)) if hopper else (1,):
-                cqw._decode_splits = lambda *args, splits=splits: splits
-                M = 13 if two else 3
+      with cqw._forced_path("decode"):
+        for cfg in WC.DECODE_CONFIGS:
+            WP.decode_config = lambda *args, cfg=cfg: cfg
+            for splits in ((1, 2, 3) if cfg == WC.R64_W8_B1 else (1, 2)) if hopper else (1,):
+                WP.decode_splits = lambda *args, splits=splits: splits
+                M = 13 if cfg.m_tile_rows == 16 else 3
                 ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                 y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
                 exact = ah.astype(np.float64) @ deq.T
                 err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-                run.within(f"matmul decode config {cfg} splits {splits} {tag} M={M}", err, TOL[dt])
+                run.within(f"matmul decode config {cfg.name} splits {splits} {tag} M={M}", err, TOL[dt])
     finally:
-        cqw._decode_config, cqw._decode_splits = pick, pick_splits
-        cqw.FORCE_PATH = path
+        WP.decode_config, WP.decode_splits = pick, pick_splits
 
 
 def _wgmma_edges(run, qw, deq, dt, rng):
@@ -388,29 +387,29 @@ def _wgmma_edges(run, qw, deq, dt, rng):
     through the workspace; each tile height (32, 64, 128 and 256 rows of a: the 128-row tile with its
     producer warpgroup and mbarrier ring)."""
     N, K = qw.shape
-    saved = cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap
+    saved = WP.sm90_plan, WL.sm90_cluster_cap
     try:
-        cqw.FORCE_PATH = "wgmma"
+      with cqw._forced_path("sm90_gemm"):
         for bma in (32, 64, 128, 256):
             for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
-                cqw._wg_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
-                cqw._wg_cluster_cap = (lambda *a: None) if workspace else saved[2]
+                WP.sm90_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
+                WL.sm90_cluster_cap = (lambda *a: None) if workspace else saved[1]
                 for M in (17, 130):
                     ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                     y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
                     exact = ah.astype(np.float64) @ deq.T
                     err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-                    run.within(f"matmul wgmma {bma} rows {qw.scheme} G={qw.group_size} K={K} {dt.name} M={M} "
+                    run.within(f"matmul sm90_gemm {bma} rows {qw.scheme.format} G={qw.group_size} K={K} {dt.name} M={M} "
                                f"splits={splits}{' workspace' if workspace else ''}", err, TOL[dt])
     finally:
-        cqw.FORCE_PATH, cqw._wg_plan, cqw._wg_cluster_cap = saved
+        WP.sm90_plan, WL.sm90_cluster_cap = saved
 
 
 def run_wgmma(run: Run):
     """_wgmma_edges for three weights (INT4 groups of 128 and K = 1024, so that an unsplit tile's
     stages wrap every ring; UINT4 groups of 32, fp16; INT4 per channel): every tile height and split
     of the wgmma kernel, on Hopper only."""
-    if cupy.cuda.Device().compute_capability not in cqw._WGMMA_ARCHS:
+    if cupy.cuda.Device().compute_capability not in WP.SM90_ARCHS:
         print("sanitize_cases: wgmma: this GPU has no wgmma kernel; nothing run")
         return
     for scheme, sym, G, K, dt in (("int4", True, 128, 1024, BF16), ("uint4", False, 32, 1024, F16),
@@ -419,7 +418,7 @@ def run_wgmma(run: Run):
                      np.random.default_rng(seed_of("wgmma a", scheme, G, K)))
 
 
-RUNNERS = {"per_tensor": run_fp8, "groupwise": run_group, "mx": run_mx, "weight": run_weight, "wgmma": run_wgmma}
+RUNNERS = {"per_tensor": run_fp8, "groupwise": run_group, "mx": run_mx, "weight": run_weight, "weight_sm90_gemm": run_wgmma}
 
 # Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
 # from a sanitizer that is attached and sees our launches (scripts/sanitize.sh requires each control
@@ -474,7 +473,7 @@ def main(argv=None) -> int:
         cupy.cuda.set_allocator(None)
         run_control(args.control)
         return 0
-    families = [f for f in args.family.split(",") if f]
+    families = [FAMILY_ALIASES.get(f, f) for f in args.family.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES) - set(EXTRA_FAMILIES))
     if unknown:
         p.error(f"unknown families {unknown}; expected some of {FAMILIES + EXTRA_FAMILIES}")

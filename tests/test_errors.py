@@ -352,7 +352,7 @@ cpu(f, "host_arrays", lambda w: DW(_watch_qw(w, _host_qw())), TypeError, "w.data
 row(f, "option_dtype", lambda w: DW(_watch_qw(w, _qw()), "int8"), TypeError, "dtype")
 row(f, "data_noncontig", lambda w: DW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))), ValueError, "w.data")
 row(f, "scales_shape", lambda w: DW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
-    ValueError, "w.scales")
+    ValueError, "w.scale")
 row(f, "out_numpy", lambda w: DW(_watch_qw(w, _qw()), out=w(np.zeros((64, 256), BF16))), TypeError, "out")
 row(f, "out_shape", lambda w: DW(_watch_qw(w, _qw()), out=w(_P((64, 128), BF16))), ValueError, "out")
 row(f, "out_dtype", lambda w: DW(_watch_qw(w, _qw()), out=w(_P((64, 256), F32))), TypeError, "out")
@@ -373,7 +373,7 @@ row(f, "a_shape_k", lambda w: MM(w(_x((4, 128), BF16)), _watch_qw(w, _qw())), Va
 row(f, "a_device", lambda w: MM(w(_dev1(lambda: _x((4, 256), BF16))), _watch_qw(w, _qw())), ValueError, "a")
 row(f, "w_not_quantized", lambda w: MM(w(_x((4, 256), BF16)), w(_x((64, 256), BF16))), TypeError, "w")
 row(f, "w_host_arrays", lambda w: MM(w(_x((4, 128), F16)), _watch_qw(w, _host_qw())), TypeError, "w.data")
-row(f, "w_scales_dtype", lambda w: MM(w(_x((4, 256), F16)), _watch_qw(w, _qw())), ValueError, "w")
+row(f, "w_scales_dtype", lambda w: MM(w(_x((4, 256), F16)), _watch_qw(w, _qw())), TypeError, "w")
 row(f, "block_size_k", lambda w: MM(w(_x((4, 96), BF16)), _watch_qw(w, _qw((64, 96), group_size=32))), ValueError, "w")
 row(f, "w_data_noncontig", lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))),
     ValueError, "w.data")
@@ -391,8 +391,8 @@ row(f, "out_device", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), ou
 row(f, "w_prepared_data_shape", lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:1]))(_watch_qw(w, _qw().prepare()))),
     ValueError, "w.data")
 row(f, "w_prepared_scales_shape", lambda w: MM(w(_x((4, 256), BF16)),
-                                              (lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw().prepare()))),
-    ValueError, "w.scales")
+                                              (lambda q: _with(q, scale=cupy.ascontiguousarray(q.scale[:, :1])))(_watch_qw(w, _qw().prepare()))),
+    ValueError, "w.scale")
 
 # prepare_weight(w): a QuantizedWeight whose K is whole chunks (128 INT4, 64 FP8)
 f = "prepare_weight"
@@ -402,8 +402,8 @@ cpu(f, "host_arrays", lambda w: PW(_watch_qw(w, _host_qw())), TypeError, "w.data
 row(f, "k_not_whole_chunks", lambda w: PW(_watch_qw(w, _qw((64, 96), group_size=32))), ValueError, "w")
 row(f, "data_noncontig", lambda w: PW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))), ValueError, "w.data")
 row(f, "scales_shape", lambda w: PW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
-    ValueError, "w.scales")
-row(f, "zeros_missing", lambda w: PW((lambda q: _with(q, zeros=None))(_watch_qw(w, _qw(scheme="uint4")))), ValueError, "w.zeros")
+    ValueError, "w.scale")
+row(f, "zeros_missing", lambda w: PW((lambda q: _with(q, zeros=None))(_watch_qw(w, _qw(scheme="uint4")))), ValueError, "w.zero_point")
 
 
 def _watch_q(w, q):

@@ -25,9 +25,9 @@ def test_every_instantiation_compiles(family, arch):
     assert all(name.startswith("_Z") for name in lowered.values())
     # programmatic dependent launch: each matmul kernel waits for the kernel before (and releases
     # the one after) once, on the targets that have it (9.0 and newer); nothing else does. The
-    # decode kernel (w4a16_matmul) has two call sites, one on each side of its first weight loads,
-    # of which a launch takes one (weight.cu, MatmulArgs.early)
-    sites = {"w4a16_matmul": 2, "w4a16_gemm": 1}
+    # decode kernel (w16_decode) has two call sites, one on each side of its first weight loads,
+    # of which a launch takes one (weight_decode.cu, MatmulArgs.early)
+    sites = {"w16_decode": 2, "sm80_w16_gemm": 1}
     pdl_sites = sum(n for e in exprs for k, n in sites.items() if e.startswith(k)) if int(arch) >= 90 else 0
     assert ptx[0].count("griddepcontrol.wait;") == pdl_sites
     assert ptx[0].count("griddepcontrol.launch_dependents;") == pdl_sites
@@ -134,7 +134,7 @@ def test_specific_target_is_asked_only_where_it_exists():
 
 
 def test_hopper_matmul_uses_wgmma_only_on_sm90a():
-    """weight_wgmma is built for sm_90a, the only target with wgmma: there its kernels issue
+    """weight_sm90_gemm is built for sm_90a, the only target with wgmma: there its kernels issue
     wgmma.mma_async with the A operand in registers (64 x BMA x 16 per instruction); on every other
     target they compile to stubs that the host never launches.
 
@@ -143,13 +143,13 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     ("Potential Performance Loss", C7513). A change that did this to the 256-row tile measured
     29-40% slower (BENCHMARKS.md, session 30), with output bits unchanged, so only this catches it."""
     ptx, log = [], []
-    lowered = _jit.compile_for_arch("weight_wgmma", "90a", ptx_out=ptx, log_out=log)
-    assert set(lowered) == set(_jit.families()["weight_wgmma"])
+    lowered = _jit.compile_for_arch("weight_sm90_gemm", "90a", ptx_out=ptx, log_out=log)
+    assert set(lowered) == set(_jit.families()["weight_sm90_gemm"])
     assert "Potential Performance Loss" not in log[0], log[0]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log[0])
     assert len(spills) >= len(lowered), log[0]  # one report per kernel
     assert all(st == ld == "0" for st, ld in spills), log[0]
-    for bma, _, _ in cupyquant.weight.WGMMA_CONFIGS:
+    for bma, _, _ in cupyquant.weight.configs.SM90_GEMM_CONFIGS:
         for t in ("f16", "bf16"):
             assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
     assert "fence.proxy.async.shared::cta" in ptx[0]
@@ -159,10 +159,10 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     assert producers == 8, sorted(lowered)
     assert ptx[0].count("griddepcontrol.wait;") == len(lowered) + producers
     ptx90 = []
-    _jit.compile_for_arch("weight_wgmma", "90", ptx_out=ptx90)
-    assert "wgmma" not in ptx90[0].replace("w4a16_wgmma", "")
-    assert _jit.specific_target("weight_wgmma", "90") == "-arch=sm_90a"
-    assert _jit.specific_target("weight_wgmma", "100") is None
+    _jit.compile_for_arch("weight_sm90_gemm", "90", ptx_out=ptx90)
+    assert "wgmma" not in ptx90[0].replace("sm90_w16_gemm", "")
+    assert _jit.specific_target("weight_sm90_gemm", "90") == "-arch=sm_90a"
+    assert _jit.specific_target("weight_sm90_gemm", "100") is None
 
 
 def test_generated_wgmma_wrappers_are_current():

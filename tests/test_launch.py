@@ -100,11 +100,11 @@ ARG_STRUCTS = [
     ("groupwise", "_SCALE_ARGS", "groupwise.cu", "ScaleArgs"),
     ("mx", "_QUANT_ARGS", "mx.cu", "QuantArgs"),
     ("mx", "_DEQUANT_ARGS", "mx.cu", "DequantArgs"),
-    ("weight", "_WQ_ARGS", "weight.cu", "WQuantArgs"),
-    ("weight", "_WQ_ARGS", "weight.cu", "WDequantArgs"),
-    ("weight", "_MM_ARGS", "weight.cu", "MatmulArgs"),
-    ("weight", "_GM_ARGS", "weight_gemm.cu", "GemmArgs"),
-    ("weight", "_WG_ARGS", "weight_wgmma.cu", "WgArgs"),
+    ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WQuantArgs"),
+    ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WDequantArgs"),
+    ("weight.configs", "DECODE_ARGS", "weight_decode.cu", "MatmulArgs"),
+    ("weight.configs", "SM80_GEMM_ARGS", "weight_sm80_gemm.cu", "GemmArgs"),
+    ("weight.configs", "SM90_GEMM_ARGS", "weight_sm90_gemm.cu", "WgArgs"),
 ]
 
 
@@ -135,13 +135,13 @@ def test_kernel_argument_structs_match_their_dtypes(module, dtype_name, cu, stru
 
 
 def test_tensor_map_matches_the_kernels_parameter():
-    """The 128-byte CUtensorMap that weight.py passes by value is the kernel's TmaMap: sixteen
-    64-bit words, 64-byte aligned (cuda.h's CUtensorMap is 16 x 64 bits, alignas(64)); the wgmma
+    """The 128-byte CUtensorMap that cupyquant.weight passes by value is the kernel's TmaMap: sixteen
+    64-bit words, 64-byte aligned (cuda.h's CUtensorMap is 16 x 64 bits, alignas(64)); the sm90 gemm
     kernel's last two parameters are two of them (the whole tiles' boxes and the last tile's)."""
     from cupyquant import _jit
 
     assert _launch.TENSOR_MAP.itemsize == 128 and _launch.TENSOR_MAP.names == ("w",)
-    src = (Path(_jit.kernel_dir()) / "weight_wgmma.cu").read_text()
+    src = (Path(_jit.kernel_dir()) / "weight_sm90_gemm.cu").read_text()
     body = re.search(r"^struct alignas\(64\) TmaMap \{(.*?)^\};", src, re.S | re.M)
     assert body and " ".join(re.sub(r"//[^\n]*", "", body.group(1)).split()) == "unsigned long long w[16];"
     assert "const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail)" in src, "two maps, last"
@@ -162,11 +162,11 @@ def test_tensor_map_2d_encodes_and_refuses():
 
 
 def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
-    """weight._act_tensor_map encodes a map once per (address, rows, K, row stride, device, box rows)
-    and keeps at most _TMAP_CACHE of them, the oldest going first; the encoder is stubbed (no GPU needed)."""
+    """weight._cache.act_tensor_map encodes a map once per (address, rows, K, row stride, device, box
+    rows) and keeps at most TMAP_CACHE of them, the oldest going first; the encoder is stubbed (no GPU needed)."""
     from types import SimpleNamespace
 
-    from cupyquant import weight as W
+    from cupyquant.weight import _cache as W
 
     calls = []
 
@@ -178,17 +178,17 @@ def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
         return SimpleNamespace(data=SimpleNamespace(ptr=ptr), strides=(row_bytes, 2), device=SimpleNamespace(id=dev))
 
     monkeypatch.setattr(_launch, "tensor_map_2d", fake)
-    monkeypatch.setattr(W, "_tmap_cache", {})
-    monkeypatch.setattr(W, "_TMAP_CACHE", 4)
-    m = W._act_tensor_map(buf(1 << 20), 200, 4096, 128)
-    assert W._act_tensor_map(buf(1 << 20), 200, 4096, 128) is m and len(calls) == 1
+    monkeypatch.setattr(W, "tmap_cache", {})
+    monkeypatch.setattr(W, "TMAP_CACHE", 4)
+    m = W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128)
+    assert W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128) is m and len(calls) == 1
     assert calls[0] == (1 << 20, 200, 4096, 8192, 64, 128)
     # a different row count, row stride, device or box is a different map
-    W._act_tensor_map(buf(1 << 20), 201, 4096, 128)
-    W._act_tensor_map(buf(1 << 20, row_bytes=16384), 200, 4096, 128)
-    W._act_tensor_map(buf(1 << 20, dev=1), 200, 4096, 128)
-    assert len(calls) == 4 and len(W._tmap_cache) == 4
-    W._act_tensor_map(buf(1 << 20), 200, 4096, 72)  # the fifth evicts the first
-    assert len(W._tmap_cache) == 4 and len(calls) == 5 and calls[-1][-1] == 72
-    W._act_tensor_map(buf(1 << 20), 200, 4096, 128)
+    W.act_tensor_map(buf(1 << 20), 201, 4096, 64, 128)
+    W.act_tensor_map(buf(1 << 20, row_bytes=16384), 200, 4096, 64, 128)
+    W.act_tensor_map(buf(1 << 20, dev=1), 200, 4096, 64, 128)
+    assert len(calls) == 4 and len(W.tmap_cache) == 4
+    W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 72)  # the fifth evicts the first
+    assert len(W.tmap_cache) == 4 and len(calls) == 5 and calls[-1][-1] == 72
+    W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128)
     assert len(calls) == 6, "the oldest map was evicted and is encoded again"

@@ -14,8 +14,10 @@ from conftest import assert_bits_equal, poisoned
 
 import cupyquant as cq
 from cupyquant import reference as ref
-from cupyquant import _device
+from cupyquant import _device, _dtypes, _launch
 from cupyquant import weight as cqw
+from cupyquant.weight import _cache, dispatch, launch, plan
+from cupyquant.weight import configs as C
 
 pytestmark = pytest.mark.gpu
 
@@ -51,11 +53,11 @@ def _weights(shape, seed, dtype, outliers=True):
 def _check_quantized(qw, wh, scheme, group_size):
     d, s, z = ref.quantize_weight(wh, scheme, group_size=group_size, symmetric=scheme != "uint4")
     assert_bits_equal(qw.data, d, f"{scheme} data")
-    assert_bits_equal(qw.scales, s, f"{scheme} scales")
+    assert_bits_equal(qw.scale, s, f"{scheme} scales")
     if z is None:
-        assert qw.zeros is None
+        assert qw.zero_point is None
     else:
-        assert_bits_equal(qw.zeros, z, "zero points")
+        assert_bits_equal(qw.zero_point, z, "zero points")
     return d, s, z
 
 
@@ -158,21 +160,21 @@ def test_prepare_weight_bit_exact(w_dtype, scheme, sym, group_size):
             continue
         wh = _weights((N, K), _seed("prep", N, K, scheme, group_size), w_dtype)
         qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
-        d, s, z = ref.prepare_weight(cupy.asnumpy(qw.data), cupy.asnumpy(qw.scales),
-                                     None if qw.zeros is None else cupy.asnumpy(qw.zeros), scheme=scheme)
+        d, s, z = ref.prepare_weight(cupy.asnumpy(qw.data), cupy.asnumpy(qw.scale),
+                                     None if qw.zero_point is None else cupy.asnumpy(qw.zero_point), scheme=scheme)
         cupy.get_default_memory_pool().free_all_blocks()
         poisoned((1 << 20,), np.uint8)  # freed at once: the prepared arrays likely reuse bytes of 0xff
         qp = cq.prepare_weight(qw)
-        assert qp.layout == "prepared" and qw.layout == "plain" and qp.shape == qw.shape
+        assert qp.scheme.scale_layout == "prepared" and qw.scheme.scale_layout == "plain" and qp.shape == qw.shape
         assert_bits_equal(qp.data, d, f"{scheme} N={N} K={K} prepared data")
-        assert_bits_equal(qp.scales, s, f"{scheme} N={N} K={K} prepared scales")
+        assert_bits_equal(qp.scale, s, f"{scheme} N={N} K={K} prepared scales")
         if z is None:
-            assert qp.zeros is None
+            assert qp.zero_point is None
         else:
-            assert_bits_equal(qp.zeros, z, f"{scheme} N={N} K={K} prepared zeros")
+            assert_bits_equal(qp.zero_point, z, f"{scheme} N={N} K={K} prepared zeros")
         assert cq.prepare_weight(qp) is qp and qp.prepare() is qp and qw.plain() is qw
         back = qp.plain()
-        assert back.layout == "plain"
+        assert back.scheme.scale_layout == "plain"
         for name in ("data", "scales", "zeros"):
             if getattr(qw, name) is not None:
                 assert_bits_equal(getattr(back, name), cupy.asnumpy(getattr(qw, name)), f"plain() {name}")
@@ -201,13 +203,13 @@ def test_prepare_weight_errors():
         cq.matmul(a, bad)
     bad = cq.QuantizedWeight(qp.data, qp.scales, cupy.ascontiguousarray(qp.zeros[:, :2]), "uint4", 64, (20, 256), dtype,
                              layout="prepared")
-    with pytest.raises(ValueError, match=r"w\.zeros must be uint8 of shape \(2, 4, 8\)"):
+    with pytest.raises(ValueError, match=r"w\.zero_point must be uint8 of shape \(2, 4, 8\)"):
         cq.matmul(a, bad)
     bad = cq.QuantizedWeight(qp.data, qp.scales, qp.zeros[:, ::-1], "uint4", 64, (20, 256), dtype, layout="prepared")
-    with pytest.raises(ValueError, match=r"w\.zeros must be C-contiguous"):
+    with pytest.raises(ValueError, match=r"w\.zero_point must be C-contiguous"):
         cq.matmul(a, bad)
     bad = cq.QuantizedWeight(qp.data, qp.scales, None, "uint4", 64, (20, 256), dtype, layout="prepared")
-    with pytest.raises(ValueError, match="w.zeros must be given for uint4"):
+    with pytest.raises(ValueError, match="w.zero_point must be given for uint4"):
         bad.dequantize()
 
 
@@ -236,24 +238,24 @@ def _rel_err(y, want):
 
 
 def _hopper():
-    return cupy.cuda.Device().compute_capability in cqw._WGMMA_ARCHS
+    return cupy.cuda.Device().compute_capability in plan.SM90_ARCHS
 
 
 class _forced:
-    """Within the block, INT4 matmuls take ``path`` ("decode", "pipelined" or "wgmma") whatever M
-    is; "wgmma" skips the test on GPUs other than compute capability 9.0 (the only ones with it)."""
+    """Within the block, INT4 matmuls take ``path`` ("decode", "sm80_gemm" or "sm90_gemm") whatever M
+    is; "sm90_gemm" skips the test on GPUs other than compute capability 9.0 (the only ones with it)."""
 
     def __init__(self, path):
         self.path = None if path == "auto" else path
 
     def __enter__(self):
-        if self.path == "wgmma" and not _hopper():
+        if self.path == "sm90_gemm" and not _hopper():
             pytest.skip(f"the wgmma kernel needs compute capability 9.0, this GPU is {cupy.cuda.Device().compute_capability}")
-        self.saved = cqw.FORCE_PATH
-        cqw.FORCE_PATH = self.path
+        self.ctx = cqw._forced_path(self.path)
+        self.ctx.__enter__()
 
     def __exit__(self, *exc):
-        cqw.FORCE_PATH = self.saved
+        self.ctx.__exit__(*exc)
 
 
 def _check_matmul(qw, ms, dtype, seed, what=""):
@@ -274,7 +276,7 @@ def _check_matmul(qw, ms, dtype, seed, what=""):
 
 
 # (scheme, symmetric, path): every kernel for INT4; FP8 weights have the decode kernel only
-MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "pipelined", "wgmma") if s != "float8_e4m3fn" or p == "decode"]
+MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "sm80_gemm", "sm90_gemm") if s != "float8_e4m3fn" or p == "decode"]
 
 
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)
@@ -320,7 +322,7 @@ def test_prefill_benchmark_shapes(dtype, scheme, sym, group_size):
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-_LAUNCHERS = {"decode": "_launch_decode", "pipelined": "_launch_gemm", "wgmma": "_launch_wgmma"}
+_LAUNCHERS = {"decode": "decode", "sm80_gemm": "sm80_gemm", "sm90_gemm": "sm90_gemm"}  # path -> weight.launch function
 
 
 def test_matmul_launches_the_path_it_names(monkeypatch):
@@ -329,8 +331,8 @@ def test_matmul_launches_the_path_it_names(monkeypatch):
     wh = cupy.asarray(_weights((N, K), 11, dtype))
     called = []
     for name in _LAUNCHERS.values():
-        orig = getattr(cqw, name)
-        monkeypatch.setattr(cqw, name, (lambda orig, name: lambda *a: (called.append(name), orig(*a)))(orig, name))
+        orig = getattr(launch, name)
+        monkeypatch.setattr(launch, name, (lambda orig, name: lambda *a: (called.append(name), orig(*a)))(orig, name))
     seen = set()
     for scheme, sym in SCHEMES:
         qw = cq.quantize_weight(wh, scheme, group_size=128, symmetric=sym)
@@ -342,10 +344,10 @@ def test_matmul_launches_the_path_it_names(monkeypatch):
             y = cq.matmul(cupy.ones((M, K), dtype=dtype), qw)
             assert called == [_LAUNCHERS[want]], (scheme, M, called)
             assert y.shape == (M, N)
-    assert seen == {"decode", "wgmma" if _hopper() else "pipelined"}
+    assert seen == {"decode", "sm90_gemm" if _hopper() else "sm80_gemm"}
 
 
-@pytest.mark.parametrize("path", ["pipelined", "wgmma"])
+@pytest.mark.parametrize("path", ["sm80_gemm", "sm90_gemm"])
 def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
     """Small M and N leave most of the GPU idle unless K is split across blocks; the partial tiles
     are added in split order, so repeated calls give the same bits. (On the wgmma kernel matmul
@@ -354,16 +356,16 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
     N, K = 256, 8192
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 12, dtype, outliers=False)), "int4", group_size=128)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    if path == "pipelined":
-        splits, _ = cqw._splits(-(-N // cqw._GEMM_BN), K // cqw._GEMM_BK, sms)
+    if path == "sm80_gemm":
+        splits, _ = plan.sm80_splits(-(-N // C.SM80_GEMM_BN), K // C.SM80_GEMM_BK, sms)
         assert splits > 1
         cases = [None]
     else:
-        assert cqw._wg_plan(16, N, K // cqw._WG_BK, sms)[1] > 1
+        assert plan.sm90_plan(16, N, K // C.SM90_GEMM_BK, sms)[1] > 1
         cases = [None, 2, 3, 8]
     for forced in cases:
         if forced is not None:
-            monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, f=forced, **kw: (64, f))
+            monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, f=forced, **kw: (64, f))
         for M in (16, 200):
             a = cupy.asarray(np.random.default_rng(13).standard_normal((M, K)).astype(np.float32).astype(dtype))
             with _forced(path):
@@ -388,20 +390,20 @@ def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma, splits):
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 31, dtype, outliers=False)), "uint4", group_size=32,
                             symmetric=False)
     a = cupy.asarray(np.random.default_rng(32).standard_normal((bma + 5, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     smem_sm = cupy.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]
     launches = []
-    real = cqw._launch.launch
+    real = _launch.launch
 
     def spy(*args, **kw):
         launches.append((kw.get("cluster"), args[4]))
         return real(*args, **kw)
 
-    monkeypatch.setattr(cqw._launch, "launch", spy)
+    monkeypatch.setattr(_launch, "launch", spy)
     got = {}
-    with _forced("wgmma"):
+    with _forced("sm90_gemm"):
         for on in (True, False):
-            monkeypatch.setattr(cqw, "_WG_CLUSTER", on)
+            monkeypatch.setattr(plan, "CLUSTER_SPLITS", on)
             launches.clear()
             out = poisoned((bma + 5, N), dtype)
             cq.matmul(a, qw, out=out)
@@ -435,22 +437,22 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
     wide = cupy.asarray(np.random.default_rng(52).standard_normal((255, K + 96)).astype(np.float32).astype(dtype))
     a = wide[:M, :K]
     assert a.strides[0] == (K + 96) * 2 and not a.flags.c_contiguous
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (128, splits))
-    monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
+    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (128, splits))
+    monkeypatch.setattr(launch, "sm90_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
     launches = []
-    real = cqw._launch.launch
+    real = _launch.launch
 
     def spy(k, grid, block, args, *rest, **kw):
         launches.append((tuple(block), args[0].data.ptr, args[-2], args[-1]))
         return real(k, grid, block, args, *rest, **kw)
 
-    monkeypatch.setattr(cqw._launch, "launch", spy)
-    with _forced("wgmma"):
+    monkeypatch.setattr(_launch, "launch", spy)
+    with _forced("sm90_gemm"):
         out = poisoned((M, N), dtype)
         cq.matmul(a, qw, out=out)
         block, ptr, tmap, tail = launches[-1]
         assert block == (384,) and ptr == a.data.ptr, "the strided view itself, by a producer warpgroup"
-        assert tmap.dtype == tail.dtype == cqw._launch.TENSOR_MAP and tmap["w"].any(), "a tensor map"
+        assert tmap.dtype == tail.dtype == _launch.TENSOR_MAP and tmap["w"].any(), "a tensor map"
         assert tail["w"].any() and not np.array_equal(tail, tmap), "a second map for the last tile's 72 rows"
         want = cq.matmul(cupy.ascontiguousarray(a), qw)
         assert_bits_equal(out, cupy.asnumpy(want), "strided rows against a contiguous copy")
@@ -472,7 +474,7 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
             assert launches[-1][0] == (384,) and launches[-1][3]["w"].any() == (m % 128 != 0), m
             assert _rel_err(out, _matmul_ref(wide[:m, :K], qw)) <= TOL[np.dtype(dtype)], m
         for bma in (32, 64, 256):
-            monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, b=bma, **kw: (b, 1))
+            monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, b=bma, **kw: (b, 1))
             cq.matmul(a, qw)
             assert launches[-1][0] == (256,) and not launches[-1][2]["w"].any() and not launches[-1][3]["w"].any(), bma
 
@@ -492,8 +494,8 @@ def test_wgmma_scale_sources_across_split_starts(monkeypatch, bma, group, splits
     N, K = 264, 1280
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "int4", group_size=group)
     a = cupy.asarray(np.random.default_rng(42).standard_normal((bma + 3, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
-    with _forced("wgmma"):
+    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    with _forced("sm90_gemm"):
         out = poisoned((bma + 3, N), dtype)
         cq.matmul(a, qw, out=out)
     assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
@@ -508,17 +510,17 @@ def test_wgmma_cluster_capacity():
         pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
     device = cupy.cuda.Device().id
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    cap = cqw._wg_cluster_cap(device, cqw._dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4", True)
+    cap = launch.sm90_cluster_cap(device, _dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4", True)
     assert sorted(cap) == [3, 4, 5, 6, 7, 8]
     for s, n in cap.items():
         assert 0 < n <= sms // s, cap
     assert cap[4] >= cap[8]
-    assert cqw._wide_cluster_fits(cap, 3, cap[3]) and not cqw._wide_cluster_fits(cap, 3, cap[3] + 1)
+    assert plan.wide_cluster_fits(cap, 3, cap[3]) and not plan.wide_cluster_fits(cap, 3, cap[3] + 1)
 
 
 # (path, M): every kernel, and on the tensor-core kernels a split-K launch (the 256 x 4096 weight of
 # the chain below at M = 16: few tiles, long K) besides a plain one
-PDL_CASES = [("decode", 1), ("decode", 16), ("pipelined", 16), ("pipelined", 200), ("wgmma", 16), ("wgmma", 200)]
+PDL_CASES = [("decode", 1), ("decode", 16), ("sm80_gemm", 16), ("sm80_gemm", 200), ("sm90_gemm", 16), ("sm90_gemm", 200)]
 
 
 @pytest.mark.parametrize("path,M", PDL_CASES, ids=[f"{p}-M{m}" for p, m in PDL_CASES])
@@ -535,20 +537,20 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
                                               group_size=64, symmetric=False))
     ws = [w1, w2, w1, w2]
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    if M == 16 and path == "pipelined":
-        assert cqw._splits(-(-256 // cqw._GEMM_BN), 4096 // cqw._GEMM_BK, sms)[0] > 1  # split-K launches in the chain
-    if M == 16 and path == "wgmma":
-        assert cqw._wg_plan(16, 256, 4096 // cqw._WG_BK, sms)[1] > 1
+    if M == 16 and path == "sm80_gemm":
+        assert plan.sm80_splits(-(-256 // C.SM80_GEMM_BN), 4096 // C.SM80_GEMM_BK, sms)[0] > 1  # split-K launches in the chain
+    if M == 16 and path == "sm90_gemm":
+        assert plan.sm90_plan(16, 256, 4096 // C.SM90_GEMM_BK, sms)[1] > 1
     src = cupy.asarray(rng.standard_normal((M, 4096)).astype(np.float32).astype(dtype))
     hopper = _hopper()
     launches = []
-    real = cqw._launch.launch
+    real = _launch.launch
     # the PDL launches made (cluster launches of 2-way splits go through the same launcher, with pdl
     # set as the call says)
-    monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: (k.get("pdl", True) and launches.append(1), real(*a, **k)))
+    monkeypatch.setattr(_launch, "launch", lambda *a, **k: (k.get("pdl", True) and launches.append(1), real(*a, **k)))
     early = []  # the decode launches' early flags (weights read before the PDL wait)
-    real_decode = cqw._launch_decode
-    monkeypatch.setattr(cqw, "_launch_decode", lambda *a: (early.append(a[-1]), real_decode(*a)))
+    real_decode = launch.decode
+    monkeypatch.setattr(launch, "decode", lambda p: (early.append(p.early), real_decode(p)))
     with _forced(path):
         want, h = [], src
         for w in ws:
@@ -596,13 +598,13 @@ def test_matmul_pdl_argument(monkeypatch):
     monkeypatch.setattr(_device, "arch", lambda device: "80")
     with pytest.raises(ValueError, match="^pdl=True needs a GPU of compute capability 9.0"):
         cq.matmul(a, qw, pdl=True)
-    monkeypatch.setattr(cqw._launch, "launch", lambda *a, **k: pytest.fail("PDL launch below compute capability 9.0"))
+    monkeypatch.setattr(_launch, "launch", lambda *a, **k: pytest.fail("PDL launch below compute capability 9.0"))
     with _forced("decode"):
         y = cq.matmul(a, qw)
     assert_bits_equal(y, cupy.asnumpy(cq.matmul(a, qw, pdl=False)), "pdl off")
 
 
-@pytest.mark.parametrize("path", ["decode", "wgmma"])
+@pytest.mark.parametrize("path", ["decode", "sm90_gemm"])
 def test_matmul_early_weight_reads(monkeypatch, path):
     """The decode kernel reads a weight's first chunk and scales before its PDL wait (early), and the
     wgmma kernel its first stages' weights and scales, only from the second call with a prepared
@@ -612,7 +614,7 @@ def test_matmul_early_weight_reads(monkeypatch, path):
     writes a fresh weight's scales right before its first matmul; the captured call must see
     them."""
     hopper = _hopper()
-    if path == "wgmma" and not hopper:
+    if path == "sm90_gemm" and not hopper:
         pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
     early = []
     launcher = _LAUNCHERS[path]
@@ -674,15 +676,15 @@ def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
         pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
     dtype = ml_dtypes.bfloat16
     early = []
-    real = cqw._launch_wgmma
-    monkeypatch.setattr(cqw, "_launch_wgmma", lambda *a: (early.append(a[-1]), real(*a)))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    real = launch.sm90_gemm
+    monkeypatch.setattr(launch, "sm90_gemm", lambda p: (early.append(p.early), real(p)))
+    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     for N, K in ((264, 512), (136, 3072)):
         qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((N, K), _seed("ew", N, K), dtype, outliers=False)),
                                                   "uint4", group_size=64, symmetric=False))
         a = cupy.asarray(np.random.default_rng(_seed("ewa", N, K)).standard_normal((bma + 7, K)).astype(np.float32).astype(dtype))
         early.clear()
-        with _forced("wgmma"):
+        with _forced("sm90_gemm"):
             outs = [poisoned((bma + 7, N), dtype) for _ in range(3)]
             cq.matmul(a, qw, out=outs[0])  # the weight's first call
             cq.matmul(a, qw, out=outs[1], pdl=False)
@@ -699,7 +701,7 @@ def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
 def test_prefill_other_tensor_core_kernel(dtype, scheme, sym, group_size):
     """On compute capability 9.0 matmul picks the wgmma kernel; the mma.sync kernel (every other
     GPU's) is held to the same bound here, at prefill sizes, and vice versa elsewhere."""
-    other = "pipelined" if _hopper() else "wgmma"
+    other = "sm80_gemm" if _hopper() else "sm90_gemm"
     for N, K in [(1000, 384), (4096, 4096)]:
         wh = _weights((N, K), _seed("po", N, K, scheme, group_size, dtype), dtype, outliers=False)
         qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
@@ -707,7 +709,7 @@ def test_prefill_other_tensor_core_kernel(dtype, scheme, sym, group_size):
             _check_matmul(qw, PREFILL_MS, dtype, _seed("poa", N, K), other)
 
 
-@pytest.mark.parametrize("path", ["pipelined", "wgmma"])
+@pytest.mark.parametrize("path", ["sm80_gemm", "sm90_gemm"])
 def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
     """The split-K arrival counters are zeroed once and reset by the last block of each tile, so no
     memset precedes a call (weight.py _split_counters): every call writes all of y (out= poisoned
@@ -719,12 +721,12 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "uint4", group_size=64,
                             symmetric=False)
     a = cupy.asarray(np.random.default_rng(42).standard_normal((M, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (4, -(-iters // 4)))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (64, 4))
-    monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 4 ways through the workspace
+    monkeypatch.setattr(plan, "sm80_splits", lambda tiles, iters, blocks: (4, -(-iters // 4)))
+    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (64, 4))
+    monkeypatch.setattr(launch, "sm90_cluster_cap", lambda *a: None)  # 4 ways through the workspace
     seen = []
-    real = cqw._split_counters
-    monkeypatch.setattr(cqw, "_split_counters", lambda d, n: seen.append(real(d, n)) or seen[-1])
+    real = _cache.split_counters
+    monkeypatch.setattr(_cache, "split_counters", lambda d, n: seen.append(real(d, n)) or seen[-1])
     dev = cupy.cuda.Device().id
     with _forced(path):
         want = cupy.asnumpy(cq.matmul(a, qw))
@@ -738,11 +740,11 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
                     assert cq.matmul(a, qw, out=out) is out
                     assert_bits_equal(out, want, f"call {rep} on stream {stream.ptr}")
                 stream.synchronize()
-                buf = cqw._stream_counters[(dev, stream.ptr)]
+                buf = _cache.stream_counters[(dev, stream.ptr)]
                 assert int(cupy.count_nonzero(buf)) == 0, "counters reset by the kernel"
                 buffers.add(buf.data.ptr)
         assert len(buffers) == 2, "one counter buffer per stream"
-        slab = cqw._graph_slabs[dev]
+        slab = _cache.graph_slabs[dev]
         start = slab[1]
         stream = cupy.cuda.Stream(non_blocking=True)
         outs = [cupy.empty((M, N), dtype) for _ in range(2)]
@@ -766,8 +768,8 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3], ids=["whole-K", "split2-K", "split3-K"])
-@pytest.mark.parametrize("path,bma", [("pipelined", 64), ("wgmma", 32), ("wgmma", 64), ("wgmma", 128), ("wgmma", 256)],
-                         ids=["pipelined", "wgmma-32", "wgmma-64", "wgmma-128", "wgmma-256"])
+@pytest.mark.parametrize("path,bma", [("sm80_gemm", 64), ("sm90_gemm", 32), ("sm90_gemm", 64), ("sm90_gemm", 128), ("sm90_gemm", 256)],
+                         ids=["sm80_gemm", "wgmma-32", "wgmma-64", "wgmma-128", "wgmma-256"])
 def test_tensor_core_out_tails_and_batches(monkeypatch, path, bma, splits):
     """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
     out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
@@ -782,9 +784,9 @@ def test_tensor_core_out_tails_and_batches(monkeypatch, path, bma, splits):
     rng = np.random.default_rng(22)
     a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
     # 5 stages of 128 k (10 of 64 k for the 256-row tile): 2 splits of 3 stages (5), 3 splits of 2 (4)
-    monkeypatch.setattr(cqw, "_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
-    monkeypatch.setattr(cqw, "_wg_plan", lambda M, N, iters, sms, **kw: (bma, splits))
-    monkeypatch.setattr(cqw, "_wg_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
+    monkeypatch.setattr(plan, "sm80_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
+    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    monkeypatch.setattr(launch, "sm90_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
     with _forced(path):
         y = cq.matmul(a, qw)
         assert y.shape == (3, 97, N)
@@ -830,14 +832,14 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     from cupyquant import _jit
 
     picked, launched = [], []
-    pick, run, kernel = cqw._decode_config, cqw._run, _jit.kernel
-    monkeypatch.setattr(cqw, "_decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
+    pick, run, kernel = plan.decode_config, launch.run, _jit.kernel
+    monkeypatch.setattr(plan, "decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
     monkeypatch.setattr(_jit, "kernel", lambda *a: launched.append(a[2:]) or kernel(*a))  # (name, *template args)
-    monkeypatch.setattr(cqw, "_run", lambda k, grid, block, args, smem, pdl, cluster=None: launched.append((block, grid, cluster))
+    monkeypatch.setattr(launch, "run", lambda k, grid, block, args, smem, pdl, cluster=None: launched.append((block, grid, cluster))
                         or run(k, grid, block, args, smem, pdl, cluster))
     dtype = ml_dtypes.bfloat16
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    hopper = int(cqw._device.arch(cupy.cuda.Device().id)) >= 90
+    hopper = int(_device.arch(cupy.cuda.Device().id)) >= 90
     seen, split_seen = set(), set()
     # 16 x SMs rows: one block of 16 rows (M <= 8) a SM; 128 x SMs rows, K = 1024: 8 blocks of 4
     # warps a SM, at M = 16 two blocks of 64 rows (MM_FOUR); 64 x SMs rows: one block of 64 rows a
@@ -851,13 +853,13 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
             y = cq.matmul(a, qw)
             calls = list(launched)  # the kernel lookups and the launch of this matmul alone
             assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
-            want = pick(-(-N // cqw._mm_rows(M > 8)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0, hopper and M >= 16, True)
+            want = pick(-(-N // (32 if M > 8 else 16)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0, hopper and M >= 16, True)
             assert picked == [want]
-            assert len(calls) == 2 and calls[0][0] == "w4a16_matmul" and calls[0][3] == want, (N, M, calls)
+            assert len(calls) == 2 and calls[0][0] == "w16_decode" and calls[0][3:-1] == want.targs, (N, M, calls)
             block, grid, cluster = calls[1]
-            rows = cqw._mm_rows(M > 8, want in cqw._DECODE_FOUR)
-            splits = cqw._decode_splits(want, -(-N // rows), sms, K // 128) if hopper else 1
-            assert block == (32 * cqw._mm_warps(want),), (N, M, calls)
+            rows = want.rows
+            splits = plan.decode_splits(want, -(-N // rows), sms, K // 128) if hopper else 1
+            assert block == (32 * want.warps,), (N, M, calls)
             assert grid == (-(-N // rows), 1, splits) and cluster == ((1, 1, splits) if splits > 1 else None), (N, M, calls)
             seen.add(want)
             if splits > 1:
@@ -865,8 +867,8 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     # whatever the SM count, N = 16 x SMs with K = 4096 takes blocks of 16 warps (one block of 16
     # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM); at M = 16 the
     # latter is 2 x SMs blocks of 64 rows (MM_FOUR)
-    assert {cqw._mm_warps(c) for c in seen} >= {4, 16}, seen
-    assert {cqw.MATMUL_FOUR, cqw.MATMUL_FOUR_WIDE} <= seen, seen
+    assert {c.warps for c in seen} >= {4, 16}, seen
+    assert {C.R64_W4_B2, C.R64_W8_B1} <= seen, seen
     assert split_seen == ({(32 * sms, 16)} if hopper else set()), split_seen
 
 
@@ -887,12 +889,12 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     N, K = 1000, 1024
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 14, dtype, outliers=False)), scheme, group_size=64, symmetric=sym)
     got = {}
-    monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma on compute capability 9.0
-    for cfg, ms in ((cqw.MATMUL_DEC3, (1, 5, 8)), (cqw.MATMUL_DEC4, (1, 5, 8)), (cqw.MATMUL_WIDE, (1, 5, 8)),
-                    (cqw.MATMUL_NARROW, (1, 5, 8)), (cqw.MATMUL_TWO, (9, 16)), (cqw.MATMUL_TWO_NARROW, (9, 16)),
-                    (cqw.MATMUL_TWO_WIDE, (9, 16)), (cqw.MATMUL_FOUR, (9, 16, 33)), (cqw.MATMUL_FOUR_WIDE, (9, 16, 33)),
-                    (cqw.MATMUL_TWO_ONE, (9, 16, 33))):
-        monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
+    monkeypatch.setattr(dispatch, "_FORCED", "decode")  # M = 33 takes wgmma on compute capability 9.0
+    for cfg, ms in ((C.R16_W8_B3, (1, 5, 8)), (C.R16_W8_B4, (1, 5, 8)), (C.R16_W16_B2, (1, 5, 8)),
+                    (C.R16_W4_B8, (1, 5, 8)), (C.R32_W8_B2, (9, 16)), (C.R32_W4_B4, (9, 16)),
+                    (C.R32_W16_B1, (9, 16)), (C.R64_W4_B2, (9, 16, 33)), (C.R64_W8_B1, (9, 16, 33)),
+                    (C.R32_W8_B1_EVEN_ODD, (9, 16, 33))):
+        monkeypatch.setattr(plan, "decode_config", lambda *args, cfg=cfg: cfg)
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
             out = poisoned((M, N), dtype)
@@ -900,7 +902,7 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
             assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)], (cfg, M)
             got.setdefault((cfg, M), cupy.asnumpy(out))
     for M in (1, 5, 8):
-        assert_bits_equal(cupy.asarray(got[cqw.MATMUL_DEC4, M]), got[cqw.MATMUL_DEC3, M], f"M={M}: 4 blocks per SM vs 3")
+        assert_bits_equal(cupy.asarray(got[C.R16_W8_B4, M]), got[C.R16_W8_B3, M], f"M={M}: 4 blocks per SM vs 3")
 
 
 def test_decode_k_split_exact_and_deterministic(monkeypatch):
@@ -916,24 +918,24 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     in fp16 and bf16; and the wrapper's own split run twice gives the same bits."""
     from cupyquant import _jit
 
-    if int(cqw._device.arch(cupy.cuda.Device().id)) < 90:
+    if int(_device.arch(cupy.cuda.Device().id)) < 90:
         pytest.skip("the decode K split runs as thread-block clusters: compute capability 9.0+")
     rng = np.random.default_rng(18)
     N, K = 1000, 2048
     w = rng.integers(-7, 8, (N, K)).astype(np.float32)
     w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
-    monkeypatch.setattr(cqw, "FORCE_PATH", "decode")  # M = 33 takes wgmma otherwise
-    fp16_cases = ((cqw.MATMUL_FOUR_WIDE, 2, (9, 16, 33)), (cqw.MATMUL_FOUR_WIDE, 3, (16,)), (cqw.MATMUL_FOUR, 2, (16, 33)),
-                  (cqw.MATMUL_TWO_WIDE, 2, (9,)), (cqw.MATMUL_TWO, 8, (16,)), (cqw.MATMUL_DEC3, 2, (1, 5)),
-                  (cqw.MATMUL_WIDE, 8, (1,)), (cqw.MATMUL_TWO_ONE, 1, (9, 16, 33)), (cqw.MATMUL_TWO_ONE, 2, (16,)))
+    monkeypatch.setattr(dispatch, "_FORCED", "decode")  # M = 33 takes wgmma otherwise
+    fp16_cases = ((C.R64_W8_B1, 2, (9, 16, 33)), (C.R64_W8_B1, 3, (16,)), (C.R64_W4_B2, 2, (16, 33)),
+                  (C.R32_W16_B1, 2, (9,)), (C.R32_W8_B2, 8, (16,)), (C.R16_W8_B3, 2, (1, 5)),
+                  (C.R16_W16_B2, 8, (1,)), (C.R32_W8_B1_EVEN_ODD, 1, (9, 16, 33)), (C.R32_W8_B1_EVEN_ODD, 2, (16,)))
     # bf16 (its own code extraction): the 64-row blocks, whose mma pair the weight registers of two
     # k16 steps and keep two sets of partial sums, unsplit and split
-    bf16_cases = ((cqw.MATMUL_FOUR_WIDE, 1, (16, 33)), (cqw.MATMUL_FOUR_WIDE, 2, (9,)), (cqw.MATMUL_FOUR, 1, (16,)))
+    bf16_cases = ((C.R64_W8_B1, 1, (16, 33)), (C.R64_W8_B1, 2, (9,)), (C.R64_W4_B2, 1, (16,)))
     for dtype, cases in ((np.float16, fp16_cases), (ml_dtypes.bfloat16, bf16_cases)):
         qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
         for cfg, splits, ms in cases:
-            monkeypatch.setattr(cqw, "_decode_config", lambda *args, cfg=cfg: cfg)
-            monkeypatch.setattr(cqw, "_decode_splits", lambda *args, splits=splits: splits)
+            monkeypatch.setattr(plan, "decode_config", lambda *args, cfg=cfg: cfg)
+            monkeypatch.setattr(plan, "decode_splits", lambda *args, splits=splits: splits)
             for M in ms:
                 a = rng.integers(-4, 5, (M, K)).astype(dtype)
                 out = poisoned((M, N), dtype)
@@ -1009,7 +1011,7 @@ def test_validation_errors():
         cq.matmul(cupy.ones((4, 128), dtype=dtype), qw, out=out)
     with pytest.raises(TypeError, match="a must be float16 or bfloat16"):
         cq.matmul(a.astype(cupy.float32), qw, out=out)
-    with pytest.raises(ValueError, match="scales are bfloat16 but a is float16"):
+    with pytest.raises(TypeError, match="scales are bfloat16 but a is float16"):
         cq.matmul(a.astype(cupy.float16), qw)
     with pytest.raises(TypeError, match="w must be a QuantizedWeight"):
         cq.matmul(a, w)

@@ -1,7 +1,7 @@
-// weight_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 weights (prefill
-// sizes of M), reading the prepared layout of weight.cu's matmul (tiles of 16 weight rows by 128 k
-// stored as 1 KB each, scales and zero codes per tile and group: see weight.py prepare_weight).
-// Numerics as weight.cu's decode matmul: each product exact, float32 sums (see w4a16_gemm).
+// weight_sm80_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 weights (prefill
+// sizes of M), reading the prepared layout of weight_decode.cu's matmul (tiles of 16 weight rows by 128 k
+// stored as 1 KB each, scales and zero codes per tile and group: see weight/quantize.py prepare_weight).
+// Numerics as weight_decode.cu's decode matmul: each product exact, float32 sums (see sm80_w16_gemm).
 
 #include "common.cuh"
 #include "weight_mma.cuh"
@@ -25,7 +25,7 @@ using namespace cq;
 // 16 bytes of the activation row it reads changes.)
 // Sub-block i (k = 32t + 8i .. + 7) gives two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and
 // (2t + 8, 2t + 9) take k pairs 4h, 4h + 1 and 4h + 2, 4h + 3 of the sub-block, so the activation
-// registers go to the mma as loaded. The weights are in fragment order (weight.py prepare_weight),
+// registers go to the mma as loaded. The weights are in fragment order (weight/quantize.py prepare_weight),
 // built for a lane that takes k 2t, 2t + 1, 2t + 8, 2t + 9 of every k16 step: lane (g, t) here reads
 // the words of steps 2t and 2t + 1 of the four lanes (g, t'), which hold exactly its 32 k, and takes
 // each B register from the word and register that hold its k pair (weight_mma.cuh frag_codes: one
@@ -47,7 +47,7 @@ struct GemmArgs {
     int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
-    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight.py _kperm; whole-chunk groups)
+    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight/quantize.py k_permuted; whole-chunk groups)
 };
 
 // Position of 16-byte chunk c of activation row r within the row. Lanes (g, t), g = 0, 1, of a
@@ -56,12 +56,12 @@ struct GemmArgs {
 // bank groups, as do the copies' 8 consecutive chunks of one row.
 __device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) ^ ((r & 1) * 5); }
 
-// POST: false = the weights are dequantized exactly to T (the decode kernel's rule without POST);
+// SCALE_AFTER_SUM: false = the weights are dequantized exactly to T (the decode kernel's rule without SCALE_AFTER_SUM);
 // true = (groups of 128, or per-channel) the mma takes the exact q - z and each stage's float32
 // partial sums are multiplied by the stage's scale (one FMA per output per stage). MT = 4 is built
-// without POST: the second set of accumulators would not fit in the registers.
-template <typename T, int S, int MT, int WM, int STAGES, bool POST>
-__global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+// without SCALE_AFTER_SUM: the second set of accumulators would not fit in the registers.
+template <typename T, int S, int MT, int WM, int STAGES, bool SCALE_AFTER_SUM>
+__global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                               const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                               T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
                                                               GemmArgs a) {
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
         }
     };
 
-    // scales (as T pairs, without POST), zero biases, and the accumulator columns' scales (POST)
+    // scales (as T pairs, without SCALE_AFTER_SUM), zero biases, and the accumulator columns' scales (SCALE_AFTER_SUM)
     struct SZ {
         unsigned s2[GM_NT], zb[GM_NT];
         float cs[GM_NT][2];
@@ -126,20 +126,20 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
     const unsigned char* z_b = zeros + (nb >> 4) * a.ng * 8 + g / 2;
     auto load_sz = [&](i64 it) {
         SZ r;
-        const i64 grp = (it * GM_BK + (POST ? 0 : 32 * t)) >> a.gshift;
+        const i64 grp = (it * GM_BK + (SCALE_AFTER_SUM ? 0 : 32 * t)) >> a.gshift;
 #pragma unroll
         for (int j = 0; j < GM_NT; ++j) {
             const bool ok = nb + 8 * j < a.N;
             unsigned short sb = 0;
             const i64 tj = (j >> 1) * tstep + grp * 16 + 8 * (j & 1);
-            if (!POST && ok) sb = __ldg(s_b + tj);
+            if (!SCALE_AFTER_SUM && ok) sb = __ldg(s_b + tj);
             r.s2[j] = (unsigned)sb * 0x10001u;
             unsigned z = 8u;
             if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + (tj >> 1)) >> (4 * (g & 1))) & 15u) : 0u;
             r.zb[j] = frag_zero_bias<T>(z, j & 1);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                r.cs[j][h] = POST && nc + 8 * j + h < a.N ? to_float(s_c[tj + h]) : 0.0f;
+                r.cs[j][h] = SCALE_AFTER_SUM && nc + 8 * j + h < a.N ? to_float(s_c[tj + h]) : 0.0f;
         }
         return r;
     };
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
 #pragma unroll 1
     for (int i = 0; i < niter; ++i) {
         cp_async_wait<STAGES - 2>();
-        __syncthreads();  // stage i has landed for every thread, and slot (i - 1) % STAGES is free
+        __syncthreads();  // stage i has arrived for every thread, and slot (i - 1) % STAGES is free
         if (i + STAGES - 1 < niter) load_stage((i + STAGES - 1) % STAGES, it0 + i + STAGES - 1);
         cp_async_commit();
         const SZ nxt = load_sz(it0 + min(i + 1, niter - 1));
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
         for (int jj = 0; jj < GM_NT / 2; ++jj)
 #pragma unroll
             for (int h = 0; h < 2; ++h) wv[jj][h] = *reinterpret_cast<const uint4*>(sw + (2 * wn + jj) * 1024 + h * 512 + lane * 16);
-        float part[POST ? MT : 1][GM_NT][4];
-        if constexpr (POST) {
+        float part[SCALE_AFTER_SUM ? MT : 1][GM_NT][4];
+        if constexpr (SCALE_AFTER_SUM) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -214,18 +214,18 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) w4a16_gemm(const T* __restric
                         const unsigned word = reinterpret_cast<const unsigned*>(&wv[j >> 1][sub >> 1])[2 * h + e];
                         const unsigned x = frag_codes<T>(word, 2 * (sub & 1) + (j & 1));
                         bw[j][e] = H::fma2(x, frag_mul<T>(j & 1), cur.zb[j]);  // q - z, exact
-                        if constexpr (!POST) bw[j][e] = H::fma2(bw[j][e], cur.s2[j], 0x80008000u);
+                        if constexpr (!SCALE_AFTER_SUM) bw[j][e] = H::fma2(bw[j][e], cur.s2[j], 0x80008000u);
                     }
                 }
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     const unsigned af[4] = {ar[mt][0][2 * h], ar[mt][1][2 * h], ar[mt][0][2 * h + 1], ar[mt][1][2 * h + 1]};
 #pragma unroll
-                    for (int j = 0; j < GM_NT; ++j) mma16816<T>(POST ? part[mt][j] : acc[mt][j], af, bw[j][0], bw[j][1]);
+                    for (int j = 0; j < GM_NT; ++j) mma16816<T>(SCALE_AFTER_SUM ? part[mt][j] : acc[mt][j], af, bw[j][0], bw[j][1]);
                 }
             }
         }
-        if constexpr (POST) {
+        if constexpr (SCALE_AFTER_SUM) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

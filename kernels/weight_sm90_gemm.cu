@@ -1,7 +1,7 @@
-// weight_wgmma.cu: y = a @ dequant(w).T for INT4 weights on Hopper's warpgroup tensor-core
-// instructions (wgmma, sm_90a only), reading the prepared layout of weight.cu's matmul (tiles of 16
+// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4 weights on Hopper's warpgroup tensor-core
+// instructions (wgmma, sm_90a only), reading the prepared layout of weight_decode.cu's matmul (tiles of 16
 // weight rows by 128 k stored as 1 KB each, scales and zero codes per tile and group: see
-// weight.py prepare_weight). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
+// weight/quantize.py prepare_weight). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
 // other target the kernel is an empty stub that traps, and the host never launches it there.
 //
 // Roles are swapped against y = a @ w.T: the wgmma computes y.T = w @ a.T, so the weights are the
@@ -30,18 +30,18 @@
 //
 // Dequantization. Lane (g, t) of warp q of a warpgroup holds, per k16 step s, the A fragment of
 // rows 16 q + g and 16 q + g + 8 at k = 16 s + {2t, 2t + 1, 2t + 8, 2t + 9}. The prepared layout
-// stores exactly these 8 codes as the lane's 32-bit word of step s (fragment order: weight.py
+// stores exactly these 8 codes as the lane's 32-bit word of step s (fragment order: weight/quantize.py
 // prepare_weight; a 16-byte piece holds the words of one step of four lanes), so a lane reads only
 // its own bytes, one 4-byte shared load a step, and turns a word into its four registers with one shift and four lop3
 // (fp16) or three shifts and four lop3 (bf16) that OR in the magic exponent (1024 + q or
 // 1024 + 16 q; 128 + q); one FMA with the multiplier and the zero bias gives q - z exactly, and a
 // second multiplies by the group's scale: round(s * (q - z)) in a's dtype, bit-identical to
-// w.dequantize(a.dtype). KP (groups of whole chunks: the layout's 4 x 4 blocks of 8 k of each
-// chunk are transposed, weight.py _kperm): the layout's k16 step j of a chunk holds the chunk's
+// w.dequantize(a.dtype). K_PERMUTED (groups of whole chunks: the layout's 4 x 4 blocks of 8 k of each
+// chunk are transposed, weight/quantize.py k_permuted): the layout's k16 step j of a chunk holds the chunk's
 // blocks of 8 k 8 (j % 2) + j / 2 and that + 4, not two adjacent blocks, so a real step s of
 // half hh takes a0, a1 from the low or high registers of the word of layout step hh + 4 (s % 2) and
 // a2, a3 from those of layout step hh + 4 (s % 2) + 2 (registers 2 (s / 2) and 2 (s / 2) + 1 of
-// both words): the same shifts and lop3 as without KP, from two words instead of one, and the
+// both words): the same shifts and lop3 as without K_PERMUTED, from two words instead of one, and the
 // activations stay in K order in shared memory. The half's four words are pieces (hh, 4 g + u),
 // 512 contiguous bytes a tile. (Until session 15 the layout was row-major within a tile, and each lane
 // read all four lanes' bytes and picked its own with a prmt: 4x the shared-memory reads, and 3
@@ -49,7 +49,7 @@
 // and summed in float32, as on the other paths.
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
-// workspace (ws not null), as in weight_gemm.cu: float32 partial tiles to the workspace, a per-tile
+// workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
 // counter, and the last split adds the partials in split order 0, 1, ..., so the result does not
 // depend on timing, and writes y (weight_mma.cuh split_k_finish). Without one (the splits launched
 // as clusters of 1 x 1 x splits blocks), the partials stay on the SMs and the cluster's blocks add
@@ -58,7 +58,7 @@
 //
 // The 128-row tile (WS in the kernel) adds a producer warpgroup (warps 8-11): thread 256 loads each
 // stage's activations with two TMA boxes (64 k by 128 rows of a, the 128-byte swizzle the wgmma
-// descriptor describes; the host encodes the tensor map, weight.py _act_tensor_map; in the last M
+// descriptor describes; the host encodes the tensor map, weight/_cache.py act_tensor_map; in the last M
 // tile, where M is not a multiple of 128, boxes of that tile's rows rounded up to 8 from a second
 // map, rows past M read as zeros) and the 128 producer threads copy the weights, scales and zero
 // codes by cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
@@ -103,9 +103,9 @@ struct WgArgs {
     int gshift;  // k's group is k >> gshift (log2 G; 62 for one group per row)
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
-    int early;   // 1: the first stages' weights and scales are copied before the PDL wait (weight.py _early_ok)
+    int early;   // 1: the first stages' weights and scales are copied before the PDL wait (weight/dispatch.py early_ok)
 };
-// A CUtensorMap (cuTensorMapEncodeTiled, weight.py _act_tensor_map): the launch's rows of a, boxes of
+// A CUtensorMap (cuTensorMapEncodeTiled, weight/_cache.py act_tensor_map): the launch's rows of a, boxes of
 // 64 k by 128 rows in the 128-byte swizzle (tm), and where M is not a multiple of 128, by the last
 // tile's rows rounded up to 8 (tm_tail). Passed by value (__grid_constant__), as TMA reads it; the
 // 64- and 256-row tiles do not read them, nor the 128-row tile tm_tail where M is a multiple of 128
@@ -285,9 +285,9 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
 }
 #endif
 
-template <typename T, int S, int BMA, int STAGES, int HALVES, bool KP>
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
 __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
-    w4a16_wgmma(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
+    sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
                 const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
                 WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // them unpredicated, where its 8 predicates a half, kept packed in a register (P2R) and unpacked
     // each stage, cost more than the branch (fewer rows a thread: the predicates stay)
     const bool a_full = a_nq == A_CH;
-    // KP, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
+    // K_PERMUTED, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
     // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
     // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
     // halves of HALVES = 2 below, and the source steps 512 bytes a stage.
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     unsigned w_dst[HALVES];
     bool w_ok[HALVES];
     int w_odd = (int)(it0 & 1);
-    if constexpr (HALVES == 1 && KP) {
+    if constexpr (HALVES == 1 && K_PERMUTED) {
         const int p = tid & 31, pg = p >> 2;
         w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
         w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
@@ -412,8 +412,8 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // The activation and weight sources of a stage are their loop group's pointers plus the stage's
     // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
     // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
-    // HALVES = 1 without KP alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
-    constexpr bool W_FIXED = HALVES == 2 || KP;
+    // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
+    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
     constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
     const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
     auto advance = [&](int stages) {
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
         }
     };
     auto load_w = [&](int slot, int jj) {
-        if constexpr (HALVES == 1 && KP) {
+        if constexpr (HALVES == 1 && K_PERMUTED) {
             cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
         } else if constexpr (HALVES == 1) {
             cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // a.early: the weights and scales of the ring's first stages (STAGES - 2 here, STAGES in the
     // 128-row tile's producer) are copied before the PDL wait, the activations after it, so that
     // the weights' first DRAM round trip overlaps the end of the kernel before (the activations may
-    // be its output; the weights are not: weight.py _early_ok). Session 39, H100, A/B in one call,
+    // be its output; the weights are not: weight/dispatch.py early_ok). Session 39, H100, A/B in one call,
     // two rounds, the same bits: 4096^2 M = 64 (64/3) 10.20 -> 9.67 us, M = 128 (64/2) 12.9 -> 12.4,
     // 14336 x 4096 M = 64 (64/1) 20.05 -> 19.76, 4096^2 M = 256 (128/2) 16.25 -> 16.15; the tiles
     // that fill every SM in several waves unchanged (28672 x 8192 M = 256 162.7 / 162.8). Session 22
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
     // The byte offsets of this lane's words in a slot, computed once (per stage they cost four
     // multiply-adds of the lane's index and the slot's base). This, the scales read once a stage
-    // (KP), the descriptors' 32-bit adds (bdesc) and the scales' operand selector (fma2_lo) take a
+    // (K_PERMUTED), the descriptors' 32-bit adds (bdesc) and the scales' operand selector (fma2_lo) take a
     // 128-k stage of the 64-row tile from 253 to 228 instructions a warp (bf16; 128-row 268 -> 252,
     // 64-k stage of the 256-row tile 181 -> 173). Session 31, H100, A/B in one run, 2 rounds, the
     // same output bits: 3-6% faster at M = 32 to 128 (4096 x 14336 M = 64 24.7 -> 23.7 us, 8192 x
@@ -605,7 +605,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     for (int hh = 0; hh < HALVES; ++hh)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int off = KP ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
+            const int off = K_PERMUTED ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
                             : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
                                           : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
             woff[hh][u] = A_BYTES + warp * (512 * HALVES) + off + 4 * t;
@@ -615,7 +615,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // computed once like woff
     int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * 2, zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
     asm volatile("" : "+r"(sc_row), "+r"(zc_row));
-    // this lane's words of half hh of the stage at st (the layout's four k16 steps: KP steps hh + 2 u,
+    // this lane's words of half hh of the stage at st (the layout's four k16 steps: K_PERMUTED steps hh + 2 u,
     // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
     auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
                           unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
                 zv = zb8[r];
             }
         };
-        if constexpr (KP) {
+        if constexpr (K_PERMUTED) {
             // groups of whole chunks: a stage (a chunk, or half of one) is one group, whose scale and
             // zero code serve all its k16 steps: read once a stage (the second half's are the first's)
             bool again = false;
@@ -673,7 +673,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
         // 3-8% slower on the largest shapes (8192 x 28672 M = 64 75 -> 81), so it reads each half
         // where it starts. (The 256-row tile's stages are one half.)
         constexpr bool HOIST = BMA >= 128;
-        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (KP: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
+        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
         unsigned sc[HALVES][2][2], zc[HALVES][2][2];
         auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
         if constexpr (HOIST) {
@@ -686,7 +686,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 wg_wait<3>();  // four groups back, the last reader of af[s], is done
-                if constexpr (KP)  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
+                if constexpr (K_PERMUTED)  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
                     dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
                 else
                     dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
@@ -712,7 +712,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // With it, the lane's offsets and the copies' destinations held in registers (opaque: ptxas
     // otherwise recomputes them in each copy of the loop, which alone made the 64-row stage 228 ->
     // 239 instructions), the sources moved once a group (advance) and the scale sources stepped:
-    // a stage a warp (bf16, KP) 228 -> about 206 instructions on the 64-row tile, 252 -> about 221
+    // a stage a warp (bf16, K_PERMUTED) 228 -> about 206 instructions on the 64-row tile, 252 -> about 221
     // on the 128-row tile, 173 -> about 150 on the 256-row tile. Session 32, H100, A/B against
     // the session's start in one run, the same output bits: 5-10% faster at M = 32-64 (14336 x
     // 4096 M = 64 22.6 -> 20.4 us), 6-11% at M = 128-1024 (4096 x 14336 M = 256 52.2 -> 47.1).
@@ -738,7 +738,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
                         __syncwarp();  // every lane's reads of that slot are done
                         if (lane == 0) mbar_arrive(empty0 + 8 * (slot == 0 ? STAGES - 1 : slot - 1));
                     }
-                    if constexpr (KP)
+                    if constexpr (K_PERMUTED)
                         dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
                     else
                         dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
@@ -790,7 +790,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
             read_half(hh);
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
-                if constexpr (KP)
+                if constexpr (K_PERMUTED)
                     dq(f[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
                 else
                     dq(f[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);

@@ -1,131 +1,13 @@
-// weight.cu: weight-only quantization (INT4 symmetric uint4b8 as GPTQ/Marlin, INT4 asymmetric with
-// zero points as AWQ, FP8 E4M3 for W8A16), its dequantization, and the decode matmul
-// y = a @ dequant(w).T that dequantizes the weights in registers.
-//
-// What it computes (reference: cupyquant.reference.quantize_weight / dequantize_weight; every float
-// step IEEE float32, T the weight's dtype):
-//   weight_quantize   per (row n, group of G along K): int4 s = T(amax / 7), q = clamp(rne(w / s),
-//                     -8, 7) + 8; uint4 s = T(max(max - min, 1e-5) / 15), z = clamp(rne(-min / s),
-//                     0, 15), q = clamp(rne(w / s) + z, 0, 15); fp8 s = T(amax / 448),
-//                     q = e4m3_satfinite(w / s). Maxima over the finite weights, NaN -> the zero
-//                     code (rne(NaN) = 0), +-inf clamps, a zero scale gives the zero code.
-//   weight_dequantize y = round(float(q - z) * float(s)) (z = 8 for int4), or fp8(q) * s.
-//   w4a16_matmul      see below.
-// Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
-// (N, K); scales (N, K / G) of T; uint4 zero codes unpacked (N, K / G) bytes here (the wrapper
-// packs them two per byte). The matmul reads the prepared (tile-major) layout instead: see
-// w4a16_matmul.
+// weight_decode.cu: the decode matmul y = a @ dequant(w).T for weight-only INT4 and FP8 weights
+// (few rows of a), dequantizing the weights in registers from the prepared layout
+// (cupyquant/weight/quantize.py prepare_weight). Numerics: each product exact, float32 sums in an
+// order of the kernel's own (see w16_decode); reference: a @ cupyquant.reference.dequantize_weight(w).T
+// within float32 summation error.
 
 #include "common.cuh"
 #include "weight_mma.cuh"
 
 using namespace cq;
-
-// rne(v) as an integer clamped to [lo, hi]; NaN -> 0 (cvt.rni gives 0 for NaN and saturates inf).
-__device__ __forceinline__ int rne_clamp(float v, int lo, int hi) {
-    return min(max(__float2int_rn(v), lo), hi);
-}
-
-// ---------------------------------------------------------------- quantize
-struct WQuantArgs {
-    i64 N, K;
-    i64 ng;  // groups per row, K / G
-    int G;
-};
-
-// One warp per (row, group): lanes stride over the group for the maxima (shuffle reduction), then
-// over element pairs (INT4: one byte each) or elements (FP8) to write the codes.
-template <typename T, int S>
-__global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, unsigned char* __restrict__ q, T* __restrict__ scales,
-                                                       unsigned char* __restrict__ zeros, WQuantArgs a) {
-    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (gw >= a.N * a.ng) return;
-    const i64 n = gw / a.ng, g = gw - n * a.ng;
-    const T* src = w + n * a.K + g * a.G;
-
-    unsigned key = 0;  // max |w| as float bits, over the finite weights
-    float mx = __uint_as_float(0xff800000u), mn = __uint_as_float(0x7f800000u);  // max / min of the finite weights (from -inf, +inf)
-    for (int i = lane; i < a.G; i += 32) {
-        const float v = to_float(src[i]);
-        if (is_finite_bits(__float_as_uint(v))) {
-            key = max(key, __float_as_uint(v) & 0x7fffffffu);
-            mx = fmax_ieee(mx, v);
-            mn = fmin_ieee(mn, v);
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
-        mx = fmax_ieee(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        mn = fmin_ieee(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-    }
-    if (__float_as_uint(mx) == 0xff800000u && __float_as_uint(mn) == 0x7f800000u) mx = mn = 0.0f;  // none finite
-
-    float s32;
-    if constexpr (S == W_UINT4) s32 = div_rn(fmax_ieee(add_rn(mx, -mn), 1e-5f), 15.0f);
-    else s32 = div_rn(__uint_as_float(key), S == W_INT4 ? 7.0f : 448.0f);
-    const T st = from_float<T>(s32);
-    const float sf = to_float(st);
-    const bool zero_scale = (__float_as_uint(sf) & 0x7fffffffu) == 0u;  // on bits: -ftz would flush a compare
-    const int z = S == W_UINT4 ? (zero_scale ? rne_clamp(0.0f, 0, 15) : rne_clamp(div_rn(-mn, sf), 0, 15)) : 8;
-    if (lane == 0) {
-        scales[n * a.ng + g] = st;
-        if constexpr (S == W_UINT4) zeros[n * a.ng + g] = (unsigned char)z;
-    }
-
-    if constexpr (S == W_FP8) {
-        unsigned char* dst = q + n * a.K + g * a.G;
-        for (int i = lane; i < a.G; i += 32) {
-            const float v = to_float(src[i]);
-            const bool nan = (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
-            dst[i] = zero_scale || nan ? 0 : (unsigned char)(to_fp8x2<E4M3>(div_rn(v, sf), 0.0f) & 0xffu);
-        }
-    } else {
-        unsigned char* dst = q + n * (a.K / 2) + g * (a.G / 2);
-        for (int i = lane; i < a.G / 2; i += 32) {
-            unsigned c[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float v = div_rn(to_float(src[2 * i + h]), sf);
-                if constexpr (S == W_INT4) c[h] = zero_scale ? 8u : (unsigned)(rne_clamp(v, -8, 7) + 8);
-                else c[h] = zero_scale ? (unsigned)z : (unsigned)min(max(rne_clamp(v, -(1 << 20), 1 << 20) + z, 0), 15);
-            }
-            dst[i] = (unsigned char)(c[0] | (c[1] << 4));
-        }
-    }
-}
-
-// ---------------------------------------------------------------- dequantize
-struct WDequantArgs {
-    i64 N, K;
-    i64 ng;
-    int G;
-};
-
-// Grid (ceil(K / 2 / 256), rows): one thread per element pair of a row.
-template <typename T, typename O, int S>
-__global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __restrict__ q, const T* __restrict__ scales,
-                                                         const unsigned char* __restrict__ zeros, O* __restrict__ y, WDequantArgs a) {
-    const i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;  // pair index within the row
-    if (2 * p >= a.K) return;
-    for (i64 n = blockIdx.y; n < a.N; n += gridDim.y) {
-        const i64 g = 2 * p / a.G;
-        const float s = to_float(scales[n * a.ng + g]);
-        float v[2];
-        if constexpr (S == W_FP8) {
-            fp8x2_to_float2<E4M3>(*reinterpret_cast<const unsigned short*>(q + n * a.K + 2 * p), v[0], v[1]);
-        } else {
-            const unsigned b = q[n * (a.K / 2) + p];
-            const int z = S == W_UINT4 ? (int)((zeros[n * ((a.ng + 1) / 2) + g / 2] >> (4 * (g % 2))) & 15u) : 8;
-            v[0] = (float)((int)(b & 15u) - z);
-            v[1] = (float)((int)(b >> 4) - z);
-        }
-        O* d = y + n * a.K + 2 * p;
-        d[0] = from_float<O>(mul_rn(v[0], s));
-        d[1] = from_float<O>(mul_rn(v[1], s));
-    }
-}
 
 // ---------------------------------------------------------------- decode matmul
 // y (M, N) = a (M, K) @ dequant(w).T, fp32 accumulation on mma.sync.m16n8k16 (f16 or bf16), the
@@ -134,12 +16,11 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 //
 // Operands. The weights are the mma's A operand (16 rows of N by 16 of K) and the activations its
 // B operand (16 of K by 8 rows of M): at decode (M <= 8) one mma covers 256 weights, and no mma row
-// is idle for want of activation rows. With M tile rows past 8 (TWO) each A fragment meets two B
+// is idle for want of activation rows. With M tile rows past 8 (ROW_TILES > 1) each A fragment meets two B
 // fragments (rows 0-7 and 8-15 of the M tile).
 //
-// Tiling. A block of WARPS warps (8; 4 or 16 in the configurations below) owns RT 16-row tiles of
-// weights (RT = 1 for M <= 8, so that N = 4096 already gives 256 blocks; 2 with TWO, halving the
-// activation reads per weight byte; 4 in MM_FOUR, halving them again) and one M tile of 16 rows;
+// Tiling. A block of WARPS warps owns RT = ROW_TILES 16-row tiles of weights (see the
+// configurations below) and one M tile of 16 rows;
 // its warps split K (warp w takes K chunks w, w + WARPS, ...) and add their partial sums through
 // shared memory at the end. K split across blocks (compute capability 9.0+: gridDim.z = splits
 // blocks of the same tiles, launched as one 1 x 1 x splits thread-block cluster): the cluster's
@@ -153,97 +34,52 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
 // fragment order, see K order), and loads the VALS activations of M rows g (and g + 8) there.
 //
 // Weight stream. Each warp keeps the chunks after the one it multiplies in flight: a ring of
-// MM_STAGES slots in shared memory (RT KB per slot), filled by cp.async MM_STAGES - 1 chunks ahead
-// (MM_STAGES = 2: one chunk ahead, with 24-32 warps per SM, measured faster than 3 to 8 stages on
-// the H100, and a staged copy of a (below) slower still). A lane reads back only
+// DECODE_STAGES slots in shared memory (RT KB per slot), filled by cp.async DECODE_STAGES - 1 chunks
+// ahead (2 stages, one chunk ahead, with 24-32 warps per SM: 3 and 4 stages are 1-20% slower on the
+// H100 on every shape and configuration, 4096^2 M = 1 5.3 us against 6.3-6.4). A lane reads back only
 // the 16-byte pieces it copied itself, so cp.async.wait_group orders each slot's fill and use with no
 // barrier; the slot refilled in an iteration is the one emptied into registers the iteration before.
-// A lane's scales (and zero codes) are loaded one chunk ahead (MM_TWO_ONE: two, mm_scales_ahead);
-// the next chunk's activations are loaded into the registers of the quarters just used (INT4: two
-// quarters after each four mma steps; FP8: one after each two). (Tried and slower on the
-// H100: the activations in the cp.async ring too, 8x slower where lanes copied the same address and
-// still 1.5x with one copy per address; prefetch.global.L1 of two chunks ahead, 1.5x.)
+// A lane's scales (and zero codes) are loaded SCALES_AHEAD chunks ahead; the next chunk's
+// activations are loaded into the registers of the quarters just used (INT4: two quarters after
+// each four mma steps; FP8: one after each two), not through the cp.async ring (where lanes that
+// copy the same address make it 1.5-8x slower).
 //
 // K order. The sum over K does not care in which order the products come, so each thread's VALS
 // consecutive k are assigned to the mma's k slots (2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) in
-// the order that is cheapest. INT4 (fragment order, weight.py prepare_weight): the lane's two pieces
+// the order that is cheapest. INT4 (fragment order, weight/quantize.py prepare_weight): the lane's two pieces
 // are the words of k16 steps 2t and 2t + 1 of lanes (g, t'), t' = 0..3; word t' of piece sl is an A
 // fragment as it stands (k 32 t + 16 sl + 2 t' + {0, 1, 8, 9}; weight_mma.cuh frag_codes: one lop3
 // a register, plus one shift a word for fp16 and three for bf16), and it meets the activation
-// registers of those k pairs, 8 sl + t' and 8 sl + t' + 4, as loaded. (Until session 15 the tile was
-// row-major, the weights took nibble pairs (p, p + 4) of a word, and the activations were permuted
-// to match with one prmt a register.) FP8 step j takes word j's bytes (0, 1) and (2, 3) in order.
-// Where the groups are whole chunks (POST), the layout's chunks have their 4 x 4 blocks of 8 k
-// transposed (weight.py _kperm): the lane's k 32 t + 8 q + r of the layout are the chunk's
-// 32 q + 8 t + r, so each of its four 16-byte activation loads is one quarter of a 64-byte piece
-// that the four lanes t of a row read together (without it, 16-byte pieces 64 bytes apart: twice
-// the L2 sectors and four times the tag lookups a load). On the H100 (session 26, INT4 g128 bf16,
-// us, old -> new) 4096^2 M = 16 6.47-6.49 -> 5.58-5.61, M = 1 4.76-4.79 -> 4.44-4.47; the larger
-// shapes within 1%.
+// registers of those k pairs, 8 sl + t' and 8 sl + t' + 4, as loaded. FP8 step j takes word j's
+// bytes (0, 1) and (2, 3) in order.
+// Where the groups are whole chunks (SCALE_AFTER_SUM), the layout's chunks have their 4 x 4 blocks of 8 k
+// transposed (weight/quantize.py k_permuted): the lane's k 32 t + 8 q + r of the layout are the
+// chunk's 32 q + 8 t + r, so each of its four 16-byte activation loads is one quarter of a 64-byte
+// piece that the four lanes t of a row read together (without it, 16-byte pieces 64 bytes apart:
+// twice the L2 sectors and four times the tag lookups a load; 4096^2 M = 16 on the H100 5.6 us
+// against 6.5).
 //
-// Dequantization (without POST exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
+// Dequantization (without SCALE_AFTER_SUM exact: the same bits as dequantize_weight to T): INT4 codes become 1024 + q
 // (fp16, exponent 0x64) or 128 + q (bf16, 0x43) by one lop3, minus 1024 + z (or 128 + z) exactly,
 // times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16. A lane's VALS
 // weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
-static constexpr int MM_WARPS = 8;
-static constexpr int MM_STAGES = 2;  // weight chunks in flight per warp (the ring's slots; 2 measured fastest, weight.py)
-static constexpr int MM_MAX_SPLITS = 8;  // blocks of a K split (a portable cluster's size)
-// Kernel configurations (the CFG template argument): M tiles of up to 8 rows with 3 blocks per SM
-// (80 registers) or 4 (64 registers: the wrapper takes it where the blocks fill whole waves better),
-// and M tiles of 16 rows (TWO), 2 blocks per SM.
-// MM_WIDE (M <= 8, few blocks: N up to 32 x the SM count) gives a block 16 warps instead of 8, so
-// that the K split is twice as fine and an SM holding two blocks has 32 warps in flight. The wrapper
-// picks the configuration by waves and bytes in flight (weight.py _decode_config).
-// MM_NARROW and MM_TWO_NARROW give a block 4 warps (the K split half as fine, twice the blocks per
-// SM at the same register budgets as MM_DEC4 and MM_TWO), so that many short blocks fit in one wave;
-// MM_TWO_WIDE 16 warps (one block per SM), so that few blocks of 32 rows still have 32 KB in flight.
-// MM_FOUR (M tiles of 16 rows, INT4 on the H100) gives each warp 4 tiles of 16 weight rows (a block
-// of 4 warps owns 64 rows, up to 250 registers, 2 blocks per SM): each chunk's 4 KB of activations then
-// feed 4 KB of weights instead of 2, which halves the activation reads per weight byte (at M = 16
-// they were twice the weight bytes, 25% of the time on the large shapes; session 9).
-// MM_FOUR_WIDE: the same 64-row blocks with 8 warps (one block per SM, 32 KB in flight), for
-// shapes whose 64-row blocks fill between half the SMs and all of them; the wrapper also splits its
-// K across the 2 blocks of a cluster where they fill only a quarter to a half (below).
-// MM_TWO_ONE: MM_TWO's blocks (8 warps, 32 rows) one per SM, whose register budget (up to 255)
-// holds each chunk's partial sums in two sets, even and odd k16 steps (INT4 with POST), so that a
-// warp's chain of dependent mma is 4 long instead of 8. At M tiles of 16 rows the mma, not the
-// memory, sets the pace of a short K: on the H100 at 4096^2 M = 16 (session 23, scratch builds,
-// bench protocol) the kernel took 6.9 us as is, 3.8 with the mma taken out (the dequantization
-// kept), 5.6 with half of them, and 6.9 with the dequantization taken out (the mma kept); one set
-// of partial sums in MM_TWO's blocks one per SM 7.2 us, two sets 6.5, four 6.4. The wrapper
-// takes it where K is short (weight.py _decode_config).
-#define MM_DEC3 0
-#define MM_DEC4 1
-#define MM_TWO 2
-#define MM_WIDE 3
-#define MM_NARROW 4
-#define MM_TWO_NARROW 5
-#define MM_TWO_WIDE 6
-#define MM_FOUR 7
-#define MM_FOUR_WIDE 8
-#define MM_TWO_ONE 9
-// M tiles of 16 rows (two mma B fragments) in every configuration but the four of M <= 8
-__host__ __device__ constexpr bool mm_four(int cfg) { return cfg == MM_FOUR || cfg == MM_FOUR_WIDE; }
-__host__ __device__ constexpr bool mm_two(int cfg) {
-    return cfg == MM_TWO || cfg == MM_TWO_NARROW || cfg == MM_TWO_WIDE || cfg == MM_TWO_ONE || mm_four(cfg);
-}
-// 16-row weight tiles per warp: 1 at decode (M <= 8), 2 with M tiles of 16 rows, 4 in MM_FOUR and MM_FOUR_WIDE
-__host__ __device__ constexpr int mm_row_tiles(int cfg) { return mm_four(cfg) ? 4 : mm_two(cfg) ? 2 : 1; }
-__host__ __device__ constexpr int mm_min_blocks(int cfg) {
-    return cfg == MM_NARROW ? 8 : cfg == MM_DEC4 || cfg == MM_TWO_NARROW ? 4 : cfg == MM_DEC3 ? 3 : cfg == MM_TWO_WIDE || cfg == MM_FOUR_WIDE || cfg == MM_TWO_ONE ? 1 : 2;
-}
-__host__ __device__ constexpr int mm_warps(int cfg) {
-    return cfg == MM_WIDE || cfg == MM_TWO_WIDE ? 16 : cfg == MM_NARROW || cfg == MM_TWO_NARROW || cfg == MM_FOUR ? 4 : MM_WARPS;
-}
-// Chunks ahead that a lane's scales are loaded. MM_TWO_ONE: 2 (Nsight Compute put an eighth of its
-// stall samples at 4096^2 M = 16 on the wait for the scales loaded one chunk ahead. On the H100,
-// session 25, M = 16, us: 4096^2 6.49-6.50 -> 6.46-6.52, 3072 x 4096 6.31-6.34 -> 6.15-6.18,
-// 2048 x 8192 8.71-8.73 -> 8.75-8.78); the others keep 1 (2 measured 0-4% slower).
-__host__ __device__ constexpr int mm_scales_ahead(int cfg) { return cfg == MM_TWO_ONE ? 2 : 1; }
-// dynamic shared bytes of a block: its warps' rings of MM_STAGES x RT KB (weight.py _mm_smem)
-__host__ __device__ constexpr int mm_smem_bytes(int cfg) { return mm_warps(cfg) * MM_STAGES * 1024 * mm_row_tiles(cfg); }
-
+static constexpr int DECODE_STAGES = 2;  // weight chunks in flight per warp (the ring's slots)
+static constexpr int DECODE_MAX_SPLITS = 8;  // blocks of a K split (a portable cluster's size)
+// Configurations (cupyquant/weight/configs.py DECODE_CONFIGS; each row's fields are the template
+// arguments WARPS ... EVEN_ODD_SUMS, and plan.py says which shapes take which):
+//   WARPS          warps per block (4, 8 or 16), which split the block's K between them;
+//   BLOCKS_PER_SM  the launch bounds' minimum blocks per SM: the register budget (3 blocks of 8
+//                  warps: 80 registers; 4: 64; one block a SM: up to 255);
+//   ROW_TILES      16-row weight tiles per block: 1 for M <= 8 (N = 4096 already gives 256 blocks),
+//                  2 for M tiles of 16 rows (halving the activation reads per weight byte), 4
+//                  (halving them again: at M = 16 they are twice the weight bytes otherwise);
+//   SCALES_AHEAD   chunks ahead that a lane loads its scales (2 where a chunk's work is short
+//                  enough for the wait on them to show: the even/odd configuration);
+//   EVEN_ODD_SUMS  each chunk's partial sums in two sets, even and odd k16 steps (with
+//                  SCALE_AFTER_SUM), which halves the chain of dependent mma: at M tiles of 16 rows
+//                  and a short K that chain, not the memory, sets the pace (4096^2 M = 16 on the
+//                  H100: 6.5 us with two sets, 6.9 with one).
 struct MatmulArgs {
     i64 M, N, K;
     i64 lda;     // elements between rows of a
@@ -284,26 +120,25 @@ __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, 
     }
 }
 
-// TWO: the M tile has rows past 8 (a second B fragment, RT = 2). POST (INT4 with G a multiple of
-// 128: a chunk is one group): the mma multiplies the exact q - z, and each chunk's partial sums are
-// scaled in float32 afterwards (one FMA per output instead of one multiply per weight pair).
-template <typename T, int S, int CFG, bool POST>
-__global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_matmul(const T* __restrict__ act, const unsigned char* __restrict__ wq,
+// SCALE_AFTER_SUM (INT4 with G a multiple of 128: a chunk is one group): the mma multiplies the
+// exact q - z, and each chunk's partial sums are scaled in float32 afterwards (one FMA per output
+// instead of one multiply per weight pair).
+template <typename T, int S, int WARPS, int BLOCKS_PER_SM, int ROW_TILES, int SCALES_AHEAD, bool EVEN_ODD_SUMS,
+          bool SCALE_AFTER_SUM>
+__global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                          const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                                          T* __restrict__ y, MatmulArgs a) {
-    constexpr bool TWO = mm_two(CFG);
     constexpr bool FP8 = S == W_FP8;
     constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
     constexpr int CHUNK = 4 * VALS;      // k per chunk
     constexpr int CBYTES = 64;           // bytes of a weight row per chunk
     constexpr int STEPS = VALS / 4;      // k16 mma steps per chunk
     constexpr int AREGS = VALS / 2;      // activation registers per M row per chunk
-    constexpr int MT = TWO ? 2 : 1;      // B fragments (8 M rows each)
-    constexpr int RT = mm_row_tiles(CFG);
-    constexpr int STAGES = MM_STAGES;
+    constexpr int MT = ROW_TILES > 1 ? 2 : 1;  // B fragments (8 M rows each)
+    constexpr int RT = ROW_TILES;
+    constexpr int STAGES = DECODE_STAGES;
     constexpr int SLOT = RT * 2 * 32;    // uint4 per ring slot: 16 bytes per lane of each weight row
     using H = HalfOps<T>;
-    constexpr int WARPS = mm_warps(CFG);
     extern __shared__ uint4 mm_smem[];  // the warps' rings [WARPS][STAGES][SLOT], then the reduction
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -317,7 +152,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
 
     // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes,
-    // in the prepared layout (weight.py prepare_weight): tile n16 of 16 rows holds chunk c at
+    // in the prepared layout (weight/quantize.py prepare_weight): tile n16 of 16 rows holds chunk c at
     // (n16 * nchunks + c) KB (FP8: row i of the tile at 64 i; INT4: fragment order, the lane's
     // pieces at 512 h + 16 lane either way); scales [n16][group][16], zero codes
     // [n16][group][8 bytes] (row i in nibble i % 2 of byte i / 2). Rows past N are the zero padding
@@ -340,22 +175,22 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         }
     const T* arow[MT];
 #pragma unroll
-    // KP (POST: whole-chunk groups): the prepared chunk's 4 x 4 blocks of 8 k are transposed
-    // (weight.py _kperm), so this lane's k 32 t + 8 q + r (of the layout) are the chunk's k
+    // K_PERMUTED (SCALE_AFTER_SUM: whole-chunk groups): the prepared chunk's 4 x 4 blocks of 8 k are transposed
+    // (weight/quantize.py k_permuted), so this lane's k 32 t + 8 q + r (of the layout) are the chunk's k
     // 32 q + 8 t + r, and quarter q of the four lanes t is one 64-byte piece of an activation row
-    constexpr bool KP = POST && !FP8;
+    constexpr bool K_PERMUTED = SCALE_AFTER_SUM && !FP8;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * (KP ? 8 : VALS);
+    for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * (K_PERMUTED ? 8 : VALS);
 
     // Programmatic dependent launch: this kernel may start while the kernel before it on the stream
     // still runs, and griddepcontrol.wait (pdl_wait_then_release) returns once that kernel has
     // completed and its writes are visible. The activations may be that kernel's output, so they
     // are read after the wait. The weights (data, scales, zero codes) are not, when the wrapper
-    // sets a.early (weight.py _early_ok: a weight whose arrays an earlier call has read, and not
-    // converted in this call): then this warp's first chunk goes into the ring and its scales into registers
-    // before the wait, so that they are on their way while the kernel before finishes (measured,
-    // BENCHMARKS.md session 22: 4096^2 M = 1 5.33 -> 4.68 us in back-to-back calls on the H100;
-    // the whole ring of two chunks before the wait was slower than one on every shape).
+    // sets a.early (weight/dispatch.py early_ok: a weight whose arrays an earlier call has read, and
+    // not converted in this call): then this warp's first chunk goes into the ring and its scales
+    // into registers before the wait, so that they are on their way while the kernel before
+    // finishes (4096^2 M = 1 on the H100: 4.7 us against 5.3 in back-to-back calls; the whole ring
+    // of two chunks before the wait is slower than one on every shape).
     if (!a.early) pdl_wait_then_release();  // no global access above this line
     uint4* ring = mm_smem + warp * (STAGES * SLOT) + lane;
     // chunk c of this warp's weights into ring slot `slot` (zeros past K), as one commit group
@@ -386,7 +221,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         const i64 k0 = (i64)min(c, nchunks - 1) * CHUNK;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            const uint4 v = ld16_ordered(arow[mt] + k0 + (KP ? 32 : 8) * q);
+            const uint4 v = ld16_ordered(arow[mt] + k0 + (K_PERMUTED ? 32 : 8) * q);
             ar[mt][4 * q] = v.x; ar[mt][4 * q + 1] = v.y; ar[mt][4 * q + 2] = v.z; ar[mt][4 * q + 3] = v.w;
         }
     };
@@ -395,7 +230,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     for (int s = 0; s < STAGES - 1; ++s) fill(kw + s * KW, s);
     // the scales of the next SCA chunks (scale loads come from memory, as the weights, but into
     // registers: loaded one chunk ahead their latency was not hidden where a chunk's work is short)
-    constexpr int SCA = mm_scales_ahead(CFG);
+    constexpr int SCA = SCALES_AHEAD;
     unsigned gd_next[SCA][RT][2];
 #pragma unroll
     for (int j = 0; j < SCA; ++j) load_groups(kw + j * KW, gd_next[j]);
@@ -403,7 +238,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
     // The activations of the next chunk are loaded into the registers of the quarters just used, so
     // that they arrive during this chunk's work at no register cost (PAIRS: into a second set at
     // the top of the iteration, copied at its end; see the mma steps).
-    constexpr bool PAIRS = !FP8 && mm_four(CFG);
+    constexpr bool PAIRS = !FP8 && ROW_TILES == 4;
     unsigned ar[MT][AREGS];
 #pragma unroll
     for (int q = 0; q < AREGS / 4; ++q) load_act(kw, q, ar);
@@ -467,11 +302,11 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                 sf[r][h] = bits16_to_float<T>(sb);
                 zb[r][h] = frag_zero_bias<T>(z, h);
             }
-        // POST: the chunk's partial sums, in NCH sets (MM_TWO_ONE: two, even and odd k16 steps;
+        // SCALE_AFTER_SUM: the chunk's partial sums, in NCH sets (EVEN_ODD_SUMS: two, even and odd k16 steps;
         // PAIRS: two, the low and the high k pairs)
-        constexpr int NCH = POST && (CFG == MM_TWO_ONE || PAIRS) ? 2 : 1;
-        float part[NCH][POST ? RT : 1][MT][4];
-        if constexpr (POST) {
+        constexpr int NCH = SCALE_AFTER_SUM && (EVEN_ODD_SUMS || PAIRS) ? 2 : 1;
+        float part[NCH][SCALE_AFTER_SUM ? RT : 1][MT][4];
+        if constexpr (SCALE_AFTER_SUM) {
 #pragma unroll
             for (int ch = 0; ch < NCH; ++ch)
 #pragma unroll
@@ -480,12 +315,12 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                     for (int mt = 0; mt < MT; ++mt) part[ch][r][mt][0] = part[ch][r][mt][1] = part[ch][r][mt][2] = part[ch][r][mt][3] = 0.0f;
         }
         // INT4: word of tile r -> its four A registers (rows g, g + 8, g, g + 8): q - z exactly
-        // (POST), else the dequantized weights
+        // (SCALE_AFTER_SUM), else the dequantized weights
         auto dq_word = [&](unsigned word, int r, unsigned (&d)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
-                if constexpr (!POST) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
+                if constexpr (!SCALE_AFTER_SUM) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
                 d[j] = b;
             }
         };
@@ -519,11 +354,8 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
             // B operand is two adjacent registers of one 16-byte load (an aligned pair, as the mma
             // wants it; below, the pairs 8 sl + tp and + 4 are in two loads, and ptxas copies them
             // into pairs). The registers this frees hold the next chunk's activations (an) and a
-            // second set of partial sums. MM_FOUR and MM_FOUR_WIDE only: measured on the H100
-            // (session 24, INT4 g128 bf16, M = 16, us) 14336 x 4096 14.6 -> 14.2-14.3, 4096 x 14336
-            // 15.8 -> 15.0-15.1, 28672 x 8192 53.5 -> 52.1-52.4, 8192 x 28672 51.2 -> 49.8-50.3;
-            // the same change in MM_TWO_ONE and the M <= 8 blocks made 4096^2 slower (M = 16 6.48
-            // -> 6.60, M = 1 4.72 -> 4.76-4.81).
+            // second set of partial sums. ROW_TILES = 4 only (2-3% faster there on the H100 at
+            // M = 16, 4096 x 14336 15.0 us against 15.8; 1-2% slower at 4096^2 with fewer tiles).
 #pragma unroll
             for (int sl = 0; sl < 2; ++sl) {
 #pragma unroll
@@ -538,7 +370,7 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                             const unsigned af[4] = {d[0][2 * hl], d[0][2 * hl + 1], d[1][2 * hl], d[1][2 * hl + 1]};
 #pragma unroll
                             for (int mt = 0; mt < MT; ++mt)
-                                mma16816<T>(POST ? part[hl % NCH][r][mt] : acc[r][mt], af, ar[mt][8 * sl + tp + 4 * hl],
+                                mma16816<T>(SCALE_AFTER_SUM ? part[hl % NCH][r][mt] : acc[r][mt], af, ar[mt][8 * sl + tp + 4 * hl],
                                             ar[mt][8 * sl + tp + 4 * hl + 1]);
                         }
                     }
@@ -560,14 +392,14 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
                         unsigned af[4];  // a0..a3
                         dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp], r, af);
 #pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) mma16816<T>(POST ? part[(4 * sl + tp) % NCH][r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
+                        for (int mt = 0; mt < MT; ++mt) mma16816<T>(SCALE_AFTER_SUM ? part[(4 * sl + tp) % NCH][r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
                     }
                 }
                 load_act(c + KW, 2 * sl, ar);  // the four steps of sl used quarters 2 sl and 2 sl + 1
                 load_act(c + KW, 2 * sl + 1, ar);
             }
         }
-        if constexpr (POST) {
+        if constexpr (SCALE_AFTER_SUM) {
 #pragma unroll
             for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -637,13 +469,13 @@ __global__ void __launch_bounds__(mm_warps(CFG) * 32, mm_min_blocks(CFG)) w4a16_
         out_mn(o, dm, dn);
         const i64 m = m0 + dm, n = n0 + dn;
         if (m >= a.M || n >= a.N) continue;  // not read at all: every load below is consumed by a store
-        float v[MM_MAX_SPLITS];
+        float v[DECODE_MAX_SPLITS];
 #pragma unroll
-        for (int r = 0; r < MM_MAX_SPLITS; ++r)
+        for (int r = 0; r < DECODE_MAX_SPLITS; ++r)
             if (r < splits) v[r] = ld_shared_cluster_f32(map_shared_rank(fbase + 4u * (unsigned)o, (unsigned)r));
         float sum = v[0];
 #pragma unroll
-        for (int r = 1; r < MM_MAX_SPLITS; ++r)
+        for (int r = 1; r < DECODE_MAX_SPLITS; ++r)
             if (r < splits) sum = add_rn(sum, v[r]);
         y[m * a.N + n] = from_float<T>(sum);
     }

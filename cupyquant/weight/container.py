@@ -1,0 +1,209 @@
+"""QuantizedWeight: a quantized weight, its scales and zero points, and the scheme that made them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..quantized import Scheme
+
+_LAYOUTS = ("plain", "prepared")
+#: The kernel family that quantizes and dequantizes weights (kernels/weight_quant.cu).
+FAMILY = "weight_quant"
+
+
+class _WeightScheme(Scheme):
+    """A weight's :class:`~cupyquant.Scheme`. It also compares equal to its format's name
+    (``w.scheme == "int4"``): a deprecated alias of ``w.scheme.format == "int4"``."""
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            return self.format == other
+        if isinstance(other, Scheme):
+            return tuple(self.__dict__.values()) == tuple(other.__dict__.values())
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = Scheme.__hash__
+
+
+def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain") -> Scheme:
+    """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"`` or ``"float8_e4m3fn"``, groups of
+    ``group_size`` along K (None: one scale per output channel), scales in ``dtype``."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    channel = group_size is None
+    return _WeightScheme(format=fmt, granularity="channel" if channel else "group",
+                         block=(int(K) if channel else int(group_size),), scale_dtype=np.dtype(dtype).name,
+                         scale_layout=layout, family=FAMILY)
+
+
+class QuantizedWeight:
+    """A weight quantized by :func:`quantize_weight`: ``w ~ (q - zero_point) * scale`` per group.
+
+    Attributes
+    ----------
+    data : cupy.ndarray
+        The codes ``q``, uint8 ``(N, K / 2)`` (INT4, element 0 in the low nibble) or ``(N, K)``
+        (FP8 bytes); prepared: ``(ceil(N / 16), K / 128, 2, 32, 16)`` (INT4) or
+        ``(ceil(N / 16), K / 64, 16, 64)`` (FP8) (the module's docstring).
+    scale : cupy.ndarray
+        Dequantization scales, multiplied into ``q - zero_point``: ``(N, K / group_size)`` in the
+        original weight's dtype; prepared: ``(ceil(N / 16), K / group_size, 16)``.
+    zero_point : cupy.ndarray or None
+        uint4 only: the codes of zero, uint8 ``(N, ceil(K / group_size / 2))``, packed like the
+        data; prepared: ``(ceil(N / 16), K / group_size, 8)``. int4 has the implicit zero point 8,
+        FP8 none.
+    scheme : Scheme
+        ``format`` ``"int4"`` (symmetric, codes ``q - 8``), ``"uint4"`` (asymmetric, ``q - z``) or
+        ``"float8_e4m3fn"``; ``granularity`` ``"group"`` or ``"channel"`` (one scale per output
+        channel), ``block`` ``(group_size,)`` (``(K,)`` per channel), ``scale_dtype`` the weight
+        dtype's name, ``scale_layout`` ``"plain"`` (from :func:`quantize_weight`) or ``"prepared"``
+        (from :func:`prepare_weight`), ``family`` ``"weight_quant"``. It also compares equal to the
+        format's name (deprecated).
+    group_size : int or None
+        K per scale; ``None``: one scale per output channel.
+    shape : tuple
+        ``(N, K)`` of the original weight.
+    dtype : numpy.dtype
+        The original weight's dtype (and the scales').
+
+    Notes
+    -----
+    ``QuantizedWeight(data, scale, zero_point, scheme, shape, dtype)`` takes a :class:`Scheme`; the
+    older ``QuantizedWeight(data, scales, zeros, "int4", group_size, shape, dtype, layout)`` is
+    accepted too (deprecated).
+    """
+
+    def __init__(self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None):
+        if isinstance(scheme, str):  # the older form: (..., format, group_size, shape, dtype[, layout])
+            if len(deprecated) not in (1, 2) or len(deprecated) == 2 and layout is not None:
+                raise TypeError("QuantizedWeight(data, scales, zeros, format, group_size, shape, dtype[, layout]) "
+                                f"takes 7 or 8 arguments, got {6 + len(deprecated)}")
+            group_size, shape, dtype = shape, dtype, deprecated[0]
+            layout = deprecated[1] if len(deprecated) == 2 else "plain" if layout is None else layout
+            scheme = weight_scheme(scheme, group_size, tuple(shape)[1], dtype, layout)
+        elif deprecated or layout is not None:
+            raise TypeError("QuantizedWeight takes 6 arguments with a Scheme (its scale_layout is the layout)")
+        elif not isinstance(scheme, Scheme):
+            raise TypeError(f"scheme must be a cupyquant.Scheme, got {type(scheme).__name__}")
+        elif scheme.scale_layout not in _LAYOUTS:
+            raise ValueError(f"scheme.scale_layout must be one of {_LAYOUTS}, got {scheme.scale_layout!r}")
+        elif type(scheme) is Scheme:
+            scheme = _WeightScheme(**scheme.__dict__)
+        self.data, self.scale, self.zero_point = data, scale, zero_point
+        self.scheme = scheme
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        # the arrays a matmul has read (dispatch.arrays_key): later calls with the same arrays may
+        # read them before the kernel before them completes (dispatch.early_ok)
+        self._read_key = None
+
+    @property
+    def group_size(self):
+        """K per scale, or None for one scale per output channel."""
+        return None if self.scheme.granularity == "channel" else self.scheme.block[0]
+
+    @property
+    def _group(self) -> int:
+        """K per scale, K for one per channel."""
+        return self.shape[1] if self.scheme.granularity == "channel" else self.scheme.block[0]
+
+    @property
+    def _format(self) -> str:
+        return self.scheme.format
+
+    @property
+    def _prepared(self) -> bool:
+        return self.scheme.scale_layout == "prepared"
+
+    # deprecated aliases
+    @property
+    def scales(self):
+        """Deprecated alias of :attr:`scale`."""
+        return self.scale
+
+    @scales.setter
+    def scales(self, value):
+        self.scale = value
+
+    @property
+    def zeros(self):
+        """Deprecated alias of :attr:`zero_point`."""
+        return self.zero_point
+
+    @zeros.setter
+    def zeros(self, value):
+        self.zero_point = value
+
+    @property
+    def G(self) -> int:
+        """Deprecated: K per scale (K for one scale per output channel)."""
+        return self._group
+
+    @property
+    def layout(self) -> str:
+        """Deprecated alias of ``scheme.scale_layout``: ``"plain"`` or ``"prepared"``."""
+        return self.scheme.scale_layout
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the device: data, scales and zero points."""
+        return self.data.nbytes + self.scale.nbytes + (0 if self.zero_point is None else self.zero_point.nbytes)
+
+    def _with(self, data, scale, zero_point, layout: str) -> "QuantizedWeight":
+        return QuantizedWeight(data, scale, zero_point, weight_scheme(self._format, self.group_size, self.shape[1],
+                                                                      self.dtype, layout), self.shape, self.dtype)
+
+    def dequantize(self, dtype=None, *, out=None):
+        """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
+        bit-exact with :func:`cupyquant.reference.dequantize_weight`."""
+        from .quantize import dequantize_weight
+
+        return dequantize_weight(self, dtype, out=out)
+
+    def copy(self) -> "QuantizedWeight":
+        """A copy with its own device arrays (same layout)."""
+        z = None if self.zero_point is None else self.zero_point.copy()
+        return self._with(self.data.copy(), self.scale.copy(), z, self.scheme.scale_layout)
+
+    def prepare(self) -> "QuantizedWeight":
+        """:func:`prepare_weight` of this weight."""
+        from .quantize import prepare_weight
+
+        return prepare_weight(self)
+
+    def plain(self) -> "QuantizedWeight":
+        """This weight in the plain layout (itself if it is plain; a new copy if prepared)."""
+        from .quantize import plain_weight
+
+        return plain_weight(self)
+
+    def to_host(self) -> dict:
+        """NumPy copies in the plain layout (a prepared weight is converted first): ``data``
+        (packed), ``codes`` (INT4 unpacked, one per byte, or FP8 as ``ml_dtypes.float8_e4m3fn``),
+        ``scale``, ``zero_point`` (unpacked codes, or None); ``scales`` and ``zeros`` are the same
+        arrays under their deprecated names."""
+        import cupy
+        import ml_dtypes
+
+        from .. import _layouts
+
+        w = self.plain()
+        data = cupy.asnumpy(w.data)
+        N, K = w.shape
+        ng = K // w._group
+        if w._format == "float8_e4m3fn":
+            codes = data.view(ml_dtypes.float8_e4m3fn)
+        else:
+            codes = _layouts.unpack_fp4(data, K)
+        zeros = None if w.zero_point is None else _layouts.unpack_fp4(cupy.asnumpy(w.zero_point), ng)
+        scale = cupy.asnumpy(w.scale)
+        return {"data": data, "codes": codes, "scale": scale, "zero_point": zeros, "scales": scale, "zeros": zeros}
+
+    def __repr__(self) -> str:
+        g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
+        lay = "" if not self._prepared else ", prepared"
+        return (f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.dtype.name}{lay}, "
+                f"{self.nbytes} bytes)")

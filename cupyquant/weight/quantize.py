@@ -1,0 +1,284 @@
+"""Weight quantization and dequantization, and the prepared (tile-major) layout the matmul reads:
+:func:`quantize_weight`, :func:`dequantize_weight`, :func:`prepare_weight` and the permutations
+between the two layouts (the package's docstring describes both)."""
+
+from __future__ import annotations
+
+import cupy
+import numpy as np
+
+from .. import _checks, _dtypes, _jit, _validate
+from . import configs as C
+from .container import QuantizedWeight, weight_scheme
+
+
+def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> QuantizedWeight:
+    """Quantize a weight ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``) along K in groups.
+
+    Parameters
+    ----------
+    w : cupy.ndarray
+        float32, float16 or bfloat16, 2-D, C-contiguous.
+    dtype : {"int4", "uint4", "float8_e4m3fn"}
+        ``"int4"`` with ``symmetric=True``: GPTQ/Marlin uint4b8, ``s = amax / 7``,
+        ``q = clamp(rne(w / s), -8, 7) + 8``. ``"uint4"`` (or ``"int4"`` with ``symmetric=False``):
+        AWQ-style asymmetric with integer zero points, ``s = max(max - min, 1e-5) / 15``,
+        ``z = clamp(rne(-min / s), 0, 15)``, ``q = clamp(rne(w / s) + z, 0, 15)``.
+        ``"float8_e4m3fn"``: W8A16, ``s = amax / 448``, ``q = e4m3(w / s)`` saturating.
+        Scales are rounded to w's dtype before the division, so that dequantization inverts exactly
+        what was stored; the weight's ``scale`` is ``s`` and its ``zero_point`` ``z``:
+        ``w ~ (q - z) * s``.
+    group_size : {32, 64, 128, None}
+        Elements of K per scale; ``None``: one scale per output channel. Must divide K.
+    symmetric : bool
+        ``False`` selects zero points (INT4 only).
+
+    Returns
+    -------
+    QuantizedWeight
+        In the plain layout.
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not a CuPy array of float32, float16 or bfloat16; ``dtype`` names no dtype.
+    ValueError
+        ``w`` not 2-D, not C-contiguous or with an odd K; an unsupported ``dtype`` or
+        ``group_size``, or one that does not divide K; ``symmetric=False`` with FP8.
+    """
+    scheme = _checks.weight_scheme(dtype, symmetric)
+    t = _validate.float_input(w, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
+    _validate.c_contiguous(w, "w")
+    N, K = w.shape
+    if group_size not in _checks.WEIGHT_GROUP_SIZES or isinstance(group_size, (float, bool, np.floating)):
+        raise ValueError(f"group_size must be one of {_checks.WEIGHT_GROUP_SIZES}, got {group_size!r}")
+    if K == 0 or K % 2:
+        raise ValueError(f"w's K = {K} must be even and nonzero (two INT4 codes per byte)")
+    G = K if group_size is None else int(group_size)
+    if K % G:
+        raise ValueError(f"group_size={group_size} must divide K = {K}")
+    ng = K // G
+    with _validate.on_device_of(w):
+        data = cupy.empty((N, K if scheme == "float8_e4m3fn" else K // 2), dtype=np.uint8)
+        scales = cupy.empty((N, ng), dtype=w.dtype)
+        zcodes = cupy.empty((N, ng), dtype=np.uint8) if scheme == "uint4" else None
+        if N:
+            a = np.zeros((), dtype=C.QUANT_ARGS)
+            a["N"], a["K"], a["ng"], a["G"] = N, K, ng, G
+            k = _jit.kernel(w.data.device_id, C.QUANT_FAMILY, "weight_quantize", t.ctype, C.SCHEME_IDS[scheme])
+            warps = N * ng
+            k((-(-warps // 8),), (256,), (w, data, scales, zcodes if zcodes is not None else 0, a[()]))
+        zeros = None
+        if zcodes is not None:
+            temps = [zcodes]
+            if ng % 2:
+                temps.append(cupy.zeros((N, 1), np.uint8))
+                zcodes = cupy.concatenate([zcodes, temps[-1]], axis=1)
+                temps.append(zcodes)
+            hi = zcodes[:, 1::2] << 4
+            packed = zcodes[:, 0::2] | hi
+            zeros = packed.astype(np.uint8)
+            _validate.keep_if_capturing(*temps, hi, packed)
+    return QuantizedWeight(data, scales, zeros, weight_scheme(scheme, group_size, K, w.dtype), (N, K), w.dtype)
+
+
+def check_weight(w) -> None:
+    """Raise TypeError or ValueError unless ``w`` is a QuantizedWeight whose arrays are CuPy arrays
+    of the shapes its scheme and shape say."""
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be a QuantizedWeight (from cupyquant.quantize_weight), got {type(w).__name__}")
+    for name in ("data", "scale") + (("zero_point",) if w.zero_point is not None else ()):
+        _validate.cupy_array(getattr(w, name), f"w.{name}")
+    _validate.c_contiguous(w.data, "w.data")
+    _validate.c_contiguous(w.scale, "w.scale")
+    if w.zero_point is not None:
+        _validate.c_contiguous(w.zero_point, "w.zero_point")
+    fmt = w._format
+    N, K = w.shape
+    if K <= 0 or N < 0:
+        raise ValueError(f"w.shape must be (N >= 0, K > 0), got {w.shape}")
+    ng = K // w._group
+    if w._prepared:
+        n16, chunk = -(-N // 16), C.CHUNK[fmt]
+        data_shape = (n16, K // chunk, 16, 64) if fmt == "float8_e4m3fn" else (n16, K // chunk, 2, 32, 16)
+        shapes = {"data": data_shape, "scales": (n16, ng, 16), "zeros": (n16, ng, 8)}
+        if K % chunk:
+            raise ValueError(f"w.shape's K must be a multiple of {chunk} for a prepared weight, got w.shape {w.shape}")
+    else:
+        shapes = {"data": (N, K) if fmt == "float8_e4m3fn" else (N, K // 2), "scales": (N, ng),
+                  "zeros": (N, (ng + 1) // 2)}
+    if w.data.shape != shapes["data"] or w.data.dtype != np.uint8:
+        raise ValueError(f"w.data must be uint8 of shape {shapes['data']} for a {w.scheme.scale_layout} weight of shape {w.shape}, "
+                         f"got {w.data.dtype} {w.data.shape}")
+    if w.scale.shape != shapes["scales"]:
+        raise ValueError(f"w.scale must have shape {shapes['scales']}, got {w.scale.shape}")
+    if w.zero_point is not None and (w.zero_point.shape != shapes["zeros"] or w.zero_point.dtype != np.uint8):
+        raise ValueError(f"w.zero_point must be uint8 of shape {shapes['zeros']}, got {w.zero_point.dtype} "
+                         f"{w.zero_point.shape}")
+    if (w.zero_point is not None) != (fmt == "uint4"):
+        raise ValueError(f"w.zero_point must be given for uint4 weights and only for them (format {fmt!r})")
+
+
+def prepare_weight(w: QuantizedWeight) -> QuantizedWeight:
+    """``w`` in the layout the matmul kernels read (the module's docstring): a new
+    :class:`QuantizedWeight` with ``scheme.scale_layout == "prepared"``, made on the GPU by copies, bit-exact with
+    :func:`cupyquant.reference.prepare_weight`; a prepared ``w`` is returned as is. Prepare a weight
+    once and pass the result to every :func:`matmul`; :meth:`QuantizedWeight.plain` goes back.
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not a :class:`QuantizedWeight` on the GPU.
+    ValueError
+        K is not a multiple of 128 (INT4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
+        match its shape.
+    """
+    check_weight(w)
+    if w._prepared:
+        return w
+    N, K = w.shape
+    chunk = C.CHUNK[w._format]
+    if K % chunk:
+        raise ValueError(f"w's K = {K} must be a multiple of {chunk} for {w._format} weights (the kernel's K step)")
+    with _validate.on_device_of(w.data):
+        return prepared_of(w)
+
+
+def plain_weight(w: QuantizedWeight) -> QuantizedWeight:
+    """``w`` in the plain layout (itself if it is plain; a new copy if prepared)."""
+    if not w._prepared:
+        return w
+    check_weight(w)
+    with _validate.on_device_of(w.data):
+        return plain_of(w)
+
+
+def _pad_rows(x, rows, keep):
+    if x.shape[0] == rows:
+        return x
+    y = keep(cupy.zeros((rows,) + x.shape[1:], x.dtype))
+    y[: x.shape[0]] = x
+    return y
+
+
+def _nibbles(z, keep):
+    """Packed uint8 (..., B) -> codes (..., 2 B), element 2 i the low nibble of byte i."""
+    return keep(cupy.stack([keep(z & 15), keep(z >> 4)], axis=-1)).reshape(z.shape[:-1] + (2 * z.shape[-1],))
+
+
+def _pack_pairs(codes, keep):
+    """Codes (..., 2 B) -> packed uint8 (..., B), element 2 i in the low nibble of byte i."""
+    out = keep(codes[..., 0::2] | keep(codes[..., 1::2] << 4))
+    return out if out.dtype == np.uint8 else out.astype(np.uint8)
+
+
+def _temps():
+    """(keep, done): keep(x) records an intermediate array and returns it; done() keeps them all
+    alive with the graph if the stream is capturing (every array made inside a capture must outlive
+    the graph's replays, not return to the pool when the function returns)."""
+    temps: list = []
+
+    def keep(x):
+        temps.append(x)
+        return x
+
+    return keep, lambda: _validate.keep_if_capturing(*temps)
+
+
+# The INT4 fragment order's transposes (prepared_of, plain_of), and with the chunk's 4 x 4 blocks
+# of 8 k transposed (k_permuted).
+_FRAG, _FRAG_K_PERMUTED = (0, 3, 6, 2, 4, 5, 8, 9, 7, 1), (0, 3, 4, 2, 6, 7, 8, 9, 5, 1)
+_PLAIN, _PLAIN_K_PERMUTED = (0, 9, 3, 1, 4, 5, 2, 8, 6, 7), (0, 9, 3, 1, 2, 8, 4, 5, 6, 7)
+
+
+def k_permuted(w) -> bool:
+    """Whether w's prepared INT4 chunks have their 4 x 4 blocks of 8 k transposed
+    (reference.prepare_weight): INT4 weights whose groups are whole 128-k chunks. The matmul kernels
+    then scale each chunk's float32 partial sums (scale_after_sum)."""
+    return w._format != "float8_e4m3fn" and w._group % 128 == 0
+
+
+def prepared_of(w: QuantizedWeight) -> QuantizedWeight:
+    """The copies of prepare_weight (plain w, on its device)."""
+    N, K = w.shape
+    n16, ng, chunk = -(-N // 16), K // w._group, C.CHUNK[w._format]
+    keep, done = _temps()
+    rows = _pad_rows(w.data, 16 * n16, keep)
+    if w._format == "float8_e4m3fn":
+        data = cupy.ascontiguousarray(rows.reshape(n16, 16, K // chunk, 64).transpose(0, 2, 1, 3))
+    else:  # fragment order (reference.prepare_weight): k16 step s = 4 h + 2 u1 + u0 of a chunk, k = 16 s + 8 kb + 2 t + e
+        codes = keep(_nibbles(rows, keep).reshape(n16, 2, 8, K // 128, 2, 2, 2, 2, 4, 2))  # tile, row / 8, g, chunk, h, u1, u0, kb, t, e
+        # [s % 2][g, s // 2][t, e, kb] pairs; k_permuted: the chunk's axes read (a1, a0, b1, b0) for
+        # (h, u1, u0, kb): k = 32 a + 8 b + r goes where 32 b + 8 a + r would
+        frag = keep(cupy.ascontiguousarray(codes.transpose(_FRAG_K_PERMUTED if k_permuted(w) else _FRAG)))
+        data = _pack_pairs(frag.reshape(n16, K // 128, 2, 32, 32), keep)
+    scales = cupy.ascontiguousarray(_pad_rows(w.scale, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
+    zeros = None
+    if w.zero_point is not None:
+        codes = _nibbles(w.zero_point, keep)[:, :ng]
+        tiles = keep(_pad_rows(codes, 16 * n16, keep).reshape(n16, 16, ng)).transpose(0, 2, 1)
+        zeros = _pack_pairs(keep(cupy.ascontiguousarray(tiles)), keep)
+    done()
+    return w._with(data, scales, zeros, "prepared")
+
+
+def plain_of(w: QuantizedWeight) -> QuantizedWeight:
+    """The inverse of prepared_of (prepared w, on its device)."""
+    N, K = w.shape
+    n16, ng = w.data.shape[0], K // w._group
+    keep, done = _temps()
+    if w._format == "float8_e4m3fn":
+        data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
+    else:  # the inverse of prepared_of's fragment order
+        frag = keep(_nibbles(w.data, keep).reshape(n16, K // 128, 2, 8, 2, 2, 4, 2, 2, 2))  # tile, chunk, u0, g, h, u1, t, e, kb, row / 8
+        inv = _PLAIN_K_PERMUTED if k_permuted(w) else _PLAIN
+        codes = keep(cupy.ascontiguousarray(frag.transpose(inv)).reshape(16 * n16, K)[:N])
+        data = _pack_pairs(codes, keep)
+    scales = cupy.ascontiguousarray(keep(w.scale.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
+    zeros = None
+    if w.zero_point is not None:
+        codes = keep(_nibbles(w.zero_point, keep).transpose(0, 2, 1).reshape(16 * n16, ng))[:N]
+        if ng % 2:
+            codes = keep(cupy.concatenate([codes, keep(cupy.zeros((N, 1), np.uint8))], axis=1))
+        zeros = _pack_pairs(keep(cupy.ascontiguousarray(codes)), keep)
+    done()
+    return w._with(data, scales, zeros, "plain")
+
+
+def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarray:
+    """``(N, K)`` weights in ``dtype`` (default the original's): ``round(float(q - z) * s)``
+    (``s = w.scale``, ``z = w.zero_point``, 8 for int4) or ``round(fp8(q) * s)``, the product in
+    float32 (exact).
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not a :class:`QuantizedWeight` on the GPU; ``dtype`` is not float32, float16 or
+        bfloat16; ``out`` is not a CuPy array of that dtype.
+    ValueError
+        ``out`` of the wrong shape or device, not C-contiguous, or overlapping ``w``'s buffers.
+    """
+    check_weight(w)
+    out_t = _dtypes.input_type(w.dtype if dtype is None else dtype, "dtype")
+    device = w.data.data.device_id
+    N, K = w.shape
+    if out is not None:
+        _validate.out_array(out, "out", (N, K), out_t.dtype, device, inputs=(("w.data", w.data), ("w.scale", w.scale)))
+    with _validate.on_device_of(w.data):
+        if w._prepared:
+            w = plain_of(w)
+            _validate.keep_if_capturing(w.data, w.scale, w.zero_point)
+        y = cupy.empty((N, K), dtype=out_t.dtype) if out is None else out
+        if N and K:
+            a = np.zeros((), dtype=C.QUANT_ARGS)
+            a["N"], a["K"], a["ng"], a["G"] = N, K, K // w._group, w._group
+            st = _dtypes.input_type(w.scale.dtype, "w.scale")
+            k = _jit.kernel(device, C.QUANT_FAMILY, "weight_dequantize", st.ctype, out_t.ctype, C.SCHEME_IDS[w._format])
+            grid = (-(-(K // 2) // 256), min(N, C.MAX_GRID_Y))
+            zeros = w.zero_point if w.zero_point is not None else 0
+            k(grid, (256,), (w.data, w.scale, zeros, y, a[()]))
+    return y
+
+

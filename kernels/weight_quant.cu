@@ -1,0 +1,125 @@
+// weight_quant.cu: weight-only quantization (INT4 symmetric uint4b8 as GPTQ/Marlin, INT4 asymmetric with
+// zero points as AWQ, FP8 E4M3 for W8A16) and its dequantization.
+//
+// What it computes (reference: cupyquant.reference.quantize_weight / dequantize_weight; every float
+// step IEEE float32, T the weight's dtype, G the group size):
+//   weight_quantize   per (row n, group of G along K): int4 s = T(amax / 7), q = clamp(rne(w / s),
+//                     -8, 7) + 8; uint4 s = T(max(max - min, 1e-5) / 15), z = clamp(rne(-min / s),
+//                     0, 15), q = clamp(rne(w / s) + z, 0, 15); fp8 s = T(amax / 448),
+//                     q = e4m3_satfinite(w / s). Maxima over the finite weights, NaN -> the zero
+//                     code (rne(NaN) = 0), +-inf clamps, a zero scale gives the zero code.
+//   weight_dequantize y = round(float(q - z) * float(s)) (z = 8 for int4), or fp8(q) * s.
+// Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
+// (N, K); scales (N, K / G) of T; uint4 zero codes unpacked (N, K / G) bytes here (the wrapper
+// packs them two per byte).
+
+#include "common.cuh"
+#include "weight_mma.cuh"
+
+using namespace cq;
+
+// rne(v) as an integer clamped to [lo, hi]; NaN -> 0 (cvt.rni gives 0 for NaN and saturates inf).
+__device__ __forceinline__ int rne_clamp(float v, int lo, int hi) {
+    return min(max(__float2int_rn(v), lo), hi);
+}
+
+// ---------------------------------------------------------------- quantize
+struct WQuantArgs {
+    i64 N, K;
+    i64 ng;  // groups per row, K / G
+    int G;
+};
+
+// One warp per (row, group): lanes stride over the group for the maxima (shuffle reduction), then
+// over element pairs (INT4: one byte each) or elements (FP8) to write the codes.
+template <typename T, int S>
+__global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, unsigned char* __restrict__ q, T* __restrict__ scales,
+                                                       unsigned char* __restrict__ zeros, WQuantArgs a) {
+    const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (gw >= a.N * a.ng) return;
+    const i64 n = gw / a.ng, g = gw - n * a.ng;
+    const T* src = w + n * a.K + g * a.G;
+
+    unsigned key = 0;  // max |w| as float bits, over the finite weights
+    float mx = __uint_as_float(0xff800000u), mn = __uint_as_float(0x7f800000u);  // max / min of the finite weights (from -inf, +inf)
+    for (int i = lane; i < a.G; i += 32) {
+        const float v = to_float(src[i]);
+        if (is_finite_bits(__float_as_uint(v))) {
+            key = max(key, __float_as_uint(v) & 0x7fffffffu);
+            mx = fmax_ieee(mx, v);
+            mn = fmin_ieee(mn, v);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+        mx = fmax_ieee(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        mn = fmin_ieee(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    }
+    if (__float_as_uint(mx) == 0xff800000u && __float_as_uint(mn) == 0x7f800000u) mx = mn = 0.0f;  // none finite
+
+    float s32;
+    if constexpr (S == W_UINT4) s32 = div_rn(fmax_ieee(add_rn(mx, -mn), 1e-5f), 15.0f);
+    else s32 = div_rn(__uint_as_float(key), S == W_INT4 ? 7.0f : 448.0f);
+    const T st = from_float<T>(s32);
+    const float sf = to_float(st);
+    const bool zero_scale = (__float_as_uint(sf) & 0x7fffffffu) == 0u;  // on bits: -ftz would flush a compare
+    const int z = S == W_UINT4 ? (zero_scale ? rne_clamp(0.0f, 0, 15) : rne_clamp(div_rn(-mn, sf), 0, 15)) : 8;
+    if (lane == 0) {
+        scales[n * a.ng + g] = st;
+        if constexpr (S == W_UINT4) zeros[n * a.ng + g] = (unsigned char)z;
+    }
+
+    if constexpr (S == W_FP8) {
+        unsigned char* dst = q + n * a.K + g * a.G;
+        for (int i = lane; i < a.G; i += 32) {
+            const float v = to_float(src[i]);
+            const bool nan = (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
+            dst[i] = zero_scale || nan ? 0 : (unsigned char)(to_fp8x2<E4M3>(div_rn(v, sf), 0.0f) & 0xffu);
+        }
+    } else {
+        unsigned char* dst = q + n * (a.K / 2) + g * (a.G / 2);
+        for (int i = lane; i < a.G / 2; i += 32) {
+            unsigned c[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float v = div_rn(to_float(src[2 * i + h]), sf);
+                if constexpr (S == W_INT4) c[h] = zero_scale ? 8u : (unsigned)(rne_clamp(v, -8, 7) + 8);
+                else c[h] = zero_scale ? (unsigned)z : (unsigned)min(max(rne_clamp(v, -(1 << 20), 1 << 20) + z, 0), 15);
+            }
+            dst[i] = (unsigned char)(c[0] | (c[1] << 4));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- dequantize
+struct WDequantArgs {
+    i64 N, K;
+    i64 ng;
+    int G;
+};
+
+// Grid (ceil(K / 2 / 256), rows): one thread per element pair of a row.
+template <typename T, typename O, int S>
+__global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __restrict__ q, const T* __restrict__ scales,
+                                                         const unsigned char* __restrict__ zeros, O* __restrict__ y, WDequantArgs a) {
+    const i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;  // pair index within the row
+    if (2 * p >= a.K) return;
+    for (i64 n = blockIdx.y; n < a.N; n += gridDim.y) {
+        const i64 g = 2 * p / a.G;
+        const float s = to_float(scales[n * a.ng + g]);
+        float v[2];
+        if constexpr (S == W_FP8) {
+            fp8x2_to_float2<E4M3>(*reinterpret_cast<const unsigned short*>(q + n * a.K + 2 * p), v[0], v[1]);
+        } else {
+            const unsigned b = q[n * (a.K / 2) + p];
+            const int z = S == W_UINT4 ? (int)((zeros[n * ((a.ng + 1) / 2) + g / 2] >> (4 * (g % 2))) & 15u) : 8;
+            v[0] = (float)((int)(b & 15u) - z);
+            v[1] = (float)((int)(b >> 4) - z);
+        }
+        O* d = y + n * a.K + 2 * p;
+        d[0] = from_float<O>(mul_rn(v[0], s));
+        d[1] = from_float<O>(mul_rn(v[1], s));
+    }
+}
