@@ -236,7 +236,7 @@ template <class F> __device__ __forceinline__ void fp8x2_to_float2(unsigned shor
 // ---------------------------------------------------------------- E8M0 scales
 // E8M0 byte -> float: 2^(E - 127); 0 is the subnormal 2^-127, 255 is NaN (as ml_dtypes decodes it).
 __device__ __forceinline__ float e8m0_to_float(unsigned E) {
-    return E == 0u ? __uint_as_float(0x00400000u) : E == 255u ? __uint_as_float(0x7fffffffu) : __uint_as_float(E << 23);
+    return __uint_as_float(E == 0u ? 0x00400000u : E == 255u ? 0x7fffffffu : E << 23);
 }
 
 }  // namespace cq

@@ -387,6 +387,10 @@ def test_repr_and_scheme():
     assert q.scheme.format == "float4_e2m1fn" and q.scheme.block == (16,) and q.scheme.scale_dtype == "float8_e4m3fn"
     assert "swizzled" in repr(q)
     assert q.nbytes == q.data.nbytes + q.scale.nbytes + 8
+    # each op module registers its own kernel family and dequantizer
+    assert q.scheme.family == "nvfp4"
+    assert cq.quantize_mx(cupy.ones((4, 64), np.float16)).scheme.family == "mx"
+    assert_bits_equal(cq.dequantize(q), np.ones((4, 64), np.float16), "nvfp4 dequantize through its family")
 
 
 # ---------------------------------------------------------------- validation
