@@ -390,7 +390,8 @@ def test_repr_and_scheme():
     # each op module registers its own kernel family and dequantizer
     assert q.scheme.family == "nvfp4"
     assert cq.quantize_mx(cupy.ones((4, 64), np.float16)).scheme.family == "mx"
-    assert_bits_equal(cq.dequantize(q), np.ones((4, 64), np.float16), "nvfp4 dequantize through its family")
+    d, s, g = ref.quantize_nvfp4(np.ones((4, 64), np.float16))
+    assert_bits_equal(cq.dequantize(q), ref.dequantize_nvfp4(d, s, g, np.float16, K=64), "nvfp4 dequantize")
 
 
 # ---------------------------------------------------------------- validation
