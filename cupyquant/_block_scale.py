@@ -96,6 +96,9 @@ def prepare(x, fmt, block: int, scale_layout, out, scale_out) -> tuple:
 
 
 def launch_quantize(family: str, name: str, targs, x, q, s, rows, K, row_stride, block, fmt, scale_layout, device, **kw):
+    """Launch ``name<targs..., VEC, HW>`` of ``family`` (a block_quantize instance) over the row
+    tiles of ``x``. ``kw``: ``floor_rule`` (MX), ``gs`` = (ScaleSource, value, pointer, output
+    pointer) of NVFP4's global scale."""
     n_blocks = -(-K // block)
     n_ktiles = -(-K // TILE_K)
     a = np.zeros((), dtype=QUANT_ARGS)
@@ -113,8 +116,6 @@ def launch_quantize(family: str, name: str, targs, x, q, s, rows, K, row_stride,
     )
     k = _jit.kernel(device, family, name, *targs, vec, not FORCE_SOFTWARE)
     k((-(-rows // 128) * n_ktiles,), (THREADS,), (x, q, s, a[()]))
-
-
 
 
 def launch_dequantize(family: str, name: str, targs, q, y, gs_ptr: int) -> None:
