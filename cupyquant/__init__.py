@@ -1,7 +1,8 @@
 """cupyquant: CUDA quantization kernels for CuPy arrays, byte-exact with a NumPy reference.
 
 The public API is re-exported here. The op modules import CuPy, so they load on first use:
-``import cupyquant.reference`` works on a machine without CuPy.
+``import cupyquant`` and ``cupyquant.reference`` (the NumPy oracle, also loaded on first use) work
+on a machine without CuPy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ _EXPORTS = {
     "silu_mul_quantize": "groupwise",
     "empty_scales": "groupwise",
     "quantize_mx": "mx",
-    "quantize_nvfp4": "mx",
+    "quantize_nvfp4": "nvfp4",
     "block_scale_shape": "mx",
     "quantize_weight": "weight",
     "dequantize_weight": "weight",
@@ -29,13 +30,22 @@ _EXPORTS = {
     "QuantizedTensor": "quantized",
     "Scheme": "quantized",
     "KernelCompileError": "_jit",
+    "KernelLaunchError": "_jit",
+    "CudaHeadersNotFoundError": "_jit",
     "CudaHeadersNotFound": "_jit",
 }
+
+#: Submodules reachable as attributes of the package, imported on first access.
+_SUBMODULES = ("reference",)
+#: Private modules that register kernel families (test-only kernels).
+_PRIVATE_FAMILY_MODULES = ("_testing",)
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name):
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'cupyquant' has no attribute {name!r}")
@@ -49,10 +59,10 @@ def _all_families() -> dict:
     families with the loader (``cupyquant._jit.register``)."""
     from . import _jit
 
-    for module in sorted(set(_EXPORTS.values()) - {"_jit", "quantized"}):
+    for module in sorted(set(_EXPORTS.values()) - {"_jit", "quantized"}) + list(_PRIVATE_FAMILY_MODULES):
         importlib.import_module(f"{__name__}.{module}")
     return _jit.families()
 
 
 def __dir__():
-    return __all__
+    return __all__ + list(_SUBMODULES)

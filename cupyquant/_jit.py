@@ -65,16 +65,33 @@ class KernelCompileError(RuntimeError):
         )
 
 
-class CudaHeadersNotFound(RuntimeError):
+class CudaHeadersNotFoundError(RuntimeError):
     """The CUDA runtime headers (cuda_fp16.h, cuda_fp8.h, ...) NVRTC needs were not found."""
 
 
+#: An alias of :class:`CudaHeadersNotFoundError`.
+CudaHeadersNotFound = CudaHeadersNotFoundError
+
+
+class KernelLaunchError(RuntimeError):
+    """The CUDA driver refused a kernel launch: carries the driver's error code and message."""
+
+    def __init__(self, call: str, code: int, message: str):
+        self.call = call
+        self.code = code
+        self.message = message
+        super().__init__(f"{call} failed: error {code} ({message})")
+
+
 def expr(name: str, *targs) -> str:
-    """The name expression ``name<a, b, ...>`` for template arguments (bools as true/false)."""
+    """The name expression ``name<a, b, ...>`` for template arguments (bools as true/false, ints,
+    IntEnum members included, as their numbers)."""
     parts = []
     for a in targs:
         if isinstance(a, bool):
             parts.append("true" if a else "false")
+        elif isinstance(a, int):
+            parts.append(str(int(a)))
         else:
             parts.append(str(a))
     return f"{name}<{', '.join(parts)}>"
@@ -198,7 +215,7 @@ def cuda_include_dir() -> str:
     for c in candidates:
         if (c / "cuda_fp8.h").is_file() and (c / "cuda_fp16.h").is_file():
             return str(c)
-    raise CudaHeadersNotFound(
+    raise CudaHeadersNotFoundError(
         "cupyquant needs the CUDA runtime headers (cuda_fp16.h, cuda_fp8.h) for NVRTC and found none in "
         + ", ".join(str(c) for c in candidates)
         + ". Install them with `pip install cupyquant[cu13]` (or [cu12]), i.e. the nvidia-cuda-runtime "
@@ -227,9 +244,11 @@ def _build_module(family: str, requested: str, device: int):
     import cupy
     from cupy.cuda import compiler
 
+    from . import _device
+
     base = options()
     attempts = [base]
-    extra = specific_target(family, cupy.cuda.Device(device).compute_capability)
+    extra = specific_target(family, _device.arch(device))
     if extra:  # an NVRTC too old for the target falls back to the portable (software) build
         attempts.insert(0, base + (extra,))
         if family in _SPECIFIC_REQUIRED:

@@ -12,7 +12,8 @@ no kernel before it writes: weight.py _early_ok). Under stream capture the launc
 programmatic edge of the graph.
 
 Everything here is host-side marshalling of the launch; nothing runs without a GPU except the
-checks of the structure layouts and the parameter array (tests/test_launch.py).
+checks of the structure layouts and the parameter array (tests/test_launch.py). Launch shapes and
+launches that more than one op uses are here too (:func:`grid2d`, :func:`launch_amax`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import ctypes
 import threading
 
 import numpy as np
+
+from . import _jit
+from ._jit import KernelLaunchError
 
 #: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -146,8 +150,8 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: 
     on ``stream`` (the current stream by default), with programmatic stream serialization (the
     attribute that makes the launch programmatic-dependent) unless ``pdl`` is false, and as
     thread-block clusters of ``cluster`` = (x, y, z) blocks if given (compute capability 9.0+);
-    ``args`` as :func:`kernel_params` takes them. Raises ``RuntimeError`` with the driver's message
-    if the launch fails."""
+    ``args`` as :func:`kernel_params` takes them. Raises :class:`KernelLaunchError` (a
+    ``RuntimeError``) with the driver's code and message if the launch fails."""
     import cupy
 
     if stream is None:
@@ -162,7 +166,7 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: 
     if rc:
         msg = ctypes.c_char_p()
         err(rc, ctypes.byref(msg))
-        raise RuntimeError(f"cuLaunchKernelEx failed: error {rc} ({(msg.value or b'?').decode()})")
+        raise KernelLaunchError("cuLaunchKernelEx", rc, (msg.value or b"?").decode())
     del values, attrs
 
 
@@ -204,3 +208,38 @@ def tensor_map_2d(ptr: int, rows: int, cols: int, row_bytes: int, box_cols: int,
         _driver()[1](rc, ctypes.byref(msg))
         raise RuntimeError(f"cuTensorMapEncodeTiled failed: error {rc} ({(msg.value or b'?').decode()})")
     return out
+
+
+def grid2d(rows: int, units: int, threads: int = 256) -> tuple:
+    """(grid, block) of the 2-D row kernels (groupwise.cu): blockDim (bx, by), bx the largest power of
+    two up to ``threads`` that divides the ``units`` (16- or 8-element pieces) of a row, so that no
+    group straddles two block rows, and by = threads / bx rows per block."""
+    bx = threads
+    while units % bx:
+        bx //= 2
+    by = threads // bx
+    return (-(-rows // by), units // bx), (bx, by)
+
+
+AMAX_BLOCK = 512  # must equal AMAX_BLOCK in per_tensor.cu
+AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
+
+
+def launch_amax(x, in_t, amax_out, device: int, n64: np.int64) -> None:
+    """Zero ``amax_out`` (float32, (1,)) on the current stream, then reduce max |x| of the
+    C-contiguous ``x`` into it with the per_tensor family's ``fp8_amax`` (which combines blocks with
+    an unsigned atomicMax on the float's bits). The caller's module must have imported
+    :mod:`cupyquant.per_tensor`, which registers that family."""
+    import cupy
+
+    from . import _device
+
+    cupy.cuda.runtime.memsetAsync(amax_out.data.ptr, 0, 4, cupy.cuda.get_current_stream().ptr)
+    n = x.size
+    if n == 0:
+        return
+    vec = x.data.ptr % 16 == 0
+    per_block = AMAX_BLOCK * (16 // x.itemsize if vec else 1)
+    grid = max(1, min(-(-n // per_block), _device.sm_count(device) * AMAX_BLOCKS_PER_SM))
+    k = _jit.kernel(device, "per_tensor", "fp8_amax", in_t.ctype, vec)
+    k((grid,), (AMAX_BLOCK,), (x, n64, amax_out))

@@ -4,7 +4,10 @@ before any allocation or launch, so that a caller's buffers are untouched when a
 from __future__ import annotations
 
 import contextlib
+import enum
+import math
 import numbers
+from typing import NamedTuple
 
 import cupy
 import numpy as np
@@ -88,10 +91,6 @@ def _intersect(a: tuple, b: tuple) -> bool:
     return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
 
 
-def _overlap(a: cupy.ndarray, b: cupy.ndarray) -> bool:
-    return _intersect(_extent(a), _extent(b))
-
-
 def shape_tuple(shape, arg: str = "shape") -> tuple:
     """A tuple or list of ints (NumPy integers included), as a tuple of Python ints."""
     if not isinstance(shape, (tuple, list)) or not all(
@@ -114,6 +113,100 @@ def positive_finite_scalar(v, arg: str) -> np.float32:
     if not (0.0 < f <= _FLT_MAX) or np.float32(f) == 0:  # NaN fails the first test
         raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
     return np.float32(f)
+
+
+class ScaleSource(enum.IntEnum):
+    """Where a kernel takes a scale (or a scale bound) from. The numbers are those of
+    ``cq::ScaleSource`` in kernels/common.cuh, which the kernels take as a template or struct argument."""
+
+    #: None given: derived on the device from the data's amax (a bound: none applies)
+    AMAX = 0
+    #: a one-element float32 device array, read by the kernel (never copied to the host)
+    DEVICE = 1
+    #: a positive finite Python or NumPy real, passed to the kernel by value
+    ARG = 2
+
+
+class Scale(NamedTuple):
+    """A parsed scale argument: where it comes from, the device array (DEVICE) and the value (ARG;
+    0 otherwise)."""
+
+    mode: ScaleSource
+    array: cupy.ndarray | None
+    value: np.float32
+
+
+_NO_SCALE = Scale(ScaleSource.AMAX, None, np.float32(0))
+
+
+def scale_arg(v, arg: str, device: int, ref: str = "x") -> Scale:
+    """Parse a scale given as None, a positive finite real, or a one-element float32 CuPy array on
+    ``device`` (that of ``ref``). Raises TypeError or ValueError naming ``arg``."""
+    if v is None:
+        return _NO_SCALE
+    if isinstance(v, cupy.ndarray):
+        if v.dtype != np.float32:
+            raise TypeError(f"{arg} must be a float32 array of one element, got {v.dtype} {v.shape}")
+        if v.size != 1:
+            raise ValueError(f"{arg} must be a float32 array of one element, got {v.dtype} {v.shape}")
+        same_device(v, arg, device, ref)
+        return Scale(ScaleSource.DEVICE, v, np.float32(0))
+    return Scale(ScaleSource.ARG, None, positive_finite_scalar(v, arg))
+
+
+def scale_out(a, shape, dtype, device: int, inputs=(), *, strides=None, nbytes: int | None = None,
+              alloc: str = "") -> cupy.ndarray:
+    """A caller-given scale buffer: CuPy, exact shape and dtype, 16-byte aligned, on ``device`` and
+    not overlapping any of ``inputs`` (``(name, array or None)`` pairs). C-contiguous unless
+    ``strides`` (bytes) is given: then exactly those strides where the layout holds any word, in
+    an allocation that covers ``nbytes`` from the buffer's start (a padded layout, whose padding
+    is written too). ``alloc`` names the function that allocates such a buffer, for the message."""
+    dtype = np.dtype(dtype)
+    cupy_array(a, "scale_out")
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"scale_out must be {dtype.name} of shape {tuple(shape)}, got {a.dtype} {a.shape}")
+    if a.dtype != dtype:
+        raise TypeError(f"scale_out must have dtype {dtype.name}, got {a.dtype}")
+    if strides is None:
+        c_contiguous(a, "scale_out")
+        if a.data.ptr % 16:
+            raise ValueError("scale_out must start 16-byte aligned")
+    else:
+        if nbytes and tuple(a.strides) != tuple(strides):
+            raise ValueError(
+                f"scale_out must have strides {tuple(strides)} (the layout's padding included); "
+                f"got {a.strides}: allocate it with {alloc}"
+            )
+        mem = a.data.mem
+        if a.data.ptr % 16 or a.data.ptr - mem.ptr + nbytes > mem.size:
+            raise ValueError("scale_out must start 16-byte aligned in an allocation that covers the layout's padding")
+    same_device(a, "scale_out", device, "x")
+    disjoint(a, "scale_out", inputs, nbytes=nbytes)
+    return a
+
+
+def rows_view(x: cupy.ndarray, arg: str = "x") -> tuple:
+    """(rows, K, row stride in elements) for x seen as a matrix of its leading dimensions; raises
+    unless the last axis is contiguous and the leading axes collapse into one stride."""
+    if x.ndim == 0:
+        raise ValueError(f"{arg} must have at least one dimension")
+    item = x.itemsize
+    K = x.shape[-1]
+    if x.size == 0:  # nothing is read; CuPy may give an empty array any strides
+        return math.prod(x.shape[:-1]), K, K
+    if K > 1 and x.strides[-1] != item:
+        raise ValueError(f"{arg} must have a contiguous last axis (stride {x.strides[-1]} bytes)")
+    rows = math.prod(x.shape[:-1])
+    if x.ndim == 1 or rows <= 1:
+        return rows, K, K
+    dims = [(n, st) for n, st in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
+    row_stride = dims[-1][1]
+    for (n_outer, st_outer), (n_inner, st_inner) in zip(dims[:-1], dims[1:]):
+        if st_outer != st_inner * n_inner:
+            raise ValueError(f"{arg}'s leading axes must collapse into one row stride; pass cupy.ascontiguousarray({arg})")
+    if row_stride % item or row_stride < K * item:
+        raise ValueError(f"{arg}'s rows overlap or are misaligned (row stride {row_stride} bytes)")
+    return rows, K, row_stride // item
 
 
 # Temporaries that kernels write while a CUDA graph is being captured: every replay of the graph

@@ -29,7 +29,7 @@ import math
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _validate
+from . import _dtypes, _jit, _launch, _validate
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
@@ -45,7 +45,6 @@ _FAMILY = _jit.register(
 _FORMATS = _dtypes.FP8_NAMES + ("int8",)
 _GROUP_SIZES = (32, 64, 128, 256)
 _LAYOUTS = ("row", "col")
-_BLOCK = 256  # threads per block of the per-group kernels (their launch bounds)
 _TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in groupwise.cu
 
 # The kernels' ScaleArgs struct, field for field (C alignment).
@@ -120,7 +119,12 @@ def _group_count(K: int, group_size, arg="group_size") -> int:
     return K // group_size
 
 
-def empty_scales(shape, group_size=128, scale_layout: str = "row", scale_dtype="float32") -> cupy.ndarray:
+def empty_scales(
+    shape: tuple[int, ...],
+    group_size: int | None = 128,
+    scale_layout: str = "row",
+    scale_dtype: str | type | np.dtype = "float32",
+) -> cupy.ndarray:
     """Allocate a scale array in the exact layout :func:`quantize_groupwise` writes.
 
     Parameters
@@ -155,62 +159,10 @@ def empty_scales(shape, group_size=128, scale_layout: str = "row", scale_dtype="
     return lay.view(mem, np.int32 if packed else np.float32)
 
 
-def _check_scale_out(scale_out, lay: _Layout, packed: bool, device: int, inputs=()):
-    dtype = np.dtype(np.int32 if packed else np.float32)
-    _validate.cupy_array(scale_out, "scale_out")
-    if tuple(scale_out.shape) != lay.shape:
-        raise ValueError(f"scale_out must be {dtype.name} of shape {lay.shape}, got {scale_out.dtype} {scale_out.shape}")
-    if scale_out.dtype != dtype:
-        raise TypeError(f"scale_out must have dtype {dtype.name}, got {scale_out.dtype}")
-    if lay.words and tuple(scale_out.strides) != lay.strides:
-        raise ValueError(
-            f"scale_out must have strides {lay.strides} (the layout's padding included); "
-            f"got {scale_out.strides}: allocate it with cupyquant.empty_scales()"
-        )
-    mem = scale_out.data.mem
-    if scale_out.data.ptr % 16 or scale_out.data.ptr - mem.ptr + lay.words * 4 > mem.size:
-        raise ValueError("scale_out must start 16-byte aligned in an allocation that covers the layout's padding")
-    _validate.same_device(scale_out, "scale_out", device, "x")
-    _validate.disjoint(scale_out, "scale_out", inputs, nbytes=lay.words * 4)  # the padding is written too
-
-
-def _rows_view(x: cupy.ndarray, arg: str = "x"):
-    """(rows, K, row stride in elements) for x seen as a matrix of its leading dimensions; raises
-    unless the last axis is contiguous and the leading axes collapse into one stride."""
-    if x.ndim == 0:
-        raise ValueError(f"{arg} must have at least one dimension")
-    item = x.itemsize
-    K = x.shape[-1]
-    if x.size == 0:  # nothing is read; CuPy may give an empty array any strides
-        return math.prod(x.shape[:-1]), K, K
-    if K > 1 and x.strides[-1] != item:
-        raise ValueError(f"{arg} must have a contiguous last axis (stride {x.strides[-1]} bytes)")
-    rows = math.prod(x.shape[:-1])
-    if x.ndim == 1 or rows <= 1:
-        return rows, K, K
-    dims = [(n, st) for n, st in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
-    row_stride = dims[-1][1]
-    for (n_outer, st_outer), (n_inner, st_inner) in zip(dims[:-1], dims[1:]):
-        if st_outer != st_inner * n_inner:
-            raise ValueError(f"{arg}'s leading axes must collapse into one row stride; pass cupy.ascontiguousarray({arg})")
-    if row_stride % item or row_stride < K * item:
-        raise ValueError(f"{arg}'s rows overlap or are misaligned (row stride {row_stride} bytes)")
-    return rows, K, row_stride // item
-
-
-def _ub(scale_ub, device):
-    """(pointer, value, has_ub) for scale_ub given as a float or a one-element device array."""
-    if scale_ub is None:
-        return 0, np.float32(0), 0
-    if isinstance(scale_ub, cupy.ndarray):
-        msg = f"scale_ub must be a float32 array of one element, got {scale_ub.dtype} {scale_ub.shape}"
-        if scale_ub.dtype != np.float32:
-            raise TypeError(msg)
-        if scale_ub.size != 1:
-            raise ValueError(msg)
-        _validate.same_device(scale_ub, "scale_ub", device, "x")
-        return scale_ub.data.ptr, np.float32(0), 1
-    return 0, _validate.positive_finite_scalar(scale_ub, "scale_ub"), 1
+def _ub(scale_ub, device: int) -> tuple:
+    """(pointer, value, has_ub) of the kernels' ScaleArgs for scale_ub."""
+    mode, array, value = _validate.scale_arg(scale_ub, "scale_ub", device)
+    return (0 if array is None else array.data.ptr), value, int(mode != _validate.ScaleSource.AMAX)
 
 
 def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, out_shape, K_out, arg="x"):
@@ -218,7 +170,7 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS)
     in_t = _validate.float_input(x, arg)
     packed = _scale_kind(scale_layout, scale_dtype)
-    rows, K, row_stride = _rows_view(x, arg)
+    rows, K, row_stride = _validate.rows_view(x, arg)
     n_groups = _group_count(K_out, group_size)
     device = x.data.device_id
     ub = _ub(scale_ub, device)
@@ -227,19 +179,10 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     if out is not None:
         _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=((arg, x),))
     if scale_out is not None:
-        _check_scale_out(scale_out, lay, packed, device, inputs=(("out", out), (arg, x)))
+        _validate.scale_out(scale_out, lay.shape, np.int32 if packed else np.float32, device,
+                            inputs=(("out", out), (arg, x)), strides=lay.strides, nbytes=lay.words * 4,
+                            alloc="cupyquant.empty_scales()")
     return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
-
-
-def _grid2d(rows: int, units: int):
-    """(grid, block) for the per-group kernels: blockDim (bx, by), bx the largest power of two up to
-    256 that divides the 16-element units of a row (a multiple of G / 16, so no group straddles two
-    block rows)."""
-    bx = _BLOCK
-    while units % bx:
-        bx //= 2
-    by = _BLOCK // bx
-    return (-(-rows // by), units // bx), (bx, by)
 
 
 def _scale_args(lay: _Layout, words_ptr, n_groups, packed, pow2, ub):
@@ -261,13 +204,13 @@ def _outputs(out, scale_out, out_shape, q_dtype, lay, packed):
 
 def quantize_groupwise(
     x: cupy.ndarray,
-    dtype="float8_e4m3fn",
+    dtype: str | type | np.dtype = "float8_e4m3fn",
     *,
     group_size: int | None = 128,
     scale_layout: str = "row",
     scale_pow2: bool = False,
-    scale_dtype="float32",
-    scale_ub=None,
+    scale_dtype: str | type | np.dtype = "float32",
+    scale_ub: float | cupy.ndarray | None = None,
     out: cupy.ndarray | None = None,
     scale_out: cupy.ndarray | None = None,
 ) -> QuantizedTensor:
@@ -288,7 +231,9 @@ def quantize_groupwise(
     scale_dtype : {"float32", "float8_e8m0fnu"}
         "float8_e8m0fnu" packs UE8M0 exponents four per int32 (implies ``scale_pow2``).
     scale_ub : float or cupy.ndarray, optional
-        Upper bound of a group's (or token's) amax, as in vLLM's per-token ``scale_ub``.
+        Upper bound of a group's (or token's) amax, as in vLLM's per-token ``scale_ub``: the amax is
+        clamped to it before the scale is derived, so the decode scale is at most about
+        ``scale_ub / qmax``. A positive float or a one-element float32 device array.
     out : cupy.ndarray, optional
         uint8 (FP8) or int8 buffer of ``x.shape``.
     scale_out : cupy.ndarray, optional
@@ -297,7 +242,8 @@ def quantize_groupwise(
     Returns
     -------
     QuantizedTensor
-        ``data`` in ``x.shape``; ``scale`` in the chosen layout (``x ~ q * scale``).
+        ``data`` in ``x.shape``; ``scale`` the *decode* scales in the chosen layout
+        (``x ~ q * scale``).
 
     Raises
     ------
@@ -334,7 +280,7 @@ def quantize_groupwise(
                 k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
             else:
                 k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-                grid, block = _grid2d(rows, K // 16)
+                grid, block = _launch.grid2d(rows, K // 16)
                 k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
 
@@ -348,11 +294,11 @@ def _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x):
 
 def silu_mul_quantize(
     x: cupy.ndarray,
-    dtype="float8_e4m3fn",
+    dtype: str | type | np.dtype = "float8_e4m3fn",
     *,
     group_size: int = 128,
     scale_layout: str = "row",
-    scale_ub=None,
+    scale_ub: float | cupy.ndarray | None = None,
     out: cupy.ndarray | None = None,
     scale_out: cupy.ndarray | None = None,
 ) -> QuantizedTensor:
@@ -367,7 +313,8 @@ def silu_mul_quantize(
         Must divide H.
     scale_layout : {"row", "col"}
     scale_ub : float or cupy.ndarray, optional
-        Upper bound of the scale (vLLM's fused kernel clamps the scale, not the amax).
+        Upper bound of the *decode* scale ``s`` (``r ~ q * s``): vLLM's fused kernel clamps the
+        scale, not the amax. A positive float or a one-element float32 device array.
     out, scale_out : cupy.ndarray, optional
         Buffers of the output shape ``(..., H)``, as for :func:`quantize_groupwise`.
 
@@ -403,7 +350,7 @@ def silu_mul_quantize(
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
             vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
             k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-            grid, block = _grid2d(rows, H // 16)
+            grid, block = _launch.grid2d(rows, H // 16)
             k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
     return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
 
@@ -412,7 +359,7 @@ def _silu_mul_intermediate(x: cupy.ndarray):
     """Test hook: ``(r, e)``, the float32 SiLU(gate) * up that :func:`silu_mul_quantize` quantizes
     (computed by the same device function) and the ``expf(-gate)`` it was computed from."""
     in_t = _validate.float_input(x, "x")
-    rows, K, row_stride = _rows_view(x)
+    rows, K, row_stride = _validate.rows_view(x)
     H = K // 2
     with _validate.on_device_of(x):
         r = cupy.empty(tuple(x.shape[:-1]) + (H,), dtype=np.float32)
@@ -443,7 +390,7 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
             vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y.data.ptr % 16 == 0
             k = _jit.kernel(device, _FAMILY, "group_dequantize", out_t.ctype, fmt.ctag, vec)
             if vec:
-                grid, block = _grid2d(rows, K // 8)
+                grid, block = _launch.grid2d(rows, K // 8)
             else:
                 grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
             k(grid, block, (q.data, y, np.int64(rows), np.int32(K), np.int32(g_shift), sa))

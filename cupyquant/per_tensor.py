@@ -8,26 +8,22 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _device, _dtypes, _jit, _validate
+from . import _device, _dtypes, _jit, _launch, _validate
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
-# Scale modes of fp8_quantize, mirrored in kernels/per_tensor.cu: amax reduced on the device, a
-# static scale in a device array, or a static scale passed as an argument.
-SCALE_FROM_AMAX, SCALE_FROM_DEVICE, SCALE_FROM_ARG = 0, 1, 2
+_AMAX, _DEVICE = _validate.ScaleSource.AMAX, _validate.ScaleSource.DEVICE
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
 _BOOLS = (False, True)
 _FAMILY = _jit.register(
     "per_tensor",
     _jit.product("fp8_amax", _dtypes.INPUT_CTYPES, _BOOLS)
     + _jit.product(
-        "fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, (SCALE_FROM_AMAX, SCALE_FROM_DEVICE, SCALE_FROM_ARG), _BOOLS
+        "fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, tuple(_validate.ScaleSource), _BOOLS
     )
     + _jit.product("fp8_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
 )
 _FP8 = _dtypes.FP8_NAMES
 _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
-_AMAX_BLOCK = 512  # must equal AMAX_BLOCK in per_tensor.cu
-_AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
 _SCALAR_BLOCKS_PER_SM = 8
 _SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8}
 
@@ -38,20 +34,6 @@ def _flat_grid(n: int, vec: bool, device: int, per_thread: int) -> int:
     if vec:
         return max(1, -(-(n // per_thread + 1) // _BLOCK))
     return max(1, min(-(-n // _BLOCK), _device.sm_count(device) * _SCALAR_BLOCKS_PER_SM))
-
-
-def _launch_amax(x: cupy.ndarray, in_t, amax_out: cupy.ndarray, device: int, n64: np.int64) -> None:
-    """Zero amax_out (float32, (1,)) on the stream, then reduce max |x| into it (the kernel
-    combines blocks with an unsigned atomicMax on the float's bits)."""
-    cupy.cuda.runtime.memsetAsync(amax_out.data.ptr, 0, 4, cupy.cuda.get_current_stream().ptr)
-    n = x.size
-    if n == 0:
-        return
-    vec = x.data.ptr % 16 == 0
-    per_block = _AMAX_BLOCK * (16 // x.itemsize if vec else 1)
-    grid = max(1, min(-(-n // per_block), _device.sm_count(device) * _AMAX_BLOCKS_PER_SM))
-    k = _jit.kernel(device, _FAMILY, "fp8_amax", in_t.ctype, vec)
-    k((grid,), (_AMAX_BLOCK,), (x, n64, amax_out))
 
 
 def amax(x: cupy.ndarray) -> cupy.ndarray:
@@ -79,15 +61,15 @@ def amax(x: cupy.ndarray) -> cupy.ndarray:
     _validate.c_contiguous(x, "x")
     with _validate.on_device_of(x):
         out = cupy.empty((1,), dtype=np.float32)
-        _launch_amax(x, in_t, out, x.data.device_id, np.int64(x.size))
+        _launch.launch_amax(x, in_t, out, x.data.device_id, np.int64(x.size))
     return out
 
 
 def quantize_fp8(
     x: cupy.ndarray,
-    dtype="float8_e4m3fn",
+    dtype: str | type | np.dtype = "float8_e4m3fn",
     *,
-    scale=None,
+    scale: float | cupy.ndarray | None = None,
     out: cupy.ndarray | None = None,
 ) -> QuantizedTensor:
     """Quantize a whole tensor to FP8 with one float32 scale.
@@ -99,9 +81,9 @@ def quantize_fp8(
     dtype : str or ml_dtypes type
         ``"float8_e4m3fn"`` (default) or ``"float8_e5m2"``.
     scale : float or cupy.ndarray, optional
-        None: dynamic scaling, amax reduced on the device. Otherwise a static scale in the
-        dequantization sense (``x ~ q * scale``): a positive Python float, or a float32 CuPy array
-        of one element (read on the device, never copied to the host).
+        None: dynamic scaling, amax reduced on the device. Otherwise a static *decode* scale
+        (``x ~ q * scale``; the kernel multiplies by ``1 / scale``): a positive Python float, or a
+        float32 CuPy array of one element (read on the device, never copied to the host).
     out : cupy.ndarray, optional
         uint8 buffer of ``x.shape`` for the FP8 bytes.
 
@@ -135,17 +117,7 @@ def quantize_fp8(
     in_t = _validate.float_input(x, "x")
     _validate.c_contiguous(x, "x")
     device = x.data.device_id
-    mode, scale_dev, scale_arg = SCALE_FROM_AMAX, None, np.float32(0)
-    if scale is not None:
-        if isinstance(scale, cupy.ndarray):
-            if scale.dtype != np.float32:
-                raise TypeError(f"scale must be float32, got {scale.dtype}")
-            if scale.size != 1:
-                raise ValueError(f"scale must hold exactly one element, got shape {scale.shape}")
-            _validate.same_device(scale, "scale", device, "x")
-            mode, scale_dev = SCALE_FROM_DEVICE, scale
-        else:
-            mode, scale_arg = SCALE_FROM_ARG, _validate.positive_finite_scalar(scale, "scale")
+    mode, scale_dev, scale_arg = _validate.scale_arg(scale, "scale", device)
     if out is not None:
         _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
 
@@ -155,10 +127,10 @@ def quantize_fp8(
         q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
         scale_inv = cupy.empty((1,), dtype=np.float32)
         amax_f = None
-        if mode == SCALE_FROM_AMAX:
+        if mode == _AMAX:
             amax_f = src = cupy.empty((1,), dtype=np.float32)
-            _launch_amax(x, in_t, amax_f, device, n64)
-        elif mode == SCALE_FROM_DEVICE:
+            _launch.launch_amax(x, in_t, amax_f, device, n64)
+        elif mode == _DEVICE:
             src = scale_dev
         else:
             src = scale_inv  # unused by the kernel in this mode; any valid pointer

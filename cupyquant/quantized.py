@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from . import _dtypes, _layouts
+
+if TYPE_CHECKING:  # the runtime import of this module must not import CuPy
+    import cupy
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class QuantizedTensor:
     data : cupy.ndarray
         The element bytes in the original shape: uint8 FP8 bit patterns, or int8 codes.
     scale : cupy.ndarray
-        Dequantization scale(s): ``x ~ float(q) * scale``. float32 (1,) per tensor; per group or
+        *Decode* scale(s): ``x ~ float(q) * scale``. float32 (1,) per tensor; per group or
         token in the scheme's layout (float32, or UE8M0 bytes packed in int32).
     scheme : Scheme
     shape : tuple of int
@@ -65,7 +69,16 @@ class QuantizedTensor:
 
     __slots__ = ("data", "scale", "scheme", "shape", "dtype", "amax", "global_scale")
 
-    def __init__(self, data, scale, scheme: Scheme, shape, dtype, amax=None, global_scale=None):
+    def __init__(
+        self,
+        data: cupy.ndarray,
+        scale: cupy.ndarray,
+        scheme: Scheme,
+        shape: tuple[int, ...],
+        dtype: np.dtype | type | str,
+        amax: cupy.ndarray | None = None,
+        global_scale: cupy.ndarray | None = None,
+    ) -> None:
         self.data = data
         self.scale = scale
         self.scheme = scheme
@@ -80,10 +93,11 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held on the device: data plus scales (plus amax)."""
+        """Bytes held on the device: ``data``, ``scale``, and ``amax`` and ``global_scale`` where
+        present."""
         return sum(a.nbytes for a in (self.data, self.scale, self.amax, self.global_scale) if a is not None)
 
-    def dequantize(self, dtype=None, *, out=None):
+    def dequantize(self, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None) -> cupy.ndarray:
         """Same as :func:`cupyquant.dequantize` (``dtype`` defaults to the original dtype)."""
         return dequantize(self, dtype, out=out)
 
@@ -129,7 +143,9 @@ class QuantizedTensor:
         )
 
 
-def dequantize(q: QuantizedTensor, dtype=None, *, out=None):
+def dequantize(
+    q: QuantizedTensor, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
+) -> cupy.ndarray:
     """Dequantize a :class:`QuantizedTensor` on the GPU.
 
     Parameters
@@ -186,12 +202,12 @@ _DEQUANTIZERS: dict = {}
 _TYPE_DEQUANTIZERS: dict = {}
 
 
-def register_dequantizer(family: str, fn) -> None:
+def register_dequantizer(family: str, fn: Callable) -> None:
     """Declare the function that dequantizes the QuantizedTensors of a kernel family (``q``, the
     output :class:`~cupyquant._dtypes.InputType`, ``out``): called by each op module at import."""
     _DEQUANTIZERS[family] = fn
 
 
-def register_container(cls, fn) -> None:
+def register_container(cls: type, fn: Callable) -> None:
     """Declare how :func:`dequantize` takes a container of another type (``fn(q, dtype, out=out)``)."""
     _TYPE_DEQUANTIZERS[cls] = fn

@@ -21,6 +21,17 @@ namespace cq {
 typedef long long i64;
 typedef unsigned long long u64;
 
+// same_type<A, B>::value: whether two types are the same (NVRTC has no <type_traits>).
+template <class A, class B> struct same_type { static constexpr bool value = false; };
+template <class A> struct same_type<A, A> { static constexpr bool value = true; };
+
+// Where a kernel takes a scale from (cupyquant._validate.ScaleSource mirrors these numbers).
+enum ScaleSource : int {
+    SCALE_FROM_AMAX = 0,    // derived from an amax the kernel reads (as written by an amax kernel)
+    SCALE_FROM_DEVICE = 1,  // read from the caller's one-element device array
+    SCALE_FROM_ARG = 2,     // passed by value as a kernel argument
+};
+
 // ---------------------------------------------------------------- IEEE float32 arithmetic
 __device__ __forceinline__ float mul_rn(float a, float b) {
     float r;
@@ -220,6 +231,12 @@ template <class F> __device__ __forceinline__ void fp8x2_to_float2(unsigned shor
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(s, F::kind);
     lo = __half2float(__ushort_as_half(h.x));
     hi = __half2float(__ushort_as_half(h.y));
+}
+
+// ---------------------------------------------------------------- E8M0 scales
+// E8M0 byte -> float: 2^(E - 127); 0 is the subnormal 2^-127, 255 is NaN (as ml_dtypes decodes it).
+__device__ __forceinline__ float e8m0_to_float(unsigned E) {
+    return __uint_as_float(E == 0u ? 0x00400000u : E == 255u ? 0x7fffffffu : E << 23);
 }
 
 }  // namespace cq

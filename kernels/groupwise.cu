@@ -59,10 +59,6 @@ __device__ __forceinline__ unsigned ue8m0_of(float s) {  // the exponent byte of
     return ((b >> 23) & 0xffu) + ((b & 0x7fffffu) != 0u);
 }
 __device__ __forceinline__ float pow2_ceil(float s) { return __uint_as_float(ue8m0_of(s) << 23); }
-// UE8M0 byte -> float: 2^(e - 127); 0 is the subnormal 2^-127, 255 is NaN (as ml_dtypes decodes it).
-__device__ __forceinline__ float e8m0_to_float(unsigned e) {
-    return e == 0u ? __uint_as_float(0x00400000u) : e == 255u ? __uint_as_float(0x7fffffffu) : __uint_as_float(e << 23);
-}
 
 // Runtime parameters shared by the quantizers: where scales go and how they are made. Passed by value
 // from a NumPy structured scalar with the same fields (cupyquant.groupwise._SCALE_ARGS, align=True).

@@ -23,11 +23,6 @@
 
 using namespace cq;
 
-// Scale sources of fp8_quantize (cupyquant._jit mirrors these numbers).
-#define SCALE_FROM_AMAX 0    // src holds amax (as written by fp8_amax): dynamic quantization
-#define SCALE_FROM_DEVICE 1  // src holds the caller's dequantization scale s
-#define SCALE_FROM_ARG 2     // s is the kernel argument scale_arg (a Python float)
-
 static constexpr int AMAX_BLOCK = 512;
 static constexpr int AMAX_UNROLL = 4;  // 16-byte loads in flight per thread in the main loop
 
@@ -67,6 +62,9 @@ template <class F> __device__ __forceinline__ float scale_from_amax(float amax) 
     return is_finite_bits(__float_as_uint(s)) ? s : 3.402823466e+38f;
 }
 
+// MODE (a cq::ScaleSource): SCALE_FROM_AMAX, scale_src holds amax (as written by fp8_amax): dynamic
+// quantization; SCALE_FROM_DEVICE, scale_src holds the caller's dequantization scale s;
+// SCALE_FROM_ARG, s is the argument scale_arg.
 template <typename T, class F, int MODE, bool VEC>
 __global__ void __launch_bounds__(256)
 fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, i64 n,

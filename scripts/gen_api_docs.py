@@ -28,7 +28,8 @@ MODULES = [
     ("quantized", "Quantized tensors and dequantization"),
     ("per_tensor", "Per-tensor FP8"),
     ("groupwise", "Per-token and per-group FP8/INT8, fused SiLU*Mul"),
-    ("mx", "Microscaling: MXFP8, MXFP4, NVFP4"),
+    ("mx", "Microscaling: MXFP8, MXFP4"),
+    ("nvfp4", "NVFP4"),
     ("weight", "Weight-only INT4/FP8 and the matmul"),
     ("_jit", "Errors"),
 ]

@@ -1019,7 +1019,7 @@ def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
     if kind in ("fp8", "weight") or (kind == "nvfp4" and p["global_scale"] == "dynamic"):
         assert x.flags.c_contiguous, (p["view"], x.strides)
     elif kind != "matmul":
-        groupwise._rows_view(x, "x")  # raises ValueError where the op would
+        _validate.rows_view(x, "x")  # raises ValueError where the op would
     if kind in ("fp8", "group", "silu", "mx"):
         allowed = {"fp8": _dtypes.FP8_NAMES, "mx": _dtypes.MX_NAMES}.get(kind, Q8)
         assert _dtypes.element_format(_arg(p["fmt"], p["dtype_as"]), "dtype", allowed=allowed).name == p["fmt"]

@@ -14,6 +14,7 @@ from cupyquant import _jit
 FAMILIES = sorted(cupyquant._all_families())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", _jit.TEST_ARCHS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_instantiation_compiles(family, arch):
@@ -84,7 +85,7 @@ def test_missing_headers_error_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(cupy._environment, "get_cuda_path", lambda: None)
     monkeypatch.setattr(_jit, "Path", _NoUsrLocal)
     try:
-        with pytest.raises(_jit.CudaHeadersNotFound, match=r"pip install cupyquant\[cu13\]"):
+        with pytest.raises(_jit.CudaHeadersNotFoundError, match=r"pip install cupyquant\[cu13\]"):
             _jit.cuda_include_dir()
     finally:
         monkeypatch.undo()
@@ -100,6 +101,14 @@ class _NoUsrLocal(type(_jit.Path())):
 
 def test_expr_formats_template_arguments():
     assert _jit.expr("k", "float", "cq::E4M3", 2, True) == "k<float, cq::E4M3, 2, true>"
+    from cupyquant._validate import ScaleSource
+
+    assert _jit.expr("k", ScaleSource.ARG, False) == "k<2, false>"
+
+
+def test_old_error_name_is_an_alias():
+    assert cupyquant.CudaHeadersNotFound is cupyquant.CudaHeadersNotFoundError is _jit.CudaHeadersNotFoundError
+    assert issubclass(cupyquant.KernelLaunchError, RuntimeError)
 
 
 def test_unregistered_expression_is_refused_before_compiling():
@@ -107,32 +116,61 @@ def test_unregistered_expression_is_refused_before_compiling():
         _jit.kernel(0, "per_tensor", "fp8_quantize", "double", "cq::E4M3", 0, True)
 
 
+# The conversion instructions each block-scaled family uses where the target has them: the FP8
+# one (MXFP8 elements, NVFP4 scales), E2M1 (MXFP4, NVFP4 elements) and the E8M0 round-up (MX scales).
+BLACKWELL_CVTS = {
+    "mx": ("cvt.rn.satfinite.e2m1x2.f32", "cvt.rp.satfinite.ue8m0x2.f32", "cvt.rn.satfinite.e4m3x2.f32"),
+    "nvfp4": ("cvt.rn.satfinite.e2m1x2.f32", "cvt.rn.satfinite.e4m3x2.f32"),
+    "testing": ("cvt.rn.satfinite.e2m1x2.f32", "cvt.rp.satfinite.ue8m0x2.f32", "cvt.rn.satfinite.e4m3x2.f32"),
+}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["100a", "120a"])
-def test_blackwell_targets_use_the_conversion_instructions(arch):
-    """On the family-specific Blackwell targets the mx family uses the e2m1x2 and ue8m0x2
-    conversions (and the fp8x2 one); on sm_90 only the fp8x2 one exists."""
+@pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
+def test_blackwell_targets_use_the_conversion_instructions(family, arch):
+    """On the family-specific Blackwell targets the block-scaled families (and the test kernels that
+    check their conversions) use the e2m1x2 and ue8m0x2 conversions (and the fp8x2 one); on sm_90
+    only the fp8x2 one exists."""
     ptx = []
-    lowered = _jit.compile_for_arch("mx", arch, ptx_out=ptx)
-    assert set(lowered) == set(_jit.families()["mx"])
-    assert "cvt.rn.satfinite.e2m1x2.f32" in ptx[0]
-    assert "cvt.rp.satfinite.ue8m0x2.f32" in ptx[0]
-    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[0]
+    lowered = _jit.compile_for_arch(family, arch, ptx_out=ptx)
+    assert set(lowered) == set(_jit.families()[family])
+    for cvt in BLACKWELL_CVTS[family]:
+        assert cvt in ptx[0], cvt
 
 
-def test_hopper_uses_the_software_fp4_path():
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
+def test_hopper_uses_the_software_fp4_path(family):
     ptx = []
-    _jit.compile_for_arch("mx", "90", ptx_out=ptx)
+    _jit.compile_for_arch(family, "90", ptx_out=ptx)
     assert "e2m1x2" not in ptx[0] and "ue8m0x2" not in ptx[0]
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[0]
 
 
-def test_specific_target_is_asked_only_where_it_exists():
-    assert _jit.specific_target("mx", "100") == "-arch=sm_100a"
-    assert _jit.specific_target("mx", "120") == "-arch=sm_120a"
-    assert _jit.specific_target("mx", "90") is None
+@pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
+def test_specific_target_is_asked_only_where_it_exists(family):
+    assert _jit.specific_target(family, "100") == "-arch=sm_100a"
+    assert _jit.specific_target(family, "120") == "-arch=sm_120a"
+    assert _jit.specific_target(family, "90") is None
     assert _jit.specific_target("per_tensor", "100") is None
+    assert _jit.specific_target("groupwise", "100") is None
 
 
+def test_family_names_are_file_stems():
+    """Each registered family is kernels/<family>.cu; the activation-side families are these."""
+    for family in FAMILIES:
+        assert (_jit.kernel_dir() / f"{family}.cu").is_file(), family
+    assert {"per_tensor", "groupwise", "mx", "nvfp4", "testing"} <= set(FAMILIES)
+
+
+def test_test_kernels_are_in_no_production_family():
+    for family, exprs in _jit.families().items():
+        if family != "testing":
+            assert not any(e.startswith(("cvt_check", "e8m0_check")) for e in exprs), family
+
+
+@pytest.mark.slow
 def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     """weight_sm90_gemm is built for sm_90a, the only target with wgmma: there its kernels issue
     wgmma.mma_async with the A operand in registers (64 x BMA x 16 per instruction); on every other
@@ -140,8 +178,8 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
 
     ptxas keeps every wgmma pipelined and spills nothing: where non-wgmma instructions define a
     wgmma's input registers inside its pipeline, ptxas serializes the wgmmas and says so in the log
-    ("Potential Performance Loss", C7513). A change that did this to the 256-row tile measured
-    29-40% slower (BENCHMARKS.md, session 30), with output bits unchanged, so only this catches it."""
+    ("Potential Performance Loss", C7513). Serialized wgmmas make the 256-row tile 29-40% slower
+    (BENCHMARKS.md) with output bits unchanged, so only this catches it."""
     ptx, log = [], []
     lowered = _jit.compile_for_arch("weight_sm90_gemm", "90a", ptx_out=ptx, log_out=log)
     assert set(lowered) == set(_jit.families()["weight_sm90_gemm"])
@@ -174,3 +212,22 @@ def test_generated_wgmma_wrappers_are_current():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.current() == gen.generated(), "run python scripts/gen_wgmma.py"
+
+
+def test_reference_is_a_lazy_attribute_that_needs_no_cupy():
+    """``cupyquant.reference`` is reachable after ``import cupyquant`` alone, without CuPy."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.modules['cupy'] = None\n"
+        "import cupyquant\n"
+        "assert 'cupyquant.reference' not in sys.modules\n"
+        "print(cupyquant.reference.quantize_fp8.__name__)\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                       env={"PYTHONPATH": root, "PATH": ""})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "quantize_fp8"

@@ -98,8 +98,8 @@ def test_kernel_params_point_at_each_value():
 _C_TYPES = {"i64": np.int64, "int": np.int32, "float": np.float32, "unsigned long long": np.uint64}
 ARG_STRUCTS = [
     ("groupwise", "_SCALE_ARGS", "groupwise.cu", "ScaleArgs"),
-    ("mx", "_QUANT_ARGS", "mx.cu", "QuantArgs"),
-    ("mx", "_DEQUANT_ARGS", "mx.cu", "DequantArgs"),
+    ("_block_scale", "QUANT_ARGS", "block_scale.cuh", "QuantArgs"),
+    ("_block_scale", "DEQUANT_ARGS", "block_scale.cuh", "DequantArgs"),
     ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WQuantArgs"),
     ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WDequantArgs"),
     ("weight.configs", "DECODE_ARGS", "weight_decode.cu", "MatmulArgs"),
@@ -192,3 +192,29 @@ def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
     assert len(W.tmap_cache) == 4 and len(calls) == 5 and calls[-1][-1] == 72
     W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128)
     assert len(calls) == 6, "the oldest map was evicted and is encoded again"
+
+
+def test_a_refused_launch_raises_kernel_launch_error(monkeypatch):
+    """A launch that the driver refuses raises cupyquant.KernelLaunchError (a RuntimeError) with the
+    driver's code and message. The driver is replaced by one that refuses every launch, so no GPU
+    is needed."""
+    import types
+
+    import cupyquant
+    from cupyquant import _launch
+
+    def refuse(cfg, fn, params, extra):
+        return 1  # CUDA_ERROR_INVALID_VALUE
+
+    def message(code, out):  # out: a ctypes byref of the char* the driver fills
+        out._obj.value = b"invalid argument"
+        return 0
+
+    monkeypatch.setattr(_launch, "_driver", lambda: (refuse, message))
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0))
+    stream = types.SimpleNamespace(ptr=0)
+    with pytest.raises(cupyquant.KernelLaunchError) as info:
+        _launch.launch(kernel, (1,), (32,), [0], stream=stream)
+    assert isinstance(info.value, RuntimeError)
+    assert info.value.code == 1 and info.value.message == "invalid argument"
+    assert "cuLaunchKernelEx failed: error 1 (invalid argument)" in str(info.value)

@@ -12,7 +12,7 @@ import pytest
 from conftest import assert_bits_equal, heavy_tailed, poisoned
 
 import cupyquant as cq
-from cupyquant import mx
+from cupyquant import _block_scale, _testing
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -89,7 +89,7 @@ def test_nvfp4_every_combination(in_dtype, layout, gs):
 def test_software_path_forced(monkeypatch, in_dtype, fmt):
     """The exact software conversions give the same bytes as the hardware ones (on this GPU: FP8
     by cvt.satfinite on sm_89+; on Blackwell also FP4 and UE8M0)."""
-    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", True)
+    monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", True)
     for shape in [(128, 4096), (300, 1000)]:
         xh = heavy_tailed(shape, _seed("sw", shape, in_dtype, fmt), in_dtype)
         for layout in LAYOUTS:
@@ -136,7 +136,7 @@ def _special_blocks(fmt, in_dtype):
 @pytest.mark.parametrize("fmt", MX_FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 def test_mx_special_blocks(monkeypatch, in_dtype, fmt, sw):
-    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", sw)
+    monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
     xh = _special_blocks(fmt, in_dtype)
     for layout in LAYOUTS:
         for rounding in ("ceil", "floor"):
@@ -151,7 +151,7 @@ def test_mx_special_blocks(monkeypatch, in_dtype, fmt, sw):
 @pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 def test_nvfp4_special_blocks(monkeypatch, in_dtype, sw):
-    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", sw)
+    monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
     xh = _special_blocks("float4_e2m1fn", in_dtype)
     for layout in LAYOUTS:
         run_nvfp4(xh, layout, global_scale=1.0)
@@ -184,7 +184,7 @@ def test_mxfp4_every_bf16_pattern_at_many_scales(monkeypatch, sw, rounding):
     amax is pinned to 6 * 2^k, 4.5 * 2^k or 5 * 2^k for k across the whole exponent range: the
     bf16-pair conversion of the kernel (E = 1..253) and its float fallback (E = 0, 254, 255) against
     the reference, every rounding tie at every scale."""
-    monkeypatch.setattr(mx, "_FORCE_SOFTWARE", sw)
+    monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
     pats = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     rng = np.random.default_rng(_seed("bf16-fp4", rounding))
     nblk = -(-pats.size // 31)
@@ -324,8 +324,8 @@ def test_fp8_software_conversion_equals_hardware_for_every_float(fmt):
     if int(cupy.cuda.Device().compute_capability) < 89:
         pytest.skip("no FP8 conversion instruction below sm_89: both paths are the software one")
     for base in range(0, 1 << 32, CHUNK):
-        hw = mx._conversion_check(fmt, base, CHUNK, True)
-        sw = mx._conversion_check(fmt, base, CHUNK, False)
+        hw = _testing._conversion_check(fmt, base, CHUNK, True)
+        sw = _testing._conversion_check(fmt, base, CHUNK, False)
         bad = int((hw != sw).sum())
         assert bad == 0, f"{fmt}: {bad} mismatches in [{base:#x}, {base + CHUNK:#x})"
 
@@ -348,7 +348,7 @@ def test_conversions_against_reference(fmt, hardware):
     """Every element conversion (and the E8M0 round-up) against the reference over a structured
     sample of float32 patterns: exhaustive over the high mantissa bits of every exponent."""
     pats = _pattern_sample()
-    got = mx._conversion_check(fmt, 0, 0, hardware, patterns=cupy.asarray(pats))
+    got = _testing._conversion_check(fmt, 0, 0, hardware, patterns=cupy.asarray(pats))
     v = pats.view(np.float32)
     if fmt == "float8_e8m0fnu":
         want = ref.e8m0_ceil(np.abs(v))
@@ -387,6 +387,11 @@ def test_repr_and_scheme():
     assert q.scheme.format == "float4_e2m1fn" and q.scheme.block == (16,) and q.scheme.scale_dtype == "float8_e4m3fn"
     assert "swizzled" in repr(q)
     assert q.nbytes == q.data.nbytes + q.scale.nbytes + 8
+    # each op module registers its own kernel family and dequantizer
+    assert q.scheme.family == "nvfp4"
+    assert cq.quantize_mx(cupy.ones((4, 64), np.float16)).scheme.family == "mx"
+    d, s, g = ref.quantize_nvfp4(np.ones((4, 64), np.float16))
+    assert_bits_equal(cq.dequantize(q), ref.dequantize_nvfp4(d, s, g, np.float16, K=64), "nvfp4 dequantize")
 
 
 # ---------------------------------------------------------------- validation

@@ -166,10 +166,10 @@ def test_amax_alone(in_dtype):
 
 
 def _amax_stride_vectors():
-    from cupyquant import per_tensor
+    from cupyquant import _launch
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return sms * per_tensor._AMAX_BLOCKS_PER_SM * per_tensor._AMAX_BLOCK
+    return sms * _launch.AMAX_BLOCKS_PER_SM * _launch.AMAX_BLOCK
 
 
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
@@ -203,8 +203,8 @@ def test_cuda_graph_capture_replays():
     for seed in (6, 7):  # new data in the same buffer: the replay recomputes amax and scale
         xh = heavy_tailed(x.shape, seed, ml_dtypes.bfloat16)
         # the new data and the poison go on the graph's stream: a non-blocking stream does not wait
-        # for the legacy default stream, so a fill issued there could land after the replay (it did
-        # once in session 31, with the suite's shards sharing the GPU: every byte read back 0xFF)
+        # for the legacy default stream, so a fill issued there can land after the replay (when
+        # other work shares the GPU every byte then reads back 0xFF)
         with stream:
             x.set(xh)
             qbuf.fill(0xFF)

@@ -1,0 +1,39 @@
+"""Test hooks: kernels that only the tests launch, in a family of their own (``kernels/testing.cu``)
+so that no production family compiles them.
+
+The conversion checks run the element conversions of ``kernels/block_scale.cuh`` one float at a
+time, built for the same targets as the MX and NVFP4 families (the Blackwell family-specific ones
+have the FP4 and UE8M0 conversion instructions), so that the hardware path they test is the one the
+quantizers use.
+"""
+
+from __future__ import annotations
+
+import cupy
+import numpy as np
+
+from . import _block_scale, _dtypes, _jit
+
+_BOOLS = (False, True)
+_MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
+_FAMILY = _jit.register(
+    "testing",
+    _jit.product("cvt_check", _MX_TAGS, _BOOLS) + _jit.product("e8m0_check", _BOOLS),
+    specific_targets=_block_scale.SPECIFIC_TARGETS,
+)
+
+
+def _conversion_check(dtype, base: int, n: int, hardware: bool, patterns=None) -> cupy.ndarray:
+    """Test hook: the codes of the float32 bit patterns ``base .. base + n - 1`` (or of the uint32
+    device array ``patterns``) under the element conversion of ``dtype`` (``"float8_e8m0fnu"``: the
+    E8M0 round-up of their magnitudes), by the hardware or the software path, as uint8."""
+    if patterns is not None:
+        n = patterns.size
+    codes = cupy.empty((n,), dtype=np.uint8)
+    device = codes.data.device_id
+    if dtype == "float8_e8m0fnu":
+        k = _jit.kernel(device, _FAMILY, "e8m0_check", bool(hardware))
+    else:
+        k = _jit.kernel(device, _FAMILY, "cvt_check", _dtypes.element_format(dtype).ctag, bool(hardware))
+    k((-(-n // 256),), (256,), (patterns if patterns is not None else np.uint64(0), np.uint32(base), np.int64(n), codes))
+    return codes
