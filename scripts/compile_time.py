@@ -183,7 +183,6 @@ def measure_cpu(archs, repeat: int) -> dict:
 def measure_gpu() -> dict:
     import cupy
 
-    from cupyquant import _jit
 
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import re
 import sys
 import traceback
 from dataclasses import dataclass

@@ -122,9 +122,9 @@ def main(argv=None) -> int:
                 ab = a16.astype(ml_dtypes.bfloat16)
                 yb = cupy.empty((M, N), ml_dtypes.bfloat16)
                 s = cupy.cuda.Stream(non_blocking=True)
-                g = _bench.capture_graph(lambda qq: cq.matmul(ab, qq, out=yb), [(qq,) for qq in qs], s)
+                g = _bench.capture_graph(lambda qq, ab=ab, yb=yb: cq.matmul(ab, qq, out=yb), [(qq,) for qq in qs], s)
                 row = {"N x K": f"{N}x{K}", "M": M}
-                row["w"] = _sustain(lambda: g.launch(s), s.synchronize, len(qs), args.seconds)
+                row["w"] = _sustain(lambda g=g: g.launch(s), s.synchronize, len(qs), args.seconds)
                 if torch is not None:
                     ta = torch.from_dlpack(a16)
                     tg = _bench.capture_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws])
