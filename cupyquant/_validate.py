@@ -9,7 +9,7 @@ import numbers
 import cupy
 import numpy as np
 
-from . import _dtypes
+from . import _checks, _dtypes
 
 
 def cupy_array(a, arg: str) -> cupy.ndarray:
@@ -103,17 +103,7 @@ def shape_tuple(shape, arg: str = "shape") -> tuple:
     return tuple(int(d) for d in shape)
 
 
-_FLT_MAX = float(np.finfo(np.float32).max)
-
-
-def positive_finite_scalar(v, arg: str) -> np.float32:
-    """A Python/NumPy real that is positive and finite as float32; returned as np.float32."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{arg} must be a real number or a cupy.ndarray, got {type(v).__name__}")
-    f = float(v)
-    if not (0.0 < f <= _FLT_MAX) or np.float32(f) == 0:  # NaN fails the first test
-        raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
-    return np.float32(f)
+positive_finite_scalar = _checks.positive_finite_scalar  # shared with the reference
 
 
 # Temporaries that kernels write while a CUDA graph is being captured: every replay of the graph

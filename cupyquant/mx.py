@@ -32,7 +32,7 @@ import os
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _validate
+from . import _checks, _dtypes, _jit, _validate
 from .per_tensor import _launch_amax
 from .groupwise import _grid2d, _rows_view
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
@@ -55,7 +55,6 @@ _TILE_K = 256  # TILE_K in mx.cu: elements per tile row (tiles are 128 rows high
 _MX_BLOCK = 32
 _NV_BLOCK = 16
 _LAYOUTS = ("dense", "swizzled")
-_ROUNDINGS = ("ceil", "floor")
 _GS_FROM_AMAX, _GS_FROM_DEVICE, _GS_FROM_ARG = 0, 1, 2  # GS_FROM_* in mx.cu
 
 #: Force the software conversions (tests set this to check them against the hardware ones).
@@ -210,9 +209,8 @@ def quantize_mx(
     2^(127 - E))``, exact in float32 (2^-127 is the subnormal for E = 254). One kernel launch.
     :func:`cupyquant.reference.quantize_mx` states every rule.
     """
-    fmt = _dtypes.element_format(dtype, "dtype", allowed=_dtypes.MX_NAMES)
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"rounding={rounding!r} is not supported; expected one of {_ROUNDINGS}")
+    fmt = _dtypes.element_format(dtype, "dtype", allowed=_checks.MX_FORMATS)
+    _checks.mx_rounding(rounding)
     in_t, rows, K, row_stride, device, q_shape, s_shape = _prepare(x, fmt, _MX_BLOCK, scale_layout, out, scale_out)
     with _validate.on_device_of(x):
         q = cupy.empty(q_shape, dtype=np.uint8) if out is None else out
@@ -227,11 +225,7 @@ def quantize_mx(
 def _global_scale_source(global_scale, device):
     """(mode, value, pointer) for quantize_nvfp4's global_scale."""
     if isinstance(global_scale, cupy.ndarray):
-        msg = f"global_scale must be a float32 array of one element, got {global_scale.dtype} {global_scale.shape}"
-        if global_scale.dtype != np.float32:
-            raise TypeError(msg)
-        if global_scale.size != 1:
-            raise ValueError(msg)
+        _checks.one_element_float32(global_scale, "global_scale")
         _validate.same_device(global_scale, "global_scale", device, "x")
         return _GS_FROM_DEVICE, np.float32(0), global_scale.data.ptr
     return _GS_FROM_ARG, _validate.positive_finite_scalar(global_scale, "global_scale"), 0

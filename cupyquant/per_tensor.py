@@ -8,7 +8,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _device, _dtypes, _jit, _validate
+from . import _checks, _device, _dtypes, _jit, _validate
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 # Scale modes of fp8_quantize, mirrored in kernels/per_tensor.cu: amax reduced on the device, a
@@ -138,10 +138,7 @@ def quantize_fp8(
     mode, scale_dev, scale_arg = SCALE_FROM_AMAX, None, np.float32(0)
     if scale is not None:
         if isinstance(scale, cupy.ndarray):
-            if scale.dtype != np.float32:
-                raise TypeError(f"scale must be float32, got {scale.dtype}")
-            if scale.size != 1:
-                raise ValueError(f"scale must hold exactly one element, got shape {scale.shape}")
+            _checks.one_element_float32(scale, "scale")
             _validate.same_device(scale, "scale", device, "x")
             mode, scale_dev = SCALE_FROM_DEVICE, scale
         else:

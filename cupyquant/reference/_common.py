@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .. import _dtypes
+from .. import _checks, _dtypes
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -16,6 +16,15 @@ _CANONICAL_NAN = {
     np.dtype(ml_dtypes.bfloat16): np.uint16(0x7FFF),
 }
 _UINT_OF = {4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+def _given_scale(v, arg: str) -> np.float32:
+    """A scale the caller gives, checked as the ops check theirs: a NumPy array stands where the ops
+    take a CuPy one (float32, one element, its value read as it is), anything else must be a
+    positive finite real."""
+    if isinstance(v, np.ndarray):
+        return np.float32(_checks.one_element_float32(v, arg).reshape(-1)[0])
+    return _checks.positive_finite_scalar(v, arg)
 
 
 def _as_f32(x) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes
-from ._common import _as_f32, cast_fp8, e8m0_to_float, fp8_to_float, round_to
+from .. import _checks, _dtypes
+from ._common import _as_f32, _given_scale, cast_fp8, e8m0_to_float, fp8_to_float, round_to
 
 GROUP_EPS = np.float32(1e-10)  # vLLM's default eps, the floor of a group's amax
 FLT_EPSILON = np.float32(2.0**-23)
@@ -37,7 +37,7 @@ def _to_codes(v, fmt) -> np.ndarray:
 
 
 def _ub_value(scale_ub):
-    return None if scale_ub is None else np.float32(np.asarray(scale_ub, dtype=np.float32).reshape(-1)[0])
+    return None if scale_ub is None else _given_scale(scale_ub, "scale_ub")
 
 
 def quantize_groupwise(x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=False,
@@ -63,14 +63,14 @@ def quantize_groupwise(x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=F
     ``q = rne_sat(x * (127 / amax))`` (0 when amax is 0). With pow2 both use ``s = pow2_ceil(s)``
     and ``q = cvt(clamp(x / s))`` (INT8: ``rne_sat(x / s)``).
     """
-    fmt = _dtypes.element_format(dtype, allowed=("float8_e4m3fn", "float8_e5m2", "int8"))
+    fmt = _dtypes.element_format(dtype, allowed=_checks.GROUPWISE_FORMATS)
     sdt = _dtypes.scale_dtype(scale_dtype, allowed=("float32", "float8_e8m0fnu"))
     pow2 = scale_pow2 or sdt == "float8_e8m0fnu"
     xf = _as_f32(x)
+    _checks.at_least_1d(xf.ndim)
     K = xf.shape[-1]
-    G = K if group_size is None else int(group_size)
     # per token: one group of K, even when K = 0 (the scale of an all-zero row)
-    g = xf.reshape(xf.shape[:-1] + (1 if group_size is None else K // G, G))
+    g = xf.reshape(xf.shape[:-1] + (_checks.group_count(K, group_size), K if group_size is None else group_size))
     ub = _ub_value(scale_ub)
     qmax = np.float32(fmt.max)
     lo, hi = (np.float32(v) for v in _QRANGE[fmt.name])
@@ -115,7 +115,8 @@ def silu_mul(x) -> np.ndarray:
     ``silu_and_mul_per_block_quant``). ``exp`` here is float64 rounded to float32; CUDA's expf is
     within 2 ulp of that, and the GPU's r then follows :func:`silu_mul_from_exp` exactly."""
     xf = _as_f32(x)
-    H = xf.shape[-1] // 2
+    _checks.at_least_1d(xf.ndim)
+    H = _checks.gate_up_width(xf.shape[-1])
     gate, up = xf[..., :H], xf[..., H:]
     with np.errstate(over="ignore"):
         e = np.exp(-gate.astype(np.float64)).astype(np.float32)
@@ -129,11 +130,12 @@ def quantize_silu_intermediate(r, dtype="float8_e4m3fn", *, group_size=128, scal
     ``s = fmaxf(s, min_scale)`` with ``min_scale = 1 / (qmax * 512)`` for FP8 and FLT_EPSILON for
     INT8; ``q = cvt(fmaxf(-qmax, fminf(r / s, qmax)))`` for FP8, ``rne_sat(r / s)`` for INT8.
     Returns ``(q, s)`` like :func:`quantize_groupwise`."""
-    fmt = _dtypes.element_format(dtype, allowed=("float8_e4m3fn", "float8_e5m2", "int8"))
+    fmt = _dtypes.element_format(dtype, allowed=_checks.GROUPWISE_FORMATS)
+    _checks.not_per_token(group_size, "silu_mul_quantize")
     r = np.asarray(r, dtype=np.float32)
+    _checks.at_least_1d(r.ndim)
     H = r.shape[-1]
-    G = int(group_size)
-    g = r.reshape(r.shape[:-1] + (H // G, G))
+    g = r.reshape(r.shape[:-1] + (_checks.group_count(H, group_size), group_size))
     ub = _ub_value(scale_ub)
     qmax = np.float32(fmt.max)
     min_scale = FLT_EPSILON if fmt.name == "int8" else np.float32(1) / (qmax * np.float32(512))
@@ -151,6 +153,7 @@ def quantize_silu_intermediate(r, dtype="float8_e4m3fn", *, group_size=128, scal
 
 def silu_mul_quantize(x, dtype="float8_e4m3fn", *, group_size=128, scale_ub=None):
     """:func:`quantize_silu_intermediate` of :func:`silu_mul` (x): the whole fused op on the host."""
+    _checks.not_per_token(group_size, "silu_mul_quantize")
     return quantize_silu_intermediate(silu_mul(x), dtype, group_size=group_size, scale_ub=scale_ub)
 
 
@@ -158,15 +161,17 @@ def dequantize_groupwise(q, scale, dtype="float8_e4m3fn", out_dtype=np.float32, 
     """``y = round_to(float(q) * s, out_dtype)`` with ``s`` the scale of q's group (float32 scales,
     or UE8M0 bytes given as uint8), the product in IEEE float32. ``group_size`` None means one scale
     per row."""
-    fmt = _dtypes.element_format(dtype, allowed=("float8_e4m3fn", "float8_e5m2", "int8"))
+    fmt = _dtypes.element_format(dtype, allowed=_checks.GROUPWISE_FORMATS)
     q = np.asarray(q)
     scale = np.asarray(scale)
-    s = e8m0_to_float(scale) if scale.dtype == np.uint8 else scale.astype(np.float32)
+    _checks.at_least_1d(q.ndim, "q")
     K = q.shape[-1]
-    G = K if group_size is None else int(group_size)
+    ng = _checks.group_count(K, group_size)
+    _checks.shape_of(scale, "scale", q.shape[:-1] + (ng,))
+    s = e8m0_to_float(scale) if scale.dtype == np.uint8 else scale.astype(np.float32)
     v = q.astype(np.float32) if fmt.name == "int8" else fp8_to_float(q, fmt.name)
     with np.errstate(all="ignore"):
-        prod = v.reshape(q.shape[:-1] + (K // G if G else 0, G)) * s[..., None]
+        prod = v.reshape(q.shape[:-1] + (ng, K if group_size is None else group_size)) * s[..., None]
     return round_to(prod.reshape(q.shape), out_dtype)
 
 

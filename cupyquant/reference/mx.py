@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .. import _dtypes
+from .. import _checks, _dtypes
 from .._layouts import pack_fp4, unpack_fp4
 from ._common import _as_f32, _blocks, cast_fp8, e8m0_to_float, fp8_to_float, round_to
 
@@ -13,7 +13,7 @@ MX_BLOCK = 32  # OCP MX v1.0 block
 #: The exponent of the largest power of two in each element format (OCP's emax_elem).
 MX_EMAX = {"float8_e4m3fn": 8, "float8_e5m2": 15, "float4_e2m1fn": 2}
 E2M1_MAX = np.float32(6.0)
-_MX_FORMATS = _dtypes.MX_NAMES
+_MX_FORMATS = _checks.MX_FORMATS
 
 
 def cast_e2m1(v) -> np.ndarray:
@@ -112,7 +112,9 @@ def quantize_mx(x, dtype="float8_e4m3fn", *, rounding="ceil"):
     even (FP8: NaN -> 0x7f; E2M1: NaN -> +6). Dequantization is ``float(q) * 2^(E - 127)``.
     """
     name = _dtypes.element_format(dtype, allowed=_MX_FORMATS).name
+    _checks.mx_rounding(rounding)
     xf = _as_f32(x)
+    _checks.at_least_1d(xf.ndim)
     K = xf.shape[-1]
     g = _blocks(xf, MX_BLOCK)
     amax_b = np.max(np.abs(g), axis=-1, initial=np.float32(0)) if g.size else np.zeros(g.shape[:-1], np.float32)
@@ -124,20 +126,33 @@ def quantize_mx(x, dtype="float8_e4m3fn", *, rounding="ceil"):
     return data, E
 
 
+def _packed_width(data, K) -> int:
+    """The K of packed FP4 data: ``2 B`` or ``2 B - 1`` for B bytes a row (the given K, or 2 B)."""
+    B = data.shape[-1]
+    if K is None:
+        return 2 * B
+    if K not in (2 * B, 2 * B - 1) or K < 0:
+        raise ValueError(f"K={K!r} does not fit packed data of {B} bytes a row (K must be {2 * B - 1} or {2 * B})")
+    return int(K)
+
+
 def dequantize_mx(data, scale, dtype="float8_e4m3fn", out_dtype=np.float32, *, K=None):
     """``y = round_to(float(q) * 2^(E - 127), out_dtype)`` (the product exact in float32: E = 0 is
     the subnormal 2^-127, E = 255 NaN). ``data`` as :func:`quantize_mx` returns it; ``K`` the
     length of the last axis (needed for packed FP4 with odd K)."""
     name = _dtypes.element_format(dtype, allowed=_MX_FORMATS).name
     data = np.asarray(data, dtype=np.uint8)
+    _checks.at_least_1d(data.ndim, "data")
     if name == "float4_e2m1fn":
-        K = 2 * data.shape[-1] if K is None else K
+        K = _packed_width(data, K)
         codes = unpack_fp4(data, K)
     else:
         codes = data
         K = data.shape[-1]
     v = _blocks(elements_to_float(codes, name), MX_BLOCK)
-    s = e8m0_to_float(np.asarray(scale, dtype=np.uint8))
+    scale = np.asarray(scale, dtype=np.uint8)
+    _checks.shape_of(scale, "scale", codes.shape[:-1] + (v.shape[-2],))
+    s = e8m0_to_float(scale)
     with np.errstate(all="ignore"):
         y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (v.shape[-2] * MX_BLOCK,))[..., :K]
     return round_to(y, out_dtype)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _checks
 from .._layouts import pack_fp4, unpack_fp4
-from ._common import FLT_MAX, _as_f32, _blocks, cast_fp8, fp8_to_float, round_to
-from .mx import cast_e2m1, e2m1_to_float
+from ._common import FLT_MAX, _as_f32, _blocks, _given_scale, cast_fp8, fp8_to_float, round_to
+from .mx import _packed_width, cast_e2m1, e2m1_to_float
 from .per_tensor import amax
 
 NVFP4_BLOCK = 16
@@ -37,8 +38,9 @@ def quantize_nvfp4(x, *, global_scale=None):
     (float(sf) * S_dec), FLT_MAX)`` (FLT_MAX when sf is 0); ``q = cast_e2m1(x * inv)``.
     """
     xf = _as_f32(x)
+    _checks.at_least_1d(xf.ndim)
     K = xf.shape[-1]
-    S_enc = nvfp4_global_scale(amax(xf)) if global_scale is None else np.float32(np.asarray(global_scale, np.float32).reshape(-1)[0])
+    S_enc = nvfp4_global_scale(amax(xf)) if global_scale is None else _given_scale(global_scale, "global_scale")
     g = _blocks(xf, NVFP4_BLOCK)
     with np.errstate(all="ignore"):
         amax_b = np.fmax.reduce(np.abs(g), axis=-1, initial=np.float32(0)).astype(np.float32)
@@ -56,12 +58,17 @@ def dequantize_nvfp4(data, scale, global_scale, out_dtype=np.float32, *, K=None)
     products IEEE float32: the inverse of the quantizer's ``inv`` (TransformerEngine's own
     dequantizer multiplies by ``float(sf) * amax * (1 / 2688)``, which can differ in the last bit)."""
     data = np.asarray(data, dtype=np.uint8)
-    K = 2 * data.shape[-1] if K is None else K
+    _checks.at_least_1d(data.ndim, "data")
+    K = _packed_width(data, K)
     codes = unpack_fp4(data, K)
-    S_enc = np.float32(np.asarray(global_scale, np.float32).reshape(-1)[0])
+    scale = np.asarray(scale, np.uint8)
+    _checks.shape_of(scale, "scale", codes.shape[:-1] + (-(-K // NVFP4_BLOCK),))
+    global_scale = np.asarray(global_scale, np.float32)
+    _checks.shape_of(global_scale.reshape(-1), "global_scale", (1,))
+    S_enc = np.float32(global_scale.reshape(-1)[0])
     with np.errstate(all="ignore"):
         S_dec = np.float32(1) / S_enc
-        s = (fp8_to_float(np.asarray(scale, np.uint8)) * S_dec).astype(np.float32)
+        s = (fp8_to_float(scale) * S_dec).astype(np.float32)
         v = _blocks(e2m1_to_float(codes), NVFP4_BLOCK)
         y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (v.shape[-2] * NVFP4_BLOCK,))[..., :K]
     return round_to(y, out_dtype)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes
-from ._common import FLT_MAX, _as_f32, cast_fp8, fp8_to_float, round_to
+from .. import _checks, _dtypes
+from ._common import FLT_MAX, _as_f32, _given_scale, cast_fp8, fp8_to_float, round_to
 
 
 def amax(x) -> np.float32:
@@ -40,14 +40,15 @@ def quantize_fp8(x, dtype="float8_e4m3fn", *, scale=None):
 
     All products and quotients are IEEE float32, round to nearest even.
     """
-    fmt = _dtypes.element_format(dtype)
+    fmt = _dtypes.element_format(dtype, allowed=_checks.PER_TENSOR_FORMATS)
     xf = _as_f32(x)
+    given = None if scale is None else _given_scale(scale, "scale")
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        if scale is None:
+        if given is None:
             s = compute_scale(amax(xf), fmt.name)
             scale_inv = np.float32(1) / s
         else:
-            scale_inv = np.float32(np.asarray(scale, dtype=np.float32).reshape(-1)[0])
+            scale_inv = given
             s = np.float32(1) / scale_inv
         q = cast_fp8(xf * s, fmt.name)
     return q, np.array([scale_inv], dtype=np.float32)
@@ -56,7 +57,10 @@ def quantize_fp8(x, dtype="float8_e4m3fn", *, scale=None):
 def dequantize_fp8(q, scale_inv, dtype="float8_e4m3fn", out_dtype=np.float32) -> np.ndarray:
     """``y = round_to(fp8_to_float(q) * float32(scale_inv), out_dtype)``, the product in IEEE
     float32. ``scale_inv`` is a scalar or one-element array (per tensor)."""
-    s = np.float32(np.asarray(scale_inv, dtype=np.float32).reshape(-1)[0])
+    _dtypes.element_format(dtype, allowed=_checks.PER_TENSOR_FORMATS)
+    scale_inv = np.asarray(scale_inv, dtype=np.float32)
+    _checks.shape_of(scale_inv.reshape(-1), "scale_inv", (1,))
+    s = np.float32(scale_inv.reshape(-1)[0])
     with np.errstate(over="ignore", invalid="ignore"):
         v = fp8_to_float(q, dtype) * s
     return round_to(v, out_dtype)

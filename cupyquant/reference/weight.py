@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes
-from .._checks import WEIGHT_GROUP_SIZES, weight_scheme
+from .. import _checks, _dtypes
+from .._checks import weight_scheme
 from .._layouts import pack_fp4, unpack_fp4
 from ._common import cast_fp8, fp8_to_float, round_to
 
@@ -25,9 +25,7 @@ def _weight_groups(w, group_size):
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     N, K = w.shape
-    G = K if group_size is None else int(group_size)
-    if group_size not in WEIGHT_GROUP_SIZES or K == 0 or (K % G):
-        raise ValueError(f"group_size must be one of {WEIGHT_GROUP_SIZES} and divide K = {K}, got {group_size!r}")
+    G = _checks.weight_group_size(K, group_size)
     return t, w.astype(np.float32).reshape(N, K // G, G), G
 
 
@@ -89,12 +87,18 @@ def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float
     scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
     data = np.asarray(data, dtype=np.uint8)
     s = np.asarray(scales).astype(np.float32)
+    if data.ndim != 2 or s.ndim != 2 or s.shape[0] != data.shape[0]:
+        raise ValueError(f"data and scales must be 2-D with the same rows, got {data.shape} and {s.shape}")
     N, ng = s.shape
-    if scheme == "float8_e4m3fn":
-        K = data.shape[1] if K is None else K
+    fp8 = scheme == "float8_e4m3fn"
+    K = (data.shape[1] if fp8 else 2 * data.shape[1]) if K is None else K
+    if not 0 < K <= (data.shape[1] if fp8 else 2 * data.shape[1]) or ng == 0 or K % ng:
+        raise ValueError(f"K = {K} must fit the data {data.shape} and split into the scales' {ng} groups")
+    if zeros is not None:
+        _checks.shape_of(np.asarray(zeros), "zeros", (N, -(-ng // 2)))
+    if fp8:
         v = fp8_to_float(data[:, :K], "float8_e4m3fn")
     else:
-        K = 2 * data.shape[1] if K is None else K
         q = unpack_fp4(data, K).astype(np.int32)
         z = 8 if scheme == "int4" else unpack_fp4(zeros, ng).astype(np.int32)
         zz = np.broadcast_to(np.asarray(z), (N, ng))
