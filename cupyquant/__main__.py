@@ -121,21 +121,79 @@ def entries(xh):
     return rows
 
 
+INSTALL_HINT = (
+    'pip install "cupyquant[cu13]" if `nvidia-smi` shows "CUDA Version: 13.x", '
+    'pip install "cupyquant[cu12]" if it shows 12.x'
+)
+_CUDA_ERROR_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
+_CUDA_ERROR_NO_DEVICE = 100  # cudaErrorNoDevice
+_CUDA_ERROR_STUB_LIBRARY = 34  # cudaErrorStubLibrary: a toolkit's stub libcuda, no driver
+
+
+def _have_libcuda() -> bool:
+    """Whether the NVIDIA driver's library (libcuda.so.1) loads."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
 def _gpu_or_reason():
+    """None when a CUDA device is usable, else a sentence saying why not and what to do."""
     try:
         import cupy
+    except ImportError as e:
+        return f"CuPy is not installed ({e}): {INSTALL_HINT}."
+    runtime = cupy.cuda.runtime
+    try:
+        n = runtime.getDeviceCount()
+    except runtime.CUDARuntimeError as e:
+        status = getattr(e, "status", None)
+        if status == _CUDA_ERROR_INSUFFICIENT_DRIVER:
+            try:
+                driver = runtime.driverGetVersion()
+            except Exception:  # noqa: BLE001 - no driver to ask
+                driver = 0
+            if driver == 0 or not _have_libcuda():
+                return "no NVIDIA driver: libcuda.so.1 was not found (install the NVIDIA driver; `nvidia-smi` checks it)"
+            return (
+                f"an NVIDIA driver for CUDA {_cuda_version(driver)}, older than the CUDA "
+                f"{_cuda_version(runtime.runtimeGetVersion())} that this CuPy ({cupy.__version__}) is built for: "
+                f"update the driver, or install the extra that matches it ({INSTALL_HINT})"
+            )
+        if status == _CUDA_ERROR_NO_DEVICE:
+            return "no CUDA device: the driver sees none (check CUDA_VISIBLE_DEVICES and `nvidia-smi`)"
+        if status == _CUDA_ERROR_STUB_LIBRARY:
+            return "no NVIDIA driver: the libcuda found is the CUDA toolkit's stub (install the NVIDIA driver)"
+        return f"no usable CUDA device ({str(e).splitlines()[0][:200]})"
+    except Exception as e:  # noqa: BLE001 - any other failure means no usable GPU
+        return f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    if n < 1:
+        return "no CUDA device: the driver sees none (check CUDA_VISIBLE_DEVICES and `nvidia-smi`)"
+    return None
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-        return None
-    except Exception as e:  # noqa: BLE001 - any failure means no usable GPU
-        return f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+
+def _parse_args(argv):
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m cupyquant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return p.parse_args(argv)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    _parse_args(argv)
     reason = _gpu_or_reason()
     if reason:
-        print(f"cupyquant: the report needs a GPU, and there is {reason}.")
+        print(f"cupyquant: the report needs a GPU; found {reason}.", file=sys.stderr)
         return 1
 
     import cupy
