@@ -261,7 +261,11 @@ def render() -> str:
         if by_module[m]:
             links = ", ".join(f"[`{n}`](#{_anchor(n)})" for n in by_module[m])
             lines.append(f"- {title}: {links}")
-    lines += ["- `cupyquant.__version__`: the package version string", "- [`cupyquant.reference`](#cupyquantreference)", ""]
+    lines += [
+        "- `cupyquant.__version__`: the package version string",
+        "- [`cupyquant.reference`](#cupyquantreference)",
+        "",
+    ]
 
     for m, title in MODULES:
         if not by_module[m]:

@@ -42,8 +42,13 @@ def test_op_without_cupy_names_the_extras():
     assert r.returncode == 0, r.stderr
     name, msg = r.stdout.split("\n", 1)
     assert name == "cupy"
-    for part in ("cupyquant.quantize_fp8 needs CuPy", 'pip install "cupyquant[cu13]"', 'pip install "cupyquant[cu12]"',
-                 "nvidia-smi", "CUDA Version"):
+    for part in (
+        "cupyquant.quantize_fp8 needs CuPy",
+        'pip install "cupyquant[cu13]"',
+        'pip install "cupyquant[cu12]"',
+        "nvidia-smi",
+        "CUDA Version",
+    ):
         assert part in msg, (part, msg)
 
 
@@ -80,8 +85,9 @@ def _fake_cupy(monkeypatch, *, count=None, status=None, driver=0, runtime=13000)
         driverGetVersion=lambda: driver,
         runtimeGetVersion=lambda: runtime,
     )
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt),
-                                                                   __version__="14.2.0"))
+    monkeypatch.setitem(
+        sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt), __version__="14.2.0")
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,7 +112,7 @@ def test_report_tells_driver_problems_apart(monkeypatch, kw, libcuda, expected):
 def test_report_older_driver_names_the_extras(monkeypatch):
     _fake_cupy(monkeypatch, status=35, driver=12080)
     monkeypatch.setattr(report, "_have_libcuda", lambda: True)
-    assert 'cupyquant[cu12]' in report._gpu_or_reason()
+    assert "cupyquant[cu12]" in report._gpu_or_reason()
 
 
 def test_report_with_a_device_has_no_reason(monkeypatch):

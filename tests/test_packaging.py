@@ -81,5 +81,7 @@ def test_installed_copy_finds_its_kernels(wheel, tmp_path):
         "import cupyquant, cupyquant._jit as j; d = j.kernel_dir(); print(d); "
         "assert str(d).startswith(%r), d; assert 'namespace cq' in j.source('per_tensor')" % str(target)
     )
-    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert str(target) in out.stdout

@@ -40,8 +40,9 @@ def _ub_value(scale_ub):
     return None if scale_ub is None else _given_scale(scale_ub, "scale_ub")
 
 
-def quantize_groupwise(x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=False,
-                       scale_dtype="float32", scale_ub=None):
+def quantize_groupwise(
+    x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=False, scale_dtype="float32", scale_ub=None
+):
     """Per-group or per-token quantization (vLLM's formulas); returns ``(q, scale)``.
 
     ``q`` has ``x.shape``: uint8 FP8 bit patterns, or int8 codes. ``scale`` has shape

@@ -95,7 +95,9 @@ def mx_data_multiplier(E) -> np.ndarray:
     E = 0 the normal 2^127, for E = 255 NaN (so a NaN block's elements become NaN codes).
     TransformerEngine's ``exp2f_rcp`` differs at E = 0 (it multiplies by 1), 254 (0) and 255 (-inf)."""
     E = np.asarray(E, dtype=np.uint32)
-    bits = np.where(E == 255, np.uint32(0x7FFFFFFF), np.where(E == 254, np.uint32(0x00400000), (254 - np.minimum(E, 253)) << 23))
+    bits = np.where(
+        E == 255, np.uint32(0x7FFFFFFF), np.where(E == 254, np.uint32(0x00400000), (254 - np.minimum(E, 253)) << 23)
+    )
     return bits.astype(np.uint32).view(np.float32)
 
 
