@@ -49,7 +49,17 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'cupyquant' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    try:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] not in ("cupy", "cupy_backends"):
+            raise
+        raise ModuleNotFoundError(
+            f"cupyquant.{name} needs CuPy, which is not installed ({e}). Install cupyquant with the extra that "
+            'matches the "CUDA Version" that `nvidia-smi` shows: pip install "cupyquant[cu13]" for 13.x, '
+            'pip install "cupyquant[cu12]" for 12.x. cupyquant.reference (NumPy only) works without CuPy.',
+            name=e.name,
+        ) from e
     globals()[name] = value
     return value
 

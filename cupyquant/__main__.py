@@ -77,12 +77,22 @@ def entries(xh):
 
     rows = []
     for fmt, label in (("float8_e4m3fn", "E4M3"), ("float8_e5m2", "E5M2")):
-        rows.append(Entry(f"FP8 {label} per-tensor, dynamic", lambda x, f=fmt: cq.quantize_fp8(x, f),
-                          lambda h, x, q, f=fmt: pair(ref.quantize_fp8(h, f))))
+        rows.append(
+            Entry(
+                f"FP8 {label} per-tensor, dynamic",
+                lambda x, f=fmt: cq.quantize_fp8(x, f),
+                lambda h, x, q, f=fmt: pair(ref.quantize_fp8(h, f)),
+            )
+        )
     # a static scale as a calibration would give it: the 99.99th percentile of |x| maps to 448
     s = float(np.float32(np.percentile(np.abs(xh.astype(np.float32)), 99.99) / 448.0))
-    rows.append(Entry("FP8 E4M3 per-tensor, static p99.99", lambda x: cq.quantize_fp8(x, scale=s),
-                      lambda h, x, q: pair(ref.quantize_fp8(h, scale=s))))
+    rows.append(
+        Entry(
+            "FP8 E4M3 per-tensor, static p99.99",
+            lambda x: cq.quantize_fp8(x, scale=s),
+            lambda h, x, q: pair(ref.quantize_fp8(h, scale=s)),
+        )
+    )
     for fmt, label, g, kw in (
         ("float8_e4m3fn", "FP8 E4M3", None, {}),
         ("int8", "INT8", None, {}),
@@ -91,51 +101,135 @@ def entries(xh):
         ("int8", "INT8", 128, {}),
     ):
         what = "per-token" if g is None else f"group-{g}" + (", UE8M0 col" if kw else "")
-        rows.append(Entry(
-            f"{label} {what}",
-            lambda x, f=fmt, g=g, kw=kw: cq.quantize_groupwise(x, f, group_size=g, **kw),
-            lambda h, x, q, f=fmt, g=g, kw=kw: pair(ref.quantize_groupwise(
-                h, f, group_size=g, scale_dtype=kw.get("scale_dtype", "float32"))),
-        ))
-    rows.append(Entry(
-        "SiLU*Mul + FP8 E4M3 group-128",
-        lambda x: cq.silu_mul_quantize(x, group_size=128),
-        lambda h, x, q: pair(ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), group_size=128)),
-        target=lambda x64: ref.silu_mul(x64.astype(np.float32)).astype(np.float64),
-    ))
+        rows.append(
+            Entry(
+                f"{label} {what}",
+                lambda x, f=fmt, g=g, kw=kw: cq.quantize_groupwise(x, f, group_size=g, **kw),
+                lambda h, x, q, f=fmt, g=g, kw=kw: pair(
+                    ref.quantize_groupwise(h, f, group_size=g, scale_dtype=kw.get("scale_dtype", "float32"))
+                ),
+            )
+        )
+    rows.append(
+        Entry(
+            "SiLU*Mul + FP8 E4M3 group-128",
+            lambda x: cq.silu_mul_quantize(x, group_size=128),
+            lambda h, x, q: pair(
+                ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), group_size=128)
+            ),
+            target=lambda x64: ref.silu_mul(x64.astype(np.float32)).astype(np.float64),
+        )
+    )
 
     def unpacked(d, K):
         return ref.unpack_fp4(d, K)
 
-    rows.append(Entry("MXFP8 E4M3 block-32, swizzled E8M0",
-                      lambda x: cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled"),
-                      lambda h, x, q: pair(ref.quantize_mx(h, "float8_e4m3fn"))))
-    rows.append(Entry("MXFP4 E2M1 block-32, swizzled E8M0",
-                      lambda x: cq.quantize_mx(x, "float4_e2m1fn", scale_layout="swizzled"),
-                      lambda h, x, q: dict(zip(("data", "scale"), (lambda d, s: (unpacked(d, h.shape[-1]), s))(
-                          *ref.quantize_mx(h, "float4_e2m1fn"))))))
-    rows.append(Entry("NVFP4 block-16 E4M3 + global, swizzled",
-                      lambda x: cq.quantize_nvfp4(x),
-                      lambda h, x, q: dict(zip(("data", "scale"), (lambda d, s, g: (unpacked(d, h.shape[-1]), s))(
-                          *ref.quantize_nvfp4(h))))))
+    rows.append(
+        Entry(
+            "MXFP8 E4M3 block-32, swizzled E8M0",
+            lambda x: cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled"),
+            lambda h, x, q: pair(ref.quantize_mx(h, "float8_e4m3fn")),
+        )
+    )
+    rows.append(
+        Entry(
+            "MXFP4 E2M1 block-32, swizzled E8M0",
+            lambda x: cq.quantize_mx(x, "float4_e2m1fn", scale_layout="swizzled"),
+            lambda h, x, q: dict(
+                zip(
+                    ("data", "scale"),
+                    (lambda d, s: (unpacked(d, h.shape[-1]), s))(*ref.quantize_mx(h, "float4_e2m1fn")),
+                )
+            ),
+        )
+    )
+    rows.append(
+        Entry(
+            "NVFP4 block-16 E4M3 + global, swizzled",
+            lambda x: cq.quantize_nvfp4(x),
+            lambda h, x, q: dict(
+                zip(("data", "scale"), (lambda d, s, g: (unpacked(d, h.shape[-1]), s))(*ref.quantize_nvfp4(h)))
+            ),
+        )
+    )
     return rows
 
 
+INSTALL_HINT = (
+    'pip install "cupyquant[cu13]" if `nvidia-smi` shows "CUDA Version: 13.x", '
+    'pip install "cupyquant[cu12]" if it shows 12.x'
+)
+_CUDA_ERROR_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
+_CUDA_ERROR_NO_DEVICE = 100  # cudaErrorNoDevice
+_CUDA_ERROR_STUB_LIBRARY = 34  # cudaErrorStubLibrary: a toolkit's stub libcuda, no driver
+
+
+def _have_libcuda() -> bool:
+    """Whether the NVIDIA driver's library (libcuda.so.1) loads."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
 def _gpu_or_reason():
+    """None when a CUDA device is usable, else a sentence saying why not and what to do."""
     try:
         import cupy
+    except ImportError as e:
+        return f"CuPy is not installed ({e}): {INSTALL_HINT}."
+    runtime = cupy.cuda.runtime
+    try:
+        n = runtime.getDeviceCount()
+    except runtime.CUDARuntimeError as e:
+        status = getattr(e, "status", None)
+        if status == _CUDA_ERROR_INSUFFICIENT_DRIVER:
+            try:
+                driver = runtime.driverGetVersion()
+            except Exception:  # noqa: BLE001 - no driver to ask
+                driver = 0
+            if driver == 0 or not _have_libcuda():
+                return (
+                    "no NVIDIA driver: libcuda.so.1 was not found (install the NVIDIA driver; `nvidia-smi` checks it)"
+                )
+            return (
+                f"an NVIDIA driver for CUDA {_cuda_version(driver)}, older than the CUDA "
+                f"{_cuda_version(runtime.runtimeGetVersion())} that this CuPy ({cupy.__version__}) is built for: "
+                f"update the driver, or install the extra that matches it ({INSTALL_HINT})"
+            )
+        if status == _CUDA_ERROR_NO_DEVICE:
+            return "no CUDA device: the driver sees none (check CUDA_VISIBLE_DEVICES and `nvidia-smi`)"
+        if status == _CUDA_ERROR_STUB_LIBRARY:
+            return "no NVIDIA driver: the libcuda found is the CUDA toolkit's stub (install the NVIDIA driver)"
+        return f"no usable CUDA device ({str(e).splitlines()[0][:200]})"
+    except Exception as e:  # noqa: BLE001 - any other failure means no usable GPU
+        return f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    if n < 1:
+        return "no CUDA device: the driver sees none (check CUDA_VISIBLE_DEVICES and `nvidia-smi`)"
+    return None
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-        return None
-    except Exception as e:  # noqa: BLE001 - any failure means no usable GPU
-        return f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+
+def _parse_args(argv):
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m cupyquant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return p.parse_args(argv)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    _parse_args(argv)
     reason = _gpu_or_reason()
     if reason:
-        print(f"cupyquant: the report needs a GPU, and there is {reason}.")
+        print(f"cupyquant: the report needs a GPU; found {reason}.", file=sys.stderr)
         return 1
 
     import cupy
@@ -176,8 +270,15 @@ def main() -> int:
         t = _bench.time_events(e.quantize, big, reps=20)
         gbs = (big[0][0].nbytes + qb.nbytes) / t
         del qb
-        row = (e.name, f"{bits:.3f}", f"{snr:.2f}", f"{rel:.4f}", "yes" if equal else "NO", f"{gbs / 1e9:.0f}",
-               f"{100 * gbs / copy_bw:.0f}")
+        row = (
+            e.name,
+            f"{bits:.3f}",
+            f"{snr:.2f}",
+            f"{rel:.4f}",
+            "yes" if equal else "NO",
+            f"{gbs / 1e9:.0f}",
+            f"{100 * gbs / copy_bw:.0f}",
+        )
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print("* max |y - x| / |x| over elements whose |x| / scale lies in the format's normal range (INT8:")
     print("  |x| / scale >= 16); E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3, INT8 there by 2^-5, E2M1")
@@ -214,8 +315,10 @@ def weight_report(xh, x) -> bool:
     t_cublas = _bench.time_loop(lambda w: cupy.matmul(a16, w.T, out=y16), [(w,) for w in w16], calls=40)
     del w16
     print()
-    print(f"weight-only: the tensor as a (N, K) = {SHAPE} weight; matmul M = 1 on it tiled to {N}x{K}, "
-          f"bf16 activations, vs cuBLAS fp16 ({t_cublas * 1e6:.1f} us)")
+    print(
+        f"weight-only: the tensor as a (N, K) = {SHAPE} weight; matmul M = 1 on it tiled to {N}x{K}, "
+        f"bf16 activations, vs cuBLAS fp16 ({t_cublas * 1e6:.1f} us)"
+    )
     cols = ("scheme", "bits/weight", "SNR dB", "bytes = ref", "matmul us", "x cuBLAS")
     widths = (28, 11, 7, 11, 9, 8)
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
@@ -235,8 +338,14 @@ def weight_report(xh, x) -> bool:
         t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in copies])
         del copies, qb
         name = f"{scheme} " + ("per-channel" if g is None else f"group-{g}")
-        row = (name, f"{8 * qw.nbytes / xh.size:.3f}", f"{snr:.2f}", "yes" if equal else "NO", f"{t * 1e6:.1f}",
-               f"{t_cublas / t:.2f}")
+        row = (
+            name,
+            f"{8 * qw.nbytes / xh.size:.3f}",
+            f"{snr:.2f}",
+            "yes" if equal else "NO",
+            f"{t * 1e6:.1f}",
+            f"{t_cublas / t:.2f}",
+        )
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     cupy.get_default_memory_pool().free_all_blocks()
     return all_equal

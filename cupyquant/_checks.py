@@ -3,7 +3,11 @@ and refuse the same inputs with the same exceptions. NumPy only: ``cupyquant.ref
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
+
+from . import _dtypes
 
 WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn")
 WEIGHT_GROUP_SIZES = (32, 64, 128, None)
@@ -28,3 +32,94 @@ def weight_scheme(dtype, symmetric=True) -> str:
             raise ValueError("symmetric=False: float8_e4m3fn weights have no zero points")
         return dtype
     return "uint4" if dtype == "uint4" or not symmetric else "int4"
+
+
+# ------------------------------------------------------------------ element formats per op
+#: The element formats each op accepts (``dtype=``), by ml_dtypes name.
+PER_TENSOR_FORMATS = _dtypes.FP8_NAMES
+GROUPWISE_FORMATS = _dtypes.FP8_NAMES + ("int8",)
+MX_FORMATS = _dtypes.MX_NAMES
+#: The group sizes of quantize_groupwise and silu_mul_quantize (None: per token, groupwise only).
+GROUP_SIZES = (32, 64, 128, 256)
+MX_ROUNDINGS = ("ceil", "floor")
+
+
+def at_least_1d(ndim: int, arg: str = "x") -> None:
+    """Ops that work along the last axis need one."""
+    if ndim == 0:
+        raise ValueError(f"{arg} must have at least one dimension")
+
+
+def group_count(K: int, group_size, arg: str = "group_size") -> int:
+    """Groups along a last axis of ``K`` elements: ``K // group_size`` for a Python int
+    ``group_size`` in :data:`GROUP_SIZES` that divides K, 1 for None (one group per token)."""
+    if group_size is None:
+        return 1
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in GROUP_SIZES:
+        raise ValueError(f"{arg}={group_size!r} is not supported; expected one of {GROUP_SIZES} or None")
+    if K % group_size:
+        raise ValueError(f"{arg}={group_size} does not divide the last axis ({K} elements)")
+    return K // group_size
+
+
+def not_per_token(group_size, op: str) -> None:
+    """For ops that have groups only (no ``group_size=None``)."""
+    if group_size is None:
+        raise ValueError(f"group_size=None is not supported by {op}; expected one of {GROUP_SIZES}")
+
+
+def gate_up_width(K: int, arg: str = "x") -> int:
+    """The width of each half of a ``[gate | up]`` last axis of ``K`` elements (K must be even)."""
+    if K % 2:
+        raise ValueError(f"{arg}'s last axis must be even ([gate | up]), got {K}")
+    return K // 2
+
+
+def mx_rounding(rounding) -> str:
+    if rounding not in MX_ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not supported; expected one of {MX_ROUNDINGS}")
+    return rounding
+
+
+def weight_group_size(K: int, group_size) -> int:
+    """The group size ``G`` of a weight with ``K`` columns (K for ``group_size`` None): ``group_size``
+    in :data:`WEIGHT_GROUP_SIZES`, an int, dividing an even, nonzero K."""
+    if group_size not in WEIGHT_GROUP_SIZES or isinstance(group_size, (float, bool, np.floating)):
+        raise ValueError(f"group_size must be one of {WEIGHT_GROUP_SIZES}, got {group_size!r}")
+    if K == 0 or K % 2:
+        raise ValueError(f"w's K = {K} must be even and nonzero (two INT4 codes per byte)")
+    G = K if group_size is None else int(group_size)
+    if K % G:
+        raise ValueError(f"group_size={group_size} must divide K = {K}")
+    return G
+
+
+# ------------------------------------------------------------------ scales given by the caller
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def positive_finite_scalar(v, arg: str) -> np.float32:
+    """A Python/NumPy real that is positive and finite as float32; returned as np.float32."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{arg} must be a real number or a cupy.ndarray, got {type(v).__name__}")
+    f = float(v)
+    if not (0.0 < f <= _FLT_MAX) or np.float32(f) == 0:  # NaN fails the first test
+        raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
+    return np.float32(f)
+
+
+def one_element_float32(a, arg: str):
+    """A scale given as an array (CuPy for the ops, NumPy for the reference): float32, one element.
+    Its value is not checked: the ops read it on the device, without a host synchronization."""
+    msg = f"{arg} must be a float32 array of one element, got {a.dtype} {a.shape}"
+    if a.dtype != np.float32:
+        raise TypeError(msg)
+    if a.size != 1:
+        raise ValueError(msg)
+    return a
+
+
+def shape_of(a, arg: str, expected) -> None:
+    """``a.shape`` must be ``expected`` (an array that goes with another, such as scales with data)."""
+    if tuple(a.shape) != tuple(expected):
+        raise ValueError(f"{arg} must have shape {tuple(expected)}, got {tuple(a.shape)}")

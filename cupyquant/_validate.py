@@ -12,7 +12,7 @@ from typing import NamedTuple
 import cupy
 import numpy as np
 
-from . import _dtypes
+from . import _checks, _dtypes
 
 
 def cupy_array(a, arg: str) -> cupy.ndarray:
@@ -102,17 +102,7 @@ def shape_tuple(shape, arg: str = "shape") -> tuple:
     return tuple(int(d) for d in shape)
 
 
-_FLT_MAX = float(np.finfo(np.float32).max)
-
-
-def positive_finite_scalar(v, arg: str) -> np.float32:
-    """A Python/NumPy real that is positive and finite as float32; returned as np.float32."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{arg} must be a real number or a cupy.ndarray, got {type(v).__name__}")
-    f = float(v)
-    if not (0.0 < f <= _FLT_MAX) or np.float32(f) == 0:  # NaN fails the first test
-        raise ValueError(f"{arg} must be a positive finite float32 value, got {v!r}")
-    return np.float32(f)
+positive_finite_scalar = _checks.positive_finite_scalar  # shared with the reference
 
 
 class ScaleSource(enum.IntEnum):
@@ -145,10 +135,7 @@ def scale_arg(v, arg: str, device: int, ref: str = "x") -> Scale:
     if v is None:
         return _NO_SCALE
     if isinstance(v, cupy.ndarray):
-        if v.dtype != np.float32:
-            raise TypeError(f"{arg} must be a float32 array of one element, got {v.dtype} {v.shape}")
-        if v.size != 1:
-            raise ValueError(f"{arg} must be a float32 array of one element, got {v.dtype} {v.shape}")
+        _checks.one_element_float32(v, arg)
         same_device(v, arg, device, ref)
         return Scale(ScaleSource.DEVICE, v, np.float32(0))
     return Scale(ScaleSource.ARG, None, positive_finite_scalar(v, arg))
@@ -188,8 +175,7 @@ def scale_out(a, shape, dtype, device: int, inputs=(), *, strides=None, nbytes: 
 def rows_view(x: cupy.ndarray, arg: str = "x") -> tuple:
     """(rows, K, row stride in elements) for x seen as a matrix of its leading dimensions; raises
     unless the last axis is contiguous and the leading axes collapse into one stride."""
-    if x.ndim == 0:
-        raise ValueError(f"{arg} must have at least one dimension")
+    _checks.at_least_1d(x.ndim, arg)
     item = x.itemsize
     K = x.shape[-1]
     if x.size == 0:  # nothing is read; CuPy may give an empty array any strides

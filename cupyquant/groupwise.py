@@ -29,7 +29,7 @@ import math
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _launch, _validate
+from . import _checks, _dtypes, _jit, _launch, _validate
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
@@ -42,8 +42,8 @@ _FAMILY = _jit.register(
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
     + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS),
 )
-_FORMATS = _dtypes.FP8_NAMES + ("int8",)
-_GROUP_SIZES = (32, 64, 128, 256)
+_FORMATS = _checks.GROUPWISE_FORMATS
+_GROUP_SIZES = _checks.GROUP_SIZES
 _LAYOUTS = ("row", "col")
 _TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in groupwise.cu
 
@@ -109,16 +109,6 @@ def _scale_kind(scale_layout, scale_dtype):
     return _dtypes.scale_dtype(scale_dtype, allowed=("float32", "float8_e8m0fnu")) == "float8_e8m0fnu"
 
 
-def _group_count(K: int, group_size, arg="group_size") -> int:
-    if group_size is None:
-        return 1
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in _GROUP_SIZES:
-        raise ValueError(f"{arg}={group_size!r} is not supported; expected one of {_GROUP_SIZES} or None")
-    if K % group_size:
-        raise ValueError(f"{arg}={group_size} does not divide the last axis ({K} elements)")
-    return K // group_size
-
-
 def empty_scales(
     shape: tuple[int, ...],
     group_size: int | None = 128,
@@ -154,7 +144,7 @@ def empty_scales(
     if not shape:
         raise ValueError("shape must have at least one dimension")
     packed = _scale_kind(scale_layout, scale_dtype)
-    lay = _Layout(shape[:-1], _n_cols(_group_count(shape[-1], group_size), packed), scale_layout == "col")
+    lay = _Layout(shape[:-1], _n_cols(_checks.group_count(shape[-1], group_size), packed), scale_layout == "col")
     mem = cupy.cuda.alloc(max(lay.words, 1) * 4)
     return lay.view(mem, np.int32 if packed else np.float32)
 
@@ -171,7 +161,7 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     in_t = _validate.float_input(x, arg)
     packed = _scale_kind(scale_layout, scale_dtype)
     rows, K, row_stride = _validate.rows_view(x, arg)
-    n_groups = _group_count(K_out, group_size)
+    n_groups = _checks.group_count(K_out, group_size)
     device = x.data.device_id
     ub = _ub(scale_ub, device)
     lay = _Layout(tuple(out_shape[:-1]), _n_cols(n_groups, packed), scale_layout == "col")
@@ -335,10 +325,9 @@ def silu_mul_quantize(
     (FP8) or FLT_EPSILON (INT8); ``q = cvt(clamp(r / s))``. :func:`cupyquant.reference
     .quantize_silu_intermediate` is the exact reference given ``r``.
     """
-    if isinstance(x, cupy.ndarray) and x.ndim and x.shape[-1] % 2:
-        raise ValueError(f"x's last axis must be even ([gate | up]), got {x.shape[-1]}")
-    if group_size is None:
-        raise ValueError(f"group_size=None is not supported by silu_mul_quantize; expected one of {_GROUP_SIZES}")
+    if isinstance(x, cupy.ndarray) and x.ndim:
+        _checks.gate_up_width(x.shape[-1])
+    _checks.not_per_token(group_size, "silu_mul_quantize")
     out_shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,) if isinstance(x, cupy.ndarray) and x.ndim else ()
     fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
         x, dtype, group_size, scale_layout, "float32", scale_ub, out, scale_out, out_shape, out_shape[-1] if out_shape else 0

@@ -29,7 +29,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _block_scale, _dtypes, _jit, _validate
+from . import _block_scale, _checks, _dtypes, _jit, _validate
 from ._block_scale import block_scale_shape
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
@@ -43,7 +43,6 @@ _FAMILY = _jit.register(
     specific_targets=_block_scale.SPECIFIC_TARGETS,
 )
 _MX_BLOCK = _block_scale.MX_BLOCK
-_ROUNDINGS = ("ceil", "floor")
 
 
 def quantize_mx(
@@ -99,9 +98,8 @@ def quantize_mx(
     2^(127 - E))``, exact in float32 (2^-127 is the subnormal for E = 254). One kernel launch.
     :func:`cupyquant.reference.quantize_mx` states every rule.
     """
-    fmt = _dtypes.element_format(dtype, "dtype", allowed=_dtypes.MX_NAMES)
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"rounding={rounding!r} is not supported; expected one of {_ROUNDINGS}")
+    fmt = _dtypes.element_format(dtype, "dtype", allowed=_checks.MX_FORMATS)
+    _checks.mx_rounding(rounding)
     in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(x, fmt, _MX_BLOCK, scale_layout, out, scale_out)
     with _validate.on_device_of(x):
         q = cupy.empty(q_shape, dtype=np.uint8) if out is None else out

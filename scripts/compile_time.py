@@ -168,22 +168,34 @@ def measure_cpu(archs, repeat: int) -> dict:
                         _jit.compile_for_arch(family, arch)
                         cold.append(time.perf_counter() - t)
                 except _jit.KernelCompileError as e:
-                    print(f"compile_time.py: {family} does not compile for sm_{arch}: {str(e).splitlines()[0]}",
-                          file=sys.stderr)
+                    print(
+                        f"compile_time.py: {family} does not compile for sm_{arch}: {str(e).splitlines()[0]}",
+                        file=sys.stderr,
+                    )
                     continue
-                rows.append({
-                    "family": family, "arch": f"sm_{arch}", "instantiations": len(cupyquant._all_families()[family]),
-                    "cold_median_s": statistics.median(cold), "cold_min_s": min(cold),
-                    "warm_s": _warm_seconds(family, arch, cache_dir), "probe_s": probe,
-                })
-    return {"mode": "cpu", "machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", **_versions(), "rows": rows,
-            "load_before": load_before, "load_after": os.getloadavg()}
+                rows.append(
+                    {
+                        "family": family,
+                        "arch": f"sm_{arch}",
+                        "instantiations": len(cupyquant._all_families()[family]),
+                        "cold_median_s": statistics.median(cold),
+                        "cold_min_s": min(cold),
+                        "warm_s": _warm_seconds(family, arch, cache_dir),
+                        "probe_s": probe,
+                    }
+                )
+    return {
+        "mode": "cpu",
+        "machine": f"{_cpu_name()}, {os.cpu_count()} CPUs",
+        **_versions(),
+        "rows": rows,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
 
 
 def measure_gpu() -> dict:
     import cupy
-
-    from cupyquant import _jit
 
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
@@ -200,13 +212,19 @@ def measure_gpu() -> dict:
             for phase in ("cold", "warm"):
                 out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
                 res[phase] = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append({
-            "family": family, "arch": f"sm_{dev.compute_capability}", "op": op,
-            "instantiations": len(cupyquant._all_families()[family]),
-            "cold_first_s": res["cold"]["first"], "cold_second_s": res["cold"]["second"],
-            "warm_first_s": res["warm"]["first"], "warm_second_s": res["warm"]["second"],
-            "cubins": res["cold"]["cubins"],
-        })
+        rows.append(
+            {
+                "family": family,
+                "arch": f"sm_{dev.compute_capability}",
+                "op": op,
+                "instantiations": len(cupyquant._all_families()[family]),
+                "cold_first_s": res["cold"]["first"],
+                "cold_second_s": res["cold"]["second"],
+                "warm_first_s": res["warm"]["first"],
+                "warm_second_s": res["warm"]["second"],
+                "cubins": res["cold"]["cubins"],
+            }
+        )
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     return {"mode": "gpu", "machine": name, **_versions(), "rows": rows}
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -72,14 +71,14 @@ def parse(path: Path) -> list[Example]:
         if j >= len(lines) or lines[j].strip() != "```python":
             raise ValueError(f"{path}:{i + 1}: the marker must be followed by a ```python block")
         end = _fence_end(lines, j)
-        code = "\n".join(lines[j + 1:end]) + "\n"
+        code = "\n".join(lines[j + 1 : end]) + "\n"
         k = end + 1
         while k < len(lines) and not lines[k].strip():
             k += 1
         output = span = None
         if k < len(lines) and lines[k].strip() == "```text":
             kend = _fence_end(lines, k)
-            output = "\n".join(lines[k + 1:kend])
+            output = "\n".join(lines[k + 1 : kend])
             span = (k, kend)
         examples.append(Example(path, kind, i + 1, code, output, span))
     return examples
@@ -112,14 +111,14 @@ def write(results) -> None:
             block = ["```text", *out.splitlines(), "```"]
             if ex.out_span:
                 a, b = ex.out_span
-                lines[a:b + 1] = block
+                lines[a : b + 1] = block
             else:  # insert after the python block
                 i = ex.line - 1
                 j = i + 1
                 while lines[j].strip() != "```python":
                     j += 1
                 end = _fence_end(lines, j)
-                lines[end + 1:end + 1] = ["", *block]
+                lines[end + 1 : end + 1] = ["", *block]
         path.write_text("\n".join(lines) + "\n")
 
 
@@ -142,7 +141,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     kinds = {"CPU", "GPU"} if args.all else {"CPU"} if args.cpu else {"GPU"}
     if "GPU" in kinds and not _has_gpu():
-        print("docs_examples.py: the GPU examples need a CUDA device (use --cpu for the reference ones)", file=sys.stderr)
+        print(
+            "docs_examples.py: the GPU examples need a CUDA device (use --cpu for the reference ones)", file=sys.stderr
+        )
         return 1
     examples = collect(kinds)
     results, failed, differ = [], 0, 0

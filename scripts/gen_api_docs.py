@@ -262,7 +262,11 @@ def render() -> str:
         if by_module[m]:
             links = ", ".join(f"[`{n}`](#{_anchor(n)})" for n in by_module[m])
             lines.append(f"- {title}: {links}")
-    lines += ["- `cupyquant.__version__`: the package version string", "- [`cupyquant.reference`](#cupyquantreference)", ""]
+    lines += [
+        "- `cupyquant.__version__`: the package version string",
+        "- [`cupyquant.reference`](#cupyquantreference)",
+        "",
+    ]
 
     for m, title in MODULES:
         if not by_module[m]:
@@ -284,11 +288,13 @@ def render() -> str:
 
     ref = importlib.import_module("cupyquant.reference")
     lines += ["## cupyquant.reference", "", docstring_md(ref), ""]
+    # the functions the reference package defines, in the order of its __all__ (family by family);
+    # those it re-exports from elsewhere (FP4 packing, the weight scheme checks) are documented there
     funcs = [
-        (name, f) for name, f in vars(ref).items()
-        if inspect.isfunction(f) and not name.startswith("_") and f.__module__ == ref.__name__
+        (name, f)
+        for name, f in ((n, getattr(ref, n)) for n in ref.__all__)
+        if inspect.isfunction(f) and f.__module__.startswith(ref.__name__ + ".")
     ]
-    funcs.sort(key=lambda nf: inspect.getsourcelines(nf[1])[1])
     for name, f in funcs:
         lines += [f"### reference.{name}", "", "```python", signature(f"reference.{name}", f), "```", ""]
         body = docstring_md(f)

@@ -40,8 +40,11 @@ def _sampler(bus_id: str):
         return None, None
     f = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
     q = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
-    p = subprocess.Popen(["nvidia-smi", "-i", bus_id, f"--query-gpu={q}", "--format=csv,noheader,nounits", "-lms", "20"],
-                         stdout=f, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        ["nvidia-smi", "-i", bus_id, f"--query-gpu={q}", "--format=csv,noheader,nounits", "-lms", "20"],
+        stdout=f,
+        stderr=subprocess.DEVNULL,
+    )
     return p, f.name
 
 
@@ -77,7 +80,7 @@ def _sustain(launch, sync, ncall: int, seconds: float):
     w1 = time.time()
     # the window for the clock and power samples is the part the median is taken over
     w0 = w0 + (w1 - w0) * 0.25
-    return statistics.median(times[len(times) // 4:]), w0, w1
+    return statistics.median(times[len(times) // 4 :]), w0, w1
 
 
 def main(argv=None) -> int:
@@ -111,28 +114,36 @@ def main(argv=None) -> int:
     try:
         for N, K in shapes:
             w16 = (rng.standard_normal((N, K), dtype=np.float32) * 0.02).astype(np.float16)
-            q = cq.prepare_weight(cq.quantize_weight(w16.astype(ml_dtypes.bfloat16), args.scheme, group_size=args.group_size))
+            q = cq.prepare_weight(
+                cq.quantize_weight(w16.astype(ml_dtypes.bfloat16), args.scheme, group_size=args.group_size)
+            )
             qs = [q] + [q.copy() for _ in range(_bench.copies_for(N * K // 2) - 1)]
             tws = []
             if torch is not None:
-                tws = [torch.from_dlpack(w16)] + [torch.from_dlpack(w16.copy()) for _ in range(_bench.copies_for(N * K * 2) - 1)]
+                tws = [torch.from_dlpack(w16)] + [
+                    torch.from_dlpack(w16.copy()) for _ in range(_bench.copies_for(N * K * 2) - 1)
+                ]
             del w16
             for M in ms:
                 a16 = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
                 ab = a16.astype(ml_dtypes.bfloat16)
                 yb = cupy.empty((M, N), ml_dtypes.bfloat16)
                 s = cupy.cuda.Stream(non_blocking=True)
-                g = _bench.capture_graph(lambda qq: cq.matmul(ab, qq, out=yb), [(qq,) for qq in qs], s)
+                g = _bench.capture_graph(lambda qq, ab=ab, yb=yb: cq.matmul(ab, qq, out=yb), [(qq,) for qq in qs], s)
                 row = {"N x K": f"{N}x{K}", "M": M}
-                row["w"] = _sustain(lambda: g.launch(s), s.synchronize, len(qs), args.seconds)
+                row["w"] = _sustain(lambda g=g: g.launch(s), s.synchronize, len(qs), args.seconds)
                 if torch is not None:
                     ta = torch.from_dlpack(a16)
                     tg = _bench.capture_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws])
                     row["c"] = _sustain(tg.replay, torch.cuda.synchronize, len(tws), args.seconds)
                     del tg, ta
                 rows.append(row)
-                print(f"  {N}x{K} M={M}: W4A16 {row['w'][0] * 1e6:.1f} us" +
-                      (f", cuBLAS fp16 {row['c'][0] * 1e6:.1f} us" if "c" in row else ""), file=sys.stderr, flush=True)
+                print(
+                    f"  {N}x{K} M={M}: W4A16 {row['w'][0] * 1e6:.1f} us"
+                    + (f", cuBLAS fp16 {row['c'][0] * 1e6:.1f} us" if "c" in row else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 del g, yb, ab, a16
             del qs, q, tws
             cupy.get_default_memory_pool().free_all_blocks()
@@ -149,12 +160,17 @@ def main(argv=None) -> int:
         if not sel:
             return "-", "-", "-"
         caps = sorted({r[3] for r in sel})
-        return (f"{statistics.mean(r[1] for r in sel):.0f}", f"{statistics.mean(r[2] for r in sel):.0f}",
-                "/".join(f"0x{c:x}" for c in caps))
+        return (
+            f"{statistics.mean(r[1] for r in sel):.0f}",
+            f"{statistics.mean(r[2] for r in sel):.0f}",
+            "/".join(f"0x{c:x}" for c in caps),
+        )
 
-    print(f"Device: {name}; {args.scheme} g{args.group_size}, bf16 activations; {args.seconds:g} s of replay per "
-          "contender and cell; time: median per call over the last 3/4; MHz, W: nvidia-smi means over that window; "
-          "reasons: clocks_event_reasons.active seen (0x4: the software power cap)\n")
+    print(
+        f"Device: {name}; {args.scheme} g{args.group_size}, bf16 activations; {args.seconds:g} s of replay per "
+        "contender and cell; time: median per call over the last 3/4; MHz, W: nvidia-smi means over that window; "
+        "reasons: clocks_event_reasons.active seen (0x4: the software power cap)\n"
+    )
     head = ["N x K", "M", "W4A16 us", "W4A16 TFLOP/s", "W4A16 MHz", "W4A16 W", "W4A16 reasons"]
     if torch is not None:
         head += ["cuBLAS fp16 us", "cuBLAS TFLOP/s", "cuBLAS MHz", "cuBLAS W", "cuBLAS reasons", "W4A16 x cuBLAS"]
@@ -165,7 +181,12 @@ def main(argv=None) -> int:
         flop = 2.0 * r["M"] * N * K
         cells = [r["N x K"], str(r["M"]), f"{r['w'][0] * 1e6:.1f}", f"{flop / r['w'][0] / 1e12:.0f}", *clk(r["w"])]
         if "c" in r:
-            cells += [f"{r['c'][0] * 1e6:.1f}", f"{flop / r['c'][0] / 1e12:.0f}", *clk(r["c"]), f"{r['c'][0] / r['w'][0]:.2f}"]
+            cells += [
+                f"{r['c'][0] * 1e6:.1f}",
+                f"{flop / r['c'][0] / 1e12:.0f}",
+                *clk(r["c"]),
+                f"{r['c'][0] / r['w'][0]:.2f}",
+            ]
         print("| " + " | ".join(cells) + " |")
     return 0
 

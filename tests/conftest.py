@@ -64,11 +64,17 @@ def _fuzz_count(text: str) -> int:
 def pytest_addoption(parser):
     group = parser.getgroup("cupyquant-fuzz", "cupyquant fuzz tests (tests/test_fuzz.py)")
     group.addoption(
-        "--fuzz-cases", type=_fuzz_count, default=FUZZ_DEFAULT_CASES, metavar="N",
+        "--fuzz-cases",
+        type=_fuzz_count,
+        default=FUZZ_DEFAULT_CASES,
+        metavar="N",
         help=f"number of random cases test_fuzz.py generates (default {FUZZ_DEFAULT_CASES})",
     )
     group.addoption(
-        "--fuzz-seed", type=_fuzz_seed, default=FUZZ_DEFAULT_SEED, metavar="S",
+        "--fuzz-seed",
+        type=_fuzz_seed,
+        default=FUZZ_DEFAULT_SEED,
+        metavar="S",
         help="seed of the fuzz case list; case 0 has seed S itself, so '--fuzz-seed <a case's seed> "
         f"--fuzz-cases 1' reruns that one case (default {FUZZ_DEFAULT_SEED})",
     )

@@ -1005,7 +1005,7 @@ def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
     CuPy is missing): formats and dtypes in each spelling, derived scalars, views, group sizes and
     the scale shapes the library allocates."""
     try:
-        from cupyquant import _dtypes, _validate, groupwise, mx
+        from cupyquant import _checks, _dtypes, _validate, groupwise, mx
     except ImportError:
         pytest.skip("CuPy is not importable: the wrappers' argument checks cannot be loaded")
     p = case.params
@@ -1025,7 +1025,7 @@ def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
         assert _dtypes.element_format(_arg(p["fmt"], p["dtype_as"]), "dtype", allowed=allowed).name == p["fmt"]
     if kind in ("group", "silu"):
         K = x.shape[-1] if kind == "group" else x.shape[-1] // 2
-        groupwise._group_count(K, p["group_size"])
+        _checks.group_count(K, p["group_size"])
         if kind == "group":
             sdt = _arg(p["scale_dtype"], p["scale_dtype_as"])
             assert groupwise._scale_kind(p["layout"], sdt) == (p["scale_dtype"] == "float8_e8m0fnu")

@@ -162,18 +162,26 @@ def test_dequantize_e5m2_inf_and_subnormal_products():
 # ------------------------------------------------------------------ per-token / per-group
 
 
+def _groups_of_32(*groups):
+    """One row of float32 groups of 32: each given group's values, then zeros."""
+    row = np.zeros(32 * len(groups), np.float32)
+    for i, g in enumerate(groups):
+        row[32 * i : 32 * i + len(g)] = g
+    return row[None, :]
+
+
 def test_group_hand_worked_e4m3():
     # amax 4 -> s = fl(4 / 448); x / s ~ 112, -224, 56, 448 -> 1.75*2^6, -1.75*2^7, 1.75*2^5, max
-    q, s = ref.quantize_groupwise(np.array([[1.0, -2.0, 0.5, 4.0]], np.float32), group_size=4)
-    assert q.tolist() == [[0x6E, 0xF6, 0x66, 0x7E]]
+    q, s = ref.quantize_groupwise(_groups_of_32([1.0, -2.0, 0.5, 4.0]), group_size=32)
+    assert q[:, :4].tolist() == [[0x6E, 0xF6, 0x66, 0x7E]] and not q[:, 4:].any()
     assert s[0, 0] == np.float32(4) / np.float32(448)
 
 
 def test_group_int8_rounds_half_to_even():
     # pow2: s = pow2_ceil(4/127 = 0.0315) = 2^-4, so x / s is exact: 2.5 -> 2, -1.5 -> -2, 0.5 -> 0
-    x = np.array([[2.5 * 2**-4, -1.5 * 2**-4, 0.5 * 2**-4, 4.0]], np.float32)
-    q, s = ref.quantize_groupwise(x, "int8", group_size=4, scale_pow2=True)
-    assert q.dtype == np.int8 and q.tolist() == [[2, -2, 0, 64]]
+    x = _groups_of_32([2.5 * 2**-4, -1.5 * 2**-4, 0.5 * 2**-4, 4.0])
+    q, s = ref.quantize_groupwise(x, "int8", group_size=32, scale_pow2=True)
+    assert q.dtype == np.int8 and q[:, :4].tolist() == [[2, -2, 0, 64]]
     assert s[0, 0] == 2.0**-4
 
 
@@ -196,9 +204,9 @@ def test_per_token_fp8_min_scale_and_ub():
 
 
 def test_group_eps_floor_and_nan_goes_to_qmin():
-    q, s = ref.quantize_groupwise(np.array([[0.0, 0.0, np.nan, 1.0]], np.float32), group_size=2)
+    q, s = ref.quantize_groupwise(_groups_of_32([0.0, 0.0], [np.nan, 1.0]), group_size=32)
     assert s[0, 0] == np.float32(1e-10) / np.float32(448)  # all-zero group: amax = eps
-    assert q[0, 2] == 0xFE  # fminf(fmaxf(NaN, -448), 448) = -448
+    assert q[0, 32] == 0xFE  # fminf(fmaxf(NaN, -448), 448) = -448
     q, _ = ref.quantize_groupwise(np.array([[np.nan, 1.0]], np.float32), group_size=None)
     assert q[0, 0] == 0x7E  # per token: fmaxf(-448, fminf(NaN, 448)) = +448
 
@@ -212,13 +220,13 @@ def test_ue8m0_rule():
 
 
 def test_silu_quantize_intermediate_rules():
-    r = np.array([[0.0] * 4, [8.96, -1.0, 0.5, 0.0]], np.float32)
-    q, s = ref.quantize_silu_intermediate(r, group_size=4)
+    r = np.concatenate([_groups_of_32([0.0]), _groups_of_32([8.96, -1.0, 0.5, 0.0])])
+    q, s = ref.quantize_silu_intermediate(r, group_size=32)
     assert s[0, 0] == np.float32(1) / np.float32(448 * 512)  # min scale, no eps
     assert s[1, 0] == np.float32(8.96) / np.float32(448)
-    q, s = ref.quantize_silu_intermediate(r, group_size=4, scale_ub=0.01)
+    q, s = ref.quantize_silu_intermediate(r, group_size=32, scale_ub=0.01)
     assert s[1, 0] == np.float32(0.01)  # the scale itself is clamped
-    q, s = ref.quantize_silu_intermediate(r, "int8", group_size=4)
+    q, s = ref.quantize_silu_intermediate(r, "int8", group_size=32)
     assert s[0, 0] == np.float32(2.0**-23)  # FLT_EPSILON for int8
 
 
@@ -248,20 +256,59 @@ def test_scale_buffer_packs_ue8m0_little_endian_with_zero_padding():
 
 
 def test_dequantize_groupwise_hand_worked():
-    q = np.array([[0x38, 0xB8, 0x40, 0x00]], np.uint8)  # 1, -1, 2, 0 in E4M3
-    y = ref.dequantize_groupwise(q, np.array([[0.5, 4.0]], np.float32), group_size=2)
-    assert y.tolist() == [[0.5, -0.5, 8.0, 0.0]]
+    q = _groups_of_32([0x38, 0xB8], [0x40, 0x00]).astype(np.uint8)  # 1, -1 | 2, 0 in E4M3
+    y = ref.dequantize_groupwise(q, np.array([[0.5, 4.0]], np.float32), group_size=32)
+    assert y[:, [0, 1, 32, 33]].tolist() == [[0.5, -0.5, 8.0, 0.0]] and not y[:, 2:32].any()
     y = ref.dequantize_groupwise(np.array([[3, -4]], np.int8), np.array([[128]], np.uint8), "int8")
     assert y.tolist() == [[6.0, -8.0]]  # e8m0 128 = 2.0
 
 
 # ---------------------------------------------------------------- microscaling
 def test_cast_e2m1_hand_worked():
-    v = [0, 0.25, 0.26, 0.75, 1.25, 1.3, 1.75, 2.5, 2.6, 3.5, 5, 5.1, 6, 1e9, np.inf, -np.inf, np.nan, -np.nan,
-         -0.0, -0.1, -6, 2.0**-140]
+    v = [
+        0,
+        0.25,
+        0.26,
+        0.75,
+        1.25,
+        1.3,
+        1.75,
+        2.5,
+        2.6,
+        3.5,
+        5,
+        5.1,
+        6,
+        1e9,
+        np.inf,
+        -np.inf,
+        np.nan,
+        -np.nan,
+        -0.0,
+        -0.1,
+        -6,
+        2.0**-140,
+    ]
     want = [0, 0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7, 7, 7, 7, 0xF, 7, 7, 8, 8, 0xF, 0]
     assert ref.cast_e2m1(np.array(v, np.float32)).tolist() == want
-    assert ref.e2m1_to_float(np.arange(16)).tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    assert ref.e2m1_to_float(np.arange(16)).tolist() == [
+        0,
+        0.5,
+        1,
+        1.5,
+        2,
+        3,
+        4,
+        6,
+        -0.0,
+        -0.5,
+        -1,
+        -1.5,
+        -2,
+        -3,
+        -4,
+        -6,
+    ]
 
 
 def test_cast_e2m1_matches_ml_dtypes_off_nan():
@@ -278,8 +325,25 @@ def test_pack_unpack_fp4():
 
 
 def test_e8m0_ceil_hand_worked():
-    v = np.array([0, 2.0**-149, 2.0**-127, 2.0**-127 + 2.0**-149, 2.0**-126, 1.0, 1.0000001, 1.5, 2.0,
-                  2.0**127, 2.0**127 * 1.5, 3.4e38, np.inf, np.nan], np.float32)
+    v = np.array(
+        [
+            0,
+            2.0**-149,
+            2.0**-127,
+            2.0**-127 + 2.0**-149,
+            2.0**-126,
+            1.0,
+            1.0000001,
+            1.5,
+            2.0,
+            2.0**127,
+            2.0**127 * 1.5,
+            3.4e38,
+            np.inf,
+            np.nan,
+        ],
+        np.float32,
+    )
     assert ref.e8m0_ceil(v).tolist() == [0, 0, 0, 1, 1, 127, 128, 128, 128, 254, 254, 254, 254, 255]
 
 

@@ -241,8 +241,8 @@ ERRORS = {  # id: (call, exception, message fragment naming the argument)
     "3d": (lambda: ref.quantize_weight(np.ones((2, 4, 64), np.float32)), ValueError, "w must be 2-D"),
     "int32": (lambda: ref.quantize_weight(W.astype(np.int32)), TypeError, "w must be float"),
     "float64": (lambda: ref.quantize_weight(W.astype(np.float64)), TypeError, "w must be float"),
-    "K0-g32": (lambda: ref.quantize_weight(W0, group_size=32), ValueError, "group_size"),
-    "K0-gNone": (lambda: ref.quantize_weight(W0, group_size=None), ValueError, "group_size"),
+    "K0-g32": (lambda: ref.quantize_weight(W0, group_size=32), ValueError, "K = 0"),
+    "K0-gNone": (lambda: ref.quantize_weight(W0, group_size=None), ValueError, "K = 0"),
 }
 
 

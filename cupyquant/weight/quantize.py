@@ -52,13 +52,7 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     _validate.c_contiguous(w, "w")
     N, K = w.shape
-    if group_size not in _checks.WEIGHT_GROUP_SIZES or isinstance(group_size, (float, bool, np.floating)):
-        raise ValueError(f"group_size must be one of {_checks.WEIGHT_GROUP_SIZES}, got {group_size!r}")
-    if K == 0 or K % 2:
-        raise ValueError(f"w's K = {K} must be even and nonzero (two INT4 codes per byte)")
-    G = K if group_size is None else int(group_size)
-    if K % G:
-        raise ValueError(f"group_size={group_size} must divide K = {K}")
+    G = _checks.weight_group_size(K, group_size)
     ng = K // G
     with _validate.on_device_of(w):
         data = cupy.empty((N, K if scheme == "float8_e4m3fn" else K // 2), dtype=np.uint8)

@@ -1,0 +1,175 @@
+"""Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16) and the prepared layout of the matmul
+kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks, _dtypes
+from .._checks import weight_scheme
+from .._layouts import pack_fp4, unpack_fp4
+from ._common import cast_fp8, fp8_to_float, round_to
+
+AWQ_RANGE_FLOOR = np.float32(1e-5)  # AWQ's clamp(min=1e-5) on max - min
+
+
+def _rne_clamp(v, lo, hi) -> np.ndarray:
+    """Round half to even, then clamp to [lo, hi]; NaN -> 0 first (inf clamps)."""
+    v = np.where(np.isnan(v), np.float32(0), v)
+    return np.clip(np.rint(v), lo, hi).astype(np.int32)
+
+
+def _weight_groups(w, group_size):
+    w = np.asarray(w)
+    t = _dtypes.input_type(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
+    N, K = w.shape
+    G = _checks.weight_group_size(K, group_size)
+    return t, w.astype(np.float32).reshape(N, K // G, G), G
+
+
+def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True):
+    """Weight-only quantization of ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``), groups of
+    ``group_size`` along K (``None``: one group per output channel). Returns ``(data, scales,
+    zeros)``; every float step is IEEE float32 and ``T`` is w's dtype:
+
+    - ``"int4"`` (GPTQ/Marlin uint4b8): ``s = T(amax / 7)``, ``q = clamp(rne(w / s), -8, 7) + 8``.
+    - ``"uint4"`` (AWQ): ``s = T(max(max - min, 1e-5) / 15)``, ``z = clamp(rne(-min / s), 0, 15)``,
+      ``q = clamp(rne(w / s) + z, 0, 15)``; max and min over the group as they are (0 need not be
+      inside), as AWQ computes them.
+    - ``"float8_e4m3fn"`` (W8A16): ``s = T(amax / 448)``, ``q = e4m3_satfinite(w / s)``.
+
+    The maxima and minima take the finite weights only (NaN and +-inf ignored); a NaN weight
+    quantizes to its group's zero code (8, z, 0x00: rne(NaN) is taken as 0), and +-inf clamps to the
+    extreme codes (0 and 15, +-448). A group whose stored scale ``s`` is 0 (all zeros, or an amax
+    that underflows T; uint4's floor keeps its scale above 0) quantizes to the zero code. Layout: INT4 data ``(N, K / 2)`` uint8, element 0 in
+    the low nibble; FP8 data ``(N, K)`` uint8; scales ``(N, K / G)`` of w's dtype; zeros (uint4
+    only) ``(N, ceil(K / G / 2))`` uint8 packed like the data, else None."""
+    scheme = weight_scheme(dtype, symmetric)
+    t, g, G = _weight_groups(w, group_size)
+    N, ng, _ = g.shape
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        finite = np.isfinite(g)
+        if scheme == "uint4":
+            mx = np.where(finite, g, -np.inf).max(axis=-1)
+            mn = np.where(finite, g, np.inf).min(axis=-1)
+            none = ~finite.any(axis=-1)
+            mx, mn = np.where(none, 0, mx).astype(np.float32), np.where(none, 0, mn).astype(np.float32)
+            rng = np.fmax((mx - mn).astype(np.float32), AWQ_RANGE_FLOOR)
+            s32 = (rng / np.float32(15)).astype(np.float32)
+        else:
+            amax = np.where(finite, np.abs(g), np.float32(0)).max(axis=-1).astype(np.float32)
+            s32 = (amax / np.float32(7 if scheme == "int4" else 448)).astype(np.float32)
+        s = s32.astype(t.dtype)
+        sf = s.astype(np.float32)[..., None]
+        zero_scale = sf == 0
+        v = (g / sf).astype(np.float32)
+        if scheme == "int4":
+            q = np.where(zero_scale, 8, _rne_clamp(v, -8, 7) + 8)
+            zeros = None
+        elif scheme == "uint4":
+            z = _rne_clamp((-mn[..., None] / sf).astype(np.float32), 0, 15)
+            q = np.where(zero_scale, z, np.clip(_rne_clamp(v, -(1 << 20), 1 << 20) + z, 0, 15))
+            zeros = pack_fp4(z[..., 0].astype(np.uint8))
+        else:
+            q = np.where(zero_scale | np.isnan(g), 0, cast_fp8(v, "float8_e4m3fn"))
+            return q.reshape(N, ng * G).astype(np.uint8), s, None
+    data = pack_fp4(q.reshape(N, ng * G).astype(np.uint8))
+    return data, s, zeros
+
+
+def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float32, *, K=None):
+    """``y = round_to(float(q - z) * float(s), out_dtype)`` (``z = 8`` for int4), or
+    ``round_to(fp8_to_float(q) * float(s), out_dtype)`` for FP8, the product in IEEE float32 (exact:
+    a 4-bit integer or an E4M3 value times a float16/bfloat16 scale). ``K`` defaults to the full
+    width of the data."""
+    scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
+    data = np.asarray(data, dtype=np.uint8)
+    s = np.asarray(scales).astype(np.float32)
+    if data.ndim != 2 or s.ndim != 2 or s.shape[0] != data.shape[0]:
+        raise ValueError(f"data and scales must be 2-D with the same rows, got {data.shape} and {s.shape}")
+    N, ng = s.shape
+    fp8 = scheme == "float8_e4m3fn"
+    K = (data.shape[1] if fp8 else 2 * data.shape[1]) if K is None else K
+    if not 0 < K <= (data.shape[1] if fp8 else 2 * data.shape[1]) or ng == 0 or K % ng:
+        raise ValueError(f"K = {K} must fit the data {data.shape} and split into the scales' {ng} groups")
+    if zeros is not None:
+        _checks.shape_of(np.asarray(zeros), "zeros", (N, -(-ng // 2)))
+    if fp8:
+        v = fp8_to_float(data[:, :K], "float8_e4m3fn")
+    else:
+        q = unpack_fp4(data, K).astype(np.int32)
+        z = 8 if scheme == "int4" else unpack_fp4(zeros, ng).astype(np.int32)
+        zz = np.broadcast_to(np.asarray(z), (N, ng))
+        v = (q.reshape(N, ng, K // ng) - zz[..., None]).astype(np.float32).reshape(N, K)
+    G = K // ng
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (v.reshape(N, ng, G) * s[..., None]).astype(np.float32).reshape(N, K)
+    return round_to(y, out_dtype)
+
+
+def prepare_weight(data, scales, zeros=None, *, scheme):
+    """The prepared (tile-major) layout that the matmul kernels read, from the plain layout of
+    :func:`quantize_weight` (``data`` ``(N, B)`` uint8 with B = K / 2 for INT4 or K for FP8, a
+    multiple of 64; ``scales`` ``(N, ng)``; ``zeros`` ``(N, ceil(ng / 2))`` or None; ``scheme`` the
+    weight's). Returns ``(data, scales, zeros)``, the rows padded with zeros to ``16 T``,
+    ``T = ceil(N / 16)`` tiles, each tile's K cut into chunks of 64 bytes a row (``C = B / 64``):
+
+    - INT4 (``"int4"``, ``"uint4"``) data ``(T, C, 2, 32, 16)``, fragment order: with
+      ``k % 128 = 16 s + 8 kb + 2 t + e`` (k16 step s of the chunk, t, kb, e as in the A fragment of
+      an m16n8k16 mma) and ``g = n % 8``, the code of row n at k is in byte
+      ``[n // 16, k // 128, s % 2, 4 g + s // 2, 4 t + kb + 2 e]``, the low nibble when
+      ``n % 16 < 8``. So the 32-bit word ``4 t`` of piece ``[.., s % 2, 4 g + s // 2]`` holds the 8
+      codes that lane (g, t) of a warp feeds to step s (rows g and g + 8 at k 2t, 2t + 1, 2t + 8,
+      2t + 9), and the two pieces ``4 g + j`` (``s % 2 = 0, 1``) hold every code of rows g and g + 8
+      at k 32 j .. 32 j + 31. Where every group is whole chunks (``G`` a multiple of 128, or one
+      group per row: ``2 B / ng`` a multiple of 128), the k of each chunk are first permuted:
+      chunk k ``32 a + 8 b + r`` (``a, b < 4``, ``r < 8``) takes the place of ``32 b + 8 a + r``
+      in the formula above (the 4 x 4 blocks of 8 k transposed), so that pieces ``4 g + j`` hold
+      k ``32 i + 8 j + r`` (``i < 4``): lanes ``t = 0..3`` of weight.cu's decode kernel, which
+      take the k of pieces ``4 g + t``, load their activations in four loads of 8 (``i``), and
+      each load of the four lanes is 64 contiguous bytes;
+    - FP8 data ``(T, C, 16, 64)``: byte b of row n at ``[n // 16, b // 64, n % 16, b % 64]``;
+    - scales ``(T, ng, 16)``: the scale of row n, group j at ``[n // 16, j, n % 16]``;
+    - zeros ``(T, ng, 8)``: zero code of row n, group j in byte ``[n // 16, j, (n % 16) // 2]``,
+      the low nibble for even ``n % 16``.
+
+    Written as the scatter of each element to its flat offset, not as the reshape and transpose of
+    ``cupyquant.weight``, so that the two are independent checks of each other."""
+    if scheme not in ("int4", "uint4", "float8_e4m3fn"):
+        raise ValueError(f"scheme must be 'int4', 'uint4' or 'float8_e4m3fn', got {scheme!r}")
+    data = np.asarray(data, dtype=np.uint8)
+    scales = np.asarray(scales)
+    N, B = data.shape
+    ng = scales.shape[1]
+    if B % 64:
+        raise ValueError(f"the data's row of {B} bytes must be a multiple of 64 (128 INT4 or 64 FP8 elements)")
+    T, nch = -(-N // 16), B // 64
+    flat = np.zeros(T * nch * 1024, np.uint8)
+    if scheme == "float8_e4m3fn":
+        n, b = np.indices((N, B), dtype=np.int64)
+        flat[((n // 16) * nch + b // 64) * 1024 + (n % 16) * 64 + b % 64] = data
+        d = flat.reshape(T, nch, 16, 64)
+    else:
+        n, k = np.indices((N, 2 * B), dtype=np.int64)
+        codes = unpack_fp4(data, 2 * B).astype(np.uint8)
+        r, kk = n % 16, k % 128
+        if (2 * B // ng) % 128 == 0:  # whole-chunk groups: the 4 x 4 blocks of 8 k transposed
+            kk = 32 * (kk % 32 // 8) + 8 * (kk // 32) + kk % 8
+        st, kb, t, e = kk // 16, kk % 16 // 8, kk % 8 // 2, kk % 2
+        at = ((n // 16) * nch + k // 128) * 1024 + (st % 2) * 512 + (4 * (r % 8) + st // 2) * 16 + 4 * t + kb + 2 * e
+        lo = r < 8  # rows g (low nibble) and g + 8 (high nibble) share a byte
+        flat[at[lo]] = codes[lo]
+        flat[at[~lo]] |= codes[~lo] << 4
+        d = flat.reshape(T, nch, 2, 32, 16)
+    n, j = np.indices((N, ng), dtype=np.int64)
+    at = ((n // 16) * ng + j) * 16 + n % 16
+    s = np.zeros(T * ng * 16, scales.dtype)
+    s[at] = scales
+    z = None
+    if zeros is not None:
+        codes = np.zeros(T * ng * 16, np.uint8)
+        codes[at] = unpack_fp4(zeros, ng)
+        z = pack_fp4(codes.reshape(T, ng, 16))
+    return d, s.reshape(T, ng, 16), z
