@@ -1,6 +1,6 @@
 """Timing helpers shared by ``python -m cupyquant`` and ``scripts/bench.py``.
 
-The protocol (DESIGN.md): CUDA events around each call, warm-up first, the median of many calls,
+The protocol (docs/performance.md): CUDA events around each call, warm-up first, the median of many calls,
 inputs rotated over enough copies that the working set is several times the L2 cache, and the copy
 bandwidth (bytes read plus written by a large device-to-device copy) measured in the same process
 as the ceiling.

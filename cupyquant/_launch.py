@@ -171,7 +171,7 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: 
 
 
 #: A CUtensorMap (cuda.h): 128 opaque bytes, passed by value to a kernel's ``__grid_constant__``
-#: parameter (kernels/weight_wgmma.cu TmaMap)
+#: parameter (kernels/weight_sm90_gemm.cu TmaMap)
 TENSOR_MAP = np.dtype([("w", "<u8", (16,))])
 # cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT16, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
 # CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (elements outside read as zeros)

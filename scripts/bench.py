@@ -5,7 +5,7 @@
     python scripts/bench.py --ops quant_dynamic,group128 --markdown out.md
     python scripts/bench.py --list               # the ops and their shapes
 
-Protocol (DESIGN.md): CUDA events around each call, warm-up, median of --reps calls, inputs rotated
+Protocol (docs/performance.md): CUDA events around each call, warm-up, median of --reps calls, inputs rotated
 over enough copies to span 4x the L2, the copy bandwidth of a 2 GiB device-to-device copy measured in
 the same run. GB/s counts each input read once and each output written once; "% bound" compares
 with the op's own bound at the copy bandwidth (for dynamic quantization, two reads of x and one
@@ -450,7 +450,7 @@ PREFILL_MS = [16, 32, 64, 128, 256, 1024, 4096]
 
 def _settle(seconds: float) -> None:
     """Wait for the GPU to finish, then ``seconds`` more: long enough for the board's power
-    controller to bring the SM clock back up after a heavy burst (H100, session 38: 1395-1440 MHz at
+    controller to bring the SM clock back up after a heavy burst (on the H100: 1395-1440 MHz at
     the 700 W cap right after 1-3 s of 4096-row matmuls, 1965-1980 MHz 0.2-0.5 s later). Without it
     a light call timed within about half a second of a heavy one runs at the lowered clock: the
     decode kernel at 14336 x 4096 M = 16 took 14.7 us there against 14.1 after a pause."""

@@ -50,9 +50,18 @@ GPU_OPS = {
     "per_tensor": ("", "cq.quantize_fp8(x)"),
     "groupwise": ("", "cq.quantize_groupwise(x, 'float8_e4m3fn', group_size=128)"),
     "mx": ("", "cq.quantize_mx(x, 'float8_e4m3fn')"),
-    "weight": ("", "cq.quantize_weight(x, 'int4', group_size=128)"),
-    # matmul picks its kernel by M; M = 1024 is meant to reach the large-M (prefill) family
-    "weight_gemm": ("w = cq.quantize_weight(x, 'int4', group_size=128)", "cq.matmul(x, w)"),
+    "nvfp4": ("", "cq.quantize_nvfp4(x, global_scale=1.0)"),
+    "weight_quant": ("", "cq.quantize_weight(x, 'int4', group_size=128)"),
+    "weight_decode": ("w = cq.quantize_weight(x, 'int4', group_size=128)", "cq.matmul(x[:1], w)"),
+    # M = 1024 takes a tensor-core kernel; each is forced so that its own family compiles
+    "weight_sm80_gemm": (
+        "w = cq.quantize_weight(x, 'int4', group_size=128); cq.weight._forced_path('sm80_gemm').__enter__()",
+        "cq.matmul(x, w)",
+    ),
+    "weight_sm90_gemm": (
+        "w = cq.quantize_weight(x, 'int4', group_size=128); cq.weight._forced_path('sm90_gemm').__enter__()",
+        "cq.matmul(x, w)",
+    ),
 }
 
 _CHILD = r"""

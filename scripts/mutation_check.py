@@ -3,7 +3,7 @@
 point CUPYQUANT_KERNEL_DIR at it, run the tests that should notice, and report killed/SURVIVED.
 
     CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py            # every mutant
-    CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py mx.cu      # those of one kernel file
+    CUPYQUANT_REQUIRE_GPU=1 python scripts/mutation_check.py block_scale.cuh      # those of one kernel file
 
 Exit status 1 if any mutant survives. Each mutant is (name, file, old text, new text, pytest args[,
 test file]); the test file defaults to tests/test_per_tensor.py.
@@ -128,7 +128,7 @@ MUTANTS = [
     ),
     (
         "E8M0 ceil never rounds up",
-        "mx.cu",
+        "block_scale.cuh",
         "return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e + (up ? 1u : 0u);",
         "return b > 0x7f800000u ? 255u : b == 0x7f800000u ? 254u : e;",
         ["-k", "mx_every_combination and float32 and dense"],
@@ -136,7 +136,7 @@ MUTANTS = [
     ),
     (
         "E = 254 multiplier by the bit formula (0)",
-        "mx.cu",
+        "block_scale.cuh",
         "E == 254u ? 0x00400000u : (254u - E) << 23",
         "(254u - E) << 23",
         ["-k", "mx_special_blocks"],
@@ -144,7 +144,7 @@ MUTANTS = [
     ),
     (
         "MX block max ignores NaN",
-        "mx.cu",
+        "block_scale.cuh",
         "(__float_as_uint(f[j][i]) & 0x7fffffffu)",
         "abs_key(f[j][i])",
         ["-k", "mx_special_blocks"],
@@ -152,7 +152,7 @@ MUTANTS = [
     ),
     (
         "swizzled rows placed row-major in the unit",
-        "mx.cu",
+        "block_scale.cuh",
         "(kb / 4) * 512 + (row_local % 32) * 16 + (row_local / 32) * 4",
         "(kb / 4) * 512 + (row_local / 4) * 16 + (row_local % 4) * 4",
         ["-k", "swizzled_offsets"],
@@ -160,7 +160,7 @@ MUTANTS = [
     ),
     (
         "FP4 odd tail keeps the padding nibble",
-        "mx.cu",
+        "block_scale.cuh",
         "if (2 * i + 1 >= n) b &= 0x0f;",
         "",
         ["-k", "odd_tail_padding"],
@@ -168,7 +168,7 @@ MUTANTS = [
     ),
     (
         "NVFP4 inverse scale not clamped to FLT_MAX",
-        "mx.cu",
+        "block_scale.cuh",
         "mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);",
         "mult = rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec));",
         ["-k", "nvfp4_special_blocks"],
@@ -176,7 +176,7 @@ MUTANTS = [
     ),
     (
         "software conversion rounds ties up",
-        "mx.cu",
+        "block_scale.cuh",
         "(b + (1u << (DROP - 1)) - 1u + ((b >> DROP) & 1u)) >> DROP",
         "(b + (1u << (DROP - 1))) >> DROP",
         ["-k", "conversions_against_reference and sw"],
@@ -184,7 +184,7 @@ MUTANTS = [
     ),
     (
         "bf16 MX block max ignores NaN",
-        "mx.cu",
+        "block_scale.cuh",
         "m2 = NV ? bf2_max(m2, mag[i]) : bf2_max_nan(m2, mag[i]);",
         "m2 = bf2_max(m2, mag[i]);",
         ["-k", "mx_special_blocks and bfloat16"],
@@ -192,7 +192,7 @@ MUTANTS = [
     ),
     (
         "packed E2M1 keeps a NaN's sign",
-        "mx.cu",
+        "block_scale.cuh",
         "const unsigned sign = w & ~(m + 0x007f007fu) & 0x80008000u;",
         "const unsigned sign = w & 0x80008000u;",
         ["-k", "conversions_against_reference and sw"],
@@ -200,7 +200,7 @@ MUTANTS = [
     ),
     (
         "bf16 round-to-odd loses the sticky bit",
-        "mx.cu",
+        "block_scale.cuh",
         "return __byte_perm(a | ((a & 0xffffu) + 0xffffu), b | ((b & 0xffffu) + 0xffffu), 0x7632);",
         "return __byte_perm(a, b, 0x7632);",
         ["-k", "conversions_against_reference and sw"],
@@ -208,7 +208,7 @@ MUTANTS = [
     ),
     (
         "E2M1 decode takes the wrong sign byte",
-        "mx.cu",
+        "block_scale.cuh",
         "(prmt(w4, w, h ? 0xe0a0u : 0xc080u) & 0x80008000u)",
         "(prmt(w4, w, h ? 0xe0a0u : 0xc0c0u) & 0x80008000u)",
         ["-k", "dequantize"],

@@ -311,6 +311,9 @@ def test_leading_dims_and_dlpack_to_torch():
     assert x.data.ptr == xt.data_ptr()  # no copy
     q = cq.quantize_fp8(x)
     qt = torch.from_dlpack(q.data).view(torch.float8_e4m3fn)
-    ref_q = (xt.float() * (448.0 / xt.abs().amax().float())).clamp(-448, 448).to(torch.float8_e4m3fn)
-    # torch's x * scale matches ours: same float32 amax, quotient and product; same RN satfinite cast
+    # the scale as an IEEE float32 quotient on the host (torch would compute 448 / amax on the device
+    # as a reciprocal times 448, which can miss by one ulp); torch's float32 product and its RN cast
+    # with saturation then match ours
+    scale = np.float32(448.0) / np.float32(xt.abs().amax().float().item())
+    ref_q = (xt.float() * float(scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(qt.view(torch.uint8), ref_q.view(torch.uint8))

@@ -666,7 +666,7 @@ EARLY_PLANS = [(32, 1), (32, 2), (64, 1), (64, 2), (64, 3), (128, 1), (128, 2), 
 
 @pytest.mark.parametrize("bma,splits", EARLY_PLANS, ids=[f"{b}-{s}" for b, s in EARLY_PLANS])
 def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
-    """The wgmma kernel's early copies (weight_wgmma.cu a.early: the first stages' weights and
+    """The wgmma kernel's early copies (weight_sm90_gemm.cu a.early: the first stages' weights and
     scales before the PDL wait; the 128-row tile's producer copies a whole ring of them, the others
     STAGES - 2) on every tile, unsplit, split 2 ways (a cluster) and 3 (a cluster or the workspace,
     as the GPU holds them), over a K shorter than the ring (4 stages of 128 k: fewer than the
