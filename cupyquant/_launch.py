@@ -6,7 +6,7 @@ the stream still runs: its blocks start as soon as that kernel's blocks have all
 (``griddepcontrol.launch_dependents``) and there is room on the SMs, and each block waits at
 ``griddepcontrol.wait`` until the kernel before has completed and its writes are visible. A kernel
 launched this way must therefore execute that wait before it touches any memory that another kernel
-may write (kernels/weight.cu says what the decode matmul does before it: address arithmetic, and,
+may write (kernels/weight_decode.cu says what the decode matmul does before it: address arithmetic, and,
 for a weight that an earlier call has read, the loads of its first weight chunk and scales, which
 no kernel before it writes: weight.py _early_ok). Under stream capture the launch becomes a
 programmatic edge of the graph.
