@@ -70,8 +70,8 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
     src.fill(1)
     stream = cupy.cuda.get_current_stream()
 
-    def copy():
-        cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    def copy(dst_ptr=dst.data.ptr, src_ptr=src.data.ptr):
+        cupy.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
 
     t = time_events(copy, [()], warmup=3, reps=reps)
     del src, dst

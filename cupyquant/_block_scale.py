@@ -31,16 +31,30 @@ FORCE_SOFTWARE = os.environ.get("CUPYQUANT_SOFTWARE_CONVERSIONS", "") not in (""
 
 QUANT_ARGS = np.dtype(
     [
-        ("rows", np.int64), ("K", np.int64), ("row_stride", np.int64), ("q_row", np.int64),
-        ("n_blocks", np.int64), ("n_units", np.int64), ("n_ktiles", np.int64), ("swizzled", np.int32), ("floor_rule", np.int32),
-        ("gs_mode", np.int32), ("gs_arg", np.float32), ("gs_ptr", np.uint64), ("gs_out", np.uint64),
+        ("rows", np.int64),
+        ("K", np.int64),
+        ("row_stride", np.int64),
+        ("q_row", np.int64),
+        ("n_blocks", np.int64),
+        ("n_units", np.int64),
+        ("n_ktiles", np.int64),
+        ("swizzled", np.int32),
+        ("floor_rule", np.int32),
+        ("gs_mode", np.int32),
+        ("gs_arg", np.float32),
+        ("gs_ptr", np.uint64),
+        ("gs_out", np.uint64),
     ],
     align=True,
 )
 DEQUANT_ARGS = np.dtype(
     [
-        ("rows", np.int64), ("K", np.int64), ("q_row", np.int64), ("n_blocks", np.int64),
-        ("swizzled", np.int32), ("gs_ptr", np.uint64),
+        ("rows", np.int64),
+        ("K", np.int64),
+        ("q_row", np.int64),
+        ("n_blocks", np.int64),
+        ("swizzled", np.int32),
+        ("gs_ptr", np.uint64),
     ],
     align=True,
 )
@@ -95,7 +109,9 @@ def prepare(x, fmt, block: int, scale_layout, out, scale_out) -> tuple:
     return in_t, rows, K, row_stride, device, q_shape, s_shape
 
 
-def launch_quantize(family: str, name: str, targs, x, q, s, rows, K, row_stride, block, fmt, scale_layout, device, **kw):
+def launch_quantize(
+    family: str, name: str, targs, x, q, s, rows, K, row_stride, block, fmt, scale_layout, device, **kw
+):
     """Launch ``name<targs..., VEC, HW>`` of ``family`` (a block_quantize instance) over the row
     tiles of ``x``. ``kw``: ``floor_rule`` (MX), ``gs`` = (ScaleSource, value, pointer, output
     pointer) of NVFP4's global scale."""

@@ -97,8 +97,7 @@ def element_format(dtype, arg: str = "dtype", allowed=None) -> ElementFormat:
             name = np.dtype(dtype).name
         except TypeError:
             raise TypeError(
-                f"{arg} must be a format name such as 'float8_e4m3fn' or an ml_dtypes type, "
-                f"got {dtype!r}"
+                f"{arg} must be a format name such as 'float8_e4m3fn' or an ml_dtypes type, got {dtype!r}"
             ) from None
     if name not in allowed or name not in _FORMATS:
         raise ValueError(f"{arg}={name!r} is not supported here; expected one of {tuple(allowed)}")

@@ -36,7 +36,6 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-
 KERNEL_DIR_ENV = "CUPYQUANT_KERNEL_DIR"
 CUDA_INCLUDE_ENV = "CUPYQUANT_CUDA_INCLUDE"
 
@@ -302,7 +301,12 @@ def compile_for_arch(family: str, arch: str, expressions=None, ptx_out=None, log
     from cupy_backends.cuda.libs import nvrtc
 
     exprs = list(_FAMILIES[family] if expressions is None else expressions)
-    opts = options() + CUPY_ADDED_OPTIONS + (f"-arch=sm_{arch}",) + (("--ptxas-options=-v",) if log_out is not None else ())
+    opts = (
+        options()
+        + CUPY_ADDED_OPTIONS
+        + (f"-arch=sm_{arch}",)
+        + (("--ptxas-options=-v",) if log_out is not None else ())
+    )
     prog = nvrtc.createProgram(source(family), f"{family}.cu", [], [])
     try:
         for e in exprs:

@@ -68,7 +68,12 @@ def _driver():
                 lib = ctypes.CDLL("libcuda.so.1")
                 launch = lib.cuLaunchKernelEx
                 launch.restype = ctypes.c_int
-                launch.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+                launch.argtypes = [
+                    ctypes.POINTER(LaunchConfig),
+                    ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_void_p),
+                    ctypes.c_void_p,
+                ]
                 err = lib.cuGetErrorString
                 err.restype = ctypes.c_int
                 err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -191,18 +196,42 @@ def tensor_map_2d(ptr: int, rows: int, cols: int, row_bytes: int, box_cols: int,
         fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
         fn.restype = ctypes.c_int
         u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        fn.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_uint32,
+            ctypes.c_void_p,
+            u64p,
+            u64p,
+            u32p,
+            u32p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
         _encode_fn = fn
     raw = np.zeros(TENSOR_MAP.itemsize + 64, dtype=np.uint8)  # the driver writes a 64-byte-aligned map
     off = -raw.ctypes.data % 64
-    out = raw[off:off + TENSOR_MAP.itemsize].view(TENSOR_MAP).reshape(())
+    out = raw[off : off + TENSOR_MAP.itemsize].view(TENSOR_MAP).reshape(())
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(row_bytes)
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     elem = (ctypes.c_uint32 * 2)(1, 1)
-    rc = _encode_fn(out.ctypes.data, _TM_UINT16, 2, ptr, dims, strides, box, elem, _TM_INTERLEAVE_NONE, _TM_SWIZZLE_128B,
-                    _TM_L2_256B, _TM_OOB_ZERO)
+    rc = _encode_fn(
+        out.ctypes.data,
+        _TM_UINT16,
+        2,
+        ptr,
+        dims,
+        strides,
+        box,
+        elem,
+        _TM_INTERLEAVE_NONE,
+        _TM_SWIZZLE_128B,
+        _TM_L2_256B,
+        _TM_OOB_ZERO,
+    )
     if rc:
         msg = ctypes.c_char_p()
         _driver()[1](rc, ctypes.byref(msg))

@@ -35,5 +35,9 @@ def _conversion_check(dtype, base: int, n: int, hardware: bool, patterns=None) -
         k = _jit.kernel(device, _FAMILY, "e8m0_check", bool(hardware))
     else:
         k = _jit.kernel(device, _FAMILY, "cvt_check", _dtypes.element_format(dtype).ctag, bool(hardware))
-    k((-(-n // 256),), (256,), (patterns if patterns is not None else np.uint64(0), np.uint32(base), np.int64(n), codes))
+    k(
+        (-(-n // 256),),
+        (256,),
+        (patterns if patterns is not None else np.uint64(0), np.uint32(base), np.int64(n), codes),
+    )
     return codes

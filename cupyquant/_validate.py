@@ -31,8 +31,7 @@ def float_input(x, arg: str = "x") -> _dtypes.InputType:
 def c_contiguous(a: cupy.ndarray, arg: str) -> None:
     if not a.flags.c_contiguous:
         raise ValueError(
-            f"{arg} must be C-contiguous (shape {a.shape}, strides {a.strides}); "
-            f"pass cupy.ascontiguousarray({arg})"
+            f"{arg} must be C-contiguous (shape {a.shape}, strides {a.strides}); pass cupy.ascontiguousarray({arg})"
         )
 
 
@@ -141,8 +140,9 @@ def scale_arg(v, arg: str, device: int, ref: str = "x") -> Scale:
     return Scale(ScaleSource.ARG, None, positive_finite_scalar(v, arg))
 
 
-def scale_out(a, shape, dtype, device: int, inputs=(), *, strides=None, nbytes: int | None = None,
-              alloc: str = "") -> cupy.ndarray:
+def scale_out(
+    a, shape, dtype, device: int, inputs=(), *, strides=None, nbytes: int | None = None, alloc: str = ""
+) -> cupy.ndarray:
     """A caller-given scale buffer: CuPy, exact shape and dtype, 16-byte aligned, on ``device`` and
     not overlapping any of ``inputs`` (``(name, array or None)`` pairs). C-contiguous unless
     ``strides`` (bytes) is given: then exactly those strides where the layout holds any word, in
@@ -187,9 +187,11 @@ def rows_view(x: cupy.ndarray, arg: str = "x") -> tuple:
         return rows, K, K
     dims = [(n, st) for n, st in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
     row_stride = dims[-1][1]
-    for (n_outer, st_outer), (n_inner, st_inner) in zip(dims[:-1], dims[1:]):
+    for (_, st_outer), (n_inner, st_inner) in zip(dims[:-1], dims[1:]):
         if st_outer != st_inner * n_inner:
-            raise ValueError(f"{arg}'s leading axes must collapse into one row stride; pass cupy.ascontiguousarray({arg})")
+            raise ValueError(
+                f"{arg}'s leading axes must collapse into one row stride; pass cupy.ascontiguousarray({arg})"
+            )
     if row_stride % item or row_stride < K * item:
         raise ValueError(f"{arg}'s rows overlap or are misaligned (row stride {row_stride} bytes)")
     return rows, K, row_stride // item

@@ -50,10 +50,21 @@ _TOKEN_BLOCK = 256  # must equal TOKEN_BLOCK in groupwise.cu
 # The kernels' ScaleArgs struct, field for field (C alignment).
 _SCALE_ARGS = np.dtype(
     [
-        ("words", np.uint64), ("M", np.int64), ("M_pad", np.int64), ("sb", np.int64), ("sm", np.int64),
-        ("sg", np.int64), ("n_groups", np.int32), ("packed", np.int32), ("pow2", np.int32), ("col", np.int32),
-        ("ub_ptr", np.uint64), ("ub_arg", np.float32), ("has_ub", np.int32),
-        ("m_magic", np.uint64), ("m_shift", np.int32),
+        ("words", np.uint64),
+        ("M", np.int64),
+        ("M_pad", np.int64),
+        ("sb", np.int64),
+        ("sm", np.int64),
+        ("sg", np.int64),
+        ("n_groups", np.int32),
+        ("packed", np.int32),
+        ("pow2", np.int32),
+        ("col", np.int32),
+        ("ub_ptr", np.uint64),
+        ("ub_arg", np.float32),
+        ("has_ub", np.int32),
+        ("m_magic", np.uint64),
+        ("m_shift", np.int32),
     ],
     align=True,
 )
@@ -169,9 +180,16 @@ def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, sca
     if out is not None:
         _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=((arg, x),))
     if scale_out is not None:
-        _validate.scale_out(scale_out, lay.shape, np.int32 if packed else np.float32, device,
-                            inputs=(("out", out), (arg, x)), strides=lay.strides, nbytes=lay.words * 4,
-                            alloc="cupyquant.empty_scales()")
+        _validate.scale_out(
+            scale_out,
+            lay.shape,
+            np.int32 if packed else np.float32,
+            device,
+            inputs=(("out", out), (arg, x)),
+            strides=lay.strides,
+            nbytes=lay.words * 4,
+            alloc="cupyquant.empty_scales()",
+        )
     return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
 
 
@@ -277,8 +295,14 @@ def quantize_groupwise(
 
 def _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x):
     gran = "token" if group_size is None else "group"
-    scheme = Scheme(fmt.name, gran, (K if group_size is None else group_size,),
-                    "float8_e8m0fnu" if packed else "float32", scale_layout, _FAMILY)
+    scheme = Scheme(
+        fmt.name,
+        gran,
+        (K if group_size is None else group_size,),
+        "float8_e8m0fnu" if packed else "float32",
+        scale_layout,
+        _FAMILY,
+    )
     return QuantizedTensor(q, scale_out, scheme, q.shape, x.dtype)
 
 
@@ -330,14 +354,28 @@ def silu_mul_quantize(
     _checks.not_per_token(group_size, "silu_mul_quantize")
     out_shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,) if isinstance(x, cupy.ndarray) and x.ndim else ()
     fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
-        x, dtype, group_size, scale_layout, "float32", scale_ub, out, scale_out, out_shape, out_shape[-1] if out_shape else 0
+        x,
+        dtype,
+        group_size,
+        scale_layout,
+        "float32",
+        scale_ub,
+        out,
+        scale_out,
+        out_shape,
+        out_shape[-1] if out_shape else 0,
     )
     H = K // 2
     with _validate.on_device_of(x):
         q, scale_out = _outputs(out, scale_out, out_shape, q_dtype, lay, packed)
         if rows and H:
             sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
-            vec = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (H * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
+            vec = (
+                x.data.ptr % 16 == 0
+                and (row_stride * x.itemsize) % 16 == 0
+                and (H * x.itemsize) % 16 == 0
+                and q.data.ptr % 16 == 0
+            )
             k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
             grid, block = _launch.grid2d(rows, H // 16)
             k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))

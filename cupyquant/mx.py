@@ -30,7 +30,7 @@ import cupy
 import numpy as np
 
 from . import _block_scale, _checks, _dtypes, _jit, _validate
-from ._block_scale import block_scale_shape
+from ._block_scale import block_scale_shape as block_scale_shape  # public, re-exported by cupyquant
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
@@ -100,13 +100,29 @@ def quantize_mx(
     """
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_checks.MX_FORMATS)
     _checks.mx_rounding(rounding)
-    in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(x, fmt, _MX_BLOCK, scale_layout, out, scale_out)
+    in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(
+        x, fmt, _MX_BLOCK, scale_layout, out, scale_out
+    )
     with _validate.on_device_of(x):
         q = cupy.empty(q_shape, dtype=np.uint8) if out is None else out
         s = cupy.empty(s_shape, dtype=np.uint8) if scale_out is None else scale_out
         if rows and K:
-            _block_scale.launch_quantize(_FAMILY, "mx_quantize", (in_t.ctype, fmt.ctag), x, q, s, rows, K, row_stride, _MX_BLOCK,
-                                         fmt, scale_layout, device, floor_rule=int(rounding == "floor"))
+            _block_scale.launch_quantize(
+                _FAMILY,
+                "mx_quantize",
+                (in_t.ctype, fmt.ctag),
+                x,
+                q,
+                s,
+                rows,
+                K,
+                row_stride,
+                _MX_BLOCK,
+                fmt,
+                scale_layout,
+                device,
+                floor_rule=int(rounding == "floor"),
+            )
     scheme = Scheme(fmt.name, "block", (_MX_BLOCK,), "float8_e8m0fnu", scale_layout, _FAMILY)
     return QuantizedTensor(q, s, scheme, x.shape, x.dtype)
 

@@ -15,8 +15,14 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _block_scale, _dtypes, _jit, _launch, _validate
-from . import per_tensor  # noqa: F401  registers fp8_amax, the global amax reduction
+from . import (
+    _block_scale,
+    _dtypes,
+    _jit,
+    _launch,
+    _validate,
+    per_tensor,  # noqa: F401  registers fp8_amax, the global amax reduction
+)
 from ._validate import ScaleSource
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
@@ -79,7 +85,9 @@ def quantize_nvfp4(
     when dynamic (amax, then quantize; plus a 4-byte memset), one otherwise.
     """
     fmt = _dtypes.element_format("float4_e2m1fn")
-    in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(x, fmt, _NV_BLOCK, scale_layout, out, scale_out)
+    in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(
+        x, fmt, _NV_BLOCK, scale_layout, out, scale_out
+    )
     mode, gs_dev, value = _validate.scale_arg(global_scale, "global_scale", device)
     if mode == ScaleSource.AMAX:
         _validate.c_contiguous(x, "x")
@@ -93,8 +101,22 @@ def quantize_nvfp4(
             _launch.launch_amax(x, in_t, amax, device, np.int64(x.size))
         if rows and K:
             ptr = gs_dev.data.ptr if gs_dev is not None else 0
-            _block_scale.launch_quantize(_FAMILY, "nvfp4_quantize", (in_t.ctype,), x, q, s, rows, K, row_stride,
-                                         _NV_BLOCK, fmt, scale_layout, device, gs=(mode, value, ptr, gs.data.ptr))
+            _block_scale.launch_quantize(
+                _FAMILY,
+                "nvfp4_quantize",
+                (in_t.ctype,),
+                x,
+                q,
+                s,
+                rows,
+                K,
+                row_stride,
+                _NV_BLOCK,
+                fmt,
+                scale_layout,
+                device,
+                gs=(mode, value, ptr, gs.data.ptr),
+            )
         elif mode == ScaleSource.ARG:
             gs.fill(value)
         elif mode == ScaleSource.DEVICE:
@@ -107,7 +129,9 @@ def quantize_nvfp4(
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
     gs = q.global_scale
-    return _block_scale.dequantize(_FAMILY, "nvfp4_dequantize", (out_t.ctype,), q, out_t, out, 0 if gs is None else gs.data.ptr)
+    return _block_scale.dequantize(
+        _FAMILY, "nvfp4_dequantize", (out_t.ctype,), q, out_t, out, 0 if gs is None else gs.data.ptr
+    )
 
 
 register_dequantizer(_FAMILY, _dequantize)

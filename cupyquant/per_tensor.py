@@ -17,9 +17,7 @@ _BOOLS = (False, True)
 _FAMILY = _jit.register(
     "per_tensor",
     _jit.product("fp8_amax", _dtypes.INPUT_CTYPES, _BOOLS)
-    + _jit.product(
-        "fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, tuple(_validate.ScaleSource), _BOOLS
-    )
+    + _jit.product("fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, tuple(_validate.ScaleSource), _BOOLS)
     + _jit.product("fp8_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
 )
 _FP8 = _dtypes.FP8_NAMES

@@ -97,7 +97,9 @@ class QuantizedTensor:
         present."""
         return sum(a.nbytes for a in (self.data, self.scale, self.amax, self.global_scale) if a is not None)
 
-    def dequantize(self, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None) -> cupy.ndarray:
+    def dequantize(
+        self, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
+    ) -> cupy.ndarray:
         """Same as :func:`cupyquant.dequantize` (``dtype`` defaults to the original dtype)."""
         return dequantize(self, dtype, out=out)
 

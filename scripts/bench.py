@@ -105,7 +105,7 @@ def make_ops(fmt):
             shapes=FLAT,
             make=lambda shape, dt, f: _rotated(shape, dt, np.dtype(dt).itemsize),
             ours=lambda x: cq.amax(x),
-            torch_fn=lambda torch, f: (lambda x: x.abs().amax()),
+            torch_fn=lambda torch, f: lambda x: x.abs().amax(),
             io_bytes=lambda shape, b: _n(shape) * b,
             bound_bytes=lambda shape, b: _n(shape) * b,
         ),
@@ -226,7 +226,10 @@ def _group_ops():
         return out * (2 * b + 1) + out // 128 * 4
 
     def gdeq_make(shape, dt, f):
-        return [(cq.quantize_groupwise(x, "float8_e4m3fn", group_size=128),) for (x,) in _rotated(shape, dt, 1 + np.dtype(dt).itemsize)]
+        return [
+            (cq.quantize_groupwise(x, "float8_e4m3fn", group_size=128),)
+            for (x,) in _rotated(shape, dt, 1 + np.dtype(dt).itemsize)
+        ]
 
     def torch_gdeq(torch, f):
         def deq(q, s, out_dtype):
@@ -289,9 +292,15 @@ def _torch_unswizzle(s, M, Kb):
 def _torch_e2m1_codes(torch, v):
     """cupyquant.reference.cast_e2m1 without the NaN rule: round-to-nearest-even thresholds."""
     a = v.abs()
-    code = ((a > 0.25).to(torch.uint8) + (a >= 0.75).to(torch.uint8) + (a > 1.25).to(torch.uint8)
-            + (a >= 1.75).to(torch.uint8) + (a > 2.5).to(torch.uint8) + (a >= 3.5).to(torch.uint8)
-            + (a > 5.0).to(torch.uint8))
+    code = (
+        (a > 0.25).to(torch.uint8)
+        + (a >= 0.75).to(torch.uint8)
+        + (a > 1.25).to(torch.uint8)
+        + (a >= 1.75).to(torch.uint8)
+        + (a > 2.5).to(torch.uint8)
+        + (a >= 3.5).to(torch.uint8)
+        + (a > 5.0).to(torch.uint8)
+    )
     return code | (torch.signbit(v).to(torch.uint8) << 3)
 
 
@@ -503,12 +512,16 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
                 ta, ta16 = torch.from_dlpack(ab), torch.from_dlpack(a16)
                 tws16 = [torch.from_dlpack(w) for w in w16s]
                 _settle(settle)
-                t_cublas = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta16, w.t()), [(w,) for w in tws16], reps)
+                t_cublas = _bench.time_torch_graph(
+                    torch, lambda w: torch.matmul(ta16, w.t()), [(w,) for w in tws16], reps
+                )
                 row["cuBLAS fp16 graph us"] = t_cublas * 1e6
                 row["cuBLAS TFLOP/s"] = flop / t_cublas / 1e12
                 tws = [torch.from_dlpack(w.astype(ml_dtypes.bfloat16)) for w in w16s]
                 _settle(settle)
-                row["torch bf16 us"] = _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
+                row["torch bf16 us"] = (
+                    _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
+                )
                 del tws, tws16
             pdl_col = int(cupy.cuda.Device().compute_capability) >= 90  # matmul's default is PDL there
             for scheme in schemes:
@@ -559,13 +572,20 @@ def main(argv=None):
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--matmul", action="store_true", help="the weight-only matmul table instead of the ops")
     p.add_argument("--matmul-schemes", default="int4,float8_e4m3fn", help="weight schemes for --matmul")
-    p.add_argument("--matmul-ms", default=",".join(map(str, MATMUL_MS)),
-                   help=f"rows of a for --matmul, or 'prefill' for {PREFILL_MS}")
+    p.add_argument(
+        "--matmul-ms",
+        default=",".join(map(str, MATMUL_MS)),
+        help=f"rows of a for --matmul, or 'prefill' for {PREFILL_MS}",
+    )
     p.add_argument("--matmul-shapes", default=None, help="N x K list for --matmul, e.g. 4096x4096,14336x4096")
     p.add_argument("--matmul-paths", action="store_true", help="also time INT4 on each kernel forced")
-    p.add_argument("--settle", type=float, default=0.5,
-                   help="--matmul: seconds of idle GPU before each timing, so that the clock has recovered from the "
-                        "previous heavy burst (0: none)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0.5,
+        help="--matmul: seconds of idle GPU before each timing, so that the clock has recovered from the "
+        "previous heavy burst (0: none)",
+    )
     a = p.parse_args(argv)
     if a.matmul:
         return main_matmul(a)
@@ -594,7 +614,19 @@ def main(argv=None):
         + ("" if torch else "; torch peers not available")
     )
     print(header, flush=True)
-    cols = ["op", "shape", "us", "GB/s", "% copy", "% bound", "host us", "eager us", "x eager", "compile us", "x compile"]
+    cols = [
+        "op",
+        "shape",
+        "us",
+        "GB/s",
+        "% copy",
+        "% bound",
+        "host us",
+        "eager us",
+        "x eager",
+        "compile us",
+        "x compile",
+    ]
     rows = []
     names = list(ops) if a.ops == "all" else a.ops.split(",")
     keep = None if a.sizes is None else set(a.sizes.split(","))
@@ -660,9 +692,11 @@ def _load_torch(skip):
 
 def main_matmul(a):
     torch = _load_torch(a.no_torch)
-    header = (f"{_bench.device_name()}, {datetime.date.today().isoformat()}; weight-only matmul, bf16 activations, "
-              f"group 128; CUDA-graph replay; {a.settle:g} s idle before each timing"
-              + ("" if torch else "; torch not available"))
+    header = (
+        f"{_bench.device_name()}, {datetime.date.today().isoformat()}; weight-only matmul, bf16 activations, "
+        f"group 128; CUDA-graph replay; {a.settle:g} s idle before each timing"
+        + ("" if torch else "; torch not available")
+    )
     print(header, flush=True)
     cols = None
     lines = []
@@ -676,9 +710,14 @@ def main_matmul(a):
         print("  ".join(f"{c}={_fmt(row.get(c))}" for c in cols), flush=True)
 
     ms = PREFILL_MS if a.matmul_ms == "prefill" else [int(v) for v in a.matmul_ms.split(",")]
-    shapes = MATMUL_SHAPES if a.matmul_shapes is None else [tuple(int(v) for v in s.split("x")) for s in a.matmul_shapes.split(",")]
-    bench_matmul(torch, shapes, ms, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row, a.matmul_paths,
-                 settle=a.settle)
+    shapes = (
+        MATMUL_SHAPES
+        if a.matmul_shapes is None
+        else [tuple(int(v) for v in s.split("x")) for s in a.matmul_shapes.split(",")]
+    )
+    bench_matmul(
+        torch, shapes, ms, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row, a.matmul_paths, settle=a.settle
+    )
     _emit(header, lines, a.markdown)
 
 

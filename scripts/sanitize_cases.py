@@ -28,11 +28,12 @@ import ml_dtypes
 import numpy as np
 
 import cupyquant as cq
-from cupyquant import groupwise
-from cupyquant import _device
-from cupyquant import weight as cqw
-from cupyquant.weight import configs as WC, launch as WL, plan as WP
+from cupyquant import _device, groupwise
 from cupyquant import reference as ref
+from cupyquant import weight as cqw
+from cupyquant.weight import configs as WC
+from cupyquant.weight import launch as WL
+from cupyquant.weight import plan as WP
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -72,8 +73,10 @@ class Run:
         diff = gb != eb
         if diff.any():
             i = tuple(int(v) for v in np.argwhere(diff)[0])
-            self.bad.append(f"{what}: {int(diff.sum())} of {diff.size} differ; first at {i}: "
-                            f"0x{int(gb[i]):x}, expected 0x{int(eb[i]):x}")
+            self.bad.append(
+                f"{what}: {int(diff.sum())} of {diff.size} differ; first at {i}: "
+                f"0x{int(gb[i]):x}, expected 0x{int(eb[i]):x}"
+            )
 
     def within(self, what, err, tol):
         self.checks += 1
@@ -146,8 +149,11 @@ def run_fp8(run: Run):
                         run.same(f"{tag} {mode} {fmt} scale_inv", q.scale, es)
                         for odt in (dt, F32):
                             y = run.op(cq.dequantize(q, odt, out=poison(shape, odt)))
-                            run.same(f"{tag} {mode} {fmt} dequantized {odt.name}", y,
-                                     ref.dequantize_fp8(q.data.get(), q.scale.get(), fmt, odt))
+                            run.same(
+                                f"{tag} {mode} {fmt} dequantized {odt.name}",
+                                y,
+                                ref.dequantize_fp8(q.data.get(), q.scale.get(), fmt, odt),
+                            )
 
 
 # ------------------------------------------------------------------ per-group, per-token, SiLU*Mul
@@ -193,25 +199,63 @@ def run_group(run: Run):
                         qdt = np.int8 if fmt == "int8" else np.uint8
                         # the library's scale allocation half the time, an empty_scales buffer the other half
                         scale_out = cq.empty_scales(shape, G, layout, sdt) if i % 2 else None
-                        q = run.op(cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=G, scale_layout=layout,
-                                                         scale_pow2=pow2, scale_dtype=sdt, out=poison(shape, qdt),
-                                                         scale_out=scale_out))
+                        q = run.op(
+                            cq.quantize_groupwise(
+                                cupy.asarray(xh),
+                                fmt,
+                                group_size=G,
+                                scale_layout=layout,
+                                scale_pow2=pow2,
+                                scale_dtype=sdt,
+                                out=poison(shape, qdt),
+                                scale_out=scale_out,
+                            )
+                        )
                         eq, es = ref.quantize_groupwise(xh, fmt, group_size=G, scale_pow2=pow2, scale_dtype=sdt)
-                        _check_group(run, f"group G={G} {shape} {fmt} {layout} {variant} {dt.name}",
-                                     q, eq, es, shape, G, layout, packed, fmt, dt)
+                        _check_group(
+                            run,
+                            f"group G={G} {shape} {fmt} {layout} {variant} {dt.name}",
+                            q,
+                            eq,
+                            es,
+                            shape,
+                            G,
+                            layout,
+                            packed,
+                            fmt,
+                            dt,
+                        )
     # misaligned and strided rows (scalar paths), scale_ub as a float and as a device array
     for G, shape in ((128, (5, 384)), (None, (3, 1000)), (32, (7, 96))):
         xh = host_data(shape, BF16, seed_of("group views", G, shape))
-        for vname, x in (("offset", offset_copy(xh)), ("strided", strided_rows(xh, 3)), ("strided16", strided_rows(xh, 8))):
+        for vname, x in (
+            ("offset", offset_copy(xh)),
+            ("strided", strided_rows(xh, 3)),
+            ("strided16", strided_rows(xh, 8)),
+        ):
             for ub in (None, 1e-3, cupy.asarray([0.05], np.float32)):
                 ub_h = ub.get() if isinstance(ub, cupy.ndarray) else ub
-                q = run.op(cq.quantize_groupwise(x, "float8_e4m3fn", group_size=G, scale_layout="col", scale_ub=ub,
-                                                 out=poison(shape, np.uint8)))
+                q = run.op(
+                    cq.quantize_groupwise(
+                        x, "float8_e4m3fn", group_size=G, scale_layout="col", scale_ub=ub, out=poison(shape, np.uint8)
+                    )
+                )
                 eq, es = ref.quantize_groupwise(xh, "float8_e4m3fn", group_size=G, scale_ub=ub_h)
-                _check_group(run, f"group {vname} G={G} {shape} ub={ub_h}", q, eq, es, shape, G, "col", False,
-                             "float8_e4m3fn", BF16)
+                _check_group(
+                    run,
+                    f"group {vname} G={G} {shape} ub={ub_h}",
+                    q,
+                    eq,
+                    es,
+                    shape,
+                    G,
+                    "col",
+                    False,
+                    "float8_e4m3fn",
+                    BF16,
+                )
     # SiLU * Mul: x (..., 2H), output (..., H)
-    for (shape, G) in (((1, 64), 32), ((3, 256), 128), ((5, 768), 128), ((2, 3, 192), 32), ((7, 512), 256)):
+    for shape, G in (((1, 64), 32), ((3, 256), 128), ((5, 768), 128), ((2, 3, 192), 32), ((7, 512), 256)):
         for fmt in ("float8_e4m3fn", "int8"):
             for layout in ("row", "col"):
                 i += 1
@@ -219,14 +263,24 @@ def run_group(run: Run):
                 xh = (host_data(shape, dt, seed_of("silu", shape, fmt, layout)).astype(np.float32) * 0.3).astype(dt)
                 x = cupy.asarray(xh)
                 oshape = shape[:-1] + (shape[-1] // 2,)
-                q = run.op(cq.silu_mul_quantize(x, fmt, group_size=G, scale_layout=layout,
-                                                out=poison(oshape, np.int8 if fmt == "int8" else np.uint8)))
+                q = run.op(
+                    cq.silu_mul_quantize(
+                        x,
+                        fmt,
+                        group_size=G,
+                        scale_layout=layout,
+                        out=poison(oshape, np.int8 if fmt == "int8" else np.uint8),
+                    )
+                )
                 r = run.op(groupwise._silu_mul_intermediate(x))[0].get()
                 eq, es = ref.quantize_silu_intermediate(r, fmt, group_size=G)
                 tag = f"silu {shape} G={G} {fmt} {layout} {dt.name}"
                 run.same(f"{tag} q", q.data, eq)
-                run.same(f"{tag} scale buffer", _raw_scales(q, oshape, oshape[-1] // G, False, layout),
-                         ref.scale_buffer(es, oshape, layout))
+                run.same(
+                    f"{tag} scale buffer",
+                    _raw_scales(q, oshape, oshape[-1] // G, False, layout),
+                    ref.scale_buffer(es, oshape, layout),
+                )
 
 
 # ------------------------------------------------------------------ MXFP8 / MXFP4 / NVFP4
@@ -253,15 +307,26 @@ def run_mx(run: Run):
                     for vname, x in views:
                         eq, es = ref.quantize_mx(xh, fmt, rounding=rounding)
                         s_out = poison(cq.block_scale_shape(shape, 32, layout), np.uint8) if i % 2 else None
-                        q = run.op(cq.quantize_mx(x, fmt, scale_layout=layout, rounding=rounding,
-                                                  out=poison(eq.shape, np.uint8), scale_out=s_out))
+                        q = run.op(
+                            cq.quantize_mx(
+                                x,
+                                fmt,
+                                scale_layout=layout,
+                                rounding=rounding,
+                                out=poison(eq.shape, np.uint8),
+                                scale_out=s_out,
+                            )
+                        )
                         tag = f"mx {vname}{shape} {fmt} {layout} {rounding} {dt.name}"
                         run.same(f"{tag} data", q.data, eq)
                         run.same(f"{tag} scales", q.scale, ref.swizzle_scales(es) if layout == "swizzled" else es)
                         for odt in (F32, BF16):
                             y = run.op(cq.dequantize(q, odt, out=poison(shape, odt)))
-                            run.same(f"{tag} dequantized {odt.name}", y,
-                                     ref.dequantize_mx(q.data.get(), _dense(q, shape, 32), fmt, odt, K=K))
+                            run.same(
+                                f"{tag} dequantized {odt.name}",
+                                y,
+                                ref.dequantize_mx(q.data.get(), _dense(q, shape, 32), fmt, odt, K=K),
+                            )
         for layout in ("swizzled", "dense"):
             for mode in ("dynamic", "static", "device"):
                 i += 1
@@ -278,8 +343,11 @@ def run_mx(run: Run):
                 if gs is None:
                     run.same(f"{tag} amax", q.amax, np.array([ref.amax(xh)], np.float32))
                 y = run.op(cq.dequantize(q, BF16, out=poison(shape, BF16)))
-                run.same(f"{tag} dequantized", y,
-                         ref.dequantize_nvfp4(q.data.get(), _dense(q, shape, 16), q.global_scale.get(), BF16, K=K))
+                run.same(
+                    f"{tag} dequantized",
+                    y,
+                    ref.dequantize_nvfp4(q.data.get(), _dense(q, shape, 16), q.global_scale.get(), BF16, K=K),
+                )
 
 
 # ------------------------------------------------------------------ weights and the matmul
@@ -293,8 +361,9 @@ def _mm_weight(run: Run, tag, scheme, sym, G, N, K, dt):
     rng = np.random.default_rng(seed_of(tag, scheme, G, K, dt.name))
     wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
     qw = run.op(cq.quantize_weight(cupy.asarray(wh), scheme, group_size=G, symmetric=sym))
-    deq = ref.dequantize_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
-                                scheme, dt).astype(np.float64)
+    deq = ref.dequantize_weight(
+        qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(), scheme, dt
+    ).astype(np.float64)
     return qw, deq, rng
 
 
@@ -319,17 +388,24 @@ def run_weight(run: Run):
     # N = 100 (a partial 32-column decode tile and 128-column pipelined tile), batched and strided
     # activations, M = 0. K = 1024 gives the pipelined kernel 8 stages, so its few tiles split K in
     # two across blocks (the float32 workspace and the per-tile counter).
-    for scheme, sym, G, K in (("int4", True, 128, 384), ("int4", True, None, 256), ("int4", True, 32, 256),
-                              ("uint4", False, 64, 256), ("float8_e4m3fn", True, None, 320),
-                              ("int4", True, 128, 1024), ("uint4", False, 32, 1024)):
+    for scheme, sym, G, K in (
+        ("int4", True, 128, 384),
+        ("int4", True, None, 256),
+        ("int4", True, 32, 256),
+        ("uint4", False, 64, 256),
+        ("float8_e4m3fn", True, None, 320),
+        ("int4", True, 128, 1024),
+        ("uint4", False, 32, 1024),
+    ):
         for dt in (BF16, F16):
             N = 100
             qw, deq, rng = _mm_weight(run, "mm", scheme, sym, G, N, K, dt)
             # the prepared layout (bytes against the reference) for the single calls; the batched
             # ones below pass the plain weight, which matmul converts itself
             qp = run.op(cq.prepare_weight(qw))
-            pd, ps, pz = ref.prepare_weight(qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(),
-                                            scheme=scheme)
+            pd, ps, pz = ref.prepare_weight(
+                qw.data.get(), qw.scales.get(), None if qw.zeros is None else qw.zeros.get(), scheme=scheme
+            )
             run.same(f"prepared data {scheme} G={G} K={K}", qp.data, pd)
             run.same(f"prepared scales {scheme} G={G} K={K}", qp.scale, ps)
             if pz is not None:
@@ -344,8 +420,11 @@ def run_weight(run: Run):
             if dt == BF16 and K >= 320:  # every decode configuration, forced (matmul picks one by waves)
                 _decode_configs(run, qp, deq, dt, rng, f"{scheme} G={G} K={K}")
             ah = rng.standard_normal((2, 3, K)).astype(np.float32).astype(dt)
-            for vname, a in (("batched", cupy.asarray(ah)), ("strided", strided_rows(ah.reshape(6, K), 5).reshape(2, 3, K)),
-                             ("offset", offset_copy(ah))):
+            for vname, a in (
+                ("batched", cupy.asarray(ah)),
+                ("strided", strided_rows(ah.reshape(6, K), 5).reshape(2, 3, K)),
+                ("offset", offset_copy(ah)),
+            ):
                 y = run.op(cq.matmul(a, qw))
                 exact = ah.reshape(6, K).astype(np.float64) @ deq.T
                 err = float(np.linalg.norm(y.get().reshape(6, N).astype(np.float64) - exact) / np.linalg.norm(exact))
@@ -364,17 +443,17 @@ def _decode_configs(run, qp, deq, dt, rng, tag):
     pick, pick_splits = WP.decode_config, WP.decode_splits
     hopper = int(_device.arch(cupy.cuda.Device().id)) >= 90
     try:
-      with cqw._forced_path("decode"):
-        for cfg in WC.DECODE_CONFIGS:
-            WP.decode_config = lambda *args, cfg=cfg: cfg
-            for splits in ((1, 2, 3) if cfg == WC.R64_W8_B1 else (1, 2)) if hopper else (1,):
-                WP.decode_splits = lambda *args, splits=splits: splits
-                M = 13 if cfg.m_tile_rows == 16 else 3
-                ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
-                y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
-                exact = ah.astype(np.float64) @ deq.T
-                err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-                run.within(f"matmul decode config {cfg.name} splits {splits} {tag} M={M}", err, TOL[dt])
+        with cqw._forced_path("decode"):
+            for cfg in WC.DECODE_CONFIGS:
+                WP.decode_config = lambda *args, cfg=cfg: cfg
+                for splits in ((1, 2, 3) if cfg == WC.R64_W8_B1 else (1, 2)) if hopper else (1,):
+                    WP.decode_splits = lambda *args, splits=splits: splits
+                    M = 13 if cfg.m_tile_rows == 16 else 3
+                    ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                    y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
+                    exact = ah.astype(np.float64) @ deq.T
+                    err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                    run.within(f"matmul decode config {cfg.name} splits {splits} {tag} M={M}", err, TOL[dt])
     finally:
         WP.decode_config, WP.decode_splits = pick, pick_splits
 
@@ -389,18 +468,22 @@ def _wgmma_edges(run, qw, deq, dt, rng):
     N, K = qw.shape
     saved = WP.sm90_plan, WL.sm90_cluster_cap
     try:
-      with cqw._forced_path("sm90_gemm"):
-        for bma in (32, 64, 128, 256):
-            for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
-                WP.sm90_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
-                WL.sm90_cluster_cap = (lambda *a: None) if workspace else saved[1]
-                for M in (17, 130):
-                    ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
-                    y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
-                    exact = ah.astype(np.float64) @ deq.T
-                    err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
-                    run.within(f"matmul sm90_gemm {bma} rows {qw.scheme.format} G={qw.group_size} K={K} {dt.name} M={M} "
-                               f"splits={splits}{' workspace' if workspace else ''}", err, TOL[dt])
+        with cqw._forced_path("sm90_gemm"):
+            for bma in (32, 64, 128, 256):
+                for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
+                    WP.sm90_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
+                    WL.sm90_cluster_cap = (lambda *a: None) if workspace else saved[1]
+                    for M in (17, 130):
+                        ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                        y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
+                        exact = ah.astype(np.float64) @ deq.T
+                        err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                        run.within(
+                            f"matmul sm90_gemm {bma} rows {qw.scheme.format} G={qw.group_size} K={K} {dt.name} M={M} "
+                            f"splits={splits}{' workspace' if workspace else ''}",
+                            err,
+                            TOL[dt],
+                        )
     finally:
         WP.sm90_plan, WL.sm90_cluster_cap = saved
 
@@ -412,13 +495,26 @@ def run_wgmma(run: Run):
     if cupy.cuda.Device().compute_capability not in WP.SM90_ARCHS:
         print("sanitize_cases: wgmma: this GPU has no wgmma kernel; nothing run")
         return
-    for scheme, sym, G, K, dt in (("int4", True, 128, 1024, BF16), ("uint4", False, 32, 1024, F16),
-                                  ("int4", True, None, 256, BF16)):
-        _wgmma_edges(run, *_mm_weight(run, "wgmma", scheme, sym, G, 100, K, dt)[:2], dt,
-                     np.random.default_rng(seed_of("wgmma a", scheme, G, K)))
+    for scheme, sym, G, K, dt in (
+        ("int4", True, 128, 1024, BF16),
+        ("uint4", False, 32, 1024, F16),
+        ("int4", True, None, 256, BF16),
+    ):
+        _wgmma_edges(
+            run,
+            *_mm_weight(run, "wgmma", scheme, sym, G, 100, K, dt)[:2],
+            dt,
+            np.random.default_rng(seed_of("wgmma a", scheme, G, K)),
+        )
 
 
-RUNNERS = {"per_tensor": run_fp8, "groupwise": run_group, "mx": run_mx, "weight": run_weight, "weight_sm90_gemm": run_wgmma}
+RUNNERS = {
+    "per_tensor": run_fp8,
+    "groupwise": run_group,
+    "mx": run_mx,
+    "weight": run_weight,
+    "weight_sm90_gemm": run_wgmma,
+}
 
 # Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
 # from a sanitizer that is attached and sees our launches (scripts/sanitize.sh requires each control
@@ -463,11 +559,20 @@ def run_control(tool: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default=",".join(FAMILIES),
-                   help=f"comma-separated subset of {','.join(FAMILIES + EXTRA_FAMILIES)} (default: all but {','.join(EXTRA_FAMILIES)})")
-    p.add_argument("--pool", action="store_true", help="keep CuPy's memory pool (off by default: see the module docstring)")
-    p.add_argument("--control", metavar="TOOL", help="run only the deliberately broken kernel for TOOL "
-                   "(memcheck, initcheck, racecheck, synccheck): the sanitizer must report it")
+    p.add_argument(
+        "--family",
+        default=",".join(FAMILIES),
+        help=f"comma-separated subset of {','.join(FAMILIES + EXTRA_FAMILIES)} (default: all but {','.join(EXTRA_FAMILIES)})",
+    )
+    p.add_argument(
+        "--pool", action="store_true", help="keep CuPy's memory pool (off by default: see the module docstring)"
+    )
+    p.add_argument(
+        "--control",
+        metavar="TOOL",
+        help="run only the deliberately broken kernel for TOOL "
+        "(memcheck, initcheck, racecheck, synccheck): the sanitizer must report it",
+    )
     args = p.parse_args(argv)
     if args.control:
         cupy.cuda.set_allocator(None)
@@ -484,8 +589,10 @@ def main(argv=None) -> int:
         RUNNERS[fam](run)
     cupy.cuda.get_current_stream().synchronize()
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    print(f"sanitize_cases: {','.join(families)} on {props['name'].decode()}: {run.calls} op calls, "
-          f"{run.checks} checks, {len(run.bad)} mismatches")
+    print(
+        f"sanitize_cases: {','.join(families)} on {props['name'].decode()}: {run.calls} op calls, "
+        f"{run.checks} checks, {len(run.bad)} mismatches"
+    )
     for line in run.bad[:30]:
         print("  MISMATCH " + line)
     return 3 if run.bad else 0

@@ -48,8 +48,11 @@ def test_api_md_names_every_public_name(api_text):
 def test_api_md_lists_every_reference_function(api_text):
     from cupyquant import reference
 
-    public = [n for n, f in vars(reference).items()
-              if inspect.isfunction(f) and not n.startswith("_") and f.__module__ == reference.__name__]
+    public = [
+        n
+        for n, f in vars(reference).items()
+        if inspect.isfunction(f) and not n.startswith("_") and f.__module__ == reference.__name__
+    ]
     missing = [n for n in public if f"### reference.{n}\n" not in api_text]
     assert not missing, missing
 
@@ -120,9 +123,11 @@ def test_troubleshooting_quotes_the_loaders_messages():
 
     page = (DOCS / "cache_and_troubleshooting.md").read_text()
     src = inspect.getsource(_jit)
-    for fragment in ("cupyquant needs the CUDA runtime headers (cuda_fp16.h, cuda_fp8.h) for NVRTC and found none in",
-                     "cupyquant could not compile kernel family",
-                     "cupyquant could not find its CUDA sources; looked in"):
+    for fragment in (
+        "cupyquant needs the CUDA runtime headers (cuda_fp16.h, cuda_fp8.h) for NVRTC and found none in",
+        "cupyquant could not compile kernel family",
+        "cupyquant could not find its CUDA sources; looked in",
+    ):
         assert fragment in page, f"the page no longer quotes {fragment!r}"
         assert fragment in src, f"cupyquant._jit no longer says {fragment!r}: update the page"
     for var in (_jit.KERNEL_DIR_ENV, _jit.CUDA_INCLUDE_ENV):

@@ -144,7 +144,13 @@ row(f, "option_scale_str", lambda w: cq.quantize_fp8(w(_x((64,))), scale="1.0"),
 row(f, "option_scale_numpy", lambda w: cq.quantize_fp8(w(_x((64,))), scale=np.ones(1, F32)), TypeError, "scale")
 row(f, "option_scale_dtype", lambda w: cq.quantize_fp8(w(_x((64,))), scale=cupy.ones(1, F64)), TypeError, "scale")
 row(f, "option_scale_size", lambda w: cq.quantize_fp8(w(_x((64,))), scale=cupy.ones(2, F32)), ValueError, "scale")
-row(f, "scale_device", lambda w: cq.quantize_fp8(w(_x((64,))), scale=_dev1(lambda: cupy.ones(1, F32))), ValueError, "scale")
+row(
+    f,
+    "scale_device",
+    lambda w: cq.quantize_fp8(w(_x((64,))), scale=_dev1(lambda: cupy.ones(1, F32))),
+    ValueError,
+    "scale",
+)
 row(f, "out_numpy", lambda w: cq.quantize_fp8(w(_x((64,))), out=w(np.zeros(64, U8))), TypeError, "out")
 row(f, "out_shape", lambda w: cq.quantize_fp8(w(_x((64,))), out=w(_P((65,), U8))), ValueError, "out")
 row(f, "out_dtype", lambda w: cq.quantize_fp8(w(_x((64,))), out=w(_P((64,), I8))), TypeError, "out")
@@ -185,19 +191,47 @@ row(f, "out_numpy", lambda w: G(w(_x()), out=w(np.zeros((4, 256), U8))), TypeErr
 row(f, "out_shape", lambda w: G(w(_x()), out=w(_P((4, 128), U8))), ValueError, "out")
 row(f, "out_dtype", lambda w: G(w(_x()), "int8", out=w(_P((4, 256), U8))), TypeError, "out")
 row(f, "out_noncontig", lambda w: G(w(_x()), out=w(_P((4, 512), U8))[:, ::2]), ValueError, "out")
-row(f, "out_alias", lambda w: (lambda x: G(x, out=x.view(U8).reshape(-1)[:1024].reshape(4, 256)))(w(_x())),
-    ValueError, "out")
+row(
+    f,
+    "out_alias",
+    lambda w: (lambda x: G(x, out=x.view(U8).reshape(-1)[:1024].reshape(4, 256)))(w(_x())),
+    ValueError,
+    "out",
+)
 row(f, "out_device", lambda w: G(w(_x()), out=w(_dev1(lambda: _P((4, 256), U8)))), ValueError, "out")
 row(f, "scale_out_numpy", lambda w: G(w(_x()), scale_out=w(np.zeros((4, 2), F32))), TypeError, "scale_out")
 row(f, "scale_out_shape", lambda w: G(w(_x()), scale_out=w(_P((4, 3), F32))), ValueError, "scale_out")
 row(f, "scale_out_dtype", lambda w: G(w(_x()), scale_out=w(_P((4, 2), F64))), TypeError, "scale_out")
-row(f, "scale_out_strides", lambda w: G(w(_x()), scale_layout="col", scale_out=w(_P((4, 2), F32))), ValueError, "scale_out")
-row(f, "scale_out_alias_x", lambda w: (lambda x, s: G(w(x), scale_out=w(s)))(
-    *_aliased((4, 256), lambda base: base[:8].reshape(4, 2))), ValueError, "scale_out")
-row(f, "scale_out_alias_out", lambda w: (lambda buf: G(w(_x()), out=buf[:1024].reshape(4, 256),
-                                                       scale_out=buf[:32].view(F32).reshape(4, 2)))(w(_P((1024,), U8))),
-    ValueError, "scale_out")
-row(f, "scale_out_device", lambda w: G(w(_x()), scale_out=w(_dev1(lambda: cq.empty_scales((4, 256))))), ValueError, "scale_out")
+row(
+    f,
+    "scale_out_strides",
+    lambda w: G(w(_x()), scale_layout="col", scale_out=w(_P((4, 2), F32))),
+    ValueError,
+    "scale_out",
+)
+row(
+    f,
+    "scale_out_alias_x",
+    lambda w: (lambda x, s: G(w(x), scale_out=w(s)))(*_aliased((4, 256), lambda base: base[:8].reshape(4, 2))),
+    ValueError,
+    "scale_out",
+)
+row(
+    f,
+    "scale_out_alias_out",
+    lambda w: (lambda buf: G(w(_x()), out=buf[:1024].reshape(4, 256), scale_out=buf[:32].view(F32).reshape(4, 2)))(
+        w(_P((1024,), U8))
+    ),
+    ValueError,
+    "scale_out",
+)
+row(
+    f,
+    "scale_out_device",
+    lambda w: G(w(_x()), scale_out=w(_dev1(lambda: cq.empty_scales((4, 256))))),
+    ValueError,
+    "scale_out",
+)
 
 # silu_mul_quantize(x, dtype, *, group_size, scale_layout, scale_ub, out, scale_out): x (..., 2H)
 f = "silu_mul_quantize"
@@ -220,13 +254,23 @@ row(f, "out_numpy", lambda w: S(w(_x((4, 512))), out=w(np.zeros((4, 256), U8))),
 row(f, "out_shape", lambda w: S(w(_x((4, 512))), out=w(_P((4, 512), U8))), ValueError, "out")
 row(f, "out_dtype", lambda w: S(w(_x((4, 512))), out=w(_P((4, 256), F32))), TypeError, "out")
 row(f, "out_noncontig", lambda w: S(w(_x((4, 512))), out=w(_P((4, 512), U8))[:, ::2]), ValueError, "out")
-row(f, "out_alias", lambda w: (lambda x: S(x, out=x.view(U8).reshape(-1)[:1024].reshape(4, 256)))(w(_x((4, 512)))),
-    ValueError, "out")
+row(
+    f,
+    "out_alias",
+    lambda w: (lambda x: S(x, out=x.view(U8).reshape(-1)[:1024].reshape(4, 256)))(w(_x((4, 512)))),
+    ValueError,
+    "out",
+)
 row(f, "out_device", lambda w: S(w(_x((4, 512))), out=w(_dev1(lambda: _P((4, 256), U8)))), ValueError, "out")
 row(f, "scale_out_shape", lambda w: S(w(_x((4, 512))), scale_out=w(_P((4, 4), F32))), ValueError, "scale_out")
 row(f, "scale_out_dtype", lambda w: S(w(_x((4, 512))), scale_out=w(_P((4, 2), F64))), TypeError, "scale_out")
-row(f, "scale_out_alias_x", lambda w: (lambda x, s: S(w(x), scale_out=w(s)))(
-    *_aliased((4, 512), lambda base: base[:8].reshape(4, 2))), ValueError, "scale_out")
+row(
+    f,
+    "scale_out_alias_x",
+    lambda w: (lambda x, s: S(w(x), scale_out=w(s)))(*_aliased((4, 512), lambda base: base[:8].reshape(4, 2))),
+    ValueError,
+    "scale_out",
+)
 
 # empty_scales(shape, group_size, scale_layout, scale_dtype): every check comes before the allocation
 f = "empty_scales"
@@ -257,21 +301,50 @@ row(f, "out_numpy", lambda w: M(w(_x()), out=w(np.zeros((4, 256), U8))), TypeErr
 row(f, "out_shape_fp4", lambda w: M(w(_x()), FP4, out=w(_P((4, 256), U8))), ValueError, "out")
 row(f, "out_dtype", lambda w: M(w(_x()), out=w(_P((4, 256), I8))), TypeError, "out")
 row(f, "out_noncontig", lambda w: M(w(_x()), out=w(_P((4, 512), U8))[:, ::2]), ValueError, "out")
-row(f, "out_alias", lambda w: (lambda x: M(x, out=x.view(U8).reshape(-1)[:1024].reshape(4, 256)))(w(_x())),
-    ValueError, "out")
+row(
+    f,
+    "out_alias",
+    lambda w: (lambda x: M(x, out=x.view(U8).reshape(-1)[:1024].reshape(4, 256)))(w(_x())),
+    ValueError,
+    "out",
+)
 row(f, "out_device", lambda w: M(w(_x()), out=w(_dev1(lambda: _P((4, 256), U8)))), ValueError, "out")
 row(f, "scale_out_numpy", lambda w: M(w(_x()), scale_out=w(np.zeros((4, 8), U8))), TypeError, "scale_out")
 row(f, "scale_out_shape", lambda w: M(w(_x()), scale_out=w(_P((4, 9), U8))), ValueError, "scale_out")
-row(f, "scale_out_shape_swizzled", lambda w: M(w(_x()), scale_layout="swizzled", scale_out=w(_P((4, 8), U8))),
-    ValueError, "scale_out")
+row(
+    f,
+    "scale_out_shape_swizzled",
+    lambda w: M(w(_x()), scale_layout="swizzled", scale_out=w(_P((4, 8), U8))),
+    ValueError,
+    "scale_out",
+)
 row(f, "scale_out_dtype", lambda w: M(w(_x()), scale_out=w(_P((4, 8), I8))), TypeError, "scale_out")
-row(f, "scale_out_misaligned", lambda w: M(w(_x()), scale_out=w(_P((48,), U8))[1:33].reshape(4, 8)), ValueError, "scale_out")
+row(
+    f,
+    "scale_out_misaligned",
+    lambda w: M(w(_x()), scale_out=w(_P((48,), U8))[1:33].reshape(4, 8)),
+    ValueError,
+    "scale_out",
+)
 row(f, "scale_out_noncontig", lambda w: M(w(_x()), scale_out=w(_P((4, 16), U8))[:, ::2]), ValueError, "scale_out")
-row(f, "scale_out_alias_x", lambda w: (lambda x, s: M(w(x), scale_out=w(s)))(
-    *_aliased((4, 256), lambda base: base.view(U8)[:32].reshape(4, 8))), ValueError, "scale_out")
-row(f, "scale_out_alias_out", lambda w: (lambda buf: M(w(_x()), out=buf[:1024].reshape(4, 256),
-                                                       scale_out=buf[:32].reshape(4, 8)))(w(_P((1024,), U8))),
-    ValueError, "scale_out")
+row(
+    f,
+    "scale_out_alias_x",
+    lambda w: (lambda x, s: M(w(x), scale_out=w(s)))(
+        *_aliased((4, 256), lambda base: base.view(U8)[:32].reshape(4, 8))
+    ),
+    ValueError,
+    "scale_out",
+)
+row(
+    f,
+    "scale_out_alias_out",
+    lambda w: (lambda buf: M(w(_x()), out=buf[:1024].reshape(4, 256), scale_out=buf[:32].reshape(4, 8)))(
+        w(_P((1024,), U8))
+    ),
+    ValueError,
+    "scale_out",
+)
 row(f, "scale_out_device", lambda w: M(w(_x()), scale_out=w(_dev1(lambda: _P((4, 8), U8)))), ValueError, "scale_out")
 
 # quantize_nvfp4(x, *, global_scale, scale_layout, out, scale_out): x (4, 256); data (4, 128); scales (4, 16)
@@ -290,18 +363,47 @@ row(f, "option_global_scale_str", lambda w: N4(w(_x()), global_scale="2"), TypeE
 row(f, "option_global_scale_numpy", lambda w: N4(w(_x()), global_scale=np.ones(1, F32)), TypeError, "global_scale")
 row(f, "option_global_scale_dtype", lambda w: N4(w(_x()), global_scale=cupy.ones(1, F64)), TypeError, "global_scale")
 row(f, "option_global_scale_size", lambda w: N4(w(_x()), global_scale=cupy.ones(2, F32)), ValueError, "global_scale")
-row(f, "global_scale_device", lambda w: N4(w(_x()), global_scale=_dev1(lambda: cupy.ones(1, F32))), ValueError, "global_scale")
+row(
+    f,
+    "global_scale_device",
+    lambda w: N4(w(_x()), global_scale=_dev1(lambda: cupy.ones(1, F32))),
+    ValueError,
+    "global_scale",
+)
 row(f, "out_numpy", lambda w: N4(w(_x()), out=w(np.zeros((4, 128), U8))), TypeError, "out")
 row(f, "out_shape", lambda w: N4(w(_x()), out=w(_P((4, 256), U8))), ValueError, "out")
 row(f, "out_dtype", lambda w: N4(w(_x()), out=w(_P((4, 128), I8))), TypeError, "out")
-row(f, "out_alias", lambda w: (lambda x: N4(x, out=x.view(U8).reshape(-1)[:512].reshape(4, 128)))(w(_x())),
-    ValueError, "out")
+row(
+    f,
+    "out_alias",
+    lambda w: (lambda x: N4(x, out=x.view(U8).reshape(-1)[:512].reshape(4, 128)))(w(_x())),
+    ValueError,
+    "out",
+)
 row(f, "out_device", lambda w: N4(w(_x()), out=w(_dev1(lambda: _P((4, 128), U8)))), ValueError, "out")
-row(f, "scale_out_shape", lambda w: N4(w(_x()), scale_layout="dense", scale_out=w(_P((4, 8), U8))), ValueError, "scale_out")
-row(f, "scale_out_dtype", lambda w: N4(w(_x()), scale_layout="dense", scale_out=w(_P((4, 16), I8))), TypeError, "scale_out")
-row(f, "scale_out_alias_out", lambda w: (lambda buf: N4(w(_x()), scale_layout="dense", out=buf[:512].reshape(4, 128),
-                                                        scale_out=buf[:64].reshape(4, 16)))(w(_P((512,), U8))),
-    ValueError, "scale_out")
+row(
+    f,
+    "scale_out_shape",
+    lambda w: N4(w(_x()), scale_layout="dense", scale_out=w(_P((4, 8), U8))),
+    ValueError,
+    "scale_out",
+)
+row(
+    f,
+    "scale_out_dtype",
+    lambda w: N4(w(_x()), scale_layout="dense", scale_out=w(_P((4, 16), I8))),
+    TypeError,
+    "scale_out",
+)
+row(
+    f,
+    "scale_out_alias_out",
+    lambda w: (
+        lambda buf: N4(w(_x()), scale_layout="dense", out=buf[:512].reshape(4, 128), scale_out=buf[:64].reshape(4, 16))
+    )(w(_P((512,), U8))),
+    ValueError,
+    "scale_out",
+)
 
 # block_scale_shape(shape, block_size, scale_layout): pure Python
 f = "block_scale_shape"
@@ -317,7 +419,13 @@ QW = cq.quantize_weight
 cpu(f, "numpy", lambda w: QW(w(_h((64, 256), BF16))), TypeError, "w")
 cpu(f, "list", lambda w: QW([[1.0] * 64] * 4), TypeError, "w")
 cpu(f, "option_dtype", lambda w: QW(w(_h((64, 256), BF16)), "int8"), ValueError, "dtype")
-cpu(f, "option_symmetric", lambda w: QW(w(_h((64, 256), BF16)), "float8_e4m3fn", symmetric=False), ValueError, "symmetric")
+cpu(
+    f,
+    "option_symmetric",
+    lambda w: QW(w(_h((64, 256), BF16)), "float8_e4m3fn", symmetric=False),
+    ValueError,
+    "symmetric",
+)
 row(f, "dtype_int32", lambda w: QW(w(cupy.ones((64, 256), np.int32))), TypeError, "w")
 row(f, "0d", lambda w: QW(w(cupy.ones((), F32))), ValueError, "w")
 row(f, "shape_1d", lambda w: QW(w(_x((256,), BF16))), ValueError, "w")
@@ -327,7 +435,13 @@ row(f, "group_size_unsupported", lambda w: QW(w(_x((64, 256), BF16)), group_size
 row(f, "group_size_not_dividing", lambda w: QW(w(_x((64, 192), BF16)), group_size=128), ValueError, "group_size")
 row(f, "group_size_float", lambda w: QW(w(_x((64, 256), BF16)), group_size=128.0), ValueError, "group_size")
 row(f, "option_dtype", lambda w: QW(w(_x((64, 256), BF16)), "int8"), ValueError, "dtype")
-row(f, "option_symmetric", lambda w: QW(w(_x((64, 256), BF16)), "float8_e4m3fn", symmetric=False), ValueError, "symmetric")
+row(
+    f,
+    "option_symmetric",
+    lambda w: QW(w(_x((64, 256), BF16)), "float8_e4m3fn", symmetric=False),
+    ValueError,
+    "symmetric",
+)
 
 
 def _watch_qw(w, qw):
@@ -350,15 +464,31 @@ cpu(f, "numpy", lambda w: DW(w(np.zeros((64, 128), U8))), TypeError, "w")
 cpu(f, "quantized_tensor", lambda w: DW(_host_qt()), TypeError, "w")
 cpu(f, "host_arrays", lambda w: DW(_watch_qw(w, _host_qw())), TypeError, "w.data")
 row(f, "option_dtype", lambda w: DW(_watch_qw(w, _qw()), "int8"), TypeError, "dtype")
-row(f, "data_noncontig", lambda w: DW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))), ValueError, "w.data")
-row(f, "scales_shape", lambda w: DW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
-    ValueError, "w.scale")
+row(
+    f,
+    "data_noncontig",
+    lambda w: DW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))),
+    ValueError,
+    "w.data",
+)
+row(
+    f,
+    "scales_shape",
+    lambda w: DW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
+    ValueError,
+    "w.scale",
+)
 row(f, "out_numpy", lambda w: DW(_watch_qw(w, _qw()), out=w(np.zeros((64, 256), BF16))), TypeError, "out")
 row(f, "out_shape", lambda w: DW(_watch_qw(w, _qw()), out=w(_P((64, 128), BF16))), ValueError, "out")
 row(f, "out_dtype", lambda w: DW(_watch_qw(w, _qw()), out=w(_P((64, 256), F32))), TypeError, "out")
 row(f, "out_noncontig", lambda w: DW(_watch_qw(w, _qw()), out=w(_P((64, 512), BF16))[:, ::2]), ValueError, "out")
-row(f, "out_alias", lambda w: (lambda q, base: DW(_watch_qw(w, q), out=w(base).view(BF16).reshape(64, 256)))(*_qw_in_buffer()),
-    ValueError, "out")
+row(
+    f,
+    "out_alias",
+    lambda w: (lambda q, base: DW(_watch_qw(w, q), out=w(base).view(BF16).reshape(64, 256)))(*_qw_in_buffer()),
+    ValueError,
+    "out",
+)
 row(f, "out_device", lambda w: DW(_watch_qw(w, _qw()), out=w(_dev1(lambda: _P((64, 256), BF16)))), ValueError, "out")
 
 # matmul(a, w, *, out): a (4, 256) bf16, w (64, 256) int4 g128 -> (4, 64)
@@ -375,24 +505,75 @@ row(f, "w_not_quantized", lambda w: MM(w(_x((4, 256), BF16)), w(_x((64, 256), BF
 row(f, "w_host_arrays", lambda w: MM(w(_x((4, 128), F16)), _watch_qw(w, _host_qw())), TypeError, "w.data")
 row(f, "w_scales_dtype", lambda w: MM(w(_x((4, 256), F16)), _watch_qw(w, _qw())), TypeError, "w")
 row(f, "block_size_k", lambda w: MM(w(_x((4, 96), BF16)), _watch_qw(w, _qw((64, 96), group_size=32))), ValueError, "w")
-row(f, "w_data_noncontig", lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))),
-    ValueError, "w.data")
-row(f, "out_numpy", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(np.zeros((4, 64), BF16))), TypeError, "out")
-row(f, "out_shape", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_P((4, 65), BF16))), ValueError, "out")
+row(
+    f,
+    "w_data_noncontig",
+    lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))),
+    ValueError,
+    "w.data",
+)
+row(
+    f,
+    "out_numpy",
+    lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(np.zeros((4, 64), BF16))),
+    TypeError,
+    "out",
+)
+row(
+    f,
+    "out_shape",
+    lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_P((4, 65), BF16))),
+    ValueError,
+    "out",
+)
 row(f, "out_dtype", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_P((4, 64), F32))), TypeError, "out")
-row(f, "out_noncontig", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_P((4, 128), BF16))[:, ::2]),
-    ValueError, "out")
-row(f, "out_alias_a", lambda w: (lambda a: MM(a, _watch_qw(w, _qw()), out=a.reshape(-1)[:256].reshape(4, 64)))(w(_x((4, 256), BF16))),
-    ValueError, "out")
-row(f, "out_alias_w", lambda w: (lambda q: MM(w(_x((4, 256), BF16)), q, out=q.data.reshape(-1).view(BF16)[:256].reshape(4, 64)))(
-    _watch_qw(w, _qw())), ValueError, "out")
-row(f, "out_device", lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_dev1(lambda: _P((4, 64), BF16)))),
-    ValueError, "out")
-row(f, "w_prepared_data_shape", lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:1]))(_watch_qw(w, _qw().prepare()))),
-    ValueError, "w.data")
-row(f, "w_prepared_scales_shape", lambda w: MM(w(_x((4, 256), BF16)),
-                                              (lambda q: _with(q, scale=cupy.ascontiguousarray(q.scale[:, :1])))(_watch_qw(w, _qw().prepare()))),
-    ValueError, "w.scale")
+row(
+    f,
+    "out_noncontig",
+    lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_P((4, 128), BF16))[:, ::2]),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "out_alias_a",
+    lambda w: (lambda a: MM(a, _watch_qw(w, _qw()), out=a.reshape(-1)[:256].reshape(4, 64)))(w(_x((4, 256), BF16))),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "out_alias_w",
+    lambda w: (lambda q: MM(w(_x((4, 256), BF16)), q, out=q.data.reshape(-1).view(BF16)[:256].reshape(4, 64)))(
+        _watch_qw(w, _qw())
+    ),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "out_device",
+    lambda w: MM(w(_x((4, 256), BF16)), _watch_qw(w, _qw()), out=w(_dev1(lambda: _P((4, 64), BF16)))),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "w_prepared_data_shape",
+    lambda w: MM(w(_x((4, 256), BF16)), (lambda q: _with(q, data=q.data[:1]))(_watch_qw(w, _qw().prepare()))),
+    ValueError,
+    "w.data",
+)
+row(
+    f,
+    "w_prepared_scales_shape",
+    lambda w: MM(
+        w(_x((4, 256), BF16)),
+        (lambda q: _with(q, scale=cupy.ascontiguousarray(q.scale[:, :1])))(_watch_qw(w, _qw().prepare())),
+    ),
+    ValueError,
+    "w.scale",
+)
 
 # prepare_weight(w): a QuantizedWeight whose K is whole chunks (128 INT4, 64 FP8)
 f = "prepare_weight"
@@ -400,10 +581,27 @@ PW = cq.prepare_weight
 cpu(f, "numpy", lambda w: PW(w(np.zeros((64, 128), U8))), TypeError, "w")
 cpu(f, "host_arrays", lambda w: PW(_watch_qw(w, _host_qw())), TypeError, "w.data")
 row(f, "k_not_whole_chunks", lambda w: PW(_watch_qw(w, _qw((64, 96), group_size=32))), ValueError, "w")
-row(f, "data_noncontig", lambda w: PW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))), ValueError, "w.data")
-row(f, "scales_shape", lambda w: PW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
-    ValueError, "w.scale")
-row(f, "zeros_missing", lambda w: PW((lambda q: _with(q, zeros=None))(_watch_qw(w, _qw(scheme="uint4")))), ValueError, "w.zero_point")
+row(
+    f,
+    "data_noncontig",
+    lambda w: PW((lambda q: _with(q, data=q.data[:, ::-1]))(_watch_qw(w, _qw()))),
+    ValueError,
+    "w.data",
+)
+row(
+    f,
+    "scales_shape",
+    lambda w: PW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
+    ValueError,
+    "w.scale",
+)
+row(
+    f,
+    "zeros_missing",
+    lambda w: PW((lambda q: _with(q, zeros=None))(_watch_qw(w, _qw(scheme="uint4")))),
+    ValueError,
+    "w.zero_point",
+)
 
 
 def _watch_q(w, q):
@@ -423,18 +621,45 @@ row(f, "option_dtype_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), 
 row(f, "out_numpy", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(np.zeros(64, F32))), TypeError, "out")
 row(f, "out_shape_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((65,), F32))), ValueError, "out")
 row(f, "out_dtype_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((64,), F16))), TypeError, "out")
-row(f, "out_noncontig_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((128,), F32))[::2]), ValueError, "out")
-row(f, "out_alias_fp8", lambda w: (lambda q, base: D(_watch_q(w, q), out=w(base).view(F32)))(*_fp8_in_buffer()), ValueError, "out")
-row(f, "out_device_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_dev1(lambda: _P((64,), F32)))),
-    ValueError, "out")
+row(
+    f,
+    "out_noncontig_fp8",
+    lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((128,), F32))[::2]),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "out_alias_fp8",
+    lambda w: (lambda q, base: D(_watch_q(w, q), out=w(base).view(F32)))(*_fp8_in_buffer()),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "out_device_fp8",
+    lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_dev1(lambda: _P((64,), F32)))),
+    ValueError,
+    "out",
+)
 row(f, "out_shape_group", lambda w: D(_watch_q(w, G(_x())), out=w(_P((4, 128), F32))), ValueError, "out")
 row(f, "out_dtype_group", lambda w: D(_watch_q(w, G(_x())), out=w(_P((4, 256), BF16))), TypeError, "out")
-row(f, "out_alias_group", lambda w: (lambda q, base: D(_watch_q(w, q), out=w(base).view(F32).reshape(4, 256)))(*_group_in_buffer()),
-    ValueError, "out")
+row(
+    f,
+    "out_alias_group",
+    lambda w: (lambda q, base: D(_watch_q(w, q), out=w(base).view(F32).reshape(4, 256)))(*_group_in_buffer()),
+    ValueError,
+    "out",
+)
 row(f, "out_shape_mx", lambda w: D(_watch_q(w, M(_x(), FP4)), out=w(_P((4, 128), F32))), ValueError, "out")
 row(f, "out_dtype_mx", lambda w: D(_watch_q(w, M(_x(), FP4)), out=w(_P((4, 256), F16))), TypeError, "out")
-row(f, "out_alias_mx", lambda w: (lambda q, base: D(_watch_q(w, q), out=w(base).view(F32).reshape(4, 256)))(*_mx_in_buffer()),
-    ValueError, "out")
+row(
+    f,
+    "out_alias_mx",
+    lambda w: (lambda q, base: D(_watch_q(w, q), out=w(base).view(F32).reshape(4, 256)))(*_mx_in_buffer()),
+    ValueError,
+    "out",
+)
 row(f, "out_shape_nvfp4", lambda w: D(_watch_q(w, N4(_x())), out=w(_P((4, 128), F32))), ValueError, "out")
 row(f, "out_dtype_weight", lambda w: D(_watch_qw(w, _qw()), out=w(_P((64, 256), F32))), TypeError, "out")
 

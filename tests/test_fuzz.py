@@ -87,17 +87,36 @@ MATMUL_TOL = {"float16": 2.0**-10, "bfloat16": 2.0**-8}
 
 #: Which op a case exercises, by the low 4 bits of its seed (case i of a list has slot i % 16).
 _KIND_TABLE = (
-    "fp8", "group", "mx", "weight", "nvfp4", "silu", "group", "mx",
-    "fp8", "weight", "group", "mx", "nvfp4", "silu", "weight", "matmul",
+    "fp8",
+    "group",
+    "mx",
+    "weight",
+    "nvfp4",
+    "silu",
+    "group",
+    "mx",
+    "fp8",
+    "weight",
+    "group",
+    "mx",
+    "nvfp4",
+    "silu",
+    "weight",
+    "matmul",
 )
 NORMAL_ELEMS = 1 << 16  # element budget of an ordinary case
 HEAVY_MIN = (1 << 20) + 1  # heavy cases have at least this many elements
 HEAVY_EVERY = 29  # case i is heavy when i % 29 == 28: every op but matmul gets some in the default list
 _MASK63 = (1 << 63) - 1
 _TYPE_OF = {
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2,
-    "float4_e2m1fn": ml_dtypes.float4_e2m1fn, "int8": np.int8, "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
-    "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
+    "int8": np.int8,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
 }
 _FMAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "int8": 127.0, "float4_e2m1fn": 6.0}
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -160,11 +179,65 @@ def _pick(rng, options):
     return options[int(rng.integers(len(options)))]
 
 
-_LENGTHS = sorted({
-    1, 2, 3, 4, 5, 7, 8, 9, 13, 15, 16, 17, 31, 32, 33, 37, 61, 63, 64, 65, 97, 127, 128, 129, 131,
-    255, 256, 257, 383, 509, 511, 512, 513, 1021, 1023, 1024, 1025, 1031, 2039, 2047, 2048, 2049,
-    4093, 4095, 4096, 4097, 8191, 8192, 8193, 16381, 16384, 16385, 65521, 65536, 65537,
-})
+_LENGTHS = sorted(
+    {
+        1,
+        2,
+        3,
+        4,
+        5,
+        7,
+        8,
+        9,
+        13,
+        15,
+        16,
+        17,
+        31,
+        32,
+        33,
+        37,
+        61,
+        63,
+        64,
+        65,
+        97,
+        127,
+        128,
+        129,
+        131,
+        255,
+        256,
+        257,
+        383,
+        509,
+        511,
+        512,
+        513,
+        1021,
+        1023,
+        1024,
+        1025,
+        1031,
+        2039,
+        2047,
+        2048,
+        2049,
+        4093,
+        4095,
+        4096,
+        4097,
+        8191,
+        8192,
+        8193,
+        16381,
+        16384,
+        16385,
+        65521,
+        65536,
+        65537,
+    }
+)
 
 
 def _length(rng, lo: int, hi: int) -> int:
@@ -380,8 +453,15 @@ def _gen_matmul(rng, p):
     p["dist"] = "std"
 
 
-_GEN = {"fp8": _gen_fp8, "group": _gen_group, "silu": _gen_silu, "mx": _gen_mx, "nvfp4": _gen_nvfp4,
-        "weight": _gen_weight, "matmul": _gen_matmul}
+_GEN = {
+    "fp8": _gen_fp8,
+    "group": _gen_group,
+    "silu": _gen_silu,
+    "mx": _gen_mx,
+    "nvfp4": _gen_nvfp4,
+    "weight": _gen_weight,
+    "matmul": _gen_matmul,
+}
 
 
 def make_params(seed: int) -> dict:
@@ -410,10 +490,10 @@ def apply_view(base, view: dict, shape: tuple):
     kind = view["kind"]
     if kind == "offset":
         n, off = math.prod(shape), view["off"]
-        return base[off:off + n].reshape(shape)
+        return base[off : off + n].reshape(shape)
     if kind == "rows":
         K, off = shape[-1], view["off"]
-        return base[..., :: view["step"], off:off + K]
+        return base[..., :: view["step"], off : off + K]
     if kind == "colstride":
         return base[..., 1::2]
     return base
@@ -446,8 +526,31 @@ def _values(rng, shape: tuple, dist: str, dtype) -> np.ndarray:
 def _special_pool(dtype) -> np.ndarray:
     info = ml_dtypes.finfo(dtype)
     sub, norm, big = float(info.smallest_subnormal), float(info.smallest_normal), float(info.max)
-    pool = [0.0, -0.0, sub, -sub, 3 * sub, norm * 0.5, -norm * 0.25, norm, big, -big, np.inf, -np.inf, np.nan,
-            448.0, -448.0, 57344.0, 6.0, -6.0, 0.25, 127.5, 2688.0, 448.0 * 2.0**-20, 1e-10]
+    pool = [
+        0.0,
+        -0.0,
+        sub,
+        -sub,
+        3 * sub,
+        norm * 0.5,
+        -norm * 0.25,
+        norm,
+        big,
+        -big,
+        np.inf,
+        -np.inf,
+        np.nan,
+        448.0,
+        -448.0,
+        57344.0,
+        6.0,
+        -6.0,
+        0.25,
+        127.5,
+        2688.0,
+        448.0 * 2.0**-20,
+        1e-10,
+    ]
     with np.errstate(over="ignore", under="ignore"):
         return np.array(pool, np.float64).astype(np.float32).astype(dtype)
 
@@ -564,29 +667,51 @@ def expected(case: Case, hs: dict, r=None) -> dict:
     E = {}
     if kind == "fp8":
         eq, es = ref.quantize_fp8(xh, p["fmt"], scale=d.get("scale"))
-        E.update(data=eq, scale=es, amax=np.array([ref.amax(xh)], np.float32),
-                 y=ref.dequantize_fp8(eq, es, p["fmt"], _deq_dtype(p)))
+        E.update(
+            data=eq,
+            scale=es,
+            amax=np.array([ref.amax(xh)], np.float32),
+            y=ref.dequantize_fp8(eq, es, p["fmt"], _deq_dtype(p)),
+        )
     elif kind == "group":
         G = p["group_size"]
-        eq, es = ref.quantize_groupwise(xh, p["fmt"], group_size=G, scale_pow2=p["pow2"],
-                                        scale_dtype=p["scale_dtype"], scale_ub=d.get("ub"))
-        E.update(data=eq, scale=es, raw=ref.scale_buffer(es, xh.shape, p["layout"]),
-                 y=ref.dequantize_groupwise(eq, es, p["fmt"], _deq_dtype(p), group_size=G))
+        eq, es = ref.quantize_groupwise(
+            xh, p["fmt"], group_size=G, scale_pow2=p["pow2"], scale_dtype=p["scale_dtype"], scale_ub=d.get("ub")
+        )
+        E.update(
+            data=eq,
+            scale=es,
+            raw=ref.scale_buffer(es, xh.shape, p["layout"]),
+            y=ref.dequantize_groupwise(eq, es, p["fmt"], _deq_dtype(p), group_size=G),
+        )
     elif kind == "silu":
         G = p["group_size"]
         r = ref.silu_mul(xh) if r is None else r
         eq, es = ref.quantize_silu_intermediate(r, p["fmt"], group_size=G, scale_ub=d.get("ub"))
-        E.update(data=eq, scale=es, raw=ref.scale_buffer(es, r.shape, p["layout"]),
-                 y=ref.dequantize_groupwise(eq, es, p["fmt"], _deq_dtype(p), group_size=G))
+        E.update(
+            data=eq,
+            scale=es,
+            raw=ref.scale_buffer(es, r.shape, p["layout"]),
+            y=ref.dequantize_groupwise(eq, es, p["fmt"], _deq_dtype(p), group_size=G),
+        )
     elif kind == "mx":
         eq, es = ref.quantize_mx(xh, p["fmt"], rounding=p["rounding"])
-        E.update(data=eq, scale_logical=es, scale=ref.swizzle_scales(es) if p["layout"] == "swizzled" else es,
-                 y=ref.dequantize_mx(eq, es, p["fmt"], _deq_dtype(p), K=xh.shape[-1]))
+        E.update(
+            data=eq,
+            scale_logical=es,
+            scale=ref.swizzle_scales(es) if p["layout"] == "swizzled" else es,
+            y=ref.dequantize_mx(eq, es, p["fmt"], _deq_dtype(p), K=xh.shape[-1]),
+        )
     elif kind == "nvfp4":
         eq, es, eg = ref.quantize_nvfp4(xh, global_scale=d.get("global_scale"))
-        E.update(data=eq, scale_logical=es, scale=ref.swizzle_scales(es) if p["layout"] == "swizzled" else es,
-                 global_scale=np.array([eg], np.float32), amax=np.array([ref.amax(xh)], np.float32),
-                 y=ref.dequantize_nvfp4(eq, es, eg, _deq_dtype(p), K=xh.shape[-1]))
+        E.update(
+            data=eq,
+            scale_logical=es,
+            scale=ref.swizzle_scales(es) if p["layout"] == "swizzled" else es,
+            global_scale=np.array([eg], np.float32),
+            amax=np.array([ref.amax(xh)], np.float32),
+            y=ref.dequantize_nvfp4(eq, es, eg, _deq_dtype(p), K=xh.shape[-1]),
+        )
     elif kind == "weight":
         scheme = ref.weight_scheme(p["dtype"], p["symmetric"])
         dd, s, z = ref.quantize_weight(xh, p["dtype"], group_size=p["group_size"], symmetric=p["symmetric"])
@@ -599,8 +724,14 @@ def expected(case: Case, hs: dict, r=None) -> dict:
         K = xh.shape[-1]
         a64 = xh.reshape(-1, K).astype(np.float64)
         want = a64 @ wd.T
-        E.update(scheme=scheme, data=dd, scales=s, zeros=z, y=want.reshape(xh.shape[:-1] + (p["N"],)),
-                 y_abs=np.abs(a64) @ np.abs(wd).T)
+        E.update(
+            scheme=scheme,
+            data=dd,
+            scales=s,
+            zeros=z,
+            y=want.reshape(xh.shape[:-1] + (p["N"],)),
+            y_abs=np.abs(a64) @ np.abs(wd).T,
+        )
     else:
         raise ValueError(kind)
     return E
@@ -636,7 +767,7 @@ def _out_buffer(mode: str, off: int, shape: tuple, dtype):
     if mode == "fresh":
         return poisoned(shape, dtype)
     n = math.prod(shape)
-    return poisoned((n + off,), dtype)[off:off + n].reshape(shape)
+    return poisoned((n + off,), dtype)[off : off + n].reshape(shape)
 
 
 def _device_input(cupy, hs: dict, p: dict):
@@ -654,8 +785,10 @@ def _device_input(cupy, hs: dict, p: dict):
         st_d = [st for n, st in zip(x.shape, x.strides) if n > 1]
         st_h = [st for n, st in zip(h.shape, h.strides) if n > 1]
         if off_d != off_h or st_d != st_h:
-            raise RuntimeError(f"test harness: device view at +{off_d} strides {x.strides} differs from the host "
-                               f"view at +{off_h} strides {h.strides}")
+            raise RuntimeError(
+                f"test harness: device view at +{off_d} strides {x.strides} differs from the host "
+                f"view at +{off_h} strides {h.strides}"
+            )
     return x
 
 
@@ -739,8 +872,15 @@ def _run_group(cupy, case, hs, f):
     sdt = _arg(p["scale_dtype"], p["scale_dtype_as"])
     scale_out = cq.empty_scales(x.shape, p["group_size"], p["layout"], sdt) if p["scale_out"] else None
     q = cq.quantize_groupwise(
-        x, _arg(p["fmt"], p["dtype_as"]), group_size=p["group_size"], scale_layout=p["layout"],
-        scale_pow2=p["pow2"], scale_dtype=sdt, scale_ub=_ub_arg(cupy, p, hs), out=out, scale_out=scale_out,
+        x,
+        _arg(p["fmt"], p["dtype_as"]),
+        group_size=p["group_size"],
+        scale_layout=p["layout"],
+        scale_pow2=p["pow2"],
+        scale_dtype=sdt,
+        scale_ub=_ub_arg(cupy, p, hs),
+        out=out,
+        scale_out=scale_out,
     )
     f.check(out is None or q.data is out, "q.data is not the out= buffer")
     f.check(scale_out is None or q.scale is scale_out, "q.scale is not the scale_out= buffer")
@@ -759,8 +899,13 @@ def _run_silu(cupy, case, hs, f):
     out = _out_buffer(p["out"], p["out_off"], out_shape, q_dtype)
     scale_out = cq.empty_scales(out_shape, p["group_size"], p["layout"]) if p["scale_out"] else None
     q = cq.silu_mul_quantize(
-        x, _arg(p["fmt"], p["dtype_as"]), group_size=p["group_size"], scale_layout=p["layout"],
-        scale_ub=_ub_arg(cupy, p, hs), out=out, scale_out=scale_out,
+        x,
+        _arg(p["fmt"], p["dtype_as"]),
+        group_size=p["group_size"],
+        scale_layout=p["layout"],
+        scale_ub=_ub_arg(cupy, p, hs),
+        out=out,
+        scale_out=scale_out,
     )
     f.check(out is None or q.data is out, "q.data is not the out= buffer")
     f.check(scale_out is None or q.scale is scale_out, "q.scale is not the scale_out= buffer")
@@ -794,8 +939,9 @@ def _run_mx(cupy, case, hs, f):
     x = _device_input(cupy, hs, p)
     E = expected(case, hs)
     out, scale_out = _block_buffers(cupy, p, x, 32, 4 if p["fmt"] == "float4_e2m1fn" else 8)
-    q = cq.quantize_mx(x, _arg(p["fmt"], p["dtype_as"]), scale_layout=p["layout"], rounding=p["rounding"],
-                       out=out, scale_out=scale_out)
+    q = cq.quantize_mx(
+        x, _arg(p["fmt"], p["dtype_as"]), scale_layout=p["layout"], rounding=p["rounding"], out=out, scale_out=scale_out
+    )
     f.check(out is None or q.data is out, "q.data is not the out= buffer")
     f.check(scale_out is None or q.scale is scale_out, "q.scale is not the scale_out= buffer")
     _check_block_result(cupy, q, E, p, x, 32, f)
@@ -869,11 +1015,21 @@ def _run_matmul(cupy, case, hs, f):
         norm = float(np.linalg.norm(E["y_abs"]))
         err = float(np.linalg.norm(got - want)) / norm if norm else float(np.linalg.norm(got))
         tol = MATMUL_TOL[p["in_dtype"]]
-        f.check(err <= tol, f"matmul: error {err:.3g} of || |a| |w| || > {tol:.3g} (||ref|| = {float(np.linalg.norm(want)):.3g})")
+        f.check(
+            err <= tol,
+            f"matmul: error {err:.3g} of || |a| |w| || > {tol:.3g} (||ref|| = {float(np.linalg.norm(want)):.3g})",
+        )
 
 
-_RUN = {"fp8": _run_fp8, "group": _run_group, "silu": _run_silu, "mx": _run_mx, "nvfp4": _run_nvfp4,
-        "weight": _run_weight, "matmul": _run_matmul}
+_RUN = {
+    "fp8": _run_fp8,
+    "group": _run_group,
+    "silu": _run_silu,
+    "mx": _run_mx,
+    "nvfp4": _run_nvfp4,
+    "weight": _run_weight,
+    "matmul": _run_matmul,
+}
 
 
 def _report(case: Case, hs, errors, n_cases: int, list_seed: int) -> str:
@@ -949,8 +1105,20 @@ def _coverage(cases):
         if "deq_dtype" in p:
             for key in ("deq_dtype", "deq_out", "deq_call", "deq_as"):
                 add(f"{k}.{key}", p[key])
-        for key in ("fmt", "mode", "group_size", "layout", "pow2", "scale_dtype", "ub", "rounding",
-                    "global_scale", "scale_out", "dtype_as", "scale_dtype_as"):
+        for key in (
+            "fmt",
+            "mode",
+            "group_size",
+            "layout",
+            "pow2",
+            "scale_dtype",
+            "ub",
+            "rounding",
+            "global_scale",
+            "scale_out",
+            "dtype_as",
+            "scale_dtype_as",
+        ):
             if key in p:
                 add(f"{k}.{key}", p[key])
         if k in ("weight", "matmul"):
@@ -969,21 +1137,37 @@ def test_default_cases_cover_every_option():
     seen = _coverage(cases)
     want = {
         "kind": set(_GEN),
-        "fp8.fmt": set(FP8), "fp8.mode": {"dynamic", "static_float", "static_device"},
-        "group.fmt": set(Q8), "group.group_size": set(GROUPS), "group.layout": {"row", "col"},
-        "group.pow2": {False, True}, "group.scale_dtype": {"float32", "float8_e8m0fnu"},
-        "group.ub": {"none", "float", "device"}, "group.scale_out": {False, True},
+        "fp8.fmt": set(FP8),
+        "fp8.mode": {"dynamic", "static_float", "static_device"},
+        "group.fmt": set(Q8),
+        "group.group_size": set(GROUPS),
+        "group.layout": {"row", "col"},
+        "group.pow2": {False, True},
+        "group.scale_dtype": {"float32", "float8_e8m0fnu"},
+        "group.ub": {"none", "float", "device"},
+        "group.scale_out": {False, True},
         "group.view": {"contig", "offset", "rows"},
-        "silu.fmt": set(Q8), "silu.group_size": set(SILU_GROUPS), "silu.layout": {"row", "col"},
-        "silu.ub": {"none", "float", "device"}, "silu.view": {"contig", "offset", "rows"},
-        "mx.fmt": set(MX_FORMATS), "mx.layout": {"dense", "swizzled"}, "mx.rounding": {"ceil", "floor"},
-        "mx.view": {"contig", "offset", "rows"}, "mx.scale_out": {False, True},
-        "nvfp4.global_scale": {"dynamic", "float", "device"}, "nvfp4.layout": {"dense", "swizzled"},
+        "silu.fmt": set(Q8),
+        "silu.group_size": set(SILU_GROUPS),
+        "silu.layout": {"row", "col"},
+        "silu.ub": {"none", "float", "device"},
+        "silu.view": {"contig", "offset", "rows"},
+        "mx.fmt": set(MX_FORMATS),
+        "mx.layout": {"dense", "swizzled"},
+        "mx.rounding": {"ceil", "floor"},
+        "mx.view": {"contig", "offset", "rows"},
+        "mx.scale_out": {False, True},
+        "nvfp4.global_scale": {"dynamic", "float", "device"},
+        "nvfp4.layout": {"dense", "swizzled"},
         "nvfp4.view": {"contig", "offset", "rows"},
-        "weight.scheme": set(WEIGHT_SCHEMES), "weight.group_size": set(WEIGHT_GROUPS),
+        "weight.scheme": set(WEIGHT_SCHEMES),
+        "weight.group_size": set(WEIGHT_GROUPS),
         "weight.deq_call": {"function", "method", "dequantize_weight"},
-        "matmul.in_dtype": set(HALF_DTYPES), "matmul.group_size": set(WEIGHT_GROUPS),
-        "size>2^20": {False, True}, "size0": {False, True}, "ndim": {1, 2, 3, 4},
+        "matmul.in_dtype": set(HALF_DTYPES),
+        "matmul.group_size": set(WEIGHT_GROUPS),
+        "size>2^20": {False, True},
+        "size0": {False, True},
+        "ndim": {1, 2, 3, 4},
     }
     want["matmul.out"] = {"none", "fresh", "misaligned"}
     for k in ("fp8", "group", "silu", "mx", "nvfp4", "weight"):
@@ -1134,4 +1318,3 @@ def test_views_and_specials_on_the_host():
         outside[::3, 5:45] = False
         assert (base[outside].astype(np.float32) == 1).all()
         assert not (np.ascontiguousarray(v).astype(np.float32) == 1).all()
-

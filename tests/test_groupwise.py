@@ -56,12 +56,22 @@ def check(q, eq, es, layout):
 def run_groupwise(xh, fmt, group_size, layout="row", pow2=False, scale_dtype="float32", scale_ub=None, **kw):
     x = cupy.asarray(xh)
     out = poisoned(xh.shape, np.int8 if fmt == "int8" else np.uint8)
-    q = cq.quantize_groupwise(x, fmt, group_size=group_size, scale_layout=layout, scale_pow2=pow2,
-                              scale_dtype=scale_dtype, scale_ub=scale_ub, out=out, **kw)
+    q = cq.quantize_groupwise(
+        x,
+        fmt,
+        group_size=group_size,
+        scale_layout=layout,
+        scale_pow2=pow2,
+        scale_dtype=scale_dtype,
+        scale_ub=scale_ub,
+        out=out,
+        **kw,
+    )
     assert q.data is out
     ub_host = None if scale_ub is None else (scale_ub.get() if isinstance(scale_ub, cupy.ndarray) else scale_ub)
-    eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_pow2=pow2, scale_dtype=scale_dtype,
-                                    scale_ub=ub_host)
+    eq, es = ref.quantize_groupwise(
+        xh, fmt, group_size=group_size, scale_pow2=pow2, scale_dtype=scale_dtype, scale_ub=ub_host
+    )
     check(q, eq, es, layout)
     return q, eq, es
 
@@ -152,8 +162,10 @@ def test_scale_ub(fmt, group_size):
         q, eq, _ = run_groupwise(xh, fmt, group_size, "row", scale_ub=ub)
         run_groupwise(xh, fmt, group_size, "col", scale_ub=cupy.asarray([ub], np.float32))
     # the active bound really clamped something
-    assert not np.array_equal(ref.quantize_groupwise(xh, fmt, group_size=group_size)[0],
-                              ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_ub=amax * 0.01)[0])
+    assert not np.array_equal(
+        ref.quantize_groupwise(xh, fmt, group_size=group_size)[0],
+        ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_ub=amax * 0.01)[0],
+    )
 
 
 def test_col_layout_strides_and_offsets():
@@ -334,10 +346,18 @@ def test_silu_mul_3d_and_odd_rows():
 
 @pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("group_size, layout, sdt", [
-    (128, "row", "float32"), (32, "col", "float32"), (64, "col", E8M0), (256, "row", E8M0),
-    (None, "row", "float32"), (None, "col", E8M0),
-], ids=_id)
+@pytest.mark.parametrize(
+    "group_size, layout, sdt",
+    [
+        (128, "row", "float32"),
+        (32, "col", "float32"),
+        (64, "col", E8M0),
+        (256, "row", E8M0),
+        (None, "row", "float32"),
+        (None, "col", E8M0),
+    ],
+    ids=_id,
+)
 def test_dequantize(out_dtype, fmt, group_size, layout, sdt):
     for shape in [(3, 1024), (2, 3, 512)]:
         xh = heavy_tailed(shape, _seed(shape, fmt, group_size, layout, sdt), np.float32)
@@ -416,12 +436,19 @@ def test_div_by_matches_ieee_division_sampled():
     src = "#include <cuda_fp8.h>\n" + (_jit.kernel_dir() / "common.cuh").read_text() + _DIV_SWEEP
     k = cupy.RawKernel(src, "div_sweep", options=_jit.options())
     rng = np.random.default_rng(11)
-    scales = np.concatenate([
-        1 + rng.random(40), [1.0, 1.5, np.nextafter(2.0, 1), 448.0 / 3, 1e-10 / 448, 2.0**-33, 1e30, 1.0 / 229376],
-    ]).astype(np.float32)
+    scales = np.concatenate(
+        [
+            1 + rng.random(40),
+            [1.0, 1.5, np.nextafter(2.0, 1), 448.0 / 3, 1e-10 / 448, 2.0**-33, 1e30, 1.0 / 229376],
+        ]
+    ).astype(np.float32)
     xs = (0x3F800000 + np.arange(1 << 23, dtype=np.uint32)).view(np.float32)
     bad = cupy.zeros(1, np.uint64)
-    k((1024, len(scales)), (256,), (cupy.asarray(scales), np.int32(len(scales)), cupy.asarray(xs), np.int64(xs.size), bad))
+    k(
+        (1024, len(scales)),
+        (256,),
+        (cupy.asarray(scales), np.int32(len(scales)), cupy.asarray(xs), np.int64(xs.size), bad),
+    )
     wild = (rng.standard_normal(1 << 20) * np.exp(rng.uniform(-60, 80, 1 << 20))).astype(np.float32)
     wild[:6] = [0.0, -0.0, 3.4e38, -3.4e38, 2.0**-90, -(2.0**-90)]
     small_scales = (1 + rng.random(16) * 10).astype(np.float32)  # x / s stays finite and normal

@@ -126,8 +126,9 @@ def _fp8_case(offset: int, fmt: str):
     q = cq.quantize_fp8(x, fmt)
     y = cq.dequantize(q)
     W = 256
-    starts = _sample(m - W + 1, SAMPLES, seed=2,
-                     must=[0, 2**31 - W // 2, 2**32 - W // 2, plant - offset - W // 2, m - W])
+    starts = _sample(
+        m - W + 1, SAMPLES, seed=2, must=[0, 2**31 - W // 2, 2**32 - W // 2, plant - offset - W // 2, m - W]
+    )
     xs = np.concatenate([x[s : s + W].get() for s in starts])
     got = {
         "q": np.concatenate([q.data[s : s + W].get() for s in starts]),
@@ -192,7 +193,9 @@ def _groupwise_case(shape, fmt, group_size, layout):
     want = {
         "q": eq,
         "scales": es.view(np.uint32),
-        "dequantized": ref.dequantize_groupwise(got["q"], got["scales"].view(np.float32), fmt, BF16, group_size=group_size),
+        "dequantized": ref.dequantize_groupwise(
+            got["q"], got["scales"].view(np.float32), fmt, BF16, group_size=group_size
+        ),
     }
     if "col padding" in got:
         want["col padding"] = np.zeros_like(got["col padding"])
@@ -265,7 +268,7 @@ def _mx_case(fmt, rows_n, K, layout, nvfp4=False):
     starts = np.concatenate([[0], np.cumsum([min(128, rows_n - t * 128) for t in tiles])])
     want = {"data": [], "scales": [], "dequantized": []}
     s_enc = ref.nvfp4_global_scale(PEAK) if nvfp4 else None
-    for i, t in enumerate(tiles):
+    for i in range(len(tiles)):
         xt = xs[starts[i] : starts[i + 1]]
         if nvfp4:
             d, s, g = ref.quantize_nvfp4(xt, global_scale=s_enc)
@@ -332,8 +335,11 @@ def _weight_case(scheme, group_size):
         errors[M] = (a, out.get()[:, rows])
     del qw, out
     d, s, z = ref.quantize_weight(ws, scheme, group_size=group_size, symmetric=sym)
-    want = {"data": d, "scales": s, "dequantized": ref.dequantize_weight(got["data"], got["scales"], got.get("zeros"),
-                                                                         scheme, BF16)}
+    want = {
+        "data": d,
+        "scales": s,
+        "dequantized": ref.dequantize_weight(got["data"], got["scales"], got.get("zeros"), scheme, BF16),
+    }
     if z is not None:
         want["zeros"] = z
     deq = want["dequantized"].astype(np.float64)
@@ -344,8 +350,11 @@ def _weight_case(scheme, group_size):
     return got, want, rel
 
 
-@pytest.mark.parametrize("scheme, group_size", [("int4", 128), ("uint4", 64), ("float8_e4m3fn", None)],
-                         ids=["int4_g128", "uint4_g64", "fp8_per_channel"])
+@pytest.mark.parametrize(
+    "scheme, group_size",
+    [("int4", 128), ("uint4", 64), ("float8_e4m3fn", None)],
+    ids=["int4_g128", "uint4_g64", "fp8_per_channel"],
+)
 def test_weight(scheme, group_size):
     _need(5 * BIG + (1 << 30))
     got, want, rel = _weight_case(scheme, group_size)

@@ -51,8 +51,12 @@ def test_structure_layout_by_hand():
     # attribute pointer at 40, the count at 48, 56 bytes in all; CUlaunchAttribute: a 4-byte id
     # padded to 8, then the 64-byte value union
     assert ctypes.sizeof(_launch.LaunchConfig) == 56
-    assert (_launch.LaunchConfig.sharedMemBytes.offset, _launch.LaunchConfig.hStream.offset,
-            _launch.LaunchConfig.attrs.offset, _launch.LaunchConfig.numAttrs.offset) == (24, 32, 40, 48)
+    assert (
+        _launch.LaunchConfig.sharedMemBytes.offset,
+        _launch.LaunchConfig.hStream.offset,
+        _launch.LaunchConfig.attrs.offset,
+        _launch.LaunchConfig.numAttrs.offset,
+    ) == (24, 32, 40, 48)
     assert ctypes.sizeof(_launch.LaunchAttribute) == 72 and _launch.LaunchAttribute.value.offset == 8
     a = _launch._PDL_ATTR
     assert a.id == 6 and bytes(a.value)[:4] == (1).to_bytes(4, "little") and not any(bytes(a.value)[4:])

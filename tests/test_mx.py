@@ -79,8 +79,11 @@ def test_nvfp4_every_combination(in_dtype, layout, gs):
     for shape in SHAPES:
         xh = heavy_tailed(shape, _seed(shape, in_dtype, layout, gs), in_dtype)
         a = ref.amax(xh)
-        g = {"dynamic": None, "float": float(ref.nvfp4_global_scale(a) * np.float32(0.75)),
-             "device": cupy.asarray(np.array([ref.nvfp4_global_scale(a)], np.float32))}[gs]
+        g = {
+            "dynamic": None,
+            "float": float(ref.nvfp4_global_scale(a) * np.float32(0.75)),
+            "device": cupy.asarray(np.array([ref.nvfp4_global_scale(a)], np.float32)),
+        }[gs]
         run_nvfp4(xh, layout, g)
 
 
@@ -112,22 +115,44 @@ def _special_blocks(fmt, in_dtype):
         rows.append(np.asarray(v, np.float64))
 
     row(np.zeros(32))
-    r = rng.standard_normal(32); r[5] = np.inf; row(r)
-    r = rng.standard_normal(32); r[7] = -np.inf; r[8] = np.inf; row(r)
-    r = rng.standard_normal(32); r[3] = np.nan; row(r)
-    r = rng.standard_normal(32); r[30] = np.nan; r[0] = np.inf; row(r)
+    r = rng.standard_normal(32)
+    r[5] = np.inf
+    row(r)
+    r = rng.standard_normal(32)
+    r[7] = -np.inf
+    r[8] = np.inf
+    row(r)
+    r = rng.standard_normal(32)
+    r[3] = np.nan
+    row(r)
+    r = rng.standard_normal(32)
+    r[30] = np.nan
+    r[0] = np.inf
+    row(r)
     row(np.full(32, np.nan))
     for k in (-20, -3, 0, 1, 7):  # amax exactly elem_max * 2^k, 448 * 2^k, 6 * 2^k
         for m in (emax, 448.0, 6.0, 57344.0):
             v = m * 2.0**k
             if v < finfo_max:
-                r = rng.uniform(-1, 1, 32) * v; r[11] = -v; row(r)
-    r = rng.uniform(-1, 1, 32) * tiny * 8; r[2] = tiny; row(r)  # subnormal amax
+                r = rng.uniform(-1, 1, 32) * v
+                r[11] = -v
+                row(r)
+    r = rng.uniform(-1, 1, 32) * tiny * 8
+    r[2] = tiny
+    row(r)  # subnormal amax
     row(np.full(32, tiny))
-    r = np.zeros(32); r[31] = tiny; row(r)
-    r = rng.uniform(-1, 1, 32) * finfo_max; r[9] = finfo_max; row(r)  # amax near the input max
-    r = rng.uniform(-1, 1, 32) * 2.0**-120; row(r)  # E = 0 territory for the ceil rule
-    r = rng.uniform(-1, 1, 32); r[4] = -0.0; r[5] = 0.0; row(r)
+    r = np.zeros(32)
+    r[31] = tiny
+    row(r)
+    r = rng.uniform(-1, 1, 32) * finfo_max
+    r[9] = finfo_max
+    row(r)  # amax near the input max
+    r = rng.uniform(-1, 1, 32) * 2.0**-120
+    row(r)  # E = 0 territory for the ceil rule
+    r = rng.uniform(-1, 1, 32)
+    r[4] = -0.0
+    r[5] = 0.0
+    row(r)
     with np.errstate(over="ignore"):
         return np.stack(rows).astype(np.float32).astype(in_dtype)
 
@@ -243,7 +268,7 @@ def test_strided_and_misaligned_views(fmt):
         "odd K": (xb[:, 3:998], base[:, 3:998]),
         "3-D split rows": (xb[:, :1024].reshape(8, 8, 1024), base[:, :1024].reshape(8, 8, 1024)),
     }
-    for name, (v, vh) in views.items():
+    for v, vh in views.values():
         vh = np.ascontiguousarray(vh)
         for layout in LAYOUTS:
             if fmt == "nvfp4":
@@ -416,18 +441,30 @@ def test_validation_errors():
         (lambda: cq.quantize_mx(x, out=cupy.empty((4, 64), np.int8)), TypeError, "out must have dtype uint8"),
         (lambda: cq.quantize_mx(x, "float4_e2m1fn", out=out), ValueError, r"out must have shape \(4, 32\)"),
         (lambda: cq.quantize_mx(x, scale_out=cupy.empty((4, 3), np.uint8)), ValueError, "scale_out must be uint8"),
-        (lambda: cq.quantize_mx(x, scale_out=cupy.empty((4, 2), np.uint8), scale_layout="swizzled"), ValueError, r"\(128, 4\)"),
+        (
+            lambda: cq.quantize_mx(x, scale_out=cupy.empty((4, 2), np.uint8), scale_layout="swizzled"),
+            ValueError,
+            r"\(128, 4\)",
+        ),
         (lambda: cq.quantize_mx(x, out=x.view(np.uint8)[:, :64]), ValueError, "out"),
         (lambda: cq.quantize_nvfp4(x, global_scale=-1.0), ValueError, "global_scale must be a positive finite"),
         (lambda: cq.quantize_nvfp4(x, global_scale=float("nan")), ValueError, "global_scale"),
         (lambda: cq.quantize_nvfp4(x, global_scale="2"), TypeError, "global_scale"),
-        (lambda: cq.quantize_nvfp4(x, global_scale=cupy.ones(2, np.float32)), ValueError, "global_scale must be a float32 array of one element"),
+        (
+            lambda: cq.quantize_nvfp4(x, global_scale=cupy.ones(2, np.float32)),
+            ValueError,
+            "global_scale must be a float32 array of one element",
+        ),
         (lambda: cq.quantize_nvfp4(x, global_scale=cupy.ones(1, np.float64)), TypeError, "global_scale"),
         (lambda: cq.quantize_nvfp4(x, scale_layout="col"), ValueError, "scale_layout"),
         (lambda: cq.quantize_nvfp4(x, out=out), ValueError, "out must have shape"),
         (lambda: cq.block_scale_shape((4, 64), 8), ValueError, "block_size=8"),
         (lambda: cq.dequantize(cq.quantize_mx(x), "int8"), TypeError, "dtype must be float32"),
-        (lambda: cq.dequantize(cq.quantize_mx(x), out=cupy.empty((4, 64), np.float16)), TypeError, "out must have dtype float32"),
+        (
+            lambda: cq.dequantize(cq.quantize_mx(x), out=cupy.empty((4, 64), np.float16)),
+            TypeError,
+            "out must have dtype float32",
+        ),
     ]
     for fn, exc, msg in cases:
         with pytest.raises(exc, match=msg):

@@ -97,8 +97,27 @@ def _specials(in_dtype, fmt):
     tiny, small = float(info.smallest_subnormal), float(info.smallest_normal)
     # Subnormal inputs from the smallest to just under the smallest normal: times a large scale
     # (up to FLT_MAX) the big ones land on nonzero FP8 values, so flushing them would show.
-    vals = [0.0, -0.0, tiny, -tiny, 3 * tiny, small * 0.75, -small * 0.3, small * 0.05, small, fmax, -fmax,
-            fmax * 1.01, -fmax * 3, float(info.max), -float(info.max), 1.0, -1.0, 0.5, 1e-3]
+    vals = [
+        0.0,
+        -0.0,
+        tiny,
+        -tiny,
+        3 * tiny,
+        small * 0.75,
+        -small * 0.3,
+        small * 0.05,
+        small,
+        fmax,
+        -fmax,
+        fmax * 1.01,
+        -fmax * 3,
+        float(info.max),
+        -float(info.max),
+        1.0,
+        -1.0,
+        0.5,
+        1e-3,
+    ]
     with np.errstate(over="ignore"):  # float32 max rounds to inf in bfloat16: one more special
         return np.array(vals, dtype=np.float32).astype(in_dtype)
 

@@ -8,7 +8,8 @@ import pytest
 
 import cupyquant as cq
 import cupyquant.weight
-from cupyquant.weight import configs as C, dispatch, plan
+from cupyquant.weight import configs as C
+from cupyquant.weight import dispatch, plan
 
 
 def test_decode_config_fills_waves():
@@ -17,12 +18,28 @@ def test_decode_config_fills_waves():
     20 KB in flight per SM and longer beyond. On the H100's 132 SMs these are the configurations
     measured fastest (but 4096 x 4096 and 3072 x 4096 at M <= 8, 3.5% and 4.8% slower than the
     best)."""
-    D3, D4, WI, NA, TW, TN, TX = (C.R16_W8_B3, C.R16_W8_B4, C.R16_W16_B2, C.R16_W4_B8,
-                                  C.R32_W8_B2, C.R32_W4_B4, C.R32_W16_B1)
+    D3, D4, WI, NA, TW, TN, TX = (
+        C.R16_W8_B3,
+        C.R16_W8_B4,
+        C.R16_W16_B2,
+        C.R16_W4_B8,
+        C.R32_W8_B2,
+        C.R32_W4_B4,
+        C.R32_W16_B1,
+    )
     expect = {  # (N, K): (M <= 8, M tiles of 16 rows)
-        (4096, 4096): (WI, TX), (14336, 4096): (NA, TN), (4096, 14336): (WI, TX), (28672, 8192): (NA, TN),
-        (8192, 28672): (D4, TW), (11008, 4096): (NA, TN), (4096, 11008): (WI, TX), (2048, 4096): (WI, TX),
-        (5120, 5120): (D3, TW), (22016, 4096): (D4, TW), (6144, 4096): (D3, TW), (16384, 4096): (NA, TN),
+        (4096, 4096): (WI, TX),
+        (14336, 4096): (NA, TN),
+        (4096, 14336): (WI, TX),
+        (28672, 8192): (NA, TN),
+        (8192, 28672): (D4, TW),
+        (11008, 4096): (NA, TN),
+        (4096, 11008): (WI, TX),
+        (2048, 4096): (WI, TX),
+        (5120, 5120): (D3, TW),
+        (22016, 4096): (D4, TW),
+        (6144, 4096): (D3, TW),
+        (16384, 4096): (NA, TN),
     }
     for (N, K), want in expect.items():
         for chunk in (128, 64):  # INT4 and FP8 chunks of K: the same picks
@@ -58,13 +75,23 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     (N / 64 times the M tiles) outnumber the SMs, where it is the fastest on the H100
     (plan.DecodeCosts); otherwise R64_W8_B1 (test below) or the wave model's pick, and
     never at M <= 8 or where the caller offers none (FP8: four_blocks = 0)."""
-    from cupyquant import _jit
     FO, FW, TW, TN, TX = C.R64_W4_B2, C.R64_W8_B1, C.R32_W8_B2, C.R32_W4_B4, C.R32_W16_B1
     expect = {  # (N, K, M tiles): the pick for INT4 (no K split offered)
-        (14336, 4096, 1): FO, (28672, 8192, 1): FO, (11008, 4096, 1): FO, (22016, 4096, 1): FO,
-        (18432, 2048, 1): FO, (8192, 8192, 2): FO, (5120, 5120, 2): FO, (8192, 28672, 2): FO,
-        (8192, 28672, 1): FW, (8192, 8192, 1): FW, (4096, 14336, 1): TX, (4096, 4096, 1): TX,
-        (5120, 5120, 1): FW, (4096, 14336, 2): FW, (8448, 4096, 1): FW,  # 8448: 132 blocks of 64 rows, not more than the SMs
+        (14336, 4096, 1): FO,
+        (28672, 8192, 1): FO,
+        (11008, 4096, 1): FO,
+        (22016, 4096, 1): FO,
+        (18432, 2048, 1): FO,
+        (8192, 8192, 2): FO,
+        (5120, 5120, 2): FO,
+        (8192, 28672, 2): FO,
+        (8192, 28672, 1): FW,
+        (8192, 8192, 1): FW,
+        (4096, 14336, 1): TX,
+        (4096, 4096, 1): TX,
+        (5120, 5120, 1): FW,
+        (4096, 14336, 2): FW,
+        (8448, 4096, 1): FW,  # 8448: 132 blocks of 64 rows, not more than the SMs
     }
     for (N, K, mt), want in expect.items():
         blocks, four = -(-N // 32) * mt, -(-N // 64) * mt
@@ -81,13 +108,17 @@ def test_decode_config_two_one_for_short_k():
     plan.DecodeCosts) replaces R32_W16_B1 where the caller says the sums
     are taken per chunk (chains_ok: INT4 with whole-chunk groups) and K has at most 32 chunks;
     never at M <= 8, never in place of another configuration, never without chains_ok."""
-    from cupyquant import _jit
     T1, TX, TW, FW, WI = C.R32_W8_B1_EVEN_ODD, C.R32_W16_B1, C.R32_W8_B2, C.R64_W8_B1, C.R16_W16_B2
     assert T1.warps == 8 and C.decode_smem(T1) == 32 * 1024
     for (N, K), (chained, plain) in {
-        (4096, 4096): (T1, TX), (3072, 4096): (T1, TX), (2048, 4096): (T1, TX),  # 32 chunks: T1
+        (4096, 4096): (T1, TX),
+        (3072, 4096): (T1, TX),
+        (2048, 4096): (T1, TX),  # 32 chunks: T1
         (2048, 8192): (TX, TX),  # 64 chunks: TX stays
-        (4096, 8192): (FW, FW), (4096, 14336): (FW, FW), (5120, 5120): (FW, FW), (4096, 2048): (TW, TW),
+        (4096, 8192): (FW, FW),
+        (4096, 14336): (FW, FW),
+        (5120, 5120): (FW, FW),
+        (4096, 2048): (TW, TW),
     }.items():
         blocks, four = -(-N // 32), -(-N // 64)
         assert plan.decode_config(blocks, 132, K // 128, True, four, True, True) == chained, (N, K)
@@ -105,14 +136,20 @@ def test_decode_config_four_wide_and_its_k_split():
     when they fill more than a quarter and at most a half, if a split is offered (split_ok:
     compute capability 9.0+ and 16 rows of a or more) and K has 64 chunks or more (4 for each of
     the cluster's 16 warps); otherwise the wave model's pick. Only R64_W8_B1 is ever split."""
-    from cupyquant import _jit
     FO, FW, TW, TX = C.R64_W4_B2, C.R64_W8_B1, C.R32_W8_B2, C.R32_W16_B1
     assert FW.warps == 8 and C.decode_smem(FW) == 64 * 1024
     model = {33: TX, 66: TX}  # the wave model's picks for 2 x four blocks of 32 rows, 64 chunks
     for four, split_ok, nchunks, want, splits in (
-        (133, True, 64, FO, 1), (132, True, 64, FW, 1), (67, False, 8, FW, 1), (67, True, 64, FW, 1),
-        (66, True, 64, FW, 2), (34, True, 64, FW, 2), (34, True, 112, FW, 2),
-        (66, False, 64, None, 1), (66, True, 63, None, 1), (33, True, 64, None, 1),  # no split offered, too short, too few
+        (133, True, 64, FO, 1),
+        (132, True, 64, FW, 1),
+        (67, False, 8, FW, 1),
+        (67, True, 64, FW, 1),
+        (66, True, 64, FW, 2),
+        (34, True, 64, FW, 2),
+        (34, True, 112, FW, 2),
+        (66, False, 64, None, 1),
+        (66, True, 63, None, 1),
+        (33, True, 64, None, 1),  # no split offered, too short, too few
     ):
         got = plan.decode_config(2 * four, 132, nchunks, True, four, split_ok)
         if want is None:
@@ -124,9 +161,15 @@ def test_decode_config_four_wide_and_its_k_split():
             assert plan.decode_splits(got, four, 132, nchunks) == splits, (four, nchunks)
     # the benchmark and measured shapes (N, K, M tiles, 16 rows of a or more): (config, splits)
     for (N, K, mt, full), want in {
-        (4096, 14336, 1, True): (FW, 2), (4096, 14336, 1, False): (TX, 1), (4096, 4096, 1, True): (TX, 1),
-        (4096, 14336, 2, True): (FW, 1), (4096, 4096, 2, True): (FW, 1), (2048, 16384, 2, True): (FW, 2),
-        (5120, 13824, 1, False): (FW, 1), (14336, 4096, 1, True): (FO, 1), (2048, 8192, 1, True): (TX, 1),
+        (4096, 14336, 1, True): (FW, 2),
+        (4096, 14336, 1, False): (TX, 1),
+        (4096, 4096, 1, True): (TX, 1),
+        (4096, 14336, 2, True): (FW, 1),
+        (4096, 4096, 2, True): (FW, 1),
+        (2048, 16384, 2, True): (FW, 2),
+        (5120, 13824, 1, False): (FW, 1),
+        (14336, 4096, 1, True): (FO, 1),
+        (2048, 8192, 1, True): (TX, 1),
     }.items():
         four = -(-N // 64) * mt
         cfg = plan.decode_config(-(-N // 32) * mt, 132, K // 128, True, four, full)
@@ -141,18 +184,31 @@ def test_decode_config_four_wide_and_its_k_split():
 # The path table that matmul's docstring states: (M, (N, K), path elsewhere, path on compute
 # capability 9.0, on 132 SMs) for INT4 weights.
 DOC_PATHS = [
-    (1, (4096, 4096), "decode", "decode"), (16, (28672, 8192), "decode", "decode"),
-    (17, (28672, 8192), "sm80_gemm", "sm90_gemm"), (64, (14336, 4096), "decode", "sm90_gemm"),
-    (65, (14336, 4096), "sm80_gemm", "sm90_gemm"), (32, (4096, 4096), "decode", "decode"),
-    (33, (4096, 4096), "decode", "sm90_gemm"), (49, (4096, 4096), "decode", "sm90_gemm"), (50, (4096, 4096), "decode", "sm90_gemm"),
+    (1, (4096, 4096), "decode", "decode"),
+    (16, (28672, 8192), "decode", "decode"),
+    (17, (28672, 8192), "sm80_gemm", "sm90_gemm"),
+    (64, (14336, 4096), "decode", "sm90_gemm"),
+    (65, (14336, 4096), "sm80_gemm", "sm90_gemm"),
+    (32, (4096, 4096), "decode", "decode"),
+    (33, (4096, 4096), "decode", "sm90_gemm"),
+    (49, (4096, 4096), "decode", "sm90_gemm"),
+    (50, (4096, 4096), "decode", "sm90_gemm"),
     (128, (4096, 4096), "decode", "sm90_gemm"),
-    (129, (4096, 4096), "decode", "sm90_gemm"), (256, (4096, 4096), "decode", "sm90_gemm"),
-    (257, (4096, 4096), "sm80_gemm", "sm90_gemm"), (4096, (256, 512), "sm80_gemm", "sm90_gemm"),
-    (100, (256, 512), "decode", "sm90_gemm"), (32, (256, 512), "decode", "decode"), (17, (256, 512), "decode", "decode"),
-    (24, (8192, 28672), "sm80_gemm", "decode"), (25, (8192, 28672), "sm80_gemm", "sm90_gemm"),
-    (64, (8192, 28672), "sm80_gemm", "sm90_gemm"), (128, (8192, 28672), "sm80_gemm", "sm90_gemm"),
-    (256, (4096, 14336), "sm80_gemm", "sm90_gemm"), (32, (4096, 14336), "decode", "decode"),
-    (33, (4096, 14336), "decode", "sm90_gemm"), (16, (14336, 4096), "decode", "decode"),
+    (129, (4096, 4096), "decode", "sm90_gemm"),
+    (256, (4096, 4096), "decode", "sm90_gemm"),
+    (257, (4096, 4096), "sm80_gemm", "sm90_gemm"),
+    (4096, (256, 512), "sm80_gemm", "sm90_gemm"),
+    (100, (256, 512), "decode", "sm90_gemm"),
+    (32, (256, 512), "decode", "decode"),
+    (17, (256, 512), "decode", "decode"),
+    (24, (8192, 28672), "sm80_gemm", "decode"),
+    (25, (8192, 28672), "sm80_gemm", "sm90_gemm"),
+    (64, (8192, 28672), "sm80_gemm", "sm90_gemm"),
+    (128, (8192, 28672), "sm80_gemm", "sm90_gemm"),
+    (256, (4096, 14336), "sm80_gemm", "sm90_gemm"),
+    (32, (4096, 14336), "decode", "decode"),
+    (33, (4096, 14336), "decode", "sm90_gemm"),
+    (16, (14336, 4096), "decode", "decode"),
     (17, (14336, 4096), "decode", "sm90_gemm"),
 ]
 
@@ -225,7 +281,9 @@ def test_sm90_plan_wide_clusters():
     wfix, wrow = plan.SM90.workspace_split_us
     call = plan.SM90.call_us
     assert plan.sm90_estimate(64, 32, 3, 64, 132, 64, cluster=True) == pytest.approx(call + one64 * 22 + fix + row * 64)
-    assert plan.sm90_estimate(64, 32, 4, 64, 132, 64, cluster=False) == pytest.approx(call + one64 * 16 + wfix + wrow * 4 * 64)
+    assert plan.sm90_estimate(64, 32, 4, 64, 132, 64, cluster=False) == pytest.approx(
+        call + one64 * 16 + wfix + wrow * 4 * 64
+    )
 
 
 def test_sm90_plan_picks_the_fastest_measured():
@@ -236,11 +294,22 @@ def test_sm90_plan_picks_the_fastest_measured():
     assert pick(64, 11008, 64, 132, cluster_cap=cap) == (64, 3)  # workspace 17.9; 64/1 19.5
     assert pick(256, 2048, 128, 132, cluster_cap=cap) == (128, 3)  # cluster 19.6; 256/6 20.5
     # the benchmark's cells: the fastest plan measured
-    for (M, N, iters), want in [((64, 4096, 64), (64, 3)), ((256, 4096, 64), (128, 2)), ((64, 14336, 64), (64, 2)),
-                                ((256, 14336, 64), (256, 1)), ((64, 4096, 224), (64, 4)), ((256, 4096, 224), (128, 2)),
-                                ((64, 28672, 128), (64, 1)), ((128, 28672, 128), (128, 1)), ((256, 28672, 128), (256, 1)),
-                                ((64, 8192, 448), (64, 4)), ((128, 8192, 448), (128, 2)), ((256, 8192, 448), (256, 2)),
-                                ((1024, 28672, 128), (256, 1)), ((32, 4096, 64), (32, 3))]:
+    for (M, N, iters), want in [
+        ((64, 4096, 64), (64, 3)),
+        ((256, 4096, 64), (128, 2)),
+        ((64, 14336, 64), (64, 2)),
+        ((256, 14336, 64), (256, 1)),
+        ((64, 4096, 224), (64, 4)),
+        ((256, 4096, 224), (128, 2)),
+        ((64, 28672, 128), (64, 1)),
+        ((128, 28672, 128), (128, 1)),
+        ((256, 28672, 128), (256, 1)),
+        ((64, 8192, 448), (64, 4)),
+        ((128, 8192, 448), (128, 2)),
+        ((256, 8192, 448), (256, 2)),
+        ((1024, 28672, 128), (256, 1)),
+        ((32, 4096, 64), (32, 3)),
+    ]:
         assert pick(M, N, iters, 132, cluster_cap=cap) == want, (M, N, iters)
 
 
@@ -248,15 +317,17 @@ def test_sm90_plan_two_way_cluster_cost():
     """The 2-way cluster cost (Sm90Costs.cluster2_split_us): the cells where H100 timings (us) put
     the 2-way split first take it, and those where another plan is faster keep that."""
     pick, cap = plan.sm90_plan, H100_CLUSTER_CAP
-    for (M, N, iters), want in [((64, 14336, 64), (64, 2)),  # 19.2-19.4; 64/1 20.1-20.2
-                                ((32, 14336, 64), (32, 2)),  # 16.4-16.6; 32/1 17.4-17.6
-                                ((64, 12288, 64), (64, 2)),  # 18.7-18.9; 64/1 19.2-19.4
-                                ((96, 4096, 64), (64, 2)),  # 11.8-11.9; 128/3 12.3-12.4
-                                ((128, 5120, 80), (128, 2)),  # 17.5-17.6; 128/3 19.1-19.3
-                                ((160, 3072, 64), (128, 2)),  # 14.4; 256/4 15.6-15.7
-                                ((64, 4096, 64), (64, 3)),  # 9.6; 64/2 11.5
-                                ((256, 2048, 128), (128, 3)),  # 19.9; 128/2 24.5
-                                ((128, 28672, 128), (128, 1))]:  # 98.8; 128/2 114.9
+    for (M, N, iters), want in [
+        ((64, 14336, 64), (64, 2)),  # 19.2-19.4; 64/1 20.1-20.2
+        ((32, 14336, 64), (32, 2)),  # 16.4-16.6; 32/1 17.4-17.6
+        ((64, 12288, 64), (64, 2)),  # 18.7-18.9; 64/1 19.2-19.4
+        ((96, 4096, 64), (64, 2)),  # 11.8-11.9; 128/3 12.3-12.4
+        ((128, 5120, 80), (128, 2)),  # 17.5-17.6; 128/3 19.1-19.3
+        ((160, 3072, 64), (128, 2)),  # 14.4; 256/4 15.6-15.7
+        ((64, 4096, 64), (64, 3)),  # 9.6; 64/2 11.5
+        ((256, 2048, 128), (128, 3)),  # 19.9; 128/2 24.5
+        ((128, 28672, 128), (128, 1)),
+    ]:  # 98.8; 128/2 114.9
         assert pick(M, N, iters, 132, cluster_cap=cap) == want, (M, N, iters)
     # (the one timed cell it gets wrong, not pinned here: 6144 x 4096 M = 160 takes 256/2, 24.3-24.5
     # us, where 128/1 takes 23.2-23.5)
@@ -327,8 +398,13 @@ def test_forced_path_accepts_old_names_and_restores():
     their older spellings, and restores the planner's choice on leaving the block."""
     shell = cq.QuantizedWeight(None, None, None, "int4", 128, (4096, 4096), np.float16)
     fp8 = cq.QuantizedWeight(None, None, None, "float8_e4m3fn", 128, (4096, 4096), np.float16)
-    for name, want in (("decode", "decode"), ("sm80_gemm", "sm80_gemm"), ("pipelined", "sm80_gemm"),
-                       ("sm90_gemm", "sm90_gemm"), ("wgmma", "sm90_gemm")):
+    for name, want in (
+        ("decode", "decode"),
+        ("sm80_gemm", "sm80_gemm"),
+        ("pipelined", "sm80_gemm"),
+        ("sm90_gemm", "sm90_gemm"),
+        ("wgmma", "sm90_gemm"),
+    ):
         with cq.weight._forced_path(name):
             assert cq.weight.matmul_path(1000, shell, arch="80", sms=132) == want
             assert cq.weight.matmul_path(1000, fp8, arch="80", sms=132) == "decode"

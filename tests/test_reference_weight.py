@@ -62,11 +62,19 @@ def _model(w, scheme, G):
     return q.reshape(N, K).astype(np.uint8), s[..., 0], z
 
 
-@pytest.mark.parametrize("dtype, symmetric, scheme", [
-    ("int4", True, "int4"), ("int4", False, "uint4"), ("uint4", True, "uint4"),
-    ("uint4", False, "uint4"), (E4M3, True, E4M3),
-    # the ml_dtypes type and its np.dtype name the FP8 scheme too, as they do for quantize_fp8
-    (ml_dtypes.float8_e4m3fn, True, E4M3), (np.dtype(ml_dtypes.float8_e4m3fn), True, E4M3)])
+@pytest.mark.parametrize(
+    "dtype, symmetric, scheme",
+    [
+        ("int4", True, "int4"),
+        ("int4", False, "uint4"),
+        ("uint4", True, "uint4"),
+        ("uint4", False, "uint4"),
+        (E4M3, True, E4M3),
+        # the ml_dtypes type and its np.dtype name the FP8 scheme too, as they do for quantize_fp8
+        (ml_dtypes.float8_e4m3fn, True, E4M3),
+        (np.dtype(ml_dtypes.float8_e4m3fn), True, E4M3),
+    ],
+)
 def test_weight_scheme(dtype, symmetric, scheme):
     assert ref.weight_scheme(dtype, symmetric) == scheme
 
@@ -79,8 +87,13 @@ def test_int4_hand_worked():
     assert zeros is None and s.dtype == np.float32 and s.tolist() == [[np.float32(0.2)]]
     assert data[0, :3].tolist() == [28, 136, 6 | 8 << 4]
     y = ref.dequantize_weight(data, s)
-    assert y[0, :5].tolist() == [np.float32(4 * np.float32(0.2)), np.float32(-7 * np.float32(0.2)), 0, 0,
-                                 np.float32(-2 * np.float32(0.2))]
+    assert y[0, :5].tolist() == [
+        np.float32(4 * np.float32(0.2)),
+        np.float32(-7 * np.float32(0.2)),
+        0,
+        0,
+        np.float32(-2 * np.float32(0.2)),
+    ]
 
 
 def test_int4_clamps_to_0_15():
@@ -298,7 +311,16 @@ def test_prepare_weight_int4_hand_worked():
     np.testing.assert_array_equal(got, want)
     # the 32-bit word of lane (0, 0), step 0: nibble j is register j % 4 (rows 0, 8, 0, 8; k 0, 0, 8, 8), half j // 4 (k + 1)
     word = int(d[0, 0, 0, 0, :4].view("<u4")[0])
-    assert [(word >> (4 * j)) & 15 for j in range(8)] == [q[0, 0], q[8, 0], q[0, 8], q[8, 8], q[0, 1], q[8, 1], q[0, 9], q[8, 9]]
+    assert [(word >> (4 * j)) & 15 for j in range(8)] == [
+        q[0, 0],
+        q[8, 0],
+        q[0, 8],
+        q[8, 8],
+        q[0, 1],
+        q[8, 1],
+        q[0, 9],
+        q[8, 9],
+    ]
 
 
 def test_prepare_weight_int4_whole_chunk_groups_hand_worked():
@@ -337,7 +359,10 @@ def test_prepare_weight_is_the_tile_transpose(N, B, ng):
     scales = rng.standard_normal((N, ng)).astype(BF16)
     zc = rng.integers(0, 16, (N, ng), dtype=np.uint8)
     T = -(-N // 16)
-    pad = lambda x: np.concatenate([x, np.zeros((16 * T - N,) + x.shape[1:], x.dtype)])
+
+    def pad(x):
+        return np.concatenate([x, np.zeros((16 * T - N,) + x.shape[1:], x.dtype)])
+
     for scheme in ("float8_e4m3fn", "uint4"):
         d, s, z = ref.prepare_weight(data, scales, ref.pack_fp4(zc), scheme=scheme)
         if scheme == "float8_e4m3fn":
@@ -352,7 +377,9 @@ def test_prepare_weight_is_the_tile_transpose(N, B, ng):
             inv = (0, 9, 3, 1, 2, 8, 4, 5, 6, 7) if kperm else (0, 9, 3, 1, 4, 5, 2, 8, 6, 7)
             back = ref.unpack_fp4(d, 32).reshape(T, B // 64, 2, 8, 2, 2, 4, 2, 2, 2).transpose(inv)
             np.testing.assert_array_equal(ref.pack_fp4(back.reshape(16 * T, 2 * B))[:N], data)
-        np.testing.assert_array_equal(s.view(np.uint16), pad(scales).reshape(T, 16, ng).transpose(0, 2, 1).view(np.uint16))
+        np.testing.assert_array_equal(
+            s.view(np.uint16), pad(scales).reshape(T, 16, ng).transpose(0, 2, 1).view(np.uint16)
+        )
         tz = pad(zc).reshape(T, 16, ng).transpose(0, 2, 1)
         np.testing.assert_array_equal(ref.unpack_fp4(z, 16), tz)
         assert ref.prepare_weight(data, scales, scheme=scheme)[2] is None

@@ -670,4 +670,6 @@ def test_jax_in_and_out():
     r = subprocess.run([sys.executable, "-c", _JAX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     if r.stdout.startswith("NOGPU"):
         pytest.skip(f"JAX has no GPU backend here: {r.stdout.strip()}")
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (
+        f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    )

@@ -76,8 +76,14 @@ def test_magic_division_for_col_scale_rows():
     from cupyquant.groupwise import _magic
 
     rng = np.random.default_rng(3)
-    divisors = list(range(1, 70)) + [127, 128, 129, 4095, 4096, 4097, 65537, (1 << 31) - 1] + list(rng.integers(1, 1 << 31, 40))
-    n = np.concatenate([np.arange(0, 5000), rng.integers(0, 1 << 31, 20000), [(1 << 31) - 1, (1 << 31) - 2]]).astype(object)
+    divisors = (
+        list(range(1, 70))
+        + [127, 128, 129, 4095, 4096, 4097, 65537, (1 << 31) - 1]
+        + list(rng.integers(1, 1 << 31, 40))
+    )
+    n = np.concatenate([np.arange(0, 5000), rng.integers(0, 1 << 31, 20000), [(1 << 31) - 1, (1 << 31) - 2]]).astype(
+        object
+    )
     for d in divisors:
         m, sh = _magic(int(d))
         assert m < (1 << 33)  # row * m fits in 64 bits for rows below 2^31

@@ -13,8 +13,8 @@ import pytest
 from conftest import assert_bits_equal, poisoned
 
 import cupyquant as cq
-from cupyquant import reference as ref
 from cupyquant import _device, _dtypes, _launch
+from cupyquant import reference as ref
 from cupyquant import weight as cqw
 from cupyquant.weight import _cache, dispatch, launch, plan
 from cupyquant.weight import configs as C
@@ -160,8 +160,12 @@ def test_prepare_weight_bit_exact(w_dtype, scheme, sym, group_size):
             continue
         wh = _weights((N, K), _seed("prep", N, K, scheme, group_size), w_dtype)
         qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
-        d, s, z = ref.prepare_weight(cupy.asnumpy(qw.data), cupy.asnumpy(qw.scale),
-                                     None if qw.zero_point is None else cupy.asnumpy(qw.zero_point), scheme=scheme)
+        d, s, z = ref.prepare_weight(
+            cupy.asnumpy(qw.data),
+            cupy.asnumpy(qw.scale),
+            None if qw.zero_point is None else cupy.asnumpy(qw.zero_point),
+            scheme=scheme,
+        )
         cupy.get_default_memory_pool().free_all_blocks()
         poisoned((1 << 20,), np.uint8)  # freed at once: the prepared arrays likely reuse bytes of 0xff
         qp = cq.prepare_weight(qw)
@@ -201,8 +205,9 @@ def test_prepare_weight_errors():
     bad = cq.QuantizedWeight(qp.data[:1], qp.scales, qp.zeros, "uint4", 64, (20, 256), dtype, layout="prepared")
     with pytest.raises(ValueError, match=r"w\.data must be uint8 of shape \(2, 2, 2, 32, 16\)"):
         cq.matmul(a, bad)
-    bad = cq.QuantizedWeight(qp.data, qp.scales, cupy.ascontiguousarray(qp.zeros[:, :2]), "uint4", 64, (20, 256), dtype,
-                             layout="prepared")
+    bad = cq.QuantizedWeight(
+        qp.data, qp.scales, cupy.ascontiguousarray(qp.zeros[:, :2]), "uint4", 64, (20, 256), dtype, layout="prepared"
+    )
     with pytest.raises(ValueError, match=r"w\.zero_point must be uint8 of shape \(2, 4, 8\)"):
         cq.matmul(a, bad)
     bad = cq.QuantizedWeight(qp.data, qp.scales, qp.zeros[:, ::-1], "uint4", 64, (20, 256), dtype, layout="prepared")
@@ -250,7 +255,9 @@ class _forced:
 
     def __enter__(self):
         if self.path == "sm90_gemm" and not _hopper():
-            pytest.skip(f"the wgmma kernel needs compute capability 9.0, this GPU is {cupy.cuda.Device().compute_capability}")
+            pytest.skip(
+                f"the wgmma kernel needs compute capability 9.0, this GPU is {cupy.cuda.Device().compute_capability}"
+            )
         self.ctx = cqw._forced_path(self.path)
         self.ctx.__enter__()
 
@@ -276,7 +283,12 @@ def _check_matmul(qw, ms, dtype, seed, what=""):
 
 
 # (scheme, symmetric, path): every kernel for INT4; FP8 weights have the decode kernel only
-MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "sm80_gemm", "sm90_gemm") if s != "float8_e4m3fn" or p == "decode"]
+MM_PATHS = [
+    (s, sym, p)
+    for s, sym in SCHEMES
+    for p in ("decode", "sm80_gemm", "sm90_gemm")
+    if s != "float8_e4m3fn" or p == "decode"
+]
 
 
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)
@@ -311,8 +323,11 @@ def test_prefill_relative_error(dtype, scheme, sym, group_size):
 BENCH_SHAPES = [(14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
 
 
-@pytest.mark.parametrize("dtype,scheme,sym,group_size",
-                         [(ml_dtypes.bfloat16, "int4", True, 128), (np.float16, "uint4", False, 64)], ids=["int4-g128-bf16", "uint4-g64-f16"])
+@pytest.mark.parametrize(
+    "dtype,scheme,sym,group_size",
+    [(ml_dtypes.bfloat16, "int4", True, 128), (np.float16, "uint4", False, 64)],
+    ids=["int4-g128-bf16", "uint4-g64-f16"],
+)
 def test_prefill_benchmark_shapes(dtype, scheme, sym, group_size):
     for N, K in BENCH_SHAPES:
         wh = _weights((N, K), _seed("bs", N, K), dtype, outliers=False)
@@ -387,8 +402,9 @@ def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma, splits):
     blocks are launched with shared memory for one block per SM."""
     dtype = ml_dtypes.bfloat16
     N, K = 520, 1024  # a partial last tile of weight rows
-    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 31, dtype, outliers=False)), "uint4", group_size=32,
-                            symmetric=False)
+    qw = cq.quantize_weight(
+        cupy.asarray(_weights((N, K), 31, dtype, outliers=False)), "uint4", group_size=32, symmetric=False
+    )
     a = cupy.asarray(np.random.default_rng(32).standard_normal((bma + 5, K)).astype(np.float32).astype(dtype))
     monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     smem_sm = cupy.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]
@@ -432,8 +448,9 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
     poisoned outputs, within the tolerance."""
     dtype = ml_dtypes.bfloat16
     N, K, M = 392, 1536, 200
-    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 51, dtype, outliers=False)), scheme, group_size=group,
-                            symmetric=scheme == "int4")
+    qw = cq.quantize_weight(
+        cupy.asarray(_weights((N, K), 51, dtype, outliers=False)), scheme, group_size=group, symmetric=scheme == "int4"
+    )
     wide = cupy.asarray(np.random.default_rng(52).standard_normal((255, K + 96)).astype(np.float32).astype(dtype))
     a = wide[:M, :K]
     assert a.strides[0] == (K + 96) * 2 and not a.flags.c_contiguous
@@ -520,7 +537,14 @@ def test_wgmma_cluster_capacity():
 
 # (path, M): every kernel, and on the tensor-core kernels a split-K launch (the 256 x 4096 weight of
 # the chain below at M = 16: few tiles, long K) besides a plain one
-PDL_CASES = [("decode", 1), ("decode", 16), ("sm80_gemm", 16), ("sm80_gemm", 200), ("sm90_gemm", 16), ("sm90_gemm", 200)]
+PDL_CASES = [
+    ("decode", 1),
+    ("decode", 16),
+    ("sm80_gemm", 16),
+    ("sm80_gemm", 200),
+    ("sm90_gemm", 16),
+    ("sm90_gemm", 200),
+]
 
 
 @pytest.mark.parametrize("path,M", PDL_CASES, ids=[f"{p}-M{m}" for p, m in PDL_CASES])
@@ -533,12 +557,17 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
     dtype = ml_dtypes.bfloat16
     rng = np.random.default_rng(_seed("pdl", path, M))
     w1 = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((256, 4096), 21, dtype, outliers=False)), "int4"))
-    w2 = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((4096, 256), 22, dtype, outliers=False)), "uint4",
-                                              group_size=64, symmetric=False))
+    w2 = cq.prepare_weight(
+        cq.quantize_weight(
+            cupy.asarray(_weights((4096, 256), 22, dtype, outliers=False)), "uint4", group_size=64, symmetric=False
+        )
+    )
     ws = [w1, w2, w1, w2]
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     if M == 16 and path == "sm80_gemm":
-        assert plan.sm80_splits(-(-256 // C.SM80_GEMM_BN), 4096 // C.SM80_GEMM_BK, sms)[0] > 1  # split-K launches in the chain
+        assert (
+            plan.sm80_splits(-(-256 // C.SM80_GEMM_BN), 4096 // C.SM80_GEMM_BK, sms)[0] > 1
+        )  # split-K launches in the chain
     if M == 16 and path == "sm90_gemm":
         assert plan.sm90_plan(16, 256, 4096 // C.SM90_GEMM_BK, sms)[1] > 1
     src = cupy.asarray(rng.standard_normal((M, 4096)).astype(np.float32).astype(dtype))
@@ -680,9 +709,17 @@ def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
     monkeypatch.setattr(launch, "sm90_gemm", lambda p: (early.append(p.early), real(p)))
     monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     for N, K in ((264, 512), (136, 3072)):
-        qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((N, K), _seed("ew", N, K), dtype, outliers=False)),
-                                                  "uint4", group_size=64, symmetric=False))
-        a = cupy.asarray(np.random.default_rng(_seed("ewa", N, K)).standard_normal((bma + 7, K)).astype(np.float32).astype(dtype))
+        qw = cq.prepare_weight(
+            cq.quantize_weight(
+                cupy.asarray(_weights((N, K), _seed("ew", N, K), dtype, outliers=False)),
+                "uint4",
+                group_size=64,
+                symmetric=False,
+            )
+        )
+        a = cupy.asarray(
+            np.random.default_rng(_seed("ewa", N, K)).standard_normal((bma + 7, K)).astype(np.float32).astype(dtype)
+        )
         early.clear()
         with _forced("sm90_gemm"):
             outs = [poisoned((bma + 7, N), dtype) for _ in range(3)]
@@ -718,8 +755,9 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
     afterwards, and each stream has its own."""
     dtype = ml_dtypes.bfloat16
     N, K, M = 520, 1024, 70  # 5 tiles of 128 weight rows, M over one tile of 64 rows; 8 stages of 128 k: 4 splits of 2
-    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "uint4", group_size=64,
-                            symmetric=False)
+    qw = cq.quantize_weight(
+        cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "uint4", group_size=64, symmetric=False
+    )
     a = cupy.asarray(np.random.default_rng(42).standard_normal((M, K)).astype(np.float32).astype(dtype))
     monkeypatch.setattr(plan, "sm80_splits", lambda tiles, iters, blocks: (4, -(-iters // 4)))
     monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (64, 4))
@@ -764,12 +802,15 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
                 stream.synchronize()
                 for i, o in enumerate(outs):
                     assert_bits_equal(o, want, f"graph replay {rep}, call {i}")
-            assert int(cupy.count_nonzero(slab[0][start:slab[1]])) == 0
+            assert int(cupy.count_nonzero(slab[0][start : slab[1]])) == 0
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3], ids=["whole-K", "split2-K", "split3-K"])
-@pytest.mark.parametrize("path,bma", [("sm80_gemm", 64), ("sm90_gemm", 32), ("sm90_gemm", 64), ("sm90_gemm", 128), ("sm90_gemm", 256)],
-                         ids=["sm80_gemm", "wgmma-32", "wgmma-64", "wgmma-128", "wgmma-256"])
+@pytest.mark.parametrize(
+    "path,bma",
+    [("sm80_gemm", 64), ("sm90_gemm", 32), ("sm90_gemm", 64), ("sm90_gemm", 128), ("sm90_gemm", 256)],
+    ids=["sm80_gemm", "wgmma-32", "wgmma-64", "wgmma-128", "wgmma-256"],
+)
 def test_tensor_core_out_tails_and_batches(monkeypatch, path, bma, splits):
     """Odd N (a partial last tile of weight rows), M not a multiple of the tile, batched input, and
     out= buffers that are not 16-byte aligned (the epilogue's scalar path) give the same bits as
@@ -815,7 +856,7 @@ def test_matmul_batched_strided_and_out(scheme, sym):
     assert_bits_equal(y1, cupy.asnumpy(y[1, 2]), "row alone")
     # strided (every other column of a wider array) and offset views are copied first
     wide = cupy.asarray(rng.standard_normal((5, 2 * K + 1)).astype(np.float32).astype(dtype))
-    for view in (wide[:, 1:2 * K + 1:2], wide[:, 1:K + 1]):
+    for view in (wide[:, 1 : 2 * K + 1 : 2], wide[:, 1 : K + 1]):
         want = cq.matmul(cupy.ascontiguousarray(view), qw)
         assert_bits_equal(cq.matmul(view, qw), cupy.asnumpy(want), "view")
     out = poisoned((2, 3, N), dtype)
@@ -835,8 +876,13 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     pick, run, kernel = plan.decode_config, launch.run, _jit.kernel
     monkeypatch.setattr(plan, "decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
     monkeypatch.setattr(_jit, "kernel", lambda *a: launched.append(a[2:]) or kernel(*a))  # (name, *template args)
-    monkeypatch.setattr(launch, "run", lambda k, grid, block, args, smem, pdl, cluster=None: launched.append((block, grid, cluster))
-                        or run(k, grid, block, args, smem, pdl, cluster))
+    monkeypatch.setattr(
+        launch,
+        "run",
+        lambda k, grid, block, args, smem, pdl, cluster=None: (
+            launched.append((block, grid, cluster)) or run(k, grid, block, args, smem, pdl, cluster)
+        ),
+    )
     dtype = ml_dtypes.bfloat16
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     hopper = int(_device.arch(cupy.cuda.Device().id)) >= 90
@@ -846,21 +892,35 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     # SM (MM_FOUR_WIDE); 32 x SMs rows with K = 8192 (64 chunks): half a block of 64 rows a SM, K
     # split 2 ways (MM_FOUR_WIDE) at M = 16 but not at M = 9
     for N, K in ((16 * sms, 4096), (16 * 8 * sms, 1024), (5000, 2048), (64 * sms, 1024), (32 * sms, 8192)):
-        qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((N, K), 3, dtype, outliers=False)), "int4", group_size=128))
+        qw = cq.prepare_weight(
+            cq.quantize_weight(cupy.asarray(_weights((N, K), 3, dtype, outliers=False)), "int4", group_size=128)
+        )
         for M in (1, 9, 16):
             picked.clear(), launched.clear()
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
             y = cq.matmul(a, qw)
             calls = list(launched)  # the kernel lookups and the launch of this matmul alone
             assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
-            want = pick(-(-N // (32 if M > 8 else 16)), sms, K // 128, M > 8, -(-N // 64) if M > 8 else 0, hopper and M >= 16, True)
+            want = pick(
+                -(-N // (32 if M > 8 else 16)),
+                sms,
+                K // 128,
+                M > 8,
+                -(-N // 64) if M > 8 else 0,
+                hopper and M >= 16,
+                True,
+            )
             assert picked == [want]
             assert len(calls) == 2 and calls[0][0] == "w16_decode" and calls[0][3:-1] == want.targs, (N, M, calls)
             block, grid, cluster = calls[1]
             rows = want.rows
             splits = plan.decode_splits(want, -(-N // rows), sms, K // 128) if hopper else 1
             assert block == (32 * want.warps,), (N, M, calls)
-            assert grid == (-(-N // rows), 1, splits) and cluster == ((1, 1, splits) if splits > 1 else None), (N, M, calls)
+            assert grid == (-(-N // rows), 1, splits) and cluster == ((1, 1, splits) if splits > 1 else None), (
+                N,
+                M,
+                calls,
+            )
             seen.add(want)
             if splits > 1:
                 split_seen.add((N, M))
@@ -883,17 +943,26 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     clamped tail rows (N = 1000 leaves 40 rows, 3 of 4 tiles, in the last block of 64), and K = 1024
     (8 chunks) leaves half of a 16-warp block idle. Every configuration is held to the error
     bound."""
-    from cupyquant import _jit
 
     dtype = ml_dtypes.bfloat16
     N, K = 1000, 1024
-    qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 14, dtype, outliers=False)), scheme, group_size=64, symmetric=sym)
+    qw = cq.quantize_weight(
+        cupy.asarray(_weights((N, K), 14, dtype, outliers=False)), scheme, group_size=64, symmetric=sym
+    )
     got = {}
     monkeypatch.setattr(dispatch, "_FORCED", "decode")  # M = 33 takes wgmma on compute capability 9.0
-    for cfg, ms in ((C.R16_W8_B3, (1, 5, 8)), (C.R16_W8_B4, (1, 5, 8)), (C.R16_W16_B2, (1, 5, 8)),
-                    (C.R16_W4_B8, (1, 5, 8)), (C.R32_W8_B2, (9, 16)), (C.R32_W4_B4, (9, 16)),
-                    (C.R32_W16_B1, (9, 16)), (C.R64_W4_B2, (9, 16, 33)), (C.R64_W8_B1, (9, 16, 33)),
-                    (C.R32_W8_B1_EVEN_ODD, (9, 16, 33))):
+    for cfg, ms in (
+        (C.R16_W8_B3, (1, 5, 8)),
+        (C.R16_W8_B4, (1, 5, 8)),
+        (C.R16_W16_B2, (1, 5, 8)),
+        (C.R16_W4_B8, (1, 5, 8)),
+        (C.R32_W8_B2, (9, 16)),
+        (C.R32_W4_B4, (9, 16)),
+        (C.R32_W16_B1, (9, 16)),
+        (C.R64_W4_B2, (9, 16, 33)),
+        (C.R64_W8_B1, (9, 16, 33)),
+        (C.R32_W8_B1_EVEN_ODD, (9, 16, 33)),
+    ):
         monkeypatch.setattr(plan, "decode_config", lambda *args, cfg=cfg: cfg)
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
@@ -916,7 +985,6 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     partial sums (even and odd k16 steps of a chunk) must both reach the output; the 64-row blocks
     (MM_FOUR, MM_FOUR_WIDE: two sets, the weight registers of two k16 steps regrouped into each mma)
     in fp16 and bf16; and the wrapper's own split run twice gives the same bits."""
-    from cupyquant import _jit
 
     if int(_device.arch(cupy.cuda.Device().id)) < 90:
         pytest.skip("the decode K split runs as thread-block clusters: compute capability 9.0+")
@@ -925,9 +993,17 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     w = rng.integers(-7, 8, (N, K)).astype(np.float32)
     w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
     monkeypatch.setattr(dispatch, "_FORCED", "decode")  # M = 33 takes wgmma otherwise
-    fp16_cases = ((C.R64_W8_B1, 2, (9, 16, 33)), (C.R64_W8_B1, 3, (16,)), (C.R64_W4_B2, 2, (16, 33)),
-                  (C.R32_W16_B1, 2, (9,)), (C.R32_W8_B2, 8, (16,)), (C.R16_W8_B3, 2, (1, 5)),
-                  (C.R16_W16_B2, 8, (1,)), (C.R32_W8_B1_EVEN_ODD, 1, (9, 16, 33)), (C.R32_W8_B1_EVEN_ODD, 2, (16,)))
+    fp16_cases = (
+        (C.R64_W8_B1, 2, (9, 16, 33)),
+        (C.R64_W8_B1, 3, (16,)),
+        (C.R64_W4_B2, 2, (16, 33)),
+        (C.R32_W16_B1, 2, (9,)),
+        (C.R32_W8_B2, 8, (16,)),
+        (C.R16_W8_B3, 2, (1, 5)),
+        (C.R16_W16_B2, 8, (1,)),
+        (C.R32_W8_B1_EVEN_ODD, 1, (9, 16, 33)),
+        (C.R32_W8_B1_EVEN_ODD, 2, (16,)),
+    )
     # bf16 (its own code extraction): the 64-row blocks, whose mma pair the weight registers of two
     # k16 steps and keep two sets of partial sums, unsplit and split
     bf16_cases = ((C.R64_W8_B1, 1, (16, 33)), (C.R64_W8_B1, 2, (9,)), (C.R64_W4_B2, 1, (16,)))
@@ -946,7 +1022,9 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     # the wrapper's own pick for 32 x SMs rows of 64 chunks at M = 16 is split (test above): the
     # sum order is fixed, so two calls agree bit for bit
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    qw = cq.quantize_weight(cupy.asarray(_weights((32 * sms, 8192), 5, ml_dtypes.bfloat16, outliers=False)), "int4", group_size=128)
+    qw = cq.quantize_weight(
+        cupy.asarray(_weights((32 * sms, 8192), 5, ml_dtypes.bfloat16, outliers=False)), "int4", group_size=128
+    )
     a = cupy.asarray(np.random.default_rng(3).standard_normal((16, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16))
     y1, y2 = cq.matmul(a, qw), cq.matmul(a, qw)
     assert_bits_equal(y2, cupy.asnumpy(y1), "split K, second call")
@@ -956,7 +1034,9 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
 def test_weight_with_empty_k_is_rejected():
     """quantize_weight never makes K = 0; a hand-built one is a ValueError, not a kernel reading
     before its rows (or a division by the zero group size)."""
-    w = cq.QuantizedWeight(cupy.zeros((4, 0), np.uint8), cupy.zeros((4, 0), np.float16), None, "int4", None, (4, 0), np.float16)
+    w = cq.QuantizedWeight(
+        cupy.zeros((4, 0), np.uint8), cupy.zeros((4, 0), np.float16), None, "int4", None, (4, 0), np.float16
+    )
     with pytest.raises(ValueError, match=r"w\.shape must be"):
         cq.matmul(cupy.zeros((1, 0), np.float16), w)
     with pytest.raises(ValueError, match=r"w\.shape must be"):

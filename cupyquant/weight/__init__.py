@@ -38,12 +38,12 @@ versions; :func:`matmul` takes a plain weight too, converting it on every call (
 weight: prepare once instead).
 """
 
-
 from __future__ import annotations
 
 from ..quantized import register_container
 from .container import QuantizedWeight
-from .dispatch import _forced_path, matmul, matmul_path
+from .dispatch import _forced_path as _forced_path  # private: tests and benchmarks force a kernel
+from .dispatch import matmul, matmul_path
 from .quantize import dequantize_weight, prepare_weight, quantize_weight
 
 __all__ = ["QuantizedWeight", "dequantize_weight", "matmul", "matmul_path", "prepare_weight", "quantize_weight"]

@@ -4,8 +4,8 @@ kernel attributes set once (shared-memory limits, occupancy) and cluster capacit
 from __future__ import annotations
 
 import cupy
-from cupy.cuda import driver as _driver
 import numpy as np
+from cupy.cuda import driver as _driver
 
 from .. import _device, _launch, _validate
 
@@ -32,7 +32,7 @@ def split_counters(device, n: int) -> cupy.ndarray:
     if stream.is_capturing():
         slab = graph_slabs.get(device)
         if slab is not None and slab[1] + n <= slab[0].size:
-            out = slab[0][slab[1]:slab[1] + n]
+            out = slab[0][slab[1] : slab[1] + n]
             slab[1] += n
             return out
         out = cupy.zeros(n, dtype=np.int32)

@@ -68,8 +68,18 @@ R64_W8_B1 = DecodeConfig("r64_w8_b1", 8, 1, 4, 1, False)  # the 64-row blocks on
 R32_W8_B1_EVEN_ODD = DecodeConfig("r32_w8_b1_even_odd", 8, 1, 2, 2, True)
 
 #: Every decode configuration (plan.py says which serves which shapes).
-DECODE_CONFIGS = (R16_W8_B3, R16_W8_B4, R32_W8_B2, R16_W16_B2, R16_W4_B8, R32_W4_B4, R32_W16_B1, R64_W4_B2,
-                  R64_W8_B1, R32_W8_B1_EVEN_ODD)
+DECODE_CONFIGS = (
+    R16_W8_B3,
+    R16_W8_B4,
+    R32_W8_B2,
+    R16_W16_B2,
+    R16_W4_B8,
+    R32_W4_B4,
+    R32_W16_B1,
+    R64_W4_B2,
+    R64_W8_B1,
+    R32_W8_B1_EVEN_ODD,
+)
 #: The decode kernel's ring depth: weight chunks in flight per warp (kernels/weight_decode.cu DECODE_STAGES).
 DECODE_STAGES = 2
 
@@ -91,8 +101,12 @@ class Sm80GemmConfig(NamedTuple):
 
 #: Each tile and the scale_after_sum values it is built with (4 m16 tiles a warp have no registers
 #: for that second set of accumulators).
-SM80_GEMM_CONFIGS = {Sm80GemmConfig(1, 1, 4): _BOOLS, Sm80GemmConfig(2, 1, 4): _BOOLS,
-                     Sm80GemmConfig(4, 1, 4): (False,), Sm80GemmConfig(4, 2, 3): (False,)}
+SM80_GEMM_CONFIGS = {
+    Sm80GemmConfig(1, 1, 4): _BOOLS,
+    Sm80GemmConfig(2, 1, 4): _BOOLS,
+    Sm80GemmConfig(4, 1, 4): (False,),
+    Sm80GemmConfig(4, 2, 3): (False,),
+}
 SM80_GEMM_BN = 128  # output columns per block
 SM80_GEMM_BK = 128  # K per stage
 
@@ -115,8 +129,12 @@ class Sm90GemmConfig(NamedTuple):
 
 
 #: The sm90 gemm's tiles, each built for both prepared INT4 orders (k_permuted false and true).
-SM90_GEMM_CONFIGS = (Sm90GemmConfig(32, 6, 2), Sm90GemmConfig(64, 4, 2), Sm90GemmConfig(128, 5, 2),
-                     Sm90GemmConfig(256, 6, 1))
+SM90_GEMM_CONFIGS = (
+    Sm90GemmConfig(32, 6, 2),
+    Sm90GemmConfig(64, 4, 2),
+    Sm90GemmConfig(128, 5, 2),
+    Sm90GemmConfig(256, 6, 1),
+)
 SM90_GEMM = {c.rows: c for c in SM90_GEMM_CONFIGS}
 SM90_GEMM_BN = 128  # weight rows per tile
 SM90_GEMM_BK = 64  # the unit of K the plans count in (one half)
@@ -136,18 +154,35 @@ def sm90_gemm_smem(rows: int) -> int:
 # ---------------------------------------------------------------- argument structs
 QUANT_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
 DECODE_ARGS = np.dtype(
-    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
-     ("early", np.int32)],
+    [
+        ("M", np.int64),
+        ("N", np.int64),
+        ("K", np.int64),
+        ("lda", np.int64),
+        ("ng", np.int64),
+        ("gshift", np.int32),
+        ("early", np.int32),
+    ],
     align=True,
 )
 SM80_GEMM_ARGS = np.dtype(
-    [("M", np.int64), ("N", np.int64), ("K", np.int64), ("lda", np.int64), ("ng", np.int64), ("gshift", np.int32),
-     ("splits", np.int32), ("iters", np.int32), ("kperm", np.int32)],
+    [
+        ("M", np.int64),
+        ("N", np.int64),
+        ("K", np.int64),
+        ("lda", np.int64),
+        ("ng", np.int64),
+        ("gshift", np.int32),
+        ("splits", np.int32),
+        ("iters", np.int32),
+        ("kperm", np.int32),
+    ],
     align=True,
 )
 # the same layout, the last field the early flag
-SM90_GEMM_ARGS = np.dtype([(n if n != "kperm" else "early", SM80_GEMM_ARGS.fields[n][0]) for n in SM80_GEMM_ARGS.names],
-                          align=True)
+SM90_GEMM_ARGS = np.dtype(
+    [(n if n != "kperm" else "early", SM80_GEMM_ARGS.fields[n][0]) for n in SM80_GEMM_ARGS.names], align=True
+)
 
 
 # ---------------------------------------------------------------- registration
@@ -163,7 +198,9 @@ DECODE_FAMILY = _jit.register(
     [
         e
         for cfg in DECODE_CONFIGS
-        for e in _jit.product("w16_decode", _dtypes.HALF_CTYPES, SCHEME_IDS.values(), *[(v,) for v in cfg.targs], _BOOLS)
+        for e in _jit.product(
+            "w16_decode", _dtypes.HALF_CTYPES, SCHEME_IDS.values(), *[(v,) for v in cfg.targs], _BOOLS
+        )
     ],
 )
 SM80_GEMM_FAMILY = _jit.register(

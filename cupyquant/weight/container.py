@@ -35,9 +35,14 @@ def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain") ->
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
     channel = group_size is None
-    return _WeightScheme(format=fmt, granularity="channel" if channel else "group",
-                         block=(int(K) if channel else int(group_size),), scale_dtype=np.dtype(dtype).name,
-                         scale_layout=layout, family=FAMILY)
+    return _WeightScheme(
+        format=fmt,
+        granularity="channel" if channel else "group",
+        block=(int(K) if channel else int(group_size),),
+        scale_dtype=np.dtype(dtype).name,
+        scale_layout=layout,
+        family=FAMILY,
+    )
 
 
 class QuantizedWeight:
@@ -80,8 +85,10 @@ class QuantizedWeight:
     def __init__(self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None):
         if isinstance(scheme, str):  # the older form: (..., format, group_size, shape, dtype[, layout])
             if len(deprecated) not in (1, 2) or len(deprecated) == 2 and layout is not None:
-                raise TypeError("QuantizedWeight(data, scales, zeros, format, group_size, shape, dtype[, layout]) "
-                                f"takes 7 or 8 arguments, got {6 + len(deprecated)}")
+                raise TypeError(
+                    "QuantizedWeight(data, scales, zeros, format, group_size, shape, dtype[, layout]) "
+                    f"takes 7 or 8 arguments, got {6 + len(deprecated)}"
+                )
             group_size, shape, dtype = shape, dtype, deprecated[0]
             layout = deprecated[1] if len(deprecated) == 2 else "plain" if layout is None else layout
             scheme = weight_scheme(scheme, group_size, tuple(shape)[1], dtype, layout)
@@ -153,8 +160,14 @@ class QuantizedWeight:
         return self.data.nbytes + self.scale.nbytes + (0 if self.zero_point is None else self.zero_point.nbytes)
 
     def _with(self, data, scale, zero_point, layout: str) -> "QuantizedWeight":
-        return QuantizedWeight(data, scale, zero_point, weight_scheme(self._format, self.group_size, self.shape[1],
-                                                                      self.dtype, layout), self.shape, self.dtype)
+        return QuantizedWeight(
+            data,
+            scale,
+            zero_point,
+            weight_scheme(self._format, self.group_size, self.shape[1], self.dtype, layout),
+            self.shape,
+            self.dtype,
+        )
 
     def dequantize(self, dtype=None, *, out=None):
         """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
@@ -205,5 +218,7 @@ class QuantizedWeight:
     def __repr__(self) -> str:
         g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
         lay = "" if not self._prepared else ", prepared"
-        return (f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.dtype.name}{lay}, "
-                f"{self.nbytes} bytes)")
+        return (
+            f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.dtype.name}{lay}, "
+            f"{self.nbytes} bytes)"
+        )

@@ -9,7 +9,8 @@ import cupy
 import numpy as np
 
 from .. import _device, _validate
-from . import configs as C, launch, plan
+from . import configs as C
+from . import launch, plan
 from .container import QuantizedWeight
 from .quantize import check_weight, prepared_of
 
@@ -161,8 +162,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
         raise TypeError(f"pdl must be None, True or False, got {type(pdl).__name__}")
     pdl_ok = int(_device.arch(device)) >= 90
     if pdl and not pdl_ok:
-        raise ValueError(f"pdl=True needs a GPU of compute capability 9.0 or newer (programmatic dependent launch), "
-                         f"device {device} is {_device.arch(device)}")
+        raise ValueError(
+            f"pdl=True needs a GPU of compute capability 9.0 or newer (programmatic dependent launch), "
+            f"device {device} is {_device.arch(device)}"
+        )
     pdl = pdl_ok if pdl is None else bool(pdl)
     lead = a.shape[:-1]
     M = math.prod(lead)
@@ -186,8 +189,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
                 launch.decode(problem)
             elif path == "sm90_gemm":
                 if _device.arch(device) not in plan.SM90_ARCHS:
-                    raise ValueError(f"the sm90_gemm path needs a GPU of compute capability 9.0, device {device} is "
-                                     f"{_device.arch(device)}")
+                    raise ValueError(
+                        f"the sm90_gemm path needs a GPU of compute capability 9.0, device {device} is "
+                        f"{_device.arch(device)}"
+                    )
                 launch.sm90_gemm(problem)
             else:
                 launch.sm80_gemm(problem)

@@ -9,7 +9,8 @@ import cupy
 import numpy as np
 
 from .. import _device, _jit, _launch, _validate
-from . import _cache, configs as C, plan
+from . import _cache, plan
+from . import configs as C
 from .quantize import k_permuted
 
 
@@ -87,24 +88,51 @@ def decode(p: Problem) -> None:
         two = mrows > 8
         mtiles = -(-mrows // 16)
         four_blocks = -(-p.N // 64) * mtiles if two and fmt != "float8_e4m3fn" else 0
-        cfg = plan.decode_config(-(-p.N // (32 if two else 16)) * mtiles, p.sms, nchunks, two, four_blocks,
-                                 hopper and mrows >= 16, scale_after_sum)
-        k = _jit.kernel(device, C.DECODE_FAMILY, "w16_decode", p.t.ctype, C.SCHEME_IDS[fmt], *cfg.targs, scale_after_sum)
+        cfg = plan.decode_config(
+            -(-p.N // (32 if two else 16)) * mtiles,
+            p.sms,
+            nchunks,
+            two,
+            four_blocks,
+            hopper and mrows >= 16,
+            scale_after_sum,
+        )
+        k = _jit.kernel(
+            device, C.DECODE_FAMILY, "w16_decode", p.t.ctype, C.SCHEME_IDS[fmt], *cfg.targs, scale_after_sum
+        )
         smem = C.decode_smem(cfg)
         _cache.raise_smem_limit(device, k, smem)
         grid = (-(-p.N // cfg.rows), mtiles)
         splits = plan.decode_splits(cfg, grid[0] * mtiles, p.sms, nchunks) if hopper else 1
-        run(k, grid + (splits,), (32 * cfg.warps,), (p.a2[m0:], w.data, w.scale, p.zero_point, p.y2[m0:], args), smem,
-            p.pdl, (1, 1, splits) if splits > 1 else None)
+        run(
+            k,
+            grid + (splits,),
+            (32 * cfg.warps,),
+            (p.a2[m0:], w.data, w.scale, p.zero_point, p.y2[m0:], args),
+            smem,
+            p.pdl,
+            (1, 1, splits) if splits > 1 else None,
+        )
 
 
 def sm80_gemm(p: Problem) -> None:
     cfg = plan.sm80_gemm_config(p.M)
     scale_after_sum = p.w._group % C.SM80_GEMM_BK == 0 and cfg.m_tiles < 4
-    k = _jit.kernel(p.device, C.SM80_GEMM_FAMILY, "sm80_w16_gemm", p.t.ctype, C.SCHEME_IDS[p.w._format], *cfg,
-                    scale_after_sum)
-    tiled(p, TiledLaunch(k, 128 * cfg.warps_m, C.sm80_gemm_smem(cfg), C.sm80_gemm_rows(cfg), C.SM80_GEMM_BN,
-                         C.SM80_GEMM_BK, plan.sm80_splits))
+    k = _jit.kernel(
+        p.device, C.SM80_GEMM_FAMILY, "sm80_w16_gemm", p.t.ctype, C.SCHEME_IDS[p.w._format], *cfg, scale_after_sum
+    )
+    tiled(
+        p,
+        TiledLaunch(
+            k,
+            128 * cfg.warps_m,
+            C.sm80_gemm_smem(cfg),
+            C.sm80_gemm_rows(cfg),
+            C.SM80_GEMM_BN,
+            C.SM80_GEMM_BK,
+            plan.sm80_splits,
+        ),
+    )
 
 
 def sm90_cluster_cap(device, t, fmt, kp) -> dict:
@@ -127,8 +155,20 @@ def sm90_gemm(p: Problem) -> None:
         iters = -(-iters_total // splits)
         return -(-iters_total // iters), iters
 
-    tiled(p, TiledLaunch(k, C.SM90_GEMM_THREADS[rows], C.sm90_gemm_smem(rows), rows, C.SM90_GEMM_BN,
-                         C.SM90_GEMM_BK * cfg.halves, split, sm90=True, cluster_cap=cap))
+    tiled(
+        p,
+        TiledLaunch(
+            k,
+            C.SM90_GEMM_THREADS[rows],
+            C.sm90_gemm_smem(rows),
+            rows,
+            C.SM90_GEMM_BN,
+            C.SM90_GEMM_BK * cfg.halves,
+            split,
+            sm90=True,
+            cluster_cap=cap,
+        ),
+    )
 
 
 def tiled(p: Problem, L: TiledLaunch) -> None:
@@ -159,8 +199,11 @@ def tiled(p: Problem, L: TiledLaunch) -> None:
         mtiles = -(-mrows // L.rows)
         splits, iters = L.split(ntiles * mtiles, iters_total, occ * p.sms)
         args["M"], args["splits"], args["iters"] = mrows, splits, iters
-        in_cluster = L.sm90 and plan.CLUSTER_SPLITS and (
-            splits == 2 or (splits > 2 and plan.wide_cluster_fits(L.cluster_cap, splits, ntiles * mtiles)))
+        in_cluster = (
+            L.sm90
+            and plan.CLUSTER_SPLITS
+            and (splits == 2 or (splits > 2 and plan.wide_cluster_fits(L.cluster_cap, splits, ntiles * mtiles)))
+        )
         launch_smem = L.smem
         if in_cluster and splits > 2:
             launch_smem = _cache.one_block_smem(device, L.kernel, L.smem)
@@ -176,9 +219,12 @@ def tiled(p: Problem, L: TiledLaunch) -> None:
             tmaps = (_cache.NO_TENSOR_MAP, _cache.NO_TENSOR_MAP)
             if L.rows == C.SM90_GEMM_TMA_ROWS:  # boxes of the whole tile, and of the last tile's rows rounded up to 8
                 tail = -(-(mrows % L.rows) // 8) * 8
-                tail_map = _cache.act_tensor_map(p.a2[m0:], mrows, p.K, C.SM90_GEMM_BK, tail) if tail else _cache.NO_TENSOR_MAP
+                tail_map = (
+                    _cache.act_tensor_map(p.a2[m0:], mrows, p.K, C.SM90_GEMM_BK, tail) if tail else _cache.NO_TENSOR_MAP
+                )
                 tmaps = (_cache.act_tensor_map(p.a2[m0:], mrows, p.K, C.SM90_GEMM_BK, L.rows), tail_map)
-            _launch.launch(L.kernel, (ntiles, mtiles, splits), (L.threads,), kargs + tmaps, launch_smem, pdl=p.pdl,
-                           cluster=cluster)
+            _launch.launch(
+                L.kernel, (ntiles, mtiles, splits), (L.threads,), kargs + tmaps, launch_smem, pdl=p.pdl, cluster=cluster
+            )
         else:
             run(L.kernel, (ntiles, mtiles, splits), (L.threads,), kargs, launch_smem, p.pdl, cluster)

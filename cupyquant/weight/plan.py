@@ -55,7 +55,12 @@ def choose_path(M: int, N: int, K: int, fp8: bool, arch, sms) -> str:
             return "decode"
         return "sm90_gemm"
     w = N * K
-    if M <= PATHS.small_weight_decode_max_m and w < PATHS.small_weight or M <= PATHS.mid_weight_decode_max_m and w < PATHS.mid_weight:
+    if (
+        M <= PATHS.small_weight_decode_max_m
+        and w < PATHS.small_weight
+        or M <= PATHS.mid_weight_decode_max_m
+        and w < PATHS.mid_weight
+    ):
         return "decode"
     return "sm80_gemm"
 
@@ -117,8 +122,15 @@ def decode_estimate(cfg: C.DecodeConfig, blocks: int, sms: int, nchunks: int) ->
     return total
 
 
-def decode_config(blocks: int, sms: int, nchunks: int, two: bool = False, four_blocks: int = 0,
-                  split_ok: bool = False, even_odd_ok: bool = False) -> C.DecodeConfig:
+def decode_config(
+    blocks: int,
+    sms: int,
+    nchunks: int,
+    two: bool = False,
+    four_blocks: int = 0,
+    split_ok: bool = False,
+    even_odd_ok: bool = False,
+) -> C.DecodeConfig:
     """The decode kernel's configuration for a launch of ``blocks`` blocks of 16 weight rows (of
     32 with ``two``, M tiles of 16 rows; times the M tiles) over ``nchunks`` chunks of K.
 
@@ -160,8 +172,12 @@ def decode_splits(cfg: C.DecodeConfig, blocks: int, sms: int, nchunks: int) -> i
 # ---------------------------------------------------------------- sm80 gemm
 #: (largest M, tile): the smallest tile that covers M, so each weight byte is read once per
 #: ceil(M / rows) row tiles; past 64 rows, 128-row tiles of 8 warps.
-SM80_GEMM_TILES = ((16, C.Sm80GemmConfig(1, 1, 4)), (32, C.Sm80GemmConfig(2, 1, 4)), (64, C.Sm80GemmConfig(4, 1, 4)),
-                   (None, C.Sm80GemmConfig(4, 2, 3)))
+SM80_GEMM_TILES = (
+    (16, C.Sm80GemmConfig(1, 1, 4)),
+    (32, C.Sm80GemmConfig(2, 1, 4)),
+    (64, C.Sm80GemmConfig(4, 1, 4)),
+    (None, C.Sm80GemmConfig(4, 2, 3)),
+)
 #: Each K split of the sm80 gemm streams at least this many stages (pipeline fill, reduction).
 SM80_MIN_SPLIT_STAGES = 4
 

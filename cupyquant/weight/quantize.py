@@ -101,16 +101,22 @@ def check_weight(w) -> None:
         if K % chunk:
             raise ValueError(f"w.shape's K must be a multiple of {chunk} for a prepared weight, got w.shape {w.shape}")
     else:
-        shapes = {"data": (N, K) if fmt == "float8_e4m3fn" else (N, K // 2), "scales": (N, ng),
-                  "zeros": (N, (ng + 1) // 2)}
+        shapes = {
+            "data": (N, K) if fmt == "float8_e4m3fn" else (N, K // 2),
+            "scales": (N, ng),
+            "zeros": (N, (ng + 1) // 2),
+        }
     if w.data.shape != shapes["data"] or w.data.dtype != np.uint8:
-        raise ValueError(f"w.data must be uint8 of shape {shapes['data']} for a {w.scheme.scale_layout} weight of shape {w.shape}, "
-                         f"got {w.data.dtype} {w.data.shape}")
+        raise ValueError(
+            f"w.data must be uint8 of shape {shapes['data']} for a {w.scheme.scale_layout} weight of shape {w.shape}, "
+            f"got {w.data.dtype} {w.data.shape}"
+        )
     if w.scale.shape != shapes["scales"]:
         raise ValueError(f"w.scale must have shape {shapes['scales']}, got {w.scale.shape}")
     if w.zero_point is not None and (w.zero_point.shape != shapes["zeros"] or w.zero_point.dtype != np.uint8):
-        raise ValueError(f"w.zero_point must be uint8 of shape {shapes['zeros']}, got {w.zero_point.dtype} "
-                         f"{w.zero_point.shape}")
+        raise ValueError(
+            f"w.zero_point must be uint8 of shape {shapes['zeros']}, got {w.zero_point.dtype} {w.zero_point.shape}"
+        )
     if (w.zero_point is not None) != (fmt == "uint4"):
         raise ValueError(f"w.zero_point must be given for uint4 weights and only for them (format {fmt!r})")
 
@@ -203,7 +209,9 @@ def prepared_of(w: QuantizedWeight) -> QuantizedWeight:
     if w._format == "float8_e4m3fn":
         data = cupy.ascontiguousarray(rows.reshape(n16, 16, K // chunk, 64).transpose(0, 2, 1, 3))
     else:  # fragment order (reference.prepare_weight): k16 step s = 4 h + 2 u1 + u0 of a chunk, k = 16 s + 8 kb + 2 t + e
-        codes = keep(_nibbles(rows, keep).reshape(n16, 2, 8, K // 128, 2, 2, 2, 2, 4, 2))  # tile, row / 8, g, chunk, h, u1, u0, kb, t, e
+        codes = keep(
+            _nibbles(rows, keep).reshape(n16, 2, 8, K // 128, 2, 2, 2, 2, 4, 2)
+        )  # tile, row / 8, g, chunk, h, u1, u0, kb, t, e
         # [s % 2][g, s // 2][t, e, kb] pairs; k_permuted: the chunk's axes read (a1, a0, b1, b0) for
         # (h, u1, u0, kb): k = 32 a + 8 b + r goes where 32 b + 8 a + r would
         frag = keep(cupy.ascontiguousarray(codes.transpose(_FRAG_K_PERMUTED if k_permuted(w) else _FRAG)))
@@ -226,7 +234,9 @@ def plain_of(w: QuantizedWeight) -> QuantizedWeight:
     if w._format == "float8_e4m3fn":
         data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
     else:  # the inverse of prepared_of's fragment order
-        frag = keep(_nibbles(w.data, keep).reshape(n16, K // 128, 2, 8, 2, 2, 4, 2, 2, 2))  # tile, chunk, u0, g, h, u1, t, e, kb, row / 8
+        frag = keep(
+            _nibbles(w.data, keep).reshape(n16, K // 128, 2, 8, 2, 2, 4, 2, 2, 2)
+        )  # tile, chunk, u0, g, h, u1, t, e, kb, row / 8
         inv = _PLAIN_K_PERMUTED if k_permuted(w) else _PLAIN
         codes = keep(cupy.ascontiguousarray(frag.transpose(inv)).reshape(16 * n16, K)[:N])
         data = _pack_pairs(codes, keep)
@@ -274,5 +284,3 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
             zeros = w.zero_point if w.zero_point is not None else 0
             k(grid, (256,), (w.data, w.scale, zeros, y, a[()]))
     return y
-
-
