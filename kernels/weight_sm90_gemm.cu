@@ -166,6 +166,128 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
     }
     cluster_sync_exit();  // the other blocks have read this block's partial
 }
+
+// The epilogue: acc (accumulator acc[4 j + r]: weight row nrow + 8 (r >> 1), activation row
+// 8 j + 2 t + (r & 1)) summed over the splits of K where K is split (a cluster's registers or shared
+// memory, or the workspace), rounded to T and stored to y. The caller has waited for its wgmmas and copies.
+template <typename T, int BMA>
+__device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char* smem, unsigned sbase, T* __restrict__ y, float* __restrict__ ws,
+                                            int* __restrict__ counters, const WgArgs& a, i64 m0, i64 n0, int tid, int warp, int lane, int t,
+                                            int nrow, int& s_last) {
+    if (a.splits > 2 && ws == nullptr) {  // the splits of the tile are one cluster of 3 to 8 blocks
+        cluster_split_finish<T, BMA>(smem, y, a.M, a.N, m0, n0, a.splits, [&](auto f) {
+#pragma unroll
+            for (int j = 0; j < BMA / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
+        });
+        return;
+    }
+    if (a.splits > 1 && ws != nullptr) {
+        split_k_finish<T, BMA, WG_BN, WG_THREADS>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
+#pragma unroll
+            for (int j = 0; j < BMA / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
+        });
+        return;
+    }
+
+    // The rounded tile goes through shared memory: activation rows 8 jlo .. 8 jhi - 1 (jlo, jhi even)
+    // by 128 weight rows, LD halves apart (272-byte rows, so the 8 rows of a tile below fall in
+    // distinct banks), then out in 16-byte pieces.
+    constexpr int LD = WG_BN + 8;
+    unsigned short* so = reinterpret_cast<unsigned short*>(smem);
+    auto store_rows = [&](int jlo, int jhi) {
+        __syncthreads();  // every warpgroup's wgmmas are done with the pipeline's slots
+        {
+            // stmatrix .trans, four 8 x 8 tiles of 16-bit values a warp at a time: tile (j', h) is
+            // activation rows 8 j' .. 8 j' + 7 by weight rows wrow + 8 h .. + 7 (j' = j, j + 1; h = 0, 1).
+            // In the accumulator layout lane (g, t) holds its row g (weight row) at columns 2t, 2t + 1
+            // (activation rows): acc[4 j' + 2 h] and + 1, packed into one register; .trans stores the
+            // tile transposed, so each activation row gets 8 consecutive weight rows (16 bytes). Lane k
+            // gives the address of row k % 8 of tile k / 8. The same bits as one 16-bit store an
+            // element (BMA / 2 of them a thread, 8x the instructions). Session 34, H100, A/B in one
+            // run, 2 rounds: 14336 x 4096 M = 256 (256/1) 43.29 / 43.29 -> 42.63 / 42.78 us; the
+            // 128-row plans at M = 128 within 1%, either way.
+            const int wrow = (warp >> 2) * 64 + (warp & 3) * 16, mi = lane >> 3;
+            const unsigned sto = (unsigned)__cvta_generic_to_shared(so) + 2u * (unsigned)((8 * (mi >> 1) + (lane & 7)) * LD + wrow + 8 * (mi & 1));
+#pragma unroll
+            for (int j = 0; j < BMA / 8; j += 2) {
+                if (j < jlo || j >= jhi) continue;
+                unsigned v[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int jj = j + (q >> 1), h = q & 1;
+                    v[q] = (unsigned)bits16_rn<T>(acc[4 * jj + 2 * h]) | ((unsigned)bits16_rn<T>(acc[4 * jj + 2 * h + 1]) << 16);
+                }
+                stmatrix_x4_trans(sto + 2u * (unsigned)(8 * j * LD), v);
+            }
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int idx = tid + 8 * jlo * (WG_BN / 8); idx < 8 * jhi * (WG_BN / 8); idx += WG_THREADS) {
+            const int r = idx / (WG_BN / 8), c = idx % (WG_BN / 8);
+            const i64 m = m0 + r, n = n0 + 8 * c;
+            if (m >= a.M || n >= a.N) continue;
+            const uint4 v = *reinterpret_cast<const uint4*>(so + r * LD + 8 * c);
+            unsigned short* p = reinterpret_cast<unsigned short*>(y + m * a.N + n);
+            if (n + 8 <= a.N && (reinterpret_cast<unsigned long long>(p) & 15) == 0) {
+                *reinterpret_cast<uint4*>(p) = v;
+            } else {
+                const unsigned e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+                    if (n + k < a.N) p[k] = (unsigned short)(e[k >> 1] >> (16 * (k & 1)));
+            }
+        }
+    };
+    if (a.splits == 1) {
+        store_rows(0, BMA / 8);
+        return;
+    }
+    // K split 2 ways as a cluster (ws == nullptr): block r adds and stores the rows of the tile's
+    // 8-row groups [BMA / 16 r, BMA / 16 (r + 1)). Each block stages its partials of the other
+    // block's groups in its shared memory in accumulator order (group, thread: 16 bytes a thread,
+    // one st.shared.v4), past the rows of the store; after a cluster barrier each thread adds the
+    // other block's piece of its own accumulators (ld.shared::cluster of the same thread's place;
+    // a + b is b + a, so this is split_k_finish's sum, bit for bit) and the block stores its rows as
+    // an unsplit tile does; a last barrier keeps the staging alive until the other block has read
+    // it. Session 39, H100, A/B in one call, two rounds, the same bits, against the pull of every
+    // partial from the tile's pieces (cluster_split_finish, scalar stores of the whole partial, the
+    // sum stored 8 bytes a thread): 4096^2 M = 128 (64/2) 12.48 -> 12.14 us, M = 256 (128/2)
+    // 16.15 -> 16.00. (The same scheme for 3 to 8 blocks, the tile dealt by pairs of groups, was
+    // 3-9% slower than cluster_split_finish: its owners' shares are uneven.)
+    {
+        constexpr unsigned STG = (unsigned)((BMA * LD * 2 + 1023) & ~1023);  // past the rows of the store
+        const int rk = (int)cluster_rank(), jlo = rk * (BMA / 16), jhi = jlo + BMA / 16;
+        const unsigned stg = sbase + STG + (unsigned)tid * 16u;
+        __syncthreads();  // every warp is done with the pipeline's slots
+#pragma unroll
+        for (int j = 0; j < BMA / 8; ++j)
+            if (j < jlo || j >= jhi)
+                st_shared_f4(stg + (unsigned)(j * WG_THREADS * 16), acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        cluster_sync_all();
+        const unsigned other = map_shared_rank(stg, (unsigned)(rk ^ 1));
+#pragma unroll
+        for (int j0 = 0; j0 < BMA / 8; j0 += 4) {  // four groups' loads issued together
+            if (j0 + 4 <= jlo || j0 >= jhi) continue;
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (j0 + u >= jlo && j0 + u < jhi) v[u] = ld_shared_cluster_f4(other + (unsigned)((j0 + u) * WG_THREADS * 16));
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (j0 + u >= jlo && j0 + u < jhi) {
+                    const int j = j0 + u;
+                    acc[4 * j] = add_rn(acc[4 * j], v[u].x), acc[4 * j + 1] = add_rn(acc[4 * j + 1], v[u].y);
+                    acc[4 * j + 2] = add_rn(acc[4 * j + 2], v[u].z), acc[4 * j + 3] = add_rn(acc[4 * j + 3], v[u].w);
+                }
+        }
+        store_rows(jlo, jhi);
+        cluster_sync_exit();  // the other block has read this block's staging
+    }
+}
 #endif
 
 template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
@@ -713,120 +835,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     wg_wait<0>();
     cp_async_wait<0>();
 
-    // accumulator acc[4 j + r]: weight row nrow + 8 (r >> 1), activation row 8 j + 2 t + (r & 1)
-    if (a.splits > 2 && ws == nullptr) {  // the splits of the tile are one cluster of 3 to 8 blocks
-        cluster_split_finish<T, BMA>(smem, y, a.M, a.N, m0, n0, a.splits, [&](auto f) {
-#pragma unroll
-            for (int j = 0; j < BMA / 8; ++j)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
-        });
-        return;
-    }
-    if (a.splits > 1 && ws != nullptr) {
-        split_k_finish<T, BMA, WG_BN, WG_THREADS>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
-#pragma unroll
-            for (int j = 0; j < BMA / 8; ++j)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
-        });
-        return;
-    }
-
-    // The rounded tile goes through shared memory: activation rows 8 jlo .. 8 jhi - 1 (jlo, jhi even)
-    // by 128 weight rows, LD halves apart (272-byte rows, so the 8 rows of a tile below fall in
-    // distinct banks), then out in 16-byte pieces.
-    constexpr int LD = WG_BN + 8;
-    unsigned short* so = reinterpret_cast<unsigned short*>(smem);
-    auto store_rows = [&](int jlo, int jhi) {
-        __syncthreads();  // every warpgroup's wgmmas are done with the pipeline's slots
-        {
-            // stmatrix .trans, four 8 x 8 tiles of 16-bit values a warp at a time: tile (j', h) is
-            // activation rows 8 j' .. 8 j' + 7 by weight rows wrow + 8 h .. + 7 (j' = j, j + 1; h = 0, 1).
-            // In the accumulator layout lane (g, t) holds its row g (weight row) at columns 2t, 2t + 1
-            // (activation rows): acc[4 j' + 2 h] and + 1, packed into one register; .trans stores the
-            // tile transposed, so each activation row gets 8 consecutive weight rows (16 bytes). Lane k
-            // gives the address of row k % 8 of tile k / 8. The same bits as one 16-bit store an
-            // element (BMA / 2 of them a thread, 8x the instructions). Session 34, H100, A/B in one
-            // run, 2 rounds: 14336 x 4096 M = 256 (256/1) 43.29 / 43.29 -> 42.63 / 42.78 us; the
-            // 128-row plans at M = 128 within 1%, either way.
-            const int wrow = (warp >> 2) * 64 + (warp & 3) * 16, mi = lane >> 3;
-            const unsigned sto = (unsigned)__cvta_generic_to_shared(so) + 2u * (unsigned)((8 * (mi >> 1) + (lane & 7)) * LD + wrow + 8 * (mi & 1));
-#pragma unroll
-            for (int j = 0; j < BMA / 8; j += 2) {
-                if (j < jlo || j >= jhi) continue;
-                unsigned v[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int jj = j + (q >> 1), h = q & 1;
-                    v[q] = (unsigned)bits16_rn<T>(acc[4 * jj + 2 * h]) | ((unsigned)bits16_rn<T>(acc[4 * jj + 2 * h + 1]) << 16);
-                }
-                stmatrix_x4_trans(sto + 2u * (unsigned)(8 * j * LD), v);
-            }
-        }
-        __syncthreads();
-#pragma unroll 1
-        for (int idx = tid + 8 * jlo * (WG_BN / 8); idx < 8 * jhi * (WG_BN / 8); idx += WG_THREADS) {
-            const int r = idx / (WG_BN / 8), c = idx % (WG_BN / 8);
-            const i64 m = m0 + r, n = n0 + 8 * c;
-            if (m >= a.M || n >= a.N) continue;
-            const uint4 v = *reinterpret_cast<const uint4*>(so + r * LD + 8 * c);
-            unsigned short* p = reinterpret_cast<unsigned short*>(y + m * a.N + n);
-            if (n + 8 <= a.N && (reinterpret_cast<unsigned long long>(p) & 15) == 0) {
-                *reinterpret_cast<uint4*>(p) = v;
-            } else {
-                const unsigned e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int k = 0; k < 8; ++k)
-                    if (n + k < a.N) p[k] = (unsigned short)(e[k >> 1] >> (16 * (k & 1)));
-            }
-        }
-    };
-    if (a.splits == 1) {
-        store_rows(0, BMA / 8);
-        return;
-    }
-    // K split 2 ways as a cluster (ws == nullptr): block r adds and stores the rows of the tile's
-    // 8-row groups [BMA / 16 r, BMA / 16 (r + 1)). Each block stages its partials of the other
-    // block's groups in its shared memory in accumulator order (group, thread: 16 bytes a thread,
-    // one st.shared.v4), past the rows of the store; after a cluster barrier each thread adds the
-    // other block's piece of its own accumulators (ld.shared::cluster of the same thread's place;
-    // a + b is b + a, so this is split_k_finish's sum, bit for bit) and the block stores its rows as
-    // an unsplit tile does; a last barrier keeps the staging alive until the other block has read
-    // it. Session 39, H100, A/B in one call, two rounds, the same bits, against the pull of every
-    // partial from the tile's pieces (cluster_split_finish, scalar stores of the whole partial, the
-    // sum stored 8 bytes a thread): 4096^2 M = 128 (64/2) 12.48 -> 12.14 us, M = 256 (128/2)
-    // 16.15 -> 16.00. (The same scheme for 3 to 8 blocks, the tile dealt by pairs of groups, was
-    // 3-9% slower than cluster_split_finish: its owners' shares are uneven.)
-    {
-        constexpr unsigned STG = (unsigned)((BMA * LD * 2 + 1023) & ~1023);  // past the rows of the store
-        const int rk = (int)cluster_rank(), jlo = rk * (BMA / 16), jhi = jlo + BMA / 16;
-        const unsigned stg = sbase + STG + (unsigned)tid * 16u;
-        __syncthreads();  // every warp is done with the pipeline's slots
-#pragma unroll
-        for (int j = 0; j < BMA / 8; ++j)
-            if (j < jlo || j >= jhi)
-                st_shared_f4(stg + (unsigned)(j * WG_THREADS * 16), acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        cluster_sync_all();
-        const unsigned other = map_shared_rank(stg, (unsigned)(rk ^ 1));
-#pragma unroll
-        for (int j0 = 0; j0 < BMA / 8; j0 += 4) {  // four groups' loads issued together
-            if (j0 + 4 <= jlo || j0 >= jhi) continue;
-            float4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (j0 + u >= jlo && j0 + u < jhi) v[u] = ld_shared_cluster_f4(other + (unsigned)((j0 + u) * WG_THREADS * 16));
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (j0 + u >= jlo && j0 + u < jhi) {
-                    const int j = j0 + u;
-                    acc[4 * j] = add_rn(acc[4 * j], v[u].x), acc[4 * j + 1] = add_rn(acc[4 * j + 1], v[u].y);
-                    acc[4 * j + 2] = add_rn(acc[4 * j + 2], v[u].z), acc[4 * j + 3] = add_rn(acc[4 * j + 3], v[u].w);
-                }
-        }
-        store_rows(jlo, jhi);
-        cluster_sync_exit();  // the other block has read this block's staging
-    }
+    finish_tile<T, BMA>(acc, smem, sbase, y, ws, counters, a, m0, n0, tid, warp, lane, t, nrow, s_last);
 #else
     __trap();  // built only for sm_90a; the host never launches this stub
 #endif
