@@ -290,6 +290,70 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
 }
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The 128-row tile's producer warpgroup (warps 8-11, after setmaxnreg): per stage, thread 256 the
+// TMA boxes of activations, the 128 threads cp.async of the weights, scales and zero codes into the
+// ring slot, which empty[slot] has released; full[slot] completes when they have landed. Returns
+// once its copies have completed. The copy state (sz_dst .. sz_k) is the kernel's, as load_w's.
+template <int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
+__device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq, const WgArgs& a, const TmaMap& tm, const TmaMap& tm_tail, int tid,
+                                           i64 n0, i64 m0, i64 it0, int niter, i64 nchunks, i64 n16_total, unsigned sbase, unsigned full0,
+                                           unsigned empty0, unsigned sz_dst, const unsigned char* sc_next, const unsigned char* zc_next, bool sc_ok,
+                                           bool zc_ok, int zc_bytes, int sc_step_even, int sz_k) {
+    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES;
+    const int p = tid - WG_THREADS;
+    // weights: pieces L = p + 128 c of the block's 8 KB a stage (tile L / 64, piece L % 64),
+    // to the same swizzled places as load_stage's (HALVES = 2)
+    const unsigned char* pw[4];
+    unsigned pw_dst[4];
+    bool pw_ok[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int L = p + 128 * c, pp = L & 31, pg = pp >> 2;
+        pw_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
+        pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
+        pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
+    }
+    // activations: a box of the tile's 128 rows (tm), or where the tile holds fewer rows of a
+    // (the last M tile) a box of those rows rounded up to 8 (tm_tail): rows past M read as
+    // zeros, and the slot rows past the box keep stale data, as the copies' rows past M
+    const int tile_rows = (int)min((i64)BMA, a.M - m0);
+    const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
+    const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
+    // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
+    const int sc_step = sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
+    auto wcopy = [&](int i, int slot) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
+        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next + (i64)i * sc_step, sc_ok);
+        if (zc_ok) {
+            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
+            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
+        }
+    };
+    const int nearly = a.early ? min(STAGES, niter) : 0;  // stages whose weights go before the wait
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i)
+        if (i < nearly) wcopy(i, i);
+    pdl_wait_then_release();
+    int slot = 0, use = 0;
+#pragma unroll 1
+    for (int i = 0; i < niter; ++i) {
+        if (use > 0) mbar_wait(empty0 + 8 * slot, (use - 1) & 1);  // the stage STAGES back is retired
+        if (p == 0) {
+            mbar_expect_tx(full0 + 8 * slot, box_bytes);
+#pragma unroll
+            for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
+        }
+        if (i >= nearly) wcopy(i, slot);
+        mbar_arrive_cp_async(full0 + 8 * slot);
+        if (++slot == STAGES) slot = 0, ++use;
+    }
+    cp_async_wait_all();
+}
+
+#endif
+
 template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
 __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
     sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
@@ -499,55 +563,8 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
         __syncthreads();  // the barriers are initialized (and zb_table written)
         if (warp >= 8) {
             setmaxnreg_dec<56>();
-            const int p = tid - WG_THREADS;
-            // weights: pieces L = p + 128 c of the block's 8 KB a stage (tile L / 64, piece L % 64),
-            // to the same swizzled places as load_stage's (HALVES = 2)
-            const unsigned char* pw[4];
-            unsigned pw_dst[4];
-            bool pw_ok[4];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int L = p + 128 * c, pp = L & 31, pg = pp >> 2;
-                pw_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
-                pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
-                pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
-            }
-            // activations: a box of the tile's 128 rows (tm), or where the tile holds fewer rows of a
-            // (the last M tile) a box of those rows rounded up to 8 (tm_tail): rows past M read as
-            // zeros, and the slot rows past the box keep stale data, as the copies' rows past M
-            const int tile_rows = (int)min((i64)BMA, a.M - m0);
-            const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
-            const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
-            // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
-            const int sc_step = sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
-            auto wcopy = [&](int i, int slot) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
-                cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next + (i64)i * sc_step, sc_ok);
-                if (zc_ok) {
-                    if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
-                    else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
-                }
-            };
-            const int nearly = a.early ? min(STAGES, niter) : 0;  // stages whose weights go before the wait
-#pragma unroll
-            for (int i = 0; i < STAGES; ++i)
-                if (i < nearly) wcopy(i, i);
-            pdl_wait_then_release();
-            int slot = 0, use = 0;
-#pragma unroll 1
-            for (int i = 0; i < niter; ++i) {
-                if (use > 0) mbar_wait(empty0 + 8 * slot, (use - 1) & 1);  // the stage STAGES back is retired
-                if (p == 0) {
-                    mbar_expect_tx(full0 + 8 * slot, box_bytes);
-#pragma unroll
-                    for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
-                }
-                if (i >= nearly) wcopy(i, slot);
-                mbar_arrive_cp_async(full0 + 8 * slot);
-                if (++slot == STAGES) slot = 0, ++use;
-            }
-            cp_async_wait_all();
+            produce_ws<BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
+                                                            sz_dst, sc_next, zc_next, sc_ok, zc_ok, zc_bytes, sc_step_even, sz_k);
             return;  // the epilogue's barriers wait only for the threads that have not exited
         }
         setmaxnreg_inc<224>();
