@@ -354,226 +354,19 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
 
 #endif
 
-template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
-__global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
-    sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
-                const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
-                WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
-    constexpr int BK = 64 * HALVES;              // k per stage
-    constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
-    constexpr int A_BYTES = A_ATOM * HALVES;
-    constexpr int W_ROW = 32 * HALVES;           // weight bytes per row and stage
-    constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
-    constexpr int ND = BMA / 2;                  // accumulators per thread
-    constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes
-    constexpr int ZC_TILE = 16 * HALVES;         // zero-code bytes a tile: up to BK / 32 groups of 8 bytes
-    constexpr int SZ_STAGE = 8 * (SC_TILE + ZC_TILE);
-    using H = HalfOps<T>;
-    extern __shared__ uint4 wg_smem[];
-    __shared__ int s_last;
-    // the 128-byte swizzle is a function of address bits 4..9: the tiles start at a multiple of 1024
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(wg_smem);
-    const unsigned sbase = (raw + 1023u) & ~1023u;
-    unsigned char* smem = reinterpret_cast<unsigned char*>(wg_smem) + (sbase - raw);
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const i64 n0 = (i64)blockIdx.x * WG_BN, m0 = (i64)blockIdx.y * BMA;
-    const i64 it0 = (i64)blockIdx.z * a.iters;
-    const int niter = (int)min((i64)a.iters, a.K / BK - it0);
-    const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
-    const i64 n16_total = (a.N + 15) / 16;
-
-    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
-    // (the same for every q); stages are loaded in order, so the source pointers advance by one
-    // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
-    // reaches accumulators of rows that are never stored.
-    constexpr int A_CH = BMA * 8 / WG_THREADS;
-    const int ac = tid & 7, ar0 = tid >> 3;
-    const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
-    const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
-    const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
-    unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
-    asm volatile("" : "+r"(a_dst));  // opaque: kept in a register, not recomputed in each copy of the loop
-    // Every row this thread copies is below M (all M tiles but the last): the 256-row tile copies
-    // them unpredicated, where its 8 predicates a half, kept packed in a register (P2R) and unpacked
-    // each stage, cost more than the branch (fewer rows a thread: the predicates stay)
-    const bool a_full = a_nq == A_CH;
-    // K_PERMUTED, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
-    // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
-    // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
-    // halves of HALVES = 2 below, and the source steps 512 bytes a stage.
-    // Weights, prepared layout: tile n16 of 16 rows holds chunk c (128 k) at (n16 nchunks + c) KB in
-    // fragment order: the word of lane (g, t) for k16 step s is word t of piece (s % 2, 4 g + s / 2)
-    // (512 bytes a value of s % 2, 16 a piece). Warp w of the block multiplies tile w of its 8; a lane
-    // reads its word of each step (one 4-byte load). The pieces go to the slot swizzled so that the
-    // 32 lanes' words of a step fall in 32 distinct banks:
-    //   HALVES = 2 (a stage is a chunk, 1 KB a tile): piece (h, 4 g + j) at h 512 + 16 (4 g + (j ^ (g / 2 % 4)));
-    //     thread tid copies pieces tid and tid + 256 of the block's 8 KB (tiles tid / 64 and tid / 64 + 4).
-    //   HALVES = 1 (a stage is 64 k, the steps s = 4 hh + u of chunk half hh = stage % 2: pieces
-    //     (h, 4 g + 2 hh + j1), j1 = 0, 1; 512 bytes a tile): piece (h, 4 g + 2 hh + j1) at
-    //     h 256 + 16 (2 g + (j1 ^ (g / 4))); thread tid copies piece (h, g, j1) = (q / 16, q / 2 % 8, q % 2)
-    //     of tile tid / 32, q = tid % 32, and the source steps 32 bytes from half 0 to 1 and
-    //     1024 - 32 from half 1 to the next chunk.
-    const unsigned char* w_next;
-    unsigned w_dst[HALVES];
-    bool w_ok[HALVES];
-    int w_odd = (int)(it0 & 1);
-    if constexpr (HALVES == 1 && K_PERMUTED) {
-        const int p = tid & 31, pg = p >> 2;
-        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
-        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
-        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
-    } else if constexpr (HALVES == 1) {
-        const int q = tid & 31, h = q >> 4, pg = (q >> 1) & 7, j1 = q & 1;
-        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
-        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + h * 512 + (4 * pg + 2 * (int)(it0 & 1) + j1) * 16;
-        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + h * 256 + (2 * pg + (j1 ^ (pg >> 2))) * 16;
-    } else {
-        w_next = wq + (((n0 >> 4) + (tid >> 6)) * nchunks + it0) * 1024 + (tid & 63) * 16;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int L = c * WG_THREADS + tid, p = L & 31, pg = p >> 2;
-            w_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
-            w_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < HALVES; ++c) asm volatile("" : "+r"(w_dst[c]));  // opaque, as a_dst
-    const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
-    // Scales (and zero codes) of a stage: for each of the block's 8 tiles of 16 rows, the stage's
-    // groups (BK / G of them when G < BK, else one), 32 bytes of scales a group and 8 bytes of zero
-    // codes, copied with the stage into the scale ring (SZ_STAGE bytes a slot after the STAGES
-    // slots): threads 0 .. 32 HALVES - 1 copy 16 bytes of scales each (tile tid / (4 HALVES), piece
-    // tid % (4 HALVES)); the next 8 HALVES threads the zero codes (tile, 16-byte piece; 8 bytes where
-    // a tile has only 8 for the stage). Tiles past the padded weight are not copied (their rows are
-    // never stored).
-    // The 128-row tile's producer warpgroup makes these copies: its thread szt = tid - WG_THREADS
-    // takes thread tid's part (the compute warps' values are unused there).
+// The compute warps' main loop: the ring's first stages (tiles without a producer), then every
+// stage of this split's K dequantized in registers and multiplied by wgmma into acc (stage() with a
+// stage barrier, stage_ws() on the producer's mbarriers, or the half-ahead pipeline of AHEAD).
+// load_a, load_w, load_stage and advance are the kernel's copies; returns with every wgmma and copy complete.
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE, typename LoadA, typename LoadW,
+          typename LoadStage, typename Advance>
+__device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, unsigned char* smem, unsigned sbase, int niter, int warp, int lane,
+                                        int g, int t, int nrow, const unsigned (&zb8)[2], const unsigned* zb_table, unsigned full0, unsigned empty0,
+                                        LoadA& load_a, LoadW& load_w, LoadStage& load_stage, Advance& advance) {
     constexpr bool WS = BMA == 128;
-    const int szt = WS ? tid - WG_THREADS : tid;
-    const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
-    constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
-    const bool is_sc = szt < SC_T;
-    const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
-    const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
-    const i64 sz_n16 = n0 / 16 + sz_tile;
-    const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
-    const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
-    const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
-    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
-    const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
-    unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
-    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
-    const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
-    const int gsh = min(a.gshift, 31);
-    // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
-    // load: BK / G groups when G <= BK, none for one group per row, and for G = 128 with stages of 64
-    // (the 256-row tile) one after every stage whose index from K's start is odd. That index is it0
-    // plus an even group base plus the stage's place jj in its group, so the step after a load is
-    // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
-    const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
-    const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
-    const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
-    const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
-    const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
-    // The activation and weight sources of a stage are their loop group's pointers plus the stage's
-    // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
-    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
-    // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
-    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
-    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
-    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
-    auto advance = [&](int stages) {
-        a_next += stages * BK * (int)sizeof(T);
-        asm volatile("" : "+l"(a_next));  // one register pair: an address operand as it is, not copied into one each stage
-        if constexpr (W_FIXED) w_next += stages * W_STEP, w_next2 += stages * W_STEP;
-    };
-    auto load_a = [&](int slot, int jj) {
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-            const char* src = a_next + jj * BK * (int)sizeof(T) + h * 128;
-            if (A_CH >= 8 && a_full) {
-#pragma unroll
-                for (int q = 0; q < A_CH; ++q) {
-                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
-                    src += a_qstep;
-                }
-            } else {
-#pragma unroll
-                for (int q = 0; q < A_CH; ++q) {
-                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
-                    src += a_qstep;
-                }
-            }
-        }
-    };
-    auto load_w = [&](int slot, int jj) {
-        if constexpr (HALVES == 1 && K_PERMUTED) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
-        } else if constexpr (HALVES == 1) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
-            w_next += w_odd ? 1024 - 32 : 32;
-            w_odd ^= 1;
-        } else {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
-            cp_async16_if(w_dst[1] + slot * STAGE, w_next2 + jj * W_STEP, w_ok[1]);
-        }
-        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
-        if (zc_ok) {
-            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-        }
-        const int sc_step = (jj & 1) ? sc_step_odd : sc_step_even;
-        sc_next += sc_step, zc_next += sc_step >> 2;
-    };
-    auto load_stage = [&](int slot, int jj) { load_a(slot, jj); load_w(slot, jj); };
-
-    // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
-    const int nrow = (warp >> 2) * 64 + (warp & 3) * 16 + g;
-    const unsigned zb8[2] = {frag_zero_bias<T>(8u, 0), frag_zero_bias<T>(8u, 1)};  // INT4: z = 8
-    __shared__ unsigned zb_table[32];  // zero_bias of each zero code (uint4), rows g then g + 8
-    if (S == W_UINT4 && tid < 32) zb_table[tid] = frag_zero_bias<T>((unsigned)tid & 15u, tid >> 4);  // read after the first stage's barrier
-    // a.early: the weights and scales of the ring's first stages (STAGES - 2 here, STAGES in the
-    // 128-row tile's producer) are copied before the PDL wait, the activations after it, so that
-    // the weights' first DRAM round trip overlaps the end of the kernel before (the activations may
-    // be its output; the weights are not: weight/dispatch.py early_ok). Session 39, H100, A/B in one call,
-    // two rounds, the same bits: 4096^2 M = 64 (64/3) 10.20 -> 9.67 us, M = 128 (64/2) 12.9 -> 12.4,
-    // 14336 x 4096 M = 64 (64/1) 20.05 -> 19.76, 4096^2 M = 256 (128/2) 16.25 -> 16.15; the tiles
-    // that fill every SM in several waves unchanged (28672 x 8192 M = 256 162.7 / 162.8). Session 22
-    // had measured it within the spread on the kernel of that time.
-    if constexpr (!WS) {
-        if (a.early) {
-#pragma unroll
-            for (int s = 0; s < STAGES - 2; ++s)
-                if (s < niter) load_w(s, s);
-        }
-        pdl_wait_then_release();  // no global access above this line but the early weights
-    }
-    // The 128-row tile: a producer warpgroup and the mbarrier ring (the header)
-    static_assert(!WS || HALVES == 2, "the 128-row tile's producer copies stages of 128 k");
-    __shared__ __align__(8) unsigned long long mb_full[WS ? STAGES : 1], mb_empty[WS ? STAGES : 1];
-    const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
-    if constexpr (WS) {
-        if (tid == 0) {
-#pragma unroll
-            for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 129), mbar_init(empty0 + 8 * s, 8);
-        }
-        __syncthreads();  // the barriers are initialized (and zb_table written)
-        if (warp >= 8) {
-            setmaxnreg_dec<56>();
-            produce_ws<BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
-                                                            sz_dst, sc_next, zc_next, sc_ok, zc_ok, zc_bytes, sc_step_even, sz_k);
-            return;  // the epilogue's barriers wait only for the threads that have not exited
-        }
-        setmaxnreg_inc<224>();
-        pdl_wait_then_release();  // the compute warps read no global memory but store y
-    }
-    float acc[ND];
-#pragma unroll
-    for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
-
+    constexpr int A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
+    using H = HalfOps<T>;
     if constexpr (!WS) {
 #pragma unroll
         for (int s = 0; s < STAGES - 2; ++s) {
@@ -851,6 +644,232 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     }
     wg_wait<0>();
     cp_async_wait<0>();
+}
+
+#endif
+
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
+__global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
+    sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
+                const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
+                WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
+    constexpr int BK = 64 * HALVES;              // k per stage
+    constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
+    constexpr int A_BYTES = A_ATOM * HALVES;
+    constexpr int W_ROW = 32 * HALVES;           // weight bytes per row and stage
+    constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
+    constexpr int ND = BMA / 2;                  // accumulators per thread
+    constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes
+    constexpr int ZC_TILE = 16 * HALVES;         // zero-code bytes a tile: up to BK / 32 groups of 8 bytes
+    constexpr int SZ_STAGE = 8 * (SC_TILE + ZC_TILE);
+    using H = HalfOps<T>;
+    extern __shared__ uint4 wg_smem[];
+    __shared__ int s_last;
+    // the 128-byte swizzle is a function of address bits 4..9: the tiles start at a multiple of 1024
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(wg_smem);
+    const unsigned sbase = (raw + 1023u) & ~1023u;
+    unsigned char* smem = reinterpret_cast<unsigned char*>(wg_smem) + (sbase - raw);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const i64 n0 = (i64)blockIdx.x * WG_BN, m0 = (i64)blockIdx.y * BMA;
+    const i64 it0 = (i64)blockIdx.z * a.iters;
+    const int niter = (int)min((i64)a.iters, a.K / BK - it0);
+    const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
+    const i64 n16_total = (a.N + 15) / 16;
+
+    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
+    // (the same for every q); stages are loaded in order, so the source pointers advance by one
+    // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
+    // reaches accumulators of rows that are never stored.
+    constexpr int A_CH = BMA * 8 / WG_THREADS;
+    const int ac = tid & 7, ar0 = tid >> 3;
+    const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
+    const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
+    const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
+    unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
+    asm volatile("" : "+r"(a_dst));  // opaque: kept in a register, not recomputed in each copy of the loop
+    // Every row this thread copies is below M (all M tiles but the last): the 256-row tile copies
+    // them unpredicated, where its 8 predicates a half, kept packed in a register (P2R) and unpacked
+    // each stage, cost more than the branch (fewer rows a thread: the predicates stay)
+    const bool a_full = a_nq == A_CH;
+    // K_PERMUTED, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
+    // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
+    // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
+    // halves of HALVES = 2 below, and the source steps 512 bytes a stage.
+    // Weights, prepared layout: tile n16 of 16 rows holds chunk c (128 k) at (n16 nchunks + c) KB in
+    // fragment order: the word of lane (g, t) for k16 step s is word t of piece (s % 2, 4 g + s / 2)
+    // (512 bytes a value of s % 2, 16 a piece). Warp w of the block multiplies tile w of its 8; a lane
+    // reads its word of each step (one 4-byte load). The pieces go to the slot swizzled so that the
+    // 32 lanes' words of a step fall in 32 distinct banks:
+    //   HALVES = 2 (a stage is a chunk, 1 KB a tile): piece (h, 4 g + j) at h 512 + 16 (4 g + (j ^ (g / 2 % 4)));
+    //     thread tid copies pieces tid and tid + 256 of the block's 8 KB (tiles tid / 64 and tid / 64 + 4).
+    //   HALVES = 1 (a stage is 64 k, the steps s = 4 hh + u of chunk half hh = stage % 2: pieces
+    //     (h, 4 g + 2 hh + j1), j1 = 0, 1; 512 bytes a tile): piece (h, 4 g + 2 hh + j1) at
+    //     h 256 + 16 (2 g + (j1 ^ (g / 4))); thread tid copies piece (h, g, j1) = (q / 16, q / 2 % 8, q % 2)
+    //     of tile tid / 32, q = tid % 32, and the source steps 32 bytes from half 0 to 1 and
+    //     1024 - 32 from half 1 to the next chunk.
+    const unsigned char* w_next;
+    unsigned w_dst[HALVES];
+    bool w_ok[HALVES];
+    int w_odd = (int)(it0 & 1);
+    if constexpr (HALVES == 1 && K_PERMUTED) {
+        const int p = tid & 31, pg = p >> 2;
+        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
+        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
+        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
+    } else if constexpr (HALVES == 1) {
+        const int q = tid & 31, h = q >> 4, pg = (q >> 1) & 7, j1 = q & 1;
+        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
+        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + h * 512 + (4 * pg + 2 * (int)(it0 & 1) + j1) * 16;
+        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + h * 256 + (2 * pg + (j1 ^ (pg >> 2))) * 16;
+    } else {
+        w_next = wq + (((n0 >> 4) + (tid >> 6)) * nchunks + it0) * 1024 + (tid & 63) * 16;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int L = c * WG_THREADS + tid, p = L & 31, pg = p >> 2;
+            w_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
+            w_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < HALVES; ++c) asm volatile("" : "+r"(w_dst[c]));  // opaque, as a_dst
+    const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
+    // Scales (and zero codes) of a stage: for each of the block's 8 tiles of 16 rows, the stage's
+    // groups (BK / G of them when G < BK, else one), 32 bytes of scales a group and 8 bytes of zero
+    // codes, copied with the stage into the scale ring (SZ_STAGE bytes a slot after the STAGES
+    // slots): threads 0 .. 32 HALVES - 1 copy 16 bytes of scales each (tile tid / (4 HALVES), piece
+    // tid % (4 HALVES)); the next 8 HALVES threads the zero codes (tile, 16-byte piece; 8 bytes where
+    // a tile has only 8 for the stage). Tiles past the padded weight are not copied (their rows are
+    // never stored).
+    // The 128-row tile's producer warpgroup makes these copies: its thread szt = tid - WG_THREADS
+    // takes thread tid's part (the compute warps' values are unused there).
+    constexpr bool WS = BMA == 128;
+    const int szt = WS ? tid - WG_THREADS : tid;
+    const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
+    constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
+    const bool is_sc = szt < SC_T;
+    const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
+    const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
+    const i64 sz_n16 = n0 / 16 + sz_tile;
+    const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
+    const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
+    const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
+    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
+    const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
+    unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
+    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
+    const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
+    const int gsh = min(a.gshift, 31);
+    // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
+    // load: BK / G groups when G <= BK, none for one group per row, and for G = 128 with stages of 64
+    // (the 256-row tile) one after every stage whose index from K's start is odd. That index is it0
+    // plus an even group base plus the stage's place jj in its group, so the step after a load is
+    // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
+    const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
+    const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
+    const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
+    const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
+    const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
+    // The activation and weight sources of a stage are their loop group's pointers plus the stage's
+    // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
+    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
+    // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
+    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
+    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
+    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
+    auto advance = [&](int stages) {
+        a_next += stages * BK * (int)sizeof(T);
+        asm volatile("" : "+l"(a_next));  // one register pair: an address operand as it is, not copied into one each stage
+        if constexpr (W_FIXED) w_next += stages * W_STEP, w_next2 += stages * W_STEP;
+    };
+    auto load_a = [&](int slot, int jj) {
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+            const char* src = a_next + jj * BK * (int)sizeof(T) + h * 128;
+            if (A_CH >= 8 && a_full) {
+#pragma unroll
+                for (int q = 0; q < A_CH; ++q) {
+                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
+                    src += a_qstep;
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < A_CH; ++q) {
+                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
+                    src += a_qstep;
+                }
+            }
+        }
+    };
+    auto load_w = [&](int slot, int jj) {
+        if constexpr (HALVES == 1 && K_PERMUTED) {
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
+        } else if constexpr (HALVES == 1) {
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
+            w_next += w_odd ? 1024 - 32 : 32;
+            w_odd ^= 1;
+        } else {
+            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
+            cp_async16_if(w_dst[1] + slot * STAGE, w_next2 + jj * W_STEP, w_ok[1]);
+        }
+        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
+        if (zc_ok) {
+            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next, true);
+            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next, true);
+        }
+        const int sc_step = (jj & 1) ? sc_step_odd : sc_step_even;
+        sc_next += sc_step, zc_next += sc_step >> 2;
+    };
+    auto load_stage = [&](int slot, int jj) { load_a(slot, jj); load_w(slot, jj); };
+
+    // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
+    const int nrow = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+    const unsigned zb8[2] = {frag_zero_bias<T>(8u, 0), frag_zero_bias<T>(8u, 1)};  // INT4: z = 8
+    __shared__ unsigned zb_table[32];  // zero_bias of each zero code (uint4), rows g then g + 8
+    if (S == W_UINT4 && tid < 32) zb_table[tid] = frag_zero_bias<T>((unsigned)tid & 15u, tid >> 4);  // read after the first stage's barrier
+    // a.early: the weights and scales of the ring's first stages (STAGES - 2 here, STAGES in the
+    // 128-row tile's producer) are copied before the PDL wait, the activations after it, so that
+    // the weights' first DRAM round trip overlaps the end of the kernel before (the activations may
+    // be its output; the weights are not: weight/dispatch.py early_ok). Session 39, H100, A/B in one call,
+    // two rounds, the same bits: 4096^2 M = 64 (64/3) 10.20 -> 9.67 us, M = 128 (64/2) 12.9 -> 12.4,
+    // 14336 x 4096 M = 64 (64/1) 20.05 -> 19.76, 4096^2 M = 256 (128/2) 16.25 -> 16.15; the tiles
+    // that fill every SM in several waves unchanged (28672 x 8192 M = 256 162.7 / 162.8). Session 22
+    // had measured it within the spread on the kernel of that time.
+    if constexpr (!WS) {
+        if (a.early) {
+#pragma unroll
+            for (int s = 0; s < STAGES - 2; ++s)
+                if (s < niter) load_w(s, s);
+        }
+        pdl_wait_then_release();  // no global access above this line but the early weights
+    }
+    // The 128-row tile: a producer warpgroup and the mbarrier ring (the header)
+    static_assert(!WS || HALVES == 2, "the 128-row tile's producer copies stages of 128 k");
+    __shared__ __align__(8) unsigned long long mb_full[WS ? STAGES : 1], mb_empty[WS ? STAGES : 1];
+    const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
+    if constexpr (WS) {
+        if (tid == 0) {
+#pragma unroll
+            for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 129), mbar_init(empty0 + 8 * s, 8);
+        }
+        __syncthreads();  // the barriers are initialized (and zb_table written)
+        if (warp >= 8) {
+            setmaxnreg_dec<56>();
+            produce_ws<BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
+                                                            sz_dst, sc_next, zc_next, sc_ok, zc_ok, zc_bytes, sc_step_even, sz_k);
+            return;  // the epilogue's barriers wait only for the threads that have not exited
+        }
+        setmaxnreg_inc<224>();
+        pdl_wait_then_release();  // the compute warps read no global memory but store y
+    }
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+
+    consume<T, S, BMA, STAGES, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(acc, a, smem, sbase, niter, warp, lane, g, t, nrow, zb8, zb_table, full0, empty0,
+                                                                   load_a, load_w, load_stage, advance);
 
     finish_tile<T, BMA>(acc, smem, sbase, y, ws, counters, a, m0, n0, tid, warp, lane, t, nrow, s_last);
 #else
