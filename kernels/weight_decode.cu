@@ -90,7 +90,7 @@ struct MatmulArgs {
 
 // The fp16 / bf16 value with bits b (low 16 bits), as float (exact).
 template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned b) {
-    if constexpr (same_t<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)b));
+    if constexpr (same_type<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)b));
     else return __uint_as_float(b << 16);
 }
 
@@ -111,7 +111,7 @@ template <typename P> __device__ __forceinline__ void keep_reg(P*& p) { asm vola
 template <typename T>
 __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(b, __NV_E4M3);
-    if constexpr (same_t<T, __half>::value) {
+    if constexpr (same_type<T, __half>::value) {
         return HalfOps<__half>::fma2((unsigned)h.x | ((unsigned)h.y << 16), s2, 0x80008000u);
     } else {
         const float lo = mul_rn(__half2float(__ushort_as_half(h.x)), sf);

@@ -8,10 +8,6 @@
 #define W_UINT4 1  // asymmetric, codes q - z
 #define W_FP8 2    // E4M3 values
 
-namespace cq {
-template <class A, class B> struct same_t { static constexpr bool value = false; };
-template <class A> struct same_t<A, A> { static constexpr bool value = true; };
-}  // namespace cq
 
 template <typename T> struct HalfOps;
 template <> struct HalfOps<__half> {
@@ -58,7 +54,7 @@ __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsig
 // cannot take a code at bit 4, 128 + q from the word shifted right by 4 j (three shifts, four
 // lop3). Then x * frag_mul(row) + frag_zero_bias(z, row) = q - z exactly.
 template <typename T> __device__ __forceinline__ unsigned frag_codes(unsigned word, int j) {
-    if constexpr (cq::same_t<T, __half>::value) {
+    if constexpr (cq::same_type<T, __half>::value) {
         return lop3_and_or(j >= 2 ? word >> 8 : word, (j & 1) ? 0x00f000f0u : 0x000f000fu, HalfOps<T>::MAGIC);
     } else {
         return lop3_and_or(word >> (4 * j), 0x000f000fu, HalfOps<T>::MAGIC);
@@ -66,17 +62,17 @@ template <typename T> __device__ __forceinline__ unsigned frag_codes(unsigned wo
 }
 // the multiplier pair of row (0: g, 1: g + 8): fp16 (1, 1) or (1/16, 1/16), bf16 (1, 1)
 template <typename T> __host__ __device__ constexpr unsigned frag_mul(int row) {
-    return cq::same_t<T, __half>::value ? (row ? 0x2c002c00u : 0x3c003c00u) : 0x3f803f80u;
+    return cq::same_type<T, __half>::value ? (row ? 0x2c002c00u : 0x3c003c00u) : 0x3f803f80u;
 }
 // -(1024 + z), -(64 + z) (fp16 rows g, g + 8) or -(128 + z) (bf16) in both halves, z in 0..15: the
 // bits of 1024 + z are 0x6400 + z, of 64 + z 0x5400 + 16 z, of 128 + z 0x4300 + z
 template <typename T> __host__ __device__ constexpr unsigned frag_zero_bias(unsigned z, int row) {
-    return ((cq::same_t<T, __half>::value ? (row ? 0x5400u + 16u * z : 0x6400u + z) : 0x4300u + z) | 0x8000u) * 0x10001u;
+    return ((cq::same_type<T, __half>::value ? (row ? 0x5400u + 16u * z : 0x6400u + z) : 0x4300u + z) | 0x8000u) * 0x10001u;
 }
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    if constexpr (cq::same_t<T, __half>::value) {
+    if constexpr (cq::same_type<T, __half>::value) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

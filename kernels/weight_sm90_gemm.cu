@@ -402,7 +402,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
             const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
-            const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_t<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
+            const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_type<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
             f[r] = H::fma2_lo(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
         }
     };

@@ -9,7 +9,6 @@ the templates below.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 WIDTHS = (32, 64, 128, 256)

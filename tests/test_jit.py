@@ -227,7 +227,8 @@ def test_reference_is_a_lazy_attribute_that_needs_no_cupy():
         "print(cupyquant.reference.quantize_fp8.__name__)\n"
     )
     root = str(Path(__file__).resolve().parent.parent)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                       env={"PYTHONPATH": root, "PATH": ""})
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env={"PYTHONPATH": root, "PATH": ""}
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "quantize_fp8"
