@@ -647,8 +647,8 @@ def test_matmul_early_weight_reads(monkeypatch, path):
         pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
     early = []
     launcher = _LAUNCHERS[path]
-    real = getattr(cqw, launcher)
-    monkeypatch.setattr(cqw, launcher, lambda *a: (early.append(a[-1]), real(*a)))
+    real = getattr(launch, launcher)
+    monkeypatch.setattr(launch, launcher, lambda p: (early.append(p.early), real(p)))
     dtype = ml_dtypes.bfloat16
     wh = _weights((200, 512), _seed("early"), dtype)
     plain = cq.quantize_weight(cupy.asarray(wh), "int4")
