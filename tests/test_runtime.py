@@ -44,7 +44,7 @@ W_SHAPE = (96, 384)  # (N, K): 3 groups of 128 (odd: uint4's zero points get a p
 A_ROWS, BIG_ROWS = 5, 777  # decode-sized M, and an M past every tile size of the matmul
 #: QuantizedWeight inputs of the dequantize_weight and matmul ops: key -> (scheme, group_size).
 WEIGHTS = {"qw_int4": ("int4", 128), "qw_uint4": ("uint4", 64), "qw_fp8": (E4, None)}
-FAMILIES = ("per_tensor", "groupwise", "mx", "nvfp4", "weight")
+FAMILIES = ("per_tensor", "groupwise", "mx", "nvfp4", "weight_quant", "weight_decode")
 
 #: clock64() cycles of the long spin: about 0.5 s at H100/H200 clocks (1.6-2 GHz).
 SPIN_CYCLES = 1 << 30
