@@ -16,17 +16,14 @@
 // swizzle atom of its own) and 32 bytes per weight row. STAGES slots deep with STAGES - 2 stages of
 // loads in flight: the slot that stage i + STAGES - 2 overwrites held stage i - 2, whose wgmmas both
 // warpgroups have waited for before the barrier of stage i. Stages of 128 halve the barriers and
-// pipeline turns per k (session 13: 10-16% faster on 64- and 128-row tiles, the same bits).
+// pipeline turns per k (10-16% faster than stages of 64 on the 64- and 128-row tiles on an H100).
 // The 64- and 32-row tiles dequantize a whole half ahead of their wgmmas (AHEAD in the kernel), the
 // others a k16 step ahead. The 32-row tile (M <= 32, 6 stages deep, two blocks a SM) is the 64-row
-// tile's code at half the width: each thread copies one 16-byte piece of activations a half.
-// Session 36, H100, A/B in one run: 7-11% faster than the 64-row tile at M = 32 (14336 x 4096 32/1
-// 18.1 against 64/1 19.5 us, 28672 x 8192 56.3 / 63.3, 8192 x 28672 32/4 55.4 / 64/4 62.0); at M = 16
-// slower than the decode kernel on every benchmark shape (4096^2 9.2 against 5.6 us).
+// tile's code at half the width: each thread copies one 16-byte piece of activations a half. It is
+// 7-11% faster than the 64-row tile at M = 32 on an H100 (14336 x 4096: 18.1 against 19.5 us).
 // The stage's scales and zero codes travel with it, by cp.async into a ring of the same depth, so
-// that they are as far ahead as the weights. (Until session 12 they were loaded into registers 4
-// stages ahead: Nsight Compute put 11% of the stall samples of a 64-row tile at their first use,
-// and the ring made the kernel 4-16% faster, bit for bit the same output.)
+// that they are as far ahead as the weights (4-16% faster than loading them into registers 4 stages
+// ahead on an H100, where their first use holds 11% of a 64-row tile's stall samples).
 //
 // Dequantization. Lane (g, t) of warp q of a warpgroup holds, per k16 step s, the A fragment of
 // rows 16 q + g and 16 q + g + 8 at k = 16 s + {2t, 2t + 1, 2t + 8, 2t + 9}. The prepared layout
@@ -43,9 +40,9 @@
 // a2, a3 from those of layout step hh + 4 (s % 2) + 2 (registers 2 (s / 2) and 2 (s / 2) + 1 of
 // both words): the same shifts and lop3 as without K_PERMUTED, from two words instead of one, and the
 // activations stay in K order in shared memory. The half's four words are pieces (hh, 4 g + u),
-// 512 contiguous bytes a tile. (Until session 15 the layout was row-major within a tile, and each lane
-// read all four lanes' bytes and picked its own with a prmt: 4x the shared-memory reads, and 3
-// integer instructions a register instead of 1.25 or 1.75.) Products are exact in the tensor cores
+// 512 contiguous bytes a tile. (From a row-major tile a lane would read all four lanes' bytes and
+// pick its own with a prmt: 4x the shared-memory reads, and 3 integer instructions a register
+// instead of 1.25 or 1.75.) Products are exact in the tensor cores
 // and summed in float32, as on the other paths.
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
@@ -62,27 +59,18 @@
 // tile, where M is not a multiple of 128, boxes of that tile's rows rounded up to 8 from a second
 // map, rows past M read as zeros) and the 128 producer threads copy the weights, scales and zero
 // codes by cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
-// barrier: full[s] completes when slot s has landed (the TMA's bytes, and one arrival per producer
+// barrier: full[s] completes when slot s has arrived (the TMA's bytes, and one arrival per producer
 // thread when its copies complete: cp.async.mbarrier.arrive.noinc), empty[s] when every compute warp
 // has retired the wgmmas of the stage in slot s (one arrival a warp, at the fourth k16 step of the
 // next stage). The compute warps neither copy nor meet at a barrier; the producer runs up to STAGES
 // stages ahead, then exits (exited threads count as arrived at the epilogue's barriers). Registers:
 // 384 threads launch with 168 each, and setmaxnreg moves them to 224 for the compute warps and 56 for
-// the producer (256 x 224 + 128 x 56 = 384 x 168). Session 35, H100, A/B in one run, 2 rounds, the
-// same bits on every cell and on the 11 sanity cases: 4096^2 M = 256 (128/2) 16.59 / 16.53 -> 16.32 /
-// 16.31 us, 4096 x 14336 M = 256 (128/2) 45.98 / 45.79 -> 44.99 / 45.04, 14336 x 4096 M = 128 (128/1)
-// 26.34 / 26.08 -> 25.27 / 25.39, 28672 x 8192 M = 128 100.5 / 99.5 -> 95.4 / 94.8. The same
-// producer with cp.async for the activations (4 warps copying) was 1-5.5% slower than the stage
-// barrier: it is the TMA that pays, not the warp specialization alone.
-// The last tile's boxes (session 37). With 128-row boxes, a last tile with many rows past M made
-// most calls slower than a whole one, more the more rows past M (H100, 4096^2, 128/2: M = 136 24.5
-// us, M = 200 19.7, against M = 256 16.2; 28 rows past M cost nothing measurable; 4096 x 14336
-// M = 200 was not slower either). Why is not known: such a box reads fewer bytes, and the zero fill
-// of the rows past M is the only work it adds.
-// Boxes of 32 rows for every tile (8 a stage) took that away but made the whole tiles 7-12% slower
-// (four times the TMA instructions); boxes of the last tile's rows from a second map keep one box a
-// half everywhere: M = 136 / 160 / 192 / 200 16.1 / 16.1 / 16.0 / 16.0 us, 16384 x 8192 M = 192
-// (128/1) 108.4 -> 97.8, the whole tiles unchanged (0.98-1.01), the same bits on every cell.
+// the producer (256 x 224 + 128 x 56 = 384 x 168). The producer is 2-5% faster than a stage barrier
+// on an H100 (14336 x 4096 M = 128: 25.3 against 26.2 us), through the TMA: copying the activations
+// with cp.async instead, it is slower than the stage barrier.
+// The last M tile reads boxes of its own rows rounded up to 8 from the second map, one box a half as
+// in the whole tiles: a 128-row box with many rows past M slows the tile for no known reason (4096^2
+// M = 136 on an H100: 24.5 against 16.1 us), and boxes of 32 rows would take 4x the TMA instructions.
 //
 // Epilogue (K not split): the tile goes through shared memory (transposed to a's row order) so that y is written
 // in 16-byte pieces along its rows (byte by byte where out= is not 16-byte aligned or at N's tail).
@@ -207,9 +195,7 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
             // (activation rows): acc[4 j' + 2 h] and + 1, packed into one register; .trans stores the
             // tile transposed, so each activation row gets 8 consecutive weight rows (16 bytes). Lane k
             // gives the address of row k % 8 of tile k / 8. The same bits as one 16-bit store an
-            // element (BMA / 2 of them a thread, 8x the instructions). Session 34, H100, A/B in one
-            // run, 2 rounds: 14336 x 4096 M = 256 (256/1) 43.29 / 43.29 -> 42.63 / 42.78 us; the
-            // 128-row plans at M = 128 within 1%, either way.
+            // element with 1/8 of the instructions (1.5% faster at 14336 x 4096 M = 256 on an H100).
             const int wrow = (warp >> 2) * 64 + (warp & 3) * 16, mi = lane >> 3;
             const unsigned sto = (unsigned)__cvta_generic_to_shared(so) + 2u * (unsigned)((8 * (mi >> 1) + (lane & 7)) * LD + wrow + 8 * (mi & 1));
 #pragma unroll
@@ -253,11 +239,8 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
     // other block's piece of its own accumulators (ld.shared::cluster of the same thread's place;
     // a + b is b + a, so this is split_k_finish's sum, bit for bit) and the block stores its rows as
     // an unsplit tile does; a last barrier keeps the staging alive until the other block has read
-    // it. Session 39, H100, A/B in one call, two rounds, the same bits, against the pull of every
-    // partial from the tile's pieces (cluster_split_finish, scalar stores of the whole partial, the
-    // sum stored 8 bytes a thread): 4096^2 M = 128 (64/2) 12.48 -> 12.14 us, M = 256 (128/2)
-    // 16.15 -> 16.00. (The same scheme for 3 to 8 blocks, the tile dealt by pairs of groups, was
-    // 3-9% slower than cluster_split_finish: its owners' shares are uneven.)
+    // it. This is 1-3% faster than cluster_split_finish on an H100 (4096^2 M = 128: 12.1 against
+    // 12.5 us); for 3 to 8 blocks its uneven shares make it the slower one.
     {
         constexpr unsigned STG = (unsigned)((BMA * LD * 2 + 1023) & ~1023);  // past the rows of the store
         const int rk = (int)cluster_rank(), jlo = rk * (BMA / 16), jhi = jlo + BMA / 16;
@@ -293,7 +276,7 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The 128-row tile's producer warpgroup (warps 8-11, after setmaxnreg): per stage, thread 256 the
 // TMA boxes of activations, the 128 threads cp.async of the weights, scales and zero codes into the
-// ring slot, which empty[slot] has released; full[slot] completes when they have landed. Returns
+// ring slot, which empty[slot] has released; full[slot] completes when they have arrived. Returns
 // once its copies have completed. The copy state (sz_dst .. sz_k) is the kernel's, as load_w's.
 template <int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
 __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq, const WgArgs& a, const TmaMap& tm, const TmaMap& tm_tail, int tid,
@@ -382,7 +365,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     const unsigned long long desc_hi = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
     // A step's descriptor: the stage's low word plus the step's offset (a start address that stays
     // within 14 bits, so no carry), ORed into the constant high word: one uniform add a wgmma, where
-    // a 64-bit add took two and a re-load of the high word (session 31).
+    // a 64-bit add takes two and a re-load of the high word.
     auto bdesc = [&](unsigned lo) { return (desc_hi & 0xffffffff00000000ull) | lo; };
     // the low word of slot 0's descriptor: sbase is 1024-aligned and below 2^18, so a slot's is this
     // plus its byte offset / 16 (no carry past the 14-bit address field)
@@ -410,11 +393,8 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     // The byte offsets of this lane's words in a slot, computed once (per stage they cost four
     // multiply-adds of the lane's index and the slot's base). This, the scales read once a stage
     // (K_PERMUTED), the descriptors' 32-bit adds (bdesc) and the scales' operand selector (fma2_lo) take a
-    // 128-k stage of the 64-row tile from 253 to 228 instructions a warp (bf16; 128-row 268 -> 252,
-    // 64-k stage of the 256-row tile 181 -> 173). Session 31, H100, A/B in one run, 2 rounds, the
-    // same output bits: 3-6% faster at M = 32 to 128 (4096 x 14336 M = 64 24.7 -> 23.7 us, 8192 x
-    // 28672 M = 64 71.8 -> 67.2), 1-3% at M = 256 (4096 x 14336 53.5 -> 51.8), within run-to-run
-    // spread at M = 1024 and 4096.
+    // 128-k stage of the 64-row tile from 253 to 228 instructions a warp (bf16), 3-6% faster at
+    // M = 32 to 128 on an H100.
     int woff[HALVES][4];
 #pragma unroll
     for (int hh = 0; hh < HALVES; ++hh)
@@ -475,7 +455,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     auto stage = [&](int i, int slot) {
         cp_async_wait<STAGES - 3>();
         fence_proxy_async();
-        __syncthreads();  // stage i has landed for every thread; every wgmma of stage i - 2 is done
+        __syncthreads();  // stage i has arrived for every thread; every wgmma of stage i - 2 is done
         const unsigned char* st = smem + slot * STAGE;
         const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
         const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
@@ -483,10 +463,9 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         // the stage's first wgmma: the wgmma statements are barriers to the compiler (memory
         // clobbers), so reads of the second half written after them wait out their latency behind the
         // first half's work (Nsight Compute, 14336 x 4096 M = 64: 10% of the stall samples at these
-        // reads' first use, short scoreboard). Session 19, H200, 3 interleaved runs: 128-row tiles
-        // 2-6% faster (14336 x 4096 M = 128 33.0 -> 31.0 us), the 64-row tile (two blocks a SM)
-        // 3-8% slower on the largest shapes (8192 x 28672 M = 64 75 -> 81), so it reads each half
-        // where it starts. (The 256-row tile's stages are one half.)
+        // reads' first use, short scoreboard). Reading them ahead makes the 128-row tiles 2-6% faster
+        // on an H200 but the 64-row tile (two blocks a SM) slower, so that one reads each half where
+        // it starts. (The 256-row tile's stages are one half.)
         constexpr bool HOIST = BMA >= 128;
         unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
         unsigned sc[HALVES][2][2], zc[HALVES][2][2];
@@ -514,23 +493,17 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         cp_async_commit();
     };
     // AHEAD (64- and 32-row tiles): the next half is dequantized while the current half's 4 wgmmas run,
-    // issued back to back, one commit group a half. Session 28, H100, A/B in one run, 2 rounds (the
-    // same output bits): with 64-row tiles 1-5% faster on 12 of 14 cells (4096 x 14336 M = 64
-    // 26.0-26.4 -> 24.8 us, 28672 x 8192 M = 32 74.9-76.1 -> 72.3-72.8), 4096^2 M = 128 3% slower
-    // (14.2 -> 14.6); with 128-row tiles 0-4% slower at M = 128, and with 256-row tiles (session 27)
-    // 2-6% slower at M = 256 and 1024 (one half of wgmmas in flight across the stage barrier, against
-    // three k16 steps in the per-step pipeline of stage()).
+    // issued back to back, one commit group a half: 1-5% faster than stage() with 64-row tiles on an
+    // H100, and slower with 128- and 256-row tiles, where it keeps one half of wgmmas in flight
+    // across the stage barrier against stage()'s three k16 steps.
     constexpr bool AHEAD = BMA <= 64;
     static_assert(!AHEAD || HALVES == 2, "AHEAD pairs a stage's two halves with the two fragment buffers");
     // The main loop is unrolled by the ring's depth, so that every slot index is a constant: the
     // slots' shared addresses become immediate offsets and the slot bookkeeping leaves the loop.
     // With it, the lane's offsets and the copies' destinations held in registers (opaque: ptxas
-    // otherwise recomputes them in each copy of the loop, which alone made the 64-row stage 228 ->
-    // 239 instructions), the sources moved once a group (advance) and the scale sources stepped:
-    // a stage a warp (bf16, K_PERMUTED) 228 -> about 206 instructions on the 64-row tile, 252 -> about 221
-    // on the 128-row tile, 173 -> about 150 on the 256-row tile. Session 32, H100, A/B against
-    // the session's start in one run, the same output bits: 5-10% faster at M = 32-64 (14336 x
-    // 4096 M = 64 22.6 -> 20.4 us), 6-11% at M = 128-1024 (4096 x 14336 M = 256 52.2 -> 47.1).
+    // otherwise recomputes them in each copy of the loop, 11 instructions more a 64-row stage), the
+    // sources moved once a group (advance) and the scale sources stepped, a stage a warp (bf16,
+    // K_PERMUTED) takes about 206 instructions on the 64-row tile (228 without): 5-11% faster on an H100.
     if constexpr (WS) {
         // stage() of the 128-row tile with the producer: wait for the slot's barrier instead of copies
         // and a stage barrier (the activations came by TMA: no proxy fence), and release the slot
@@ -589,7 +562,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         const unsigned char* st = smem;
         const unsigned char* szs = smem + STAGES * STAGE;
         auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
-        // stage i has landed for every thread and every wgmma of stage i - 2 (and of every half
+        // stage i has arrived for every thread and every wgmma of stage i - 2 (and of every half
         // but the last issued) is done: read its words, refill the slot of stage i - 2 with stage
         // i + STAGES - 2
         auto begin_stage = [&](int i, int slot, int jj) {
@@ -832,11 +805,8 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // a.early: the weights and scales of the ring's first stages (STAGES - 2 here, STAGES in the
     // 128-row tile's producer) are copied before the PDL wait, the activations after it, so that
     // the weights' first DRAM round trip overlaps the end of the kernel before (the activations may
-    // be its output; the weights are not: weight/dispatch.py early_ok). Session 39, H100, A/B in one call,
-    // two rounds, the same bits: 4096^2 M = 64 (64/3) 10.20 -> 9.67 us, M = 128 (64/2) 12.9 -> 12.4,
-    // 14336 x 4096 M = 64 (64/1) 20.05 -> 19.76, 4096^2 M = 256 (128/2) 16.25 -> 16.15; the tiles
-    // that fill every SM in several waves unchanged (28672 x 8192 M = 256 162.7 / 162.8). Session 22
-    // had measured it within the spread on the kernel of that time.
+    // be its output; the weights are not: weight/dispatch.py early_ok): 5% faster at 4096^2 M = 64 on
+    // an H100 (9.67 against 10.20 us), no change where the tiles fill every SM in several waves.
     if constexpr (!WS) {
         if (a.early) {
 #pragma unroll
