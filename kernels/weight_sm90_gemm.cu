@@ -4,6 +4,19 @@
 // weight/quantize.py prepare_weight). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
 // other target the kernel is an empty stub that traps, and the host never launches it there.
 //
+// Organisation. sm90_wgmma.cuh holds the generated wgmma wrappers (Wgmma<T, N>::mma, wg_fence,
+// wg_commit, wg_wait), sm90_async.cuh the mbarrier, TMA, proxy-fence, setmaxnreg and stmatrix
+// helpers. The kernel sets up each thread's copy state (sources, swizzled destinations, predicates,
+// as lambdas load_a / load_w / load_stage / advance) and hands over to three role functions:
+//   produce_ws   the producer warpgroup of the 128-row tile only: TMA boxes of activations and
+//                cp.async of weights, scales and zero codes into a ring of mbarrier-guarded slots;
+//   consume      the compute warpgroups' main loop: dequantize in registers, wgmma into the
+//                accumulators; the 32-, 64- and 256-row tiles have no producer and issue their own
+//                copies through the kernel's lambdas, behind a stage barrier;
+//   finish_tile  the epilogue: round and store y, or first end a K split (2 ways: the cluster's two
+//                blocks swap halves of their accumulators; 3 to 8: cluster_split_finish; with a
+//                workspace: split_k_finish). Details below.
+//
 // Roles are swapped against y = a @ w.T: the wgmma computes y.T = w @ a.T, so the weights are the
 // A operand (64 weight rows per warpgroup, M of the wgmma) and the activations the B operand (BMA
 // rows of a, N of the wgmma, 32..256). The A operand of wgmma may come from registers, which is where
