@@ -6,8 +6,9 @@
 //
 // Organisation. sm90_wgmma.cuh holds the generated wgmma wrappers (Wgmma<T, N>::mma, wg_fence,
 // wg_commit, wg_wait), sm90_async.cuh the mbarrier, TMA, proxy-fence, setmaxnreg and stmatrix
-// helpers. The kernel sets up each thread's copy state (sources, swizzled destinations, predicates,
-// as lambdas load_a / load_w / load_stage / advance) and hands over to three role functions:
+// helpers. The kernel sets up each thread's copy state (WgCopies, copies_init: sources, swizzled
+// destinations, predicates; copy_a, copy_w and copy_advance issue and step the copies of a stage,
+// wrapped as the lambdas load_a, load_w, load_stage, advance) and hands over to three role functions:
 //   produce_ws   the producer warpgroup of the 128-row tile only: TMA boxes of activations and
 //                cp.async of weights, scales and zero codes into a ring of mbarrier-guarded slots;
 //   consume      the compute warpgroups' main loop: dequantize in registers, wgmma into the
@@ -287,15 +288,209 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A thread's copies of the stages into the ring (cp.async): sources, swizzled destinations and
+// predicates, set once by copies_init and stepped by copy_advance and copy_w. Read by copy_a and
+// copy_w (tiles without a producer) and by produce_ws (the scales and zero codes).
+struct WgCopies {
+    const char* a_next;           // activations: this thread's first row of the loop group's stage
+    unsigned a_dst;               // ... its swizzled place in slot 0
+    i64 a_qstep;                  // ... 32 rows on
+    int a_nq;                     // ... how many of its rows (32 apart) are below M
+    bool a_full;                  // ... all of them
+    const unsigned char* w_next;  // weights: the loop group's (HALVES = 1 without K_PERMUTED: the next stage's) source
+    const unsigned char* w_next2; // ... HALVES = 2: the second copy's source
+    unsigned w_dst[2];            // ... the places in slot 0 (HALVES of them)
+    bool w_ok[2];                 // ... the tile is within the padded weight
+    int w_odd;                    // ... HALVES = 1 without K_PERMUTED: the next stage is the second half of its chunk
+    unsigned sz_dst;              // scales or zero codes: the place in scale slot 0
+    const unsigned char* sc_next; // ... the next stage's scale source
+    const unsigned char* zc_next; // ... and zero-code source
+    bool sc_ok, zc_ok;            // ... this thread copies scales, zero codes
+    int zc_bytes;                 // ... of this thread's zero-code piece: 16, 8, or none
+    int sc_step_even, sc_step_odd;  // ... the sources' step after a stage of even, odd place in its group
+    int sz_k;                     // k of the first stage (K < 2^31: host)
+};
+
+// Sets c for thread tid of the block of tile (m0, n0) and the split whose first stage is it0.
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
+__device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ act, const unsigned char* __restrict__ wq,
+                                            const T* __restrict__ scales, const unsigned char* __restrict__ zeros, const WgArgs& a, int tid,
+                                            i64 n0, i64 m0, i64 it0, i64 nchunks, i64 n16_total, unsigned sbase) {
+    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
+    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
+    // (the same for every q); stages are loaded in order, so the source pointers advance by one
+    // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
+    // reaches accumulators of rows that are never stored.
+    constexpr int A_CH = BMA * 8 / WG_THREADS;
+    const int ac = tid & 7, ar0 = tid >> 3;
+    const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
+    const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
+    const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
+    unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
+    asm volatile("" : "+r"(a_dst));  // opaque: kept in a register, not recomputed in each copy of the loop
+    // Every row this thread copies is below M (all M tiles but the last): the 256-row tile copies
+    // them unpredicated, where its 8 predicates a half, kept packed in a register (P2R) and unpacked
+    // each stage, cost more than the branch (fewer rows a thread: the predicates stay)
+    const bool a_full = a_nq == A_CH;
+    // K_PERMUTED, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
+    // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
+    // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
+    // halves of HALVES = 2 below, and the source steps 512 bytes a stage.
+    // Weights, prepared layout: tile n16 of 16 rows holds chunk c (128 k) at (n16 nchunks + c) KB in
+    // fragment order: the word of lane (g, t) for k16 step s is word t of piece (s % 2, 4 g + s / 2)
+    // (512 bytes a value of s % 2, 16 a piece). Warp w of the block multiplies tile w of its 8; a lane
+    // reads its word of each step (one 4-byte load). The pieces go to the slot swizzled so that the
+    // 32 lanes' words of a step fall in 32 distinct banks:
+    //   HALVES = 2 (a stage is a chunk, 1 KB a tile): piece (h, 4 g + j) at h 512 + 16 (4 g + (j ^ (g / 2 % 4)));
+    //     thread tid copies pieces tid and tid + 256 of the block's 8 KB (tiles tid / 64 and tid / 64 + 4).
+    //   HALVES = 1 (a stage is 64 k, the steps s = 4 hh + u of chunk half hh = stage % 2: pieces
+    //     (h, 4 g + 2 hh + j1), j1 = 0, 1; 512 bytes a tile): piece (h, 4 g + 2 hh + j1) at
+    //     h 256 + 16 (2 g + (j1 ^ (g / 4))); thread tid copies piece (h, g, j1) = (q / 16, q / 2 % 8, q % 2)
+    //     of tile tid / 32, q = tid % 32, and the source steps 32 bytes from half 0 to 1 and
+    //     1024 - 32 from half 1 to the next chunk.
+    const unsigned char* w_next;
+    unsigned w_dst[HALVES];
+    bool w_ok[HALVES];
+    int w_odd = (int)(it0 & 1);
+    if constexpr (HALVES == 1 && K_PERMUTED) {
+        const int p = tid & 31, pg = p >> 2;
+        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
+        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
+        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
+    } else if constexpr (HALVES == 1) {
+        const int q = tid & 31, h = q >> 4, pg = (q >> 1) & 7, j1 = q & 1;
+        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
+        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + h * 512 + (4 * pg + 2 * (int)(it0 & 1) + j1) * 16;
+        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + h * 256 + (2 * pg + (j1 ^ (pg >> 2))) * 16;
+    } else {
+        w_next = wq + (((n0 >> 4) + (tid >> 6)) * nchunks + it0) * 1024 + (tid & 63) * 16;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int L = c * WG_THREADS + tid, p = L & 31, pg = p >> 2;
+            w_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
+            w_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < HALVES; ++c) asm volatile("" : "+r"(w_dst[c]));  // opaque, as a_dst
+    const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
+    // Scales (and zero codes) of a stage: for each of the block's 8 tiles of 16 rows, the stage's
+    // groups (BK / G of them when G < BK, else one), 32 bytes of scales a group and 8 bytes of zero
+    // codes, copied with the stage into the scale ring (SZ_STAGE bytes a slot after the STAGES
+    // slots): threads 0 .. 32 HALVES - 1 copy 16 bytes of scales each (tile tid / (4 HALVES), piece
+    // tid % (4 HALVES)); the next 8 HALVES threads the zero codes (tile, 16-byte piece; 8 bytes where
+    // a tile has only 8 for the stage). Tiles past the padded weight are not copied (their rows are
+    // never stored).
+    // The 128-row tile's producer warpgroup makes these copies: its thread szt = tid - WG_THREADS
+    // takes thread tid's part (the compute warps' values are unused there).
+    constexpr bool WS = BMA == 128;
+    const int szt = WS ? tid - WG_THREADS : tid;
+    const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
+    constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
+    const bool is_sc = szt < SC_T;
+    const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
+    const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
+    const i64 sz_n16 = n0 / 16 + sz_tile;
+    const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
+    const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
+    const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
+    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
+    const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
+    unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
+    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
+    const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
+    const int gsh = min(a.gshift, 31);
+    // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
+    // load: BK / G groups when G <= BK, none for one group per row, and for G = 128 with stages of 64
+    // (the 256-row tile) one after every stage whose index from K's start is odd. That index is it0
+    // plus an even group base plus the stage's place jj in its group, so the step after a load is
+    // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
+    const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
+    const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
+    const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
+    const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
+    const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
+    // The activation and weight sources of a stage are their loop group's pointers plus the stage's
+    // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
+    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
+    // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
+    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
+    // into c at the end: the setup computed in c's fields directly compiles to different code
+    c.a_next = a_next, c.a_dst = a_dst, c.a_qstep = a_qstep, c.a_nq = a_nq, c.a_full = a_full;
+    c.w_next = w_next, c.w_next2 = w_next2, c.w_odd = w_odd;
+    c.w_dst[0] = w_dst[0], c.w_ok[0] = w_ok[0];
+    if constexpr (HALVES == 2) c.w_dst[1] = w_dst[1], c.w_ok[1] = w_ok[1];
+    c.sz_dst = sz_dst, c.sc_next = sc_next, c.zc_next = zc_next, c.sc_ok = sc_ok, c.zc_ok = zc_ok, c.zc_bytes = zc_bytes;
+    c.sc_step_even = sc_step_even, c.sc_step_odd = sc_step_odd, c.sz_k = sz_k;
+}
+
+// moves the activation and fixed weight sources on by `stages` stages
+template <typename T, int HALVES, bool K_PERMUTED>
+__device__ __forceinline__ void copy_advance(WgCopies& c, int stages) {
+    constexpr int BK = 64 * HALVES;
+    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
+    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
+    c.a_next += stages * BK * (int)sizeof(T);
+    asm volatile("" : "+l"(c.a_next));  // one register pair: an address operand as it is, not copied into one each stage
+    if constexpr (W_FIXED) c.w_next += stages * W_STEP, c.w_next2 += stages * W_STEP;
+}
+
+// the activations of the stage at place jj of the loop group into slot `slot`
+template <typename T, int BMA, int HALVES, int STAGE>
+__device__ __forceinline__ void copy_a(const WgCopies& c, int slot, int jj) {
+    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_CH = BMA * 8 / WG_THREADS;
+#pragma unroll
+            for (int h = 0; h < HALVES; ++h) {
+                const char* src = c.a_next + jj * BK * (int)sizeof(T) + h * 128;
+                if (A_CH >= 8 && c.a_full) {
+#pragma unroll
+                    for (int q = 0; q < A_CH; ++q) {
+                        cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
+                        src += c.a_qstep;
+                    }
+                } else {
+#pragma unroll
+                    for (int q = 0; q < A_CH; ++q) {
+                        cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < c.a_nq);
+                        src += c.a_qstep;
+                    }
+                }
+            }
+}
+
+// the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
+template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
+__device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
+    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
+    if constexpr (HALVES == 1 && K_PERMUTED) {
+        cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next + jj * W_STEP, c.w_ok[0]);
+    } else if constexpr (HALVES == 1) {
+        cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next, c.w_ok[0]);
+        c.w_next += c.w_odd ? 1024 - 32 : 32;
+        c.w_odd ^= 1;
+    } else {
+        cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next + jj * W_STEP, c.w_ok[0]);
+        cp_async16_if(c.w_dst[1] + slot * STAGE, c.w_next2 + jj * W_STEP, c.w_ok[1]);
+    }
+    cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.sc_next, c.sc_ok);
+    if (c.zc_ok) {
+        if (c.zc_bytes >= 16) cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
+        else cp_async8_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
+    }
+    const int sc_step = (jj & 1) ? c.sc_step_odd : c.sc_step_even;
+    c.sc_next += sc_step, c.zc_next += sc_step >> 2;
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The 128-row tile's producer warpgroup (warps 8-11, after setmaxnreg): per stage, thread 256 the
 // TMA boxes of activations, the 128 threads cp.async of the weights, scales and zero codes into the
 // ring slot, which empty[slot] has released; full[slot] completes when they have arrived. Returns
-// once its copies have completed. The copy state (sz_dst .. sz_k) is the kernel's, as load_w's.
+// once its copies have completed. cs is the kernel's copy state, as copy_w's.
 template <int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
 __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq, const WgArgs& a, const TmaMap& tm, const TmaMap& tm_tail, int tid,
                                            i64 n0, i64 m0, i64 it0, int niter, i64 nchunks, i64 n16_total, unsigned sbase, unsigned full0,
-                                           unsigned empty0, unsigned sz_dst, const unsigned char* sc_next, const unsigned char* zc_next, bool sc_ok,
-                                           bool zc_ok, int zc_bytes, int sc_step_even, int sz_k) {
+                                           unsigned empty0, const WgCopies& cs) {
     constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES;
     const int p = tid - WG_THREADS;
     // weights: pieces L = p + 128 c of the block's 8 KB a stage (tile L / 64, piece L % 64),
@@ -317,14 +512,14 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
     const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
     const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
     // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
-    const int sc_step = sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
+    const int sc_step = cs.sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
     auto wcopy = [&](int i, int slot) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
-        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next + (i64)i * sc_step, sc_ok);
-        if (zc_ok) {
-            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
-            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
+        cp_async16_if(cs.sz_dst + slot * SZ_STAGE, cs.sc_next + (i64)i * sc_step, cs.sc_ok);
+        if (cs.zc_ok) {
+            if (cs.zc_bytes >= 16) cp_async16_if(cs.sz_dst + slot * SZ_STAGE, cs.zc_next + (i64)i * (sc_step >> 2), true);
+            else cp_async8_if(cs.sz_dst + slot * SZ_STAGE, cs.zc_next + (i64)i * (sc_step >> 2), true);
         }
     };
     const int nearly = a.early ? min(STAGES, niter) : 0;  // stages whose weights go before the wait
@@ -339,7 +534,7 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
         if (p == 0) {
             mbar_expect_tx(full0 + 8 * slot, box_bytes);
 #pragma unroll
-            for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
+            for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, cs.sz_k + i * BK + 64 * h, (int)m0);
         }
         if (i >= nearly) wcopy(i, slot);
         mbar_arrive_cp_async(full0 + 8 * slot);
@@ -354,7 +549,7 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
 // The compute warps' main loop: the ring's first stages (tiles without a producer), then every
 // stage of this split's K dequantized in registers and multiplied by wgmma into acc (stage() with a
 // stage barrier, stage_ws() on the producer's mbarriers, or the half-ahead pipeline of AHEAD).
-// load_a, load_w, load_stage and advance are the kernel's copies; returns with every wgmma and copy complete.
+// load_a, load_w, load_stage and advance are the kernel's copies (copy_a, copy_w, copy_advance); returns with every wgmma and copy complete.
 template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE, typename LoadA, typename LoadW,
           typename LoadStage, typename Advance>
 __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, unsigned char* smem, unsigned sbase, int niter, int warp, int lane,
@@ -665,149 +860,13 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
     const i64 n16_total = (a.N + 15) / 16;
 
-    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
-    // (the same for every q); stages are loaded in order, so the source pointers advance by one
-    // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
-    // reaches accumulators of rows that are never stored.
-    constexpr int A_CH = BMA * 8 / WG_THREADS;
-    const int ac = tid & 7, ar0 = tid >> 3;
-    const int a_nq = (int)max((i64)0, min((a.M - m0 - ar0 + 31) / 32, (i64)A_CH));  // q of rows < M
-    const char* a_next = reinterpret_cast<const char*>(act + (m0 + ar0) * a.lda + it0 * BK + ac * 8);
-    const i64 a_qstep = 32 * a.lda * (i64)sizeof(T);
-    unsigned a_dst = sbase + ar0 * 128 + ((ac ^ (ar0 & 7)) << 4);
-    asm volatile("" : "+r"(a_dst));  // opaque: kept in a register, not recomputed in each copy of the loop
-    // Every row this thread copies is below M (all M tiles but the last): the 256-row tile copies
-    // them unpredicated, where its 8 predicates a half, kept packed in a register (P2R) and unpacked
-    // each stage, cost more than the branch (fewer rows a thread: the predicates stay)
-    const bool a_full = a_nq == A_CH;
-    // K_PERMUTED, HALVES = 1: the stage of half hh needs the layout's steps hh, hh + 2, hh + 4, hh + 6 (see
-    // the dequantization above), which are the chunk's 512 bytes at hh 512: thread tid copies piece
-    // p = tid % 32 of tile tid / 32 to 16 (4 pg + ((p % 4) ^ (pg / 2 % 4))), pg = p / 4, as the
-    // halves of HALVES = 2 below, and the source steps 512 bytes a stage.
-    // Weights, prepared layout: tile n16 of 16 rows holds chunk c (128 k) at (n16 nchunks + c) KB in
-    // fragment order: the word of lane (g, t) for k16 step s is word t of piece (s % 2, 4 g + s / 2)
-    // (512 bytes a value of s % 2, 16 a piece). Warp w of the block multiplies tile w of its 8; a lane
-    // reads its word of each step (one 4-byte load). The pieces go to the slot swizzled so that the
-    // 32 lanes' words of a step fall in 32 distinct banks:
-    //   HALVES = 2 (a stage is a chunk, 1 KB a tile): piece (h, 4 g + j) at h 512 + 16 (4 g + (j ^ (g / 2 % 4)));
-    //     thread tid copies pieces tid and tid + 256 of the block's 8 KB (tiles tid / 64 and tid / 64 + 4).
-    //   HALVES = 1 (a stage is 64 k, the steps s = 4 hh + u of chunk half hh = stage % 2: pieces
-    //     (h, 4 g + 2 hh + j1), j1 = 0, 1; 512 bytes a tile): piece (h, 4 g + 2 hh + j1) at
-    //     h 256 + 16 (2 g + (j1 ^ (g / 4))); thread tid copies piece (h, g, j1) = (q / 16, q / 2 % 8, q % 2)
-    //     of tile tid / 32, q = tid % 32, and the source steps 32 bytes from half 0 to 1 and
-    //     1024 - 32 from half 1 to the next chunk.
-    const unsigned char* w_next;
-    unsigned w_dst[HALVES];
-    bool w_ok[HALVES];
-    int w_odd = (int)(it0 & 1);
-    if constexpr (HALVES == 1 && K_PERMUTED) {
-        const int p = tid & 31, pg = p >> 2;
-        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
-        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
-        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
-    } else if constexpr (HALVES == 1) {
-        const int q = tid & 31, h = q >> 4, pg = (q >> 1) & 7, j1 = q & 1;
-        w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
-        w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + h * 512 + (4 * pg + 2 * (int)(it0 & 1) + j1) * 16;
-        w_dst[0] = sbase + A_BYTES + (tid >> 5) * 512 + h * 256 + (2 * pg + (j1 ^ (pg >> 2))) * 16;
-    } else {
-        w_next = wq + (((n0 >> 4) + (tid >> 6)) * nchunks + it0) * 1024 + (tid & 63) * 16;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int L = c * WG_THREADS + tid, p = L & 31, pg = p >> 2;
-            w_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
-            w_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((p & 3) ^ ((pg >> 1) & 3))) * 16;
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < HALVES; ++c) asm volatile("" : "+r"(w_dst[c]));  // opaque, as a_dst
-    const i64 w_cstep = 4 * nchunks * 1024;  // HALVES = 2: the second copy is 4 tiles on
-    // Scales (and zero codes) of a stage: for each of the block's 8 tiles of 16 rows, the stage's
-    // groups (BK / G of them when G < BK, else one), 32 bytes of scales a group and 8 bytes of zero
-    // codes, copied with the stage into the scale ring (SZ_STAGE bytes a slot after the STAGES
-    // slots): threads 0 .. 32 HALVES - 1 copy 16 bytes of scales each (tile tid / (4 HALVES), piece
-    // tid % (4 HALVES)); the next 8 HALVES threads the zero codes (tile, 16-byte piece; 8 bytes where
-    // a tile has only 8 for the stage). Tiles past the padded weight are not copied (their rows are
-    // never stored).
-    // The 128-row tile's producer warpgroup makes these copies: its thread szt = tid - WG_THREADS
-    // takes thread tid's part (the compute warps' values are unused there).
-    constexpr bool WS = BMA == 128;
-    const int szt = WS ? tid - WG_THREADS : tid;
-    const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
-    constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
-    const bool is_sc = szt < SC_T;
-    const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
-    const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
-    const i64 sz_n16 = n0 / 16 + sz_tile;
-    const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
-    const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
-    const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
-    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
-    const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
-    unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
-    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
-    const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
-    const int gsh = min(a.gshift, 31);
-    // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
-    // load: BK / G groups when G <= BK, none for one group per row, and for G = 128 with stages of 64
-    // (the 256-row tile) one after every stage whose index from K's start is odd. That index is it0
-    // plus an even group base plus the stage's place jj in its group, so the step after a load is
-    // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
-    const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
-    const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
-    const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
-    const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
-    const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
-    // The activation and weight sources of a stage are their loop group's pointers plus the stage's
-    // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
-    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
-    // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
-    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
-    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
-    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
-    auto advance = [&](int stages) {
-        a_next += stages * BK * (int)sizeof(T);
-        asm volatile("" : "+l"(a_next));  // one register pair: an address operand as it is, not copied into one each stage
-        if constexpr (W_FIXED) w_next += stages * W_STEP, w_next2 += stages * W_STEP;
-    };
-    auto load_a = [&](int slot, int jj) {
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-            const char* src = a_next + jj * BK * (int)sizeof(T) + h * 128;
-            if (A_CH >= 8 && a_full) {
-#pragma unroll
-                for (int q = 0; q < A_CH; ++q) {
-                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
-                    src += a_qstep;
-                }
-            } else {
-#pragma unroll
-                for (int q = 0; q < A_CH; ++q) {
-                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
-                    src += a_qstep;
-                }
-            }
-        }
-    };
-    auto load_w = [&](int slot, int jj) {
-        if constexpr (HALVES == 1 && K_PERMUTED) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
-        } else if constexpr (HALVES == 1) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
-            w_next += w_odd ? 1024 - 32 : 32;
-            w_odd ^= 1;
-        } else {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
-            cp_async16_if(w_dst[1] + slot * STAGE, w_next2 + jj * W_STEP, w_ok[1]);
-        }
-        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
-        if (zc_ok) {
-            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-        }
-        const int sc_step = (jj & 1) ? sc_step_odd : sc_step_even;
-        sc_next += sc_step, zc_next += sc_step >> 2;
-    };
+    constexpr bool WS = BMA == 128;  // the 128-row tile: a producer warpgroup
+    WgCopies copies;
+    copies_init<T, S, BMA, STAGES, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, act, wq, scales, zeros, a, tid, n0, m0, it0, nchunks, n16_total,
+                                                                        sbase);
+    auto advance = [&](int stages) { copy_advance<T, HALVES, K_PERMUTED>(copies, stages); };
+    auto load_a = [&](int slot, int jj) { copy_a<T, BMA, HALVES, STAGE>(copies, slot, jj); };
+    auto load_w = [&](int slot, int jj) { copy_w<S, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, slot, jj); };
     auto load_stage = [&](int slot, int jj) { load_a(slot, jj); load_w(slot, jj); };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
@@ -841,7 +900,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
         if (warp >= 8) {
             setmaxnreg_dec<56>();
             produce_ws<BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
-                                                            sz_dst, sc_next, zc_next, sc_ok, zc_ok, zc_bytes, sc_step_even, sz_k);
+                                                            copies);
             return;  // the epilogue's barriers wait only for the threads that have not exited
         }
         setmaxnreg_inc<224>();
