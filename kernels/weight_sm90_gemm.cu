@@ -307,7 +307,7 @@ struct WgCopies {
     const unsigned char* zc_next; // ... and zero-code source
     bool sc_ok, zc_ok;            // ... this thread copies scales, zero codes
     int zc_bytes;                 // ... of this thread's zero-code piece: 16, 8, or none
-    int sc_step_even, sc_step_odd;  // ... the sources' step after a stage of even, odd place in its group
+    int sc_step_even, sc_step_odd; // ... the sources' step after a stage of even, odd place in its group
     int sz_k;                     // k of the first stage (K < 2^31: host)
 };
 
@@ -317,7 +317,7 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
                                             const T* __restrict__ scales, const unsigned char* __restrict__ zeros, const WgArgs& a, int tid,
                                             i64 n0, i64 m0, i64 it0, i64 nchunks, i64 n16_total, unsigned sbase) {
     constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
-    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
+    // Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
     // (the same for every q); stages are loaded in order, so the source pointers advance by one
     // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
     // reaches accumulators of rows that are never stored.
@@ -412,7 +412,7 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
     // The activation and weight sources of a stage are their loop group's pointers plus the stage's
     // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
-    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
+    // unrolled copy of the loop), and the pointers move once a group (copy_advance): the weights of
     // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
     const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
     // into c at the end: the setup computed in c's fields directly compiles to different code
@@ -440,22 +440,22 @@ template <typename T, int BMA, int HALVES, int STAGE>
 __device__ __forceinline__ void copy_a(const WgCopies& c, int slot, int jj) {
     constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_CH = BMA * 8 / WG_THREADS;
 #pragma unroll
-            for (int h = 0; h < HALVES; ++h) {
-                const char* src = c.a_next + jj * BK * (int)sizeof(T) + h * 128;
-                if (A_CH >= 8 && c.a_full) {
+    for (int h = 0; h < HALVES; ++h) {
+        const char* src = c.a_next + jj * BK * (int)sizeof(T) + h * 128;
+        if (A_CH >= 8 && c.a_full) {
 #pragma unroll
-                    for (int q = 0; q < A_CH; ++q) {
-                        cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
-                        src += c.a_qstep;
-                    }
-                } else {
-#pragma unroll
-                    for (int q = 0; q < A_CH; ++q) {
-                        cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < c.a_nq);
-                        src += c.a_qstep;
-                    }
-                }
+            for (int q = 0; q < A_CH; ++q) {
+                cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
+                src += c.a_qstep;
             }
+        } else {
+#pragma unroll
+            for (int q = 0; q < A_CH; ++q) {
+                cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < c.a_nq);
+                src += c.a_qstep;
+            }
+        }
+    }
 }
 
 // the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
