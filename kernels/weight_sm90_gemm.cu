@@ -4,6 +4,20 @@
 // weight/quantize.py prepare_weight). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
 // other target the kernel is an empty stub that traps, and the host never launches it there.
 //
+// Organisation. sm90_wgmma.cuh holds the generated wgmma wrappers (Wgmma<T, N>::mma, wg_fence,
+// wg_commit, wg_wait), sm90_async.cuh the mbarrier, TMA, proxy-fence, setmaxnreg and stmatrix
+// helpers. The kernel sets up each thread's copy state (WgCopies, copies_init: sources, swizzled
+// destinations, predicates; copy_a, copy_w and copy_advance issue and step the copies of a stage,
+// wrapped as the lambdas load_a, load_w, load_stage, advance) and hands over to three role functions:
+//   produce_ws   the producer warpgroup of the 128-row tile only: TMA boxes of activations and
+//                cp.async of weights, scales and zero codes into a ring of mbarrier-guarded slots;
+//   consume      the compute warpgroups' main loop: dequantize in registers, wgmma into the
+//                accumulators; the 32-, 64- and 256-row tiles have no producer and issue their own
+//                copies through the kernel's lambdas, behind a stage barrier;
+//   finish_tile  the epilogue: round and store y, or first end a K split (2 ways: the cluster's two
+//                blocks swap halves of their accumulators; 3 to 8: cluster_split_finish; with a
+//                workspace: split_k_finish). Details below.
+//
 // Roles are swapped against y = a @ w.T: the wgmma computes y.T = w @ a.T, so the weights are the
 // A operand (64 weight rows per warpgroup, M of the wgmma) and the activations the B operand (BMA
 // rows of a, N of the wgmma, 32..256). The A operand of wgmma may come from registers, which is where
@@ -16,17 +30,14 @@
 // swizzle atom of its own) and 32 bytes per weight row. STAGES slots deep with STAGES - 2 stages of
 // loads in flight: the slot that stage i + STAGES - 2 overwrites held stage i - 2, whose wgmmas both
 // warpgroups have waited for before the barrier of stage i. Stages of 128 halve the barriers and
-// pipeline turns per k (session 13: 10-16% faster on 64- and 128-row tiles, the same bits).
+// pipeline turns per k (10-16% faster than stages of 64 on the 64- and 128-row tiles on an H100).
 // The 64- and 32-row tiles dequantize a whole half ahead of their wgmmas (AHEAD in the kernel), the
 // others a k16 step ahead. The 32-row tile (M <= 32, 6 stages deep, two blocks a SM) is the 64-row
-// tile's code at half the width: each thread copies one 16-byte piece of activations a half.
-// Session 36, H100, A/B in one run: 7-11% faster than the 64-row tile at M = 32 (14336 x 4096 32/1
-// 18.1 against 64/1 19.5 us, 28672 x 8192 56.3 / 63.3, 8192 x 28672 32/4 55.4 / 64/4 62.0); at M = 16
-// slower than the decode kernel on every benchmark shape (4096^2 9.2 against 5.6 us).
+// tile's code at half the width: each thread copies one 16-byte piece of activations a half. It is
+// 7-11% faster than the 64-row tile at M = 32 on an H100 (14336 x 4096: 18.1 against 19.5 us).
 // The stage's scales and zero codes travel with it, by cp.async into a ring of the same depth, so
-// that they are as far ahead as the weights. (Until session 12 they were loaded into registers 4
-// stages ahead: Nsight Compute put 11% of the stall samples of a 64-row tile at their first use,
-// and the ring made the kernel 4-16% faster, bit for bit the same output.)
+// that they are as far ahead as the weights (4-16% faster than loading them into registers 4 stages
+// ahead on an H100, where their first use holds 11% of a 64-row tile's stall samples).
 //
 // Dequantization. Lane (g, t) of warp q of a warpgroup holds, per k16 step s, the A fragment of
 // rows 16 q + g and 16 q + g + 8 at k = 16 s + {2t, 2t + 1, 2t + 8, 2t + 9}. The prepared layout
@@ -43,9 +54,9 @@
 // a2, a3 from those of layout step hh + 4 (s % 2) + 2 (registers 2 (s / 2) and 2 (s / 2) + 1 of
 // both words): the same shifts and lop3 as without K_PERMUTED, from two words instead of one, and the
 // activations stay in K order in shared memory. The half's four words are pieces (hh, 4 g + u),
-// 512 contiguous bytes a tile. (Until session 15 the layout was row-major within a tile, and each lane
-// read all four lanes' bytes and picked its own with a prmt: 4x the shared-memory reads, and 3
-// integer instructions a register instead of 1.25 or 1.75.) Products are exact in the tensor cores
+// 512 contiguous bytes a tile. (From a row-major tile a lane would read all four lanes' bytes and
+// pick its own with a prmt: 4x the shared-memory reads, and 3 integer instructions a register
+// instead of 1.25 or 1.75.) Products are exact in the tensor cores
 // and summed in float32, as on the other paths.
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
@@ -62,27 +73,18 @@
 // tile, where M is not a multiple of 128, boxes of that tile's rows rounded up to 8 from a second
 // map, rows past M read as zeros) and the 128 producer threads copy the weights, scales and zero
 // codes by cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
-// barrier: full[s] completes when slot s has landed (the TMA's bytes, and one arrival per producer
+// barrier: full[s] completes when slot s has arrived (the TMA's bytes, and one arrival per producer
 // thread when its copies complete: cp.async.mbarrier.arrive.noinc), empty[s] when every compute warp
 // has retired the wgmmas of the stage in slot s (one arrival a warp, at the fourth k16 step of the
 // next stage). The compute warps neither copy nor meet at a barrier; the producer runs up to STAGES
 // stages ahead, then exits (exited threads count as arrived at the epilogue's barriers). Registers:
 // 384 threads launch with 168 each, and setmaxnreg moves them to 224 for the compute warps and 56 for
-// the producer (256 x 224 + 128 x 56 = 384 x 168). Session 35, H100, A/B in one run, 2 rounds, the
-// same bits on every cell and on the 11 sanity cases: 4096^2 M = 256 (128/2) 16.59 / 16.53 -> 16.32 /
-// 16.31 us, 4096 x 14336 M = 256 (128/2) 45.98 / 45.79 -> 44.99 / 45.04, 14336 x 4096 M = 128 (128/1)
-// 26.34 / 26.08 -> 25.27 / 25.39, 28672 x 8192 M = 128 100.5 / 99.5 -> 95.4 / 94.8. The same
-// producer with cp.async for the activations (4 warps copying) was 1-5.5% slower than the stage
-// barrier: it is the TMA that pays, not the warp specialization alone.
-// The last tile's boxes (session 37). With 128-row boxes, a last tile with many rows past M made
-// most calls slower than a whole one, more the more rows past M (H100, 4096^2, 128/2: M = 136 24.5
-// us, M = 200 19.7, against M = 256 16.2; 28 rows past M cost nothing measurable; 4096 x 14336
-// M = 200 was not slower either). Why is not known: such a box reads fewer bytes, and the zero fill
-// of the rows past M is the only work it adds.
-// Boxes of 32 rows for every tile (8 a stage) took that away but made the whole tiles 7-12% slower
-// (four times the TMA instructions); boxes of the last tile's rows from a second map keep one box a
-// half everywhere: M = 136 / 160 / 192 / 200 16.1 / 16.1 / 16.0 / 16.0 us, 16384 x 8192 M = 192
-// (128/1) 108.4 -> 97.8, the whole tiles unchanged (0.98-1.01), the same bits on every cell.
+// the producer (256 x 224 + 128 x 56 = 384 x 168). The producer is 2-5% faster than a stage barrier
+// on an H100 (14336 x 4096 M = 128: 25.3 against 26.2 us), through the TMA: copying the activations
+// with cp.async instead, it is slower than the stage barrier.
+// The last M tile reads boxes of its own rows rounded up to 8 from the second map, one box a half as
+// in the whole tiles: a 128-row box with many rows past M slows the tile for no known reason (4096^2
+// M = 136 on an H100: 24.5 against 16.1 us), and boxes of 32 rows would take 4x the TMA instructions.
 //
 // Epilogue (K not split): the tile goes through shared memory (transposed to a's row order) so that y is written
 // in 16-byte pieces along its rows (byte by byte where out= is not 16-byte aligned or at N's tail).
@@ -207,9 +209,7 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
             // (activation rows): acc[4 j' + 2 h] and + 1, packed into one register; .trans stores the
             // tile transposed, so each activation row gets 8 consecutive weight rows (16 bytes). Lane k
             // gives the address of row k % 8 of tile k / 8. The same bits as one 16-bit store an
-            // element (BMA / 2 of them a thread, 8x the instructions). Session 34, H100, A/B in one
-            // run, 2 rounds: 14336 x 4096 M = 256 (256/1) 43.29 / 43.29 -> 42.63 / 42.78 us; the
-            // 128-row plans at M = 128 within 1%, either way.
+            // element with 1/8 of the instructions (1.5% faster at 14336 x 4096 M = 256 on an H100).
             const int wrow = (warp >> 2) * 64 + (warp & 3) * 16, mi = lane >> 3;
             const unsigned sto = (unsigned)__cvta_generic_to_shared(so) + 2u * (unsigned)((8 * (mi >> 1) + (lane & 7)) * LD + wrow + 8 * (mi & 1));
 #pragma unroll
@@ -253,11 +253,8 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
     // other block's piece of its own accumulators (ld.shared::cluster of the same thread's place;
     // a + b is b + a, so this is split_k_finish's sum, bit for bit) and the block stores its rows as
     // an unsplit tile does; a last barrier keeps the staging alive until the other block has read
-    // it. Session 39, H100, A/B in one call, two rounds, the same bits, against the pull of every
-    // partial from the tile's pieces (cluster_split_finish, scalar stores of the whole partial, the
-    // sum stored 8 bytes a thread): 4096^2 M = 128 (64/2) 12.48 -> 12.14 us, M = 256 (128/2)
-    // 16.15 -> 16.00. (The same scheme for 3 to 8 blocks, the tile dealt by pairs of groups, was
-    // 3-9% slower than cluster_split_finish: its owners' shares are uneven.)
+    // it. This is 1-3% faster than cluster_split_finish on an H100 (4096^2 M = 128: 12.1 against
+    // 12.5 us); for 3 to 8 blocks its uneven shares make it the slower one.
     {
         constexpr unsigned STG = (unsigned)((BMA * LD * 2 + 1023) & ~1023);  // past the rows of the store
         const int rk = (int)cluster_rank(), jlo = rk * (BMA / 16), jhi = jlo + BMA / 16;
@@ -291,395 +288,36 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The 128-row tile's producer warpgroup (warps 8-11, after setmaxnreg): per stage, thread 256 the
-// TMA boxes of activations, the 128 threads cp.async of the weights, scales and zero codes into the
-// ring slot, which empty[slot] has released; full[slot] completes when they have landed. Returns
-// once its copies have completed. The copy state (sz_dst .. sz_k) is the kernel's, as load_w's.
-template <int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
-__device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq, const WgArgs& a, const TmaMap& tm, const TmaMap& tm_tail, int tid,
-                                           i64 n0, i64 m0, i64 it0, int niter, i64 nchunks, i64 n16_total, unsigned sbase, unsigned full0,
-                                           unsigned empty0, unsigned sz_dst, const unsigned char* sc_next, const unsigned char* zc_next, bool sc_ok,
-                                           bool zc_ok, int zc_bytes, int sc_step_even, int sz_k) {
-    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES;
-    const int p = tid - WG_THREADS;
-    // weights: pieces L = p + 128 c of the block's 8 KB a stage (tile L / 64, piece L % 64),
-    // to the same swizzled places as load_stage's (HALVES = 2)
-    const unsigned char* pw[4];
-    unsigned pw_dst[4];
-    bool pw_ok[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const int L = p + 128 * c, pp = L & 31, pg = pp >> 2;
-        pw_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
-        pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
-        pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
-    }
-    // activations: a box of the tile's 128 rows (tm), or where the tile holds fewer rows of a
-    // (the last M tile) a box of those rows rounded up to 8 (tm_tail): rows past M read as
-    // zeros, and the slot rows past the box keep stale data, as the copies' rows past M
-    const int tile_rows = (int)min((i64)BMA, a.M - m0);
-    const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
-    const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
-    // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
-    const int sc_step = sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
-    auto wcopy = [&](int i, int slot) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
-        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next + (i64)i * sc_step, sc_ok);
-        if (zc_ok) {
-            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
-            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next + (i64)i * (sc_step >> 2), true);
-        }
-    };
-    const int nearly = a.early ? min(STAGES, niter) : 0;  // stages whose weights go before the wait
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i)
-        if (i < nearly) wcopy(i, i);
-    pdl_wait_then_release();
-    int slot = 0, use = 0;
-#pragma unroll 1
-    for (int i = 0; i < niter; ++i) {
-        if (use > 0) mbar_wait(empty0 + 8 * slot, (use - 1) & 1);  // the stage STAGES back is retired
-        if (p == 0) {
-            mbar_expect_tx(full0 + 8 * slot, box_bytes);
-#pragma unroll
-            for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, sz_k + i * BK + 64 * h, (int)m0);
-        }
-        if (i >= nearly) wcopy(i, slot);
-        mbar_arrive_cp_async(full0 + 8 * slot);
-        if (++slot == STAGES) slot = 0, ++use;
-    }
-    cp_async_wait_all();
-}
+// A thread's copies of the stages into the ring (cp.async): sources, swizzled destinations and
+// predicates, set once by copies_init and stepped by copy_advance and copy_w. Read by copy_a and
+// copy_w (tiles without a producer) and by produce_ws (the scales and zero codes).
+struct WgCopies {
+    const char* a_next;           // activations: this thread's first row of the loop group's stage
+    unsigned a_dst;               // ... its swizzled place in slot 0
+    i64 a_qstep;                  // ... 32 rows on
+    int a_nq;                     // ... how many of its rows (32 apart) are below M
+    bool a_full;                  // ... all of them
+    const unsigned char* w_next;  // weights: the loop group's (HALVES = 1 without K_PERMUTED: the next stage's) source
+    const unsigned char* w_next2; // ... HALVES = 2: the second copy's source
+    unsigned w_dst[2];            // ... the places in slot 0 (HALVES of them)
+    bool w_ok[2];                 // ... the tile is within the padded weight
+    int w_odd;                    // ... HALVES = 1 without K_PERMUTED: the next stage is the second half of its chunk
+    unsigned sz_dst;              // scales or zero codes: the place in scale slot 0
+    const unsigned char* sc_next; // ... the next stage's scale source
+    const unsigned char* zc_next; // ... and zero-code source
+    bool sc_ok, zc_ok;            // ... this thread copies scales, zero codes
+    int zc_bytes;                 // ... of this thread's zero-code piece: 16, 8, or none
+    int sc_step_even, sc_step_odd; // ... the sources' step after a stage of even, odd place in its group
+    int sz_k;                     // k of the first stage (K < 2^31: host)
+};
 
-#endif
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The compute warps' main loop: the ring's first stages (tiles without a producer), then every
-// stage of this split's K dequantized in registers and multiplied by wgmma into acc (stage() with a
-// stage barrier, stage_ws() on the producer's mbarriers, or the half-ahead pipeline of AHEAD).
-// load_a, load_w, load_stage and advance are the kernel's copies; returns with every wgmma and copy complete.
-template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE, typename LoadA, typename LoadW,
-          typename LoadStage, typename Advance>
-__device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, unsigned char* smem, unsigned sbase, int niter, int warp, int lane,
-                                        int g, int t, int nrow, const unsigned (&zb8)[2], const unsigned* zb_table, unsigned full0, unsigned empty0,
-                                        LoadA& load_a, LoadW& load_w, LoadStage& load_stage, Advance& advance) {
-    constexpr bool WS = BMA == 128;
-    constexpr int A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
-    using H = HalfOps<T>;
-    if constexpr (!WS) {
-#pragma unroll
-        for (int s = 0; s < STAGES - 2; ++s) {
-            if (s < niter) {
-                load_a(s, s);
-                if (!a.early) load_w(s, s);
-            }
-            cp_async_commit();
-        }
-    }
-    // B descriptor: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO
-    // unused by swizzled K-major layouts (1 by convention)
-    const unsigned long long desc_hi = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
-    // A step's descriptor: the stage's low word plus the step's offset (a start address that stays
-    // within 14 bits, so no carry), ORed into the constant high word: one uniform add a wgmma, where
-    // a 64-bit add took two and a re-load of the high word (session 31).
-    auto bdesc = [&](unsigned lo) { return (desc_hi & 0xffffffff00000000ull) | lo; };
-    // the low word of slot 0's descriptor: sbase is 1024-aligned and below 2^18, so a slot's is this
-    // plus its byte offset / 16 (no carry past the 14-bit address field)
-    const unsigned desc0 = (unsigned)desc_hi | (sbase >> 4);
-
-    // One stage: wait for its data, then for each 64-k half dequantize its weights a k16 step ahead
-    // of the wgmmas and issue its 4 wgmmas; then refill the slot of stage i - 2. A wgmma reads its A
-    // registers after it is issued, until a wait retires it, so no register of af is written while a
-    // wgmma that reads it may be in flight: af[s] is rewritten 4 steps after it was last read, each
-    // step a commit group, and the wait before the write leaves at most 3 groups in flight. ptxas
-    // checks this too, and serializes every wgmma where it cannot prove it.
-    // The A fragment of step s (k 16 s .. 16 s + 15 of the half): registers a0, a1 (k 2t, 2t + 1)
-    // from register jlo, jlo + 1 of word wlo, a2, a3 (k 2t + 8, 2t + 9) from jhi, jhi + 1 of whi.
-    auto dq = [&](unsigned (&f)[4], unsigned wlo, unsigned whi, int jlo, int jhi, const unsigned (&sc)[2][2],
-                  const unsigned (&zc)[2][2], int s) {
-        const int h = s >> 1;  // the 32-k group of step s within the half
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
-            const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
-            const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_type<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
-            f[r] = H::fma2_lo(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
-        }
-    };
-    const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
-    // The byte offsets of this lane's words in a slot, computed once (per stage they cost four
-    // multiply-adds of the lane's index and the slot's base). This, the scales read once a stage
-    // (K_PERMUTED), the descriptors' 32-bit adds (bdesc) and the scales' operand selector (fma2_lo) take a
-    // 128-k stage of the 64-row tile from 253 to 228 instructions a warp (bf16; 128-row 268 -> 252,
-    // 64-k stage of the 256-row tile 181 -> 173). Session 31, H100, A/B in one run, 2 rounds, the
-    // same output bits: 3-6% faster at M = 32 to 128 (4096 x 14336 M = 64 24.7 -> 23.7 us, 8192 x
-    // 28672 M = 64 71.8 -> 67.2), 1-3% at M = 256 (4096 x 14336 53.5 -> 51.8), within run-to-run
-    // spread at M = 1024 and 4096.
-    int woff[HALVES][4];
-#pragma unroll
-    for (int hh = 0; hh < HALVES; ++hh)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int off = K_PERMUTED ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
-                            : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
-                                          : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
-            woff[hh][u] = A_BYTES + warp * (512 * HALVES) + off + 4 * t;
-            asm volatile("" : "+r"(woff[hh][u]));  // opaque: kept in a register, not recomputed in each copy of the loop
-        }
-    // the byte offsets of the scale and zero code of row nrow (+ 8 r: + 16 r and + 4 r) in a scale slot,
-    // computed once like woff
-    int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * 2, zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
-    asm volatile("" : "+r"(sc_row), "+r"(zc_row));
-    // this lane's words of half hh of the stage at st (the layout's four k16 steps: K_PERMUTED steps hh + 2 u,
-    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
-    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
-                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) wv[hh][u] = *reinterpret_cast<const unsigned*>(st + woff[hh][u]);
-        // A scale is read as its 16 bits in the low half: dq's FMA takes them into both halves through
-        // an operand selector (fma2_lo), where a multiply by 0x10001 here cost an IMAD a scale.
-        auto read_sz = [&](int r, int gl, unsigned& sv, unsigned& zv) {  // row nrow + 8 r
-            sv = (unsigned)*reinterpret_cast<const unsigned short*>(szs + sc_row + 16 * r + gl * 32);
-            if constexpr (S == W_UINT4) {
-                const unsigned zbyte = szs[zc_row + 4 * r + gl * 8];
-                zv = zb_table[16 * r + ((zbyte >> (4 * (g & 1))) & 15u)];
-            } else {
-                zv = zb8[r];
-            }
-        };
-        if constexpr (K_PERMUTED) {
-            // groups of whole chunks: a stage (a chunk, or half of one) is one group, whose scale and
-            // zero code serve all its k16 steps: read once a stage (the second half's are the first's)
-            bool again = false;
-            if constexpr (HALVES == 2) again = hh == 1;
-            if (again) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) sc[HALVES - 1][r][0] = sc[HALVES - 1][r][1] = sc[0][r][0], zc[HALVES - 1][r][0] = zc[HALVES - 1][r][1] = zc[0][r][0];
-            } else {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    read_sz(r, 0, sc[hh][r][0], zc[hh][r][0]);
-                    sc[hh][r][1] = sc[hh][r][0], zc[hh][r][1] = zc[hh][r][0];
-                }
-            }
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) read_sz(r, (64 * hh + 32 * h) >> gsh7, sc[hh][r][h], zc[hh][r][h]);
-        }
-    };
-    unsigned af[4][4];  // the A fragments of the last four k16 steps
-    // the slot that stage i + STAGES - 2 loads into, from stage i's
-    auto ahead_slot = [](int sl) { return sl >= 2 ? sl - 2 : sl + STAGES - 2; };
-    auto stage = [&](int i, int slot) {
-        cp_async_wait<STAGES - 3>();
-        fence_proxy_async();
-        __syncthreads();  // stage i has landed for every thread; every wgmma of stage i - 2 is done
-        const unsigned char* st = smem + slot * STAGE;
-        const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
-        const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
-        // The 128-row tile reads every half's words, scales and zero codes from shared memory before
-        // the stage's first wgmma: the wgmma statements are barriers to the compiler (memory
-        // clobbers), so reads of the second half written after them wait out their latency behind the
-        // first half's work (Nsight Compute, 14336 x 4096 M = 64: 10% of the stall samples at these
-        // reads' first use, short scoreboard). Session 19, H200, 3 interleaved runs: 128-row tiles
-        // 2-6% faster (14336 x 4096 M = 128 33.0 -> 31.0 us), the 64-row tile (two blocks a SM)
-        // 3-8% slower on the largest shapes (8192 x 28672 M = 64 75 -> 81), so it reads each half
-        // where it starts. (The 256-row tile's stages are one half.)
-        constexpr bool HOIST = BMA >= 128;
-        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
-        unsigned sc[HALVES][2][2], zc[HALVES][2][2];
-        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
-        if constexpr (HOIST) {
-#pragma unroll
-            for (int hh = 0; hh < HALVES; ++hh) read_half(hh);
-        }
-#pragma unroll
-        for (int hh = 0; hh < HALVES; ++hh) {
-            if constexpr (!HOIST) read_half(hh);
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                wg_wait<3>();  // four groups back, the last reader of af[s], is done
-                if constexpr (K_PERMUTED)  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
-                    dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
-                else
-                    dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
-                wg_fence();
-                Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));  // + 32 bytes of K per k16 step
-                wg_commit();
-            }
-        }
-        if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot), slot);  // slot: the stage's place in its group
-        cp_async_commit();
-    };
-    // AHEAD (64- and 32-row tiles): the next half is dequantized while the current half's 4 wgmmas run,
-    // issued back to back, one commit group a half. Session 28, H100, A/B in one run, 2 rounds (the
-    // same output bits): with 64-row tiles 1-5% faster on 12 of 14 cells (4096 x 14336 M = 64
-    // 26.0-26.4 -> 24.8 us, 28672 x 8192 M = 32 74.9-76.1 -> 72.3-72.8), 4096^2 M = 128 3% slower
-    // (14.2 -> 14.6); with 128-row tiles 0-4% slower at M = 128, and with 256-row tiles (session 27)
-    // 2-6% slower at M = 256 and 1024 (one half of wgmmas in flight across the stage barrier, against
-    // three k16 steps in the per-step pipeline of stage()).
-    constexpr bool AHEAD = BMA <= 64;
-    static_assert(!AHEAD || HALVES == 2, "AHEAD pairs a stage's two halves with the two fragment buffers");
-    // The main loop is unrolled by the ring's depth, so that every slot index is a constant: the
-    // slots' shared addresses become immediate offsets and the slot bookkeeping leaves the loop.
-    // With it, the lane's offsets and the copies' destinations held in registers (opaque: ptxas
-    // otherwise recomputes them in each copy of the loop, which alone made the 64-row stage 228 ->
-    // 239 instructions), the sources moved once a group (advance) and the scale sources stepped:
-    // a stage a warp (bf16, K_PERMUTED) 228 -> about 206 instructions on the 64-row tile, 252 -> about 221
-    // on the 128-row tile, 173 -> about 150 on the 256-row tile. Session 32, H100, A/B against
-    // the session's start in one run, the same output bits: 5-10% faster at M = 32-64 (14336 x
-    // 4096 M = 64 22.6 -> 20.4 us), 6-11% at M = 128-1024 (4096 x 14336 M = 256 52.2 -> 47.1).
-    if constexpr (WS) {
-        // stage() of the 128-row tile with the producer: wait for the slot's barrier instead of copies
-        // and a stage barrier (the activations came by TMA: no proxy fence), and release the slot
-        // of stage i - 1 once the fourth k16 step's wait has retired its last wgmma
-        auto stage_ws = [&](int i, int slot, unsigned parity) {
-            mbar_wait(full0 + 8 * slot, parity);
-            const unsigned char* st = smem + slot * STAGE;
-            const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
-            const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
-            unsigned wv[HALVES][4];
-            unsigned sc[HALVES][2][2], zc[HALVES][2][2];
-#pragma unroll
-            for (int hh = 0; hh < HALVES; ++hh) read_words(st, szs, hh, wv, sc, zc);
-#pragma unroll
-            for (int hh = 0; hh < HALVES; ++hh) {
-#pragma unroll
-                for (int s = 0; s < 4; ++s) {
-                    wg_wait<3>();
-                    if (hh == 0 && s == 3 && i > 0) {
-                        __syncwarp();  // every lane's reads of that slot are done
-                        if (lane == 0) mbar_arrive(empty0 + 8 * (slot == 0 ? STAGES - 1 : slot - 1));
-                    }
-                    if constexpr (K_PERMUTED)
-                        dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
-                    else
-                        dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
-                    wg_fence();
-                    Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
-                    wg_commit();
-                }
-            }
-        };
-        unsigned parity = 0;  // of the ring's pass
-#pragma unroll 1
-        for (int i = 0; i < niter; i += STAGES) {
-#pragma unroll
-            for (int j = 0; j < STAGES; ++j)
-                if (i + j < niter) stage_ws(i + j, j, parity);
-            parity ^= 1;
-        }
-    } else if constexpr (!AHEAD) {
-        advance(STAGES - 2);  // the group of stage 0 loads stages STAGES - 2 ..
-#pragma unroll 1
-        for (int i = 0; i < niter; i += STAGES) {
-#pragma unroll
-            for (int j = 0; j < STAGES; ++j)
-                if (i + j < niter) stage(i + j, j);
-            advance(STAGES);
-        }
-    } else {
-        // A half ahead: the 4 wgmmas of a 64-k half are issued back to back from fragments
-        // dequantized while the half before it ran (two buffers of a half's 4 fragments), so the
-        // dequantization of half j + 1 overlaps the tensor-core work of half j.
-        unsigned ah[2][4][4];
-        unsigned wv[HALVES][4], sc[HALVES][2][2], zc[HALVES][2][2];
-        const unsigned char* st = smem;
-        const unsigned char* szs = smem + STAGES * STAGE;
-        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
-        // stage i has landed for every thread and every wgmma of stage i - 2 (and of every half
-        // but the last issued) is done: read its words, refill the slot of stage i - 2 with stage
-        // i + STAGES - 2
-        auto begin_stage = [&](int i, int slot, int jj) {
-            cp_async_wait<STAGES - 3>();
-            fence_proxy_async();
-            __syncthreads();
-            st = smem + slot * STAGE;
-            szs = smem + STAGES * STAGE + slot * SZ_STAGE;
-            if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot), jj);
-            cp_async_commit();
-        };
-        auto dq_half = [&](unsigned (&f)[4][4], int hh) {
-            read_half(hh);
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                if constexpr (K_PERMUTED)
-                    dq(f[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
-                else
-                    dq(f[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
-            }
-        };
-        // stage i, whose first half is dequantized into ah[0]; half hh's wgmmas read ah[hh]. Ends with
-        // the next stage's first half dequantized
-        auto run_stage = [&](int i, int slot) {
-            const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
-#pragma unroll
-            for (int hh = 0; hh < HALVES; ++hh) {
-                wg_fence();
-#pragma unroll
-                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[hh][s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
-                wg_commit();
-                if (hh + 1 < HALVES) {
-                    wg_wait<1>();  // the half before this one is done: ah[hh ^ 1] is free
-                    dq_half(ah[hh ^ 1], hh + 1);
-                } else if (i + 1 < niter) {
-                    wg_wait<1>();
-                    begin_stage(i + 1, slot == STAGES - 1 ? 0 : slot + 1, slot);
-                    dq_half(ah[hh ^ 1], 0);
-                }
-            }
-        };
-        begin_stage(0, 0, STAGES - 2);
-        advance(STAGES - 1);  // the group of stage 0 loads stages STAGES - 1 ..
-        dq_half(ah[0], 0);
-#pragma unroll 1
-        for (int i = 0; i < niter; i += STAGES) {
-#pragma unroll
-            for (int j = 0; j < STAGES; ++j)
-                if (i + j < niter) run_stage(i + j, j);
-            advance(STAGES);
-        }
-    }
-    wg_wait<0>();
-    cp_async_wait<0>();
-}
-
-#endif
-
-template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
-__global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
-    sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
-                const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
-                WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
-    constexpr int BK = 64 * HALVES;              // k per stage
-    constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
-    constexpr int A_BYTES = A_ATOM * HALVES;
-    constexpr int W_ROW = 32 * HALVES;           // weight bytes per row and stage
-    constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
-    constexpr int ND = BMA / 2;                  // accumulators per thread
-    constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes
-    constexpr int ZC_TILE = 16 * HALVES;         // zero-code bytes a tile: up to BK / 32 groups of 8 bytes
-    constexpr int SZ_STAGE = 8 * (SC_TILE + ZC_TILE);
-    using H = HalfOps<T>;
-    extern __shared__ uint4 wg_smem[];
-    __shared__ int s_last;
-    // the 128-byte swizzle is a function of address bits 4..9: the tiles start at a multiple of 1024
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(wg_smem);
-    const unsigned sbase = (raw + 1023u) & ~1023u;
-    unsigned char* smem = reinterpret_cast<unsigned char*>(wg_smem) + (sbase - raw);
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const i64 n0 = (i64)blockIdx.x * WG_BN, m0 = (i64)blockIdx.y * BMA;
-    const i64 it0 = (i64)blockIdx.z * a.iters;
-    const int niter = (int)min((i64)a.iters, a.K / BK - it0);
-    const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
-    const i64 n16_total = (a.N + 15) / 16;
-
-    // Copies. Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
+// Sets c for thread tid of the block of tile (m0, n0) and the split whose first stage is it0.
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
+__device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ act, const unsigned char* __restrict__ wq,
+                                            const T* __restrict__ scales, const unsigned char* __restrict__ zeros, const WgArgs& a, int tid,
+                                            i64 n0, i64 m0, i64 it0, i64 nchunks, i64 n16_total, unsigned sbase) {
+    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
+    // Activations: chunk ac of rows ar0 + 32 q of each half, at swizzled chunk ac ^ (row & 7)
     // (the same for every q); stages are loaded in order, so the source pointers advance by one
     // stage per load. Rows past M and N are not copied: their slot rows hold stale data, which only
     // reaches accumulators of rows that are never stored.
@@ -774,54 +412,461 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
     // The activation and weight sources of a stage are their loop group's pointers plus the stage's
     // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
-    // unrolled copy of the loop), and the pointers move once a group (advance): the weights of
+    // unrolled copy of the loop), and the pointers move once a group (copy_advance): the weights of
     // HALVES = 1 without K_PERMUTED alternate 32 and 1024 - 32 bytes a stage, so they step at each load.
+    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
+    // into c at the end: the setup computed in c's fields directly compiles to different code
+    c.a_next = a_next, c.a_dst = a_dst, c.a_qstep = a_qstep, c.a_nq = a_nq, c.a_full = a_full;
+    c.w_next = w_next, c.w_next2 = w_next2, c.w_odd = w_odd;
+    c.w_dst[0] = w_dst[0], c.w_ok[0] = w_ok[0];
+    if constexpr (HALVES == 2) c.w_dst[1] = w_dst[1], c.w_ok[1] = w_ok[1];
+    c.sz_dst = sz_dst, c.sc_next = sc_next, c.zc_next = zc_next, c.sc_ok = sc_ok, c.zc_ok = zc_ok, c.zc_bytes = zc_bytes;
+    c.sc_step_even = sc_step_even, c.sc_step_odd = sc_step_odd, c.sz_k = sz_k;
+}
+
+// moves the activation and fixed weight sources on by `stages` stages
+template <typename T, int HALVES, bool K_PERMUTED>
+__device__ __forceinline__ void copy_advance(WgCopies& c, int stages) {
+    constexpr int BK = 64 * HALVES;
     constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
     constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
-    const unsigned char* w_next2 = w_next + w_cstep;  // HALVES = 2: the second copy's source
-    auto advance = [&](int stages) {
-        a_next += stages * BK * (int)sizeof(T);
-        asm volatile("" : "+l"(a_next));  // one register pair: an address operand as it is, not copied into one each stage
-        if constexpr (W_FIXED) w_next += stages * W_STEP, w_next2 += stages * W_STEP;
-    };
-    auto load_a = [&](int slot, int jj) {
+    c.a_next += stages * BK * (int)sizeof(T);
+    asm volatile("" : "+l"(c.a_next));  // one register pair: an address operand as it is, not copied into one each stage
+    if constexpr (W_FIXED) c.w_next += stages * W_STEP, c.w_next2 += stages * W_STEP;
+}
+
+// the activations of the stage at place jj of the loop group into slot `slot`
+template <typename T, int BMA, int HALVES, int STAGE>
+__device__ __forceinline__ void copy_a(const WgCopies& c, int slot, int jj) {
+    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_CH = BMA * 8 / WG_THREADS;
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-            const char* src = a_next + jj * BK * (int)sizeof(T) + h * 128;
-            if (A_CH >= 8 && a_full) {
+    for (int h = 0; h < HALVES; ++h) {
+        const char* src = c.a_next + jj * BK * (int)sizeof(T) + h * 128;
+        if (A_CH >= 8 && c.a_full) {
 #pragma unroll
-                for (int q = 0; q < A_CH; ++q) {
-                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
-                    src += a_qstep;
-                }
-            } else {
+            for (int q = 0; q < A_CH; ++q) {
+                cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, true);
+                src += c.a_qstep;
+            }
+        } else {
 #pragma unroll
-                for (int q = 0; q < A_CH; ++q) {
-                    cp_async16_if(a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < a_nq);
-                    src += a_qstep;
-                }
+            for (int q = 0; q < A_CH; ++q) {
+                cp_async16_if(c.a_dst + slot * STAGE + h * A_ATOM + q * 32 * 128, src, q < c.a_nq);
+                src += c.a_qstep;
             }
         }
+    }
+}
+
+// the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
+template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
+__device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
+    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
+    if constexpr (HALVES == 1 && K_PERMUTED) {
+        cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next + jj * W_STEP, c.w_ok[0]);
+    } else if constexpr (HALVES == 1) {
+        cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next, c.w_ok[0]);
+        c.w_next += c.w_odd ? 1024 - 32 : 32;
+        c.w_odd ^= 1;
+    } else {
+        cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next + jj * W_STEP, c.w_ok[0]);
+        cp_async16_if(c.w_dst[1] + slot * STAGE, c.w_next2 + jj * W_STEP, c.w_ok[1]);
+    }
+    cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.sc_next, c.sc_ok);
+    if (c.zc_ok) {
+        if (c.zc_bytes >= 16) cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
+        else cp_async8_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
+    }
+    const int sc_step = (jj & 1) ? c.sc_step_odd : c.sc_step_even;
+    c.sc_next += sc_step, c.zc_next += sc_step >> 2;
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The 128-row tile's producer warpgroup (warps 8-11, after setmaxnreg): per stage, thread 256 the
+// TMA boxes of activations, the 128 threads cp.async of the weights, scales and zero codes into the
+// ring slot, which empty[slot] has released; full[slot] completes when they have arrived. Returns
+// once its copies have completed. cs is the kernel's copy state, as copy_w's.
+template <int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
+__device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq, const WgArgs& a, const TmaMap& tm, const TmaMap& tm_tail, int tid,
+                                           i64 n0, i64 m0, i64 it0, int niter, i64 nchunks, i64 n16_total, unsigned sbase, unsigned full0,
+                                           unsigned empty0, const WgCopies& cs) {
+    constexpr int BK = 64 * HALVES, A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES;
+    const int p = tid - WG_THREADS;
+    // weights: pieces L = p + 128 c of the block's 8 KB a stage (tile L / 64, piece L % 64),
+    // to the same swizzled places as load_stage's (HALVES = 2)
+    const unsigned char* pw[4];
+    unsigned pw_dst[4];
+    bool pw_ok[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int L = p + 128 * c, pp = L & 31, pg = pp >> 2;
+        pw_ok[c] = (n0 >> 4) + (L >> 6) < n16_total;
+        pw[c] = wq + (((n0 >> 4) + (L >> 6)) * nchunks + it0) * 1024 + (L & 63) * 16;
+        pw_dst[c] = sbase + A_BYTES + (L >> 6) * 1024 + ((L >> 5) & 1) * 512 + (4 * pg + ((pp & 3) ^ ((pg >> 1) & 3))) * 16;
+    }
+    // activations: a box of the tile's 128 rows (tm), or where the tile holds fewer rows of a
+    // (the last M tile) a box of those rows rounded up to 8 (tm_tail): rows past M read as
+    // zeros, and the slot rows past the box keep stale data, as the copies' rows past M
+    const int tile_rows = (int)min((i64)BMA, a.M - m0);
+    const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
+    const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
+    // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
+    const int sc_step = cs.sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
+    auto wcopy = [&](int i, int slot) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
+        cp_async16_if(cs.sz_dst + slot * SZ_STAGE, cs.sc_next + (i64)i * sc_step, cs.sc_ok);
+        if (cs.zc_ok) {
+            if (cs.zc_bytes >= 16) cp_async16_if(cs.sz_dst + slot * SZ_STAGE, cs.zc_next + (i64)i * (sc_step >> 2), true);
+            else cp_async8_if(cs.sz_dst + slot * SZ_STAGE, cs.zc_next + (i64)i * (sc_step >> 2), true);
+        }
     };
-    auto load_w = [&](int slot, int jj) {
-        if constexpr (HALVES == 1 && K_PERMUTED) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
-        } else if constexpr (HALVES == 1) {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next, w_ok[0]);
-            w_next += w_odd ? 1024 - 32 : 32;
-            w_odd ^= 1;
+    const int nearly = a.early ? min(STAGES, niter) : 0;  // stages whose weights go before the wait
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i)
+        if (i < nearly) wcopy(i, i);
+    pdl_wait_then_release();
+    int slot = 0, use = 0;
+#pragma unroll 1
+    for (int i = 0; i < niter; ++i) {
+        if (use > 0) mbar_wait(empty0 + 8 * slot, (use - 1) & 1);  // the stage STAGES back is retired
+        if (p == 0) {
+            mbar_expect_tx(full0 + 8 * slot, box_bytes);
+#pragma unroll
+            for (int h = 0; h < HALVES; ++h) tma_load_2d(sbase + slot * STAGE + h * A_ATOM, map, full0 + 8 * slot, cs.sz_k + i * BK + 64 * h, (int)m0);
+        }
+        if (i >= nearly) wcopy(i, slot);
+        mbar_arrive_cp_async(full0 + 8 * slot);
+        if (++slot == STAGES) slot = 0, ++use;
+    }
+    cp_async_wait_all();
+}
+
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The compute warps' main loop: the ring's first stages (tiles without a producer), then every
+// stage of this split's K dequantized in registers and multiplied by wgmma into acc (stage() with a
+// stage barrier, stage_ws() on the producer's mbarriers, or the half-ahead pipeline of AHEAD).
+// load_a, load_w, load_stage and advance are the kernel's copies (copy_a, copy_w, copy_advance); returns with every wgmma and copy complete.
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE, typename LoadA, typename LoadW,
+          typename LoadStage, typename Advance>
+__device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, unsigned char* smem, unsigned sbase, int niter, int warp, int lane,
+                                        int g, int t, int nrow, const unsigned (&zb8)[2], const unsigned* zb_table, unsigned full0, unsigned empty0,
+                                        LoadA& load_a, LoadW& load_w, LoadStage& load_stage, Advance& advance) {
+    constexpr bool WS = BMA == 128;
+    constexpr int A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
+    using H = HalfOps<T>;
+    if constexpr (!WS) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 2; ++s) {
+            if (s < niter) {
+                load_a(s, s);
+                if (!a.early) load_w(s, s);
+            }
+            cp_async_commit();
+        }
+    }
+    // B descriptor: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO
+    // unused by swizzled K-major layouts (1 by convention)
+    const unsigned long long desc_hi = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
+    // A step's descriptor: the stage's low word plus the step's offset (a start address that stays
+    // within 14 bits, so no carry), ORed into the constant high word: one uniform add a wgmma, where
+    // a 64-bit add takes two and a re-load of the high word.
+    auto bdesc = [&](unsigned lo) { return (desc_hi & 0xffffffff00000000ull) | lo; };
+    // the low word of slot 0's descriptor: sbase is 1024-aligned and below 2^18, so a slot's is this
+    // plus its byte offset / 16 (no carry past the 14-bit address field)
+    const unsigned desc0 = (unsigned)desc_hi | (sbase >> 4);
+
+    // One stage: wait for its data, then for each 64-k half dequantize its weights a k16 step ahead
+    // of the wgmmas and issue its 4 wgmmas; then refill the slot of stage i - 2. A wgmma reads its A
+    // registers after it is issued, until a wait retires it, so no register of af is written while a
+    // wgmma that reads it may be in flight: af[s] is rewritten 4 steps after it was last read, each
+    // step a commit group, and the wait before the write leaves at most 3 groups in flight. ptxas
+    // checks this too, and serializes every wgmma where it cannot prove it.
+    // The A fragment of step s (k 16 s .. 16 s + 15 of the half): registers a0, a1 (k 2t, 2t + 1)
+    // from register jlo, jlo + 1 of word wlo, a2, a3 (k 2t + 8, 2t + 9) from jhi, jhi + 1 of whi.
+    auto dq = [&](unsigned (&f)[4], unsigned wlo, unsigned whi, int jlo, int jhi, const unsigned (&sc)[2][2],
+                  const unsigned (&zc)[2][2], int s) {
+        const int h = s >> 1;  // the 32-k group of step s within the half
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
+            const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
+            const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_type<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
+            f[r] = H::fma2_lo(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
+        }
+    };
+    const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
+    // The byte offsets of this lane's words in a slot, computed once (per stage they cost four
+    // multiply-adds of the lane's index and the slot's base). This, the scales read once a stage
+    // (K_PERMUTED), the descriptors' 32-bit adds (bdesc) and the scales' operand selector (fma2_lo) take a
+    // 128-k stage of the 64-row tile from 253 to 228 instructions a warp (bf16), 3-6% faster at
+    // M = 32 to 128 on an H100.
+    int woff[HALVES][4];
+#pragma unroll
+    for (int hh = 0; hh < HALVES; ++hh)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int off = K_PERMUTED ? (HALVES == 1 ? 0 : hh * 512) + (4 * g + (u ^ ((g >> 1) & 3))) * 16
+                            : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
+                                          : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
+            woff[hh][u] = A_BYTES + warp * (512 * HALVES) + off + 4 * t;
+            asm volatile("" : "+r"(woff[hh][u]));  // opaque: kept in a register, not recomputed in each copy of the loop
+        }
+    // the byte offsets of the scale and zero code of row nrow (+ 8 r: + 16 r and + 4 r) in a scale slot,
+    // computed once like woff
+    int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * 2, zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
+    asm volatile("" : "+r"(sc_row), "+r"(zc_row));
+    // this lane's words of half hh of the stage at st (the layout's four k16 steps: K_PERMUTED steps hh + 2 u,
+    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
+    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
+                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) wv[hh][u] = *reinterpret_cast<const unsigned*>(st + woff[hh][u]);
+        // A scale is read as its 16 bits in the low half: dq's FMA takes them into both halves through
+        // an operand selector (fma2_lo), where a multiply by 0x10001 here cost an IMAD a scale.
+        auto read_sz = [&](int r, int gl, unsigned& sv, unsigned& zv) {  // row nrow + 8 r
+            sv = (unsigned)*reinterpret_cast<const unsigned short*>(szs + sc_row + 16 * r + gl * 32);
+            if constexpr (S == W_UINT4) {
+                const unsigned zbyte = szs[zc_row + 4 * r + gl * 8];
+                zv = zb_table[16 * r + ((zbyte >> (4 * (g & 1))) & 15u)];
+            } else {
+                zv = zb8[r];
+            }
+        };
+        if constexpr (K_PERMUTED) {
+            // groups of whole chunks: a stage (a chunk, or half of one) is one group, whose scale and
+            // zero code serve all its k16 steps: read once a stage (the second half's are the first's)
+            bool again = false;
+            if constexpr (HALVES == 2) again = hh == 1;
+            if (again) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) sc[HALVES - 1][r][0] = sc[HALVES - 1][r][1] = sc[0][r][0], zc[HALVES - 1][r][0] = zc[HALVES - 1][r][1] = zc[0][r][0];
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    read_sz(r, 0, sc[hh][r][0], zc[hh][r][0]);
+                    sc[hh][r][1] = sc[hh][r][0], zc[hh][r][1] = zc[hh][r][0];
+                }
+            }
         } else {
-            cp_async16_if(w_dst[0] + slot * STAGE, w_next + jj * W_STEP, w_ok[0]);
-            cp_async16_if(w_dst[1] + slot * STAGE, w_next2 + jj * W_STEP, w_ok[1]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) read_sz(r, (64 * hh + 32 * h) >> gsh7, sc[hh][r][h], zc[hh][r][h]);
         }
-        cp_async16_if(sz_dst + slot * SZ_STAGE, sc_next, sc_ok);
-        if (zc_ok) {
-            if (zc_bytes >= 16) cp_async16_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-            else cp_async8_if(sz_dst + slot * SZ_STAGE, zc_next, true);
-        }
-        const int sc_step = (jj & 1) ? sc_step_odd : sc_step_even;
-        sc_next += sc_step, zc_next += sc_step >> 2;
     };
+    unsigned af[4][4];  // the A fragments of the last four k16 steps
+    // the slot that stage i + STAGES - 2 loads into, from stage i's
+    auto ahead_slot = [](int sl) { return sl >= 2 ? sl - 2 : sl + STAGES - 2; };
+    auto stage = [&](int i, int slot) {
+        cp_async_wait<STAGES - 3>();
+        fence_proxy_async();
+        __syncthreads();  // stage i has arrived for every thread; every wgmma of stage i - 2 is done
+        const unsigned char* st = smem + slot * STAGE;
+        const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
+        const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
+        // The 128-row tile reads every half's words, scales and zero codes from shared memory before
+        // the stage's first wgmma: the wgmma statements are barriers to the compiler (memory
+        // clobbers), so reads of the second half written after them wait out their latency behind the
+        // first half's work (Nsight Compute, 14336 x 4096 M = 64: 10% of the stall samples at these
+        // reads' first use, short scoreboard). Reading them ahead makes the 128-row tiles 2-6% faster
+        // on an H200 but the 64-row tile (two blocks a SM) slower, so that one reads each half where
+        // it starts. (The 256-row tile's stages are one half.)
+        constexpr bool HOIST = BMA >= 128;
+        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
+        unsigned sc[HALVES][2][2], zc[HALVES][2][2];
+        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
+        if constexpr (HOIST) {
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) read_half(hh);
+        }
+#pragma unroll
+        for (int hh = 0; hh < HALVES; ++hh) {
+            if constexpr (!HOIST) read_half(hh);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                wg_wait<3>();  // four groups back, the last reader of af[s], is done
+                if constexpr (K_PERMUTED)  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
+                    dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
+                else
+                    dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+                wg_fence();
+                Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));  // + 32 bytes of K per k16 step
+                wg_commit();
+            }
+        }
+        if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot), slot);  // slot: the stage's place in its group
+        cp_async_commit();
+    };
+    // AHEAD (64- and 32-row tiles): the next half is dequantized while the current half's 4 wgmmas run,
+    // issued back to back, one commit group a half: 1-5% faster than stage() with 64-row tiles on an
+    // H100, and slower with 128- and 256-row tiles, where it keeps one half of wgmmas in flight
+    // across the stage barrier against stage()'s three k16 steps.
+    constexpr bool AHEAD = BMA <= 64;
+    static_assert(!AHEAD || HALVES == 2, "AHEAD pairs a stage's two halves with the two fragment buffers");
+    // The main loop is unrolled by the ring's depth, so that every slot index is a constant: the
+    // slots' shared addresses become immediate offsets and the slot bookkeeping leaves the loop.
+    // With it, the lane's offsets and the copies' destinations held in registers (opaque: ptxas
+    // otherwise recomputes them in each copy of the loop, 11 instructions more a 64-row stage), the
+    // sources moved once a group (advance) and the scale sources stepped, a stage a warp (bf16,
+    // K_PERMUTED) takes about 206 instructions on the 64-row tile (228 without): 5-11% faster on an H100.
+    if constexpr (WS) {
+        // stage() of the 128-row tile with the producer: wait for the slot's barrier instead of copies
+        // and a stage barrier (the activations came by TMA: no proxy fence), and release the slot
+        // of stage i - 1 once the fourth k16 step's wait has retired its last wgmma
+        auto stage_ws = [&](int i, int slot, unsigned parity) {
+            mbar_wait(full0 + 8 * slot, parity);
+            const unsigned char* st = smem + slot * STAGE;
+            const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
+            const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
+            unsigned wv[HALVES][4];
+            unsigned sc[HALVES][2][2], zc[HALVES][2][2];
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) read_words(st, szs, hh, wv, sc, zc);
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) {
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    wg_wait<3>();
+                    if (hh == 0 && s == 3 && i > 0) {
+                        __syncwarp();  // every lane's reads of that slot are done
+                        if (lane == 0) mbar_arrive(empty0 + 8 * (slot == 0 ? STAGES - 1 : slot - 1));
+                    }
+                    if constexpr (K_PERMUTED)
+                        dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
+                    else
+                        dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+                    wg_fence();
+                    Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
+                    wg_commit();
+                }
+            }
+        };
+        unsigned parity = 0;  // of the ring's pass
+#pragma unroll 1
+        for (int i = 0; i < niter; i += STAGES) {
+#pragma unroll
+            for (int j = 0; j < STAGES; ++j)
+                if (i + j < niter) stage_ws(i + j, j, parity);
+            parity ^= 1;
+        }
+    } else if constexpr (!AHEAD) {
+        advance(STAGES - 2);  // the group of stage 0 loads stages STAGES - 2 ..
+#pragma unroll 1
+        for (int i = 0; i < niter; i += STAGES) {
+#pragma unroll
+            for (int j = 0; j < STAGES; ++j)
+                if (i + j < niter) stage(i + j, j);
+            advance(STAGES);
+        }
+    } else {
+        // A half ahead: the 4 wgmmas of a 64-k half are issued back to back from fragments
+        // dequantized while the half before it ran (two buffers of a half's 4 fragments), so the
+        // dequantization of half j + 1 overlaps the tensor-core work of half j.
+        unsigned ah[2][4][4];
+        unsigned wv[HALVES][4], sc[HALVES][2][2], zc[HALVES][2][2];
+        const unsigned char* st = smem;
+        const unsigned char* szs = smem + STAGES * STAGE;
+        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
+        // stage i has arrived for every thread and every wgmma of stage i - 2 (and of every half
+        // but the last issued) is done: read its words, refill the slot of stage i - 2 with stage
+        // i + STAGES - 2
+        auto begin_stage = [&](int i, int slot, int jj) {
+            cp_async_wait<STAGES - 3>();
+            fence_proxy_async();
+            __syncthreads();
+            st = smem + slot * STAGE;
+            szs = smem + STAGES * STAGE + slot * SZ_STAGE;
+            if (i + STAGES - 2 < niter) load_stage(ahead_slot(slot), jj);
+            cp_async_commit();
+        };
+        auto dq_half = [&](unsigned (&f)[4][4], int hh) {
+            read_half(hh);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                if constexpr (K_PERMUTED)
+                    dq(f[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
+                else
+                    dq(f[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+            }
+        };
+        // stage i, whose first half is dequantized into ah[0]; half hh's wgmmas read ah[hh]. Ends with
+        // the next stage's first half dequantized
+        auto run_stage = [&](int i, int slot) {
+            const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) {
+                wg_fence();
+#pragma unroll
+                for (int s = 0; s < 4; ++s) Wgmma<T, BMA>::mma(acc, ah[hh][s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
+                wg_commit();
+                if (hh + 1 < HALVES) {
+                    wg_wait<1>();  // the half before this one is done: ah[hh ^ 1] is free
+                    dq_half(ah[hh ^ 1], hh + 1);
+                } else if (i + 1 < niter) {
+                    wg_wait<1>();
+                    begin_stage(i + 1, slot == STAGES - 1 ? 0 : slot + 1, slot);
+                    dq_half(ah[hh ^ 1], 0);
+                }
+            }
+        };
+        begin_stage(0, 0, STAGES - 2);
+        advance(STAGES - 1);  // the group of stage 0 loads stages STAGES - 1 ..
+        dq_half(ah[0], 0);
+#pragma unroll 1
+        for (int i = 0; i < niter; i += STAGES) {
+#pragma unroll
+            for (int j = 0; j < STAGES; ++j)
+                if (i + j < niter) run_stage(i + j, j);
+            advance(STAGES);
+        }
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+}
+
+#endif
+
+template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
+__global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
+    sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
+                const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
+                WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");
+    constexpr int BK = 64 * HALVES;              // k per stage
+    constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
+    constexpr int A_BYTES = A_ATOM * HALVES;
+    constexpr int W_ROW = 32 * HALVES;           // weight bytes per row and stage
+    constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
+    constexpr int ND = BMA / 2;                  // accumulators per thread
+    constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes
+    constexpr int ZC_TILE = 16 * HALVES;         // zero-code bytes a tile: up to BK / 32 groups of 8 bytes
+    constexpr int SZ_STAGE = 8 * (SC_TILE + ZC_TILE);
+    using H = HalfOps<T>;
+    extern __shared__ uint4 wg_smem[];
+    __shared__ int s_last;
+    // the 128-byte swizzle is a function of address bits 4..9: the tiles start at a multiple of 1024
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(wg_smem);
+    const unsigned sbase = (raw + 1023u) & ~1023u;
+    unsigned char* smem = reinterpret_cast<unsigned char*>(wg_smem) + (sbase - raw);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const i64 n0 = (i64)blockIdx.x * WG_BN, m0 = (i64)blockIdx.y * BMA;
+    const i64 it0 = (i64)blockIdx.z * a.iters;
+    const int niter = (int)min((i64)a.iters, a.K / BK - it0);
+    const i64 nchunks = a.K / 128;  // 128-k chunks of the prepared layout (K is a multiple of 128)
+    const i64 n16_total = (a.N + 15) / 16;
+
+    constexpr bool WS = BMA == 128;  // the 128-row tile: a producer warpgroup
+    WgCopies copies;
+    copies_init<T, S, BMA, STAGES, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, act, wq, scales, zeros, a, tid, n0, m0, it0, nchunks, n16_total,
+                                                                        sbase);
+    auto advance = [&](int stages) { copy_advance<T, HALVES, K_PERMUTED>(copies, stages); };
+    auto load_a = [&](int slot, int jj) { copy_a<T, BMA, HALVES, STAGE>(copies, slot, jj); };
+    auto load_w = [&](int slot, int jj) { copy_w<S, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, slot, jj); };
     auto load_stage = [&](int slot, int jj) { load_a(slot, jj); load_w(slot, jj); };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)
@@ -832,11 +877,8 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     // a.early: the weights and scales of the ring's first stages (STAGES - 2 here, STAGES in the
     // 128-row tile's producer) are copied before the PDL wait, the activations after it, so that
     // the weights' first DRAM round trip overlaps the end of the kernel before (the activations may
-    // be its output; the weights are not: weight/dispatch.py early_ok). Session 39, H100, A/B in one call,
-    // two rounds, the same bits: 4096^2 M = 64 (64/3) 10.20 -> 9.67 us, M = 128 (64/2) 12.9 -> 12.4,
-    // 14336 x 4096 M = 64 (64/1) 20.05 -> 19.76, 4096^2 M = 256 (128/2) 16.25 -> 16.15; the tiles
-    // that fill every SM in several waves unchanged (28672 x 8192 M = 256 162.7 / 162.8). Session 22
-    // had measured it within the spread on the kernel of that time.
+    // be its output; the weights are not: weight/dispatch.py early_ok): 5% faster at 4096^2 M = 64 on
+    // an H100 (9.67 against 10.20 us), no change where the tiles fill every SM in several waves.
     if constexpr (!WS) {
         if (a.early) {
 #pragma unroll
@@ -858,7 +900,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
         if (warp >= 8) {
             setmaxnreg_dec<56>();
             produce_ws<BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
-                                                            sz_dst, sc_next, zc_next, sc_ok, zc_ok, zc_bytes, sc_step_even, sz_k);
+                                                            copies);
             return;  // the epilogue's barriers wait only for the threads that have not exited
         }
         setmaxnreg_inc<224>();
