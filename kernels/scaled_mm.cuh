@@ -1,0 +1,153 @@
+// scaled_mm.cuh: what the W8A8 FP8 matmul kernels share (scaled_mm_sm90.cu: wgmma on Hopper;
+// scaled_mm_mma.cu: mma.sync on sm_89 and later): the argument struct, the scale lookups, the rule
+// by which block sums are scaled and added, and the epilogue (bias, rounding, K-split fix-up).
+//
+// y (M x N, rows ldy elements apart, in TY) = dequant(a) @ dequant(b).T (+ bias), with a (M x K FP8
+// codes, rows lda bytes apart) and b (N x K FP8 codes, rows ldb bytes apart). K is cut into blocks
+// of 128 (the last one shorter where 128 does not divide K). For each output element:
+//   P(kb) = sum over k of block kb of qa(m, k) * qb(n, k): the tensor cores' float32 sum of exact
+//           products (their internal order and width; Hopper keeps about 14 bits while it adds a
+//           k32 step, which is why the sum restarts at every block);
+//   MODE_END (neither scale varies along K): acc = P(0) + P(1) + ... in block order (float32),
+//           v = acc * (sa(m) * sb(n));
+//   MODE_K_TILE, MODE_K_COL (a scale varies along K): acc = fma(P(kb), sa(m, kb) * sb(n, kb), acc)
+//           in block order, v = acc. K_TILE: b's scale is the same for every column of the block's
+//           tile (the host guarantees it: 128 x 128 weight blocks and tiles of at most 128 columns
+//           starting at a multiple of 128), so a thread computes one product per row; K_COL: one
+//           product per element (1 x 128 weight groups);
+//   K split into S parts (gridDim.z): each part's v over its blocks, then the parts' v summed in
+//           part order 0, 1, ..., S - 1 (float32), whatever order the blocks finish in;
+//   y = round_TY(v + bias(n)): bias in TY (converted exactly), round to nearest even.
+// Every float32 operation is IEEE (explicit .rn PTX, no flush: CuPy compiles with -ftz=true).
+//
+// Scales (float32 unless packed): a's scale of row m and block kb is word
+//   (m / sa_rows) * sa_batch + (m % sa_rows) * sa_m + kb * sa_k   (sa_packed = 0), or byte kb % 4 of word
+//   (m / sa_rows) * sa_batch + (m % sa_rows) * sa_m + (kb / 4) * sa_k  (sa_packed = 1: UE8M0, 2^(byte - 127));
+// per tensor: sa_m = sa_k = 0; per token: sa_k = 0; the batch terms describe the column-major
+// ("col") layout of a 3-D activation (cupyquant/groupwise.py). b's scale of row n and block kb is
+//   sb[(n >> sb_shift) * sb_n + kb * sb_k]
+// (per tensor: sb_n = sb_k = 0; per channel: sb_k = 0; 1 x 128 groups: sb_shift = 0; 128 x 128
+// blocks: sb_shift = 7).
+#pragma once
+
+#include "common.cuh"
+
+namespace cq {
+
+// the FP8 formats of a and b (cupyquant/w8a8/args.py FP8_IDS)
+enum Fp8Id : int { FP8_E4M3 = 0, FP8_E5M2 = 1 };
+// how the block sums are scaled (see above; cupyquant/w8a8/args.py MODES)
+enum MmMode : int { MODE_END = 0, MODE_K_TILE = 1, MODE_K_COL = 2 };
+
+// cupyquant/w8a8/args.py MM_ARGS mirrors this struct field for field.
+struct MmArgs {
+    i64 M, N, K;
+    i64 lda, ldb, ldy;  // a and b: bytes; y: elements
+    i64 sa_rows, sa_batch, sa_m, sa_k;  // a's scales (words), see above
+    i64 sb_n, sb_k;                     // b's scales (floats)
+    int sb_shift;
+    int sa_packed;
+    int has_bias;
+    int splits;  // gridDim.z: parts of K
+    int kb_per_split;  // 128-k blocks a part (the last part may have fewer)
+    int pad_;
+};
+
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+
+// the word offset of row m's scales in a's scale array (see above)
+__device__ __forceinline__ i64 a_scale_row(const MmArgs& p, i64 m) { return (m / p.sa_rows) * p.sa_batch + (m % p.sa_rows) * p.sa_m; }
+
+// a's scale of the row whose word offset is row (a_scale_row) and of block kb
+__device__ __forceinline__ float a_scale(const MmArgs& p, const void* __restrict__ sa, i64 row, int kb) {
+    if (p.sa_packed) {
+        const unsigned w = __ldg(reinterpret_cast<const unsigned*>(sa) + row + (i64)(kb >> 2) * p.sa_k);
+        return e8m0_to_float((w >> (8 * (kb & 3))) & 0xffu);
+    }
+    return __ldg(reinterpret_cast<const float*>(sa) + row + (i64)kb * p.sa_k);
+}
+
+// b's scale of row n and block kb
+__device__ __forceinline__ float b_scale(const MmArgs& p, const float* __restrict__ sb, i64 n, int kb) {
+    return __ldg(sb + (n >> p.sb_shift) * p.sb_n + (i64)kb * p.sb_k);
+}
+
+// y[m, n] and y[m, n + 1] = round(v + bias): m < M, n < N checked here (n + 1 stored only if < N);
+// one 4-byte (16-bit TY) or 8-byte (float) store where both are in and the address allows
+template <typename TY>
+__device__ __forceinline__ void store_pair(TY* __restrict__ y, const TY* __restrict__ bias, const MmArgs& p, i64 m, i64 n, float v0, float v1) {
+    if (m >= p.M || n >= p.N) return;
+    const bool two = n + 1 < p.N;
+    if (p.has_bias) {
+        v0 = add_rn(v0, to_float(bias[n]));
+        if (two) v1 = add_rn(v1, to_float(bias[n + 1]));
+    }
+    TY* q = y + m * p.ldy + n;
+    if constexpr (same_type<TY, float>::value) {
+        if (two && (reinterpret_cast<u64>(q) & 7) == 0) {
+            *reinterpret_cast<float2*>(q) = make_float2(v0, v1);
+        } else {
+            q[0] = v0;
+            if (two) q[1] = v1;
+        }
+    } else {
+        const unsigned short e0 = bits16_rn<TY>(v0), e1 = bits16_rn<TY>(v1);
+        unsigned short* qs = reinterpret_cast<unsigned short*>(q);
+        if (two && (reinterpret_cast<u64>(q) & 3) == 0) {
+            *reinterpret_cast<unsigned*>(qs) = (unsigned)e0 | ((unsigned)e1 << 16);
+        } else {
+            qs[0] = e0;
+            if (two) qs[1] = e1;
+        }
+    }
+}
+
+// The end of a tile. visit(f) calls f(m, n, v0, v1) for every pair of columns (n, n + 1) of the
+// tile this thread holds (m, n relative to the tile's corner m0, n0; n even). Without a K split
+// the pairs are stored. With one, each part stores its float32 partial tile (BM x BN, row-major) to
+// its place in the workspace ws (part, tile), and the last part of the tile to arrive (a counter per
+// tile, reset by it for the next call) adds the parts in part order and stores the sums, so that y
+// does not depend on which part finishes first. THREADS: the block's threads that call this (all
+// of them reach both barriers).
+template <typename TY, int BM, int BN, int THREADS, typename Visit>
+__device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
+                                            const MmArgs& p, i64 m0, i64 n0, int tid, Visit visit) {
+    if (p.splits == 1) {
+        visit([&](int m, int n, float v0, float v1) { store_pair<TY>(y, bias, p, m0 + m, n0 + n, v0, v1); });
+        return;
+    }
+    __shared__ int s_last;
+    const i64 tiles = (i64)gridDim.x * gridDim.y, tile = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    float* part = ws + ((i64)blockIdx.z * tiles + tile) * (BM * BN);
+    visit([&](int m, int n, float v0, float v1) { __stcg(reinterpret_cast<float2*>(part + m * BN + n), make_float2(v0, v1)); });
+    __syncthreads();  // every partial is stored before thread 0 counts this part as arrived
+    if (tid == 0) {
+        // acquire-release at GPU scope by one thread: the release publishes every partial the
+        // barrier ordered before it, the acquire orders the last part's reads after the others' stores
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counters + tile) : "memory");
+        s_last = old == p.splits - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    const float* base = ws + tile * (BM * BN);
+#pragma unroll 1
+    for (int idx = tid; idx < BM * BN / 2; idx += THREADS) {
+        const int m = idx / (BN / 2), n = (idx % (BN / 2)) * 2;
+        if (m0 + m >= p.M || n0 + n >= p.N) continue;
+        float2 s = __ldcg(reinterpret_cast<const float2*>(base + m * BN + n));
+#pragma unroll 1
+        for (int sp = 1; sp < p.splits; ++sp) {
+            const float2 x = __ldcg(reinterpret_cast<const float2*>(base + (i64)sp * tiles * (BM * BN) + m * BN + n));
+            s.x = add_rn(s.x, x.x), s.y = add_rn(s.y, x.y);
+        }
+        store_pair<TY>(y, bias, p, m0 + m, n0 + n, s.x, s.y);
+    }
+    if (tid == 0) counters[tile] = 0;  // ready for the next call
+}
+
+}  // namespace cq
