@@ -178,19 +178,23 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: 
 #: A CUtensorMap (cuda.h): 128 opaque bytes, passed by value to a kernel's ``__grid_constant__``
 #: parameter (kernels/weight_sm90_gemm.cu TmaMap)
 TENSOR_MAP = np.dtype([("w", "<u8", (16,))])
-# cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT16, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+# cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT8 / _UINT16, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
 # CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (elements outside read as zeros)
-_TM_UINT16, _TM_INTERLEAVE_NONE, _TM_SWIZZLE_128B, _TM_L2_256B, _TM_OOB_ZERO = 1, 0, 3, 3, 0
+_TM_DATA_TYPES = {1: 0, 2: 1}
+_TM_INTERLEAVE_NONE, _TM_SWIZZLE_128B, _TM_L2_256B, _TM_OOB_ZERO = 0, 3, 3, 0
 _encode_fn = None
 
 
-def tensor_map_2d(ptr: int, rows: int, cols: int, row_bytes: int, box_cols: int, box_rows: int) -> np.ndarray:
+def tensor_map_2d(
+    ptr: int, rows: int, cols: int, row_bytes: int, box_cols: int, box_rows: int, elem_bytes: int = 2
+) -> np.ndarray:
     """A 0-d :data:`TENSOR_MAP` for TMA loads of ``box_rows`` x ``box_cols`` boxes of a row-major
-    matrix of 16-bit elements at device address ``ptr`` (``rows`` x ``cols``, rows ``row_bytes``
-    apart) into shared memory in the 128-byte swizzle, elements outside the matrix read as zeros
-    (``cuTensorMapEncodeTiled``, a host-side encoding: no GPU work). The driver wants ``ptr`` 16-byte
-    aligned, ``row_bytes`` a multiple of 16, ``box_cols`` x 2 <= 128 bytes and ``box_rows`` <= 256.
-    Raises ``RuntimeError`` with the driver's message if it refuses."""
+    matrix of ``elem_bytes``-byte elements (1 or 2) at device address ``ptr`` (``rows`` x ``cols``,
+    rows ``row_bytes`` apart) into shared memory in the 128-byte swizzle, elements outside the
+    matrix read as zeros (``cuTensorMapEncodeTiled``, a host-side encoding: no GPU work). The driver
+    wants ``ptr`` 16-byte aligned, ``row_bytes`` a multiple of 16, ``box_cols`` x ``elem_bytes`` <=
+    128 bytes and ``box_rows`` <= 256. Raises ``RuntimeError`` with the driver's message if it
+    refuses."""
     global _encode_fn
     if _encode_fn is None:
         fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
@@ -220,7 +224,7 @@ def tensor_map_2d(ptr: int, rows: int, cols: int, row_bytes: int, box_cols: int,
     elem = (ctypes.c_uint32 * 2)(1, 1)
     rc = _encode_fn(
         out.ctypes.data,
-        _TM_UINT16,
+        _TM_DATA_TYPES[elem_bytes],
         2,
         ptr,
         dims,

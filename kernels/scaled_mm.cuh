@@ -123,7 +123,9 @@ __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __rest
     __shared__ int s_last;
     const i64 tiles = (i64)gridDim.x * gridDim.y, tile = (i64)blockIdx.y * gridDim.x + blockIdx.x;
     float* part = ws + ((i64)blockIdx.z * tiles + tile) * (BM * BN);
-    visit([&](int m, int n, float v0, float v1) { __stcg(reinterpret_cast<float2*>(part + m * BN + n), make_float2(v0, v1)); });
+    visit([&](int m, int n, float v0, float v1) {  // rows past M are neither stored nor read back
+        if (m0 + m < p.M) __stcg(reinterpret_cast<float2*>(part + m * BN + n), make_float2(v0, v1));
+    });
     __syncthreads();  // every partial is stored before thread 0 counts this part as arrived
     if (tid == 0) {
         // acquire-release at GPU scope by one thread: the release publishes every partial the

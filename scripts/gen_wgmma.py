@@ -1,8 +1,8 @@
-"""Writes kernels/sm90_wgmma.cuh: the wgmma wrappers of the Hopper kernels (weight_sm90_gemm.cu).
+"""Writes kernels/sm90_wgmma.cuh: the wgmma wrappers of the Hopper kernels (weight_sm90_gemm.cu,
+scaled_mm_sm90.cu).
 
-One PTX ``wgmma.mma_async`` with its A operand in registers takes every accumulator register as an
-operand, so each width N (the activation rows of a tile) needs its own asm statement with N / 2
-"+f" operands. This script spells them out and writes the header whole; tests/test_jit.py checks
+One PTX ``wgmma.mma_async`` takes every accumulator register as an operand, so each width N (the
+columns of the warpgroup's tile) needs its own asm statement with N / 2 "+f" operands. This script spells them out and writes the header whole; tests/test_jit.py checks
 that the file holds its current output. Run ``python scripts/gen_wgmma.py`` after changing WIDTHS or
 the templates below.
 """
@@ -13,6 +13,9 @@ from pathlib import Path
 
 WIDTHS = (32, 64, 128, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
+# FP8 (both operands from shared memory, K-major): widths and formats (kernels/scaled_mm.cuh Fp8Id)
+FP8_WIDTHS = (64, 128)
+FP8_TYPES = ((0, "e4m3"), (1, "e5m2"))
 FILE = Path(__file__).resolve().parent.parent / "kernels" / "sm90_wgmma.cuh"
 
 HEADER = """\
@@ -25,6 +28,9 @@ HEADER = """\
 // __nv_bfloat16, N one of {widths}. wg_fence / wg_commit / wg_wait<N> are the warpgroup's fence
 // before the first wgmma that reads registers written since, the end of a commit group, and the wait
 // until at most N groups are in flight.
+// WgmmaFp8<FA, FB, N>::mma(d, da, db, scale_d) issues one wgmma.mma_async m64nNk32 of FP8 operands
+// (FA, FB: 0 e4m3, 1 e5m2), both K-major in shared memory (descriptors da: 64 x 32, db: N x 32),
+// into float32 accumulators d[N / 2]: d = A B + (scale_d ? d : 0). N one of {fp8_widths}.
 #pragma once
 
 #include "common.cuh"
@@ -60,12 +66,39 @@ def wrapper(n: int, ctype: str, ptype: str) -> str:
     return "\n".join(lines)
 
 
+def fp8_wrapper(n: int, fa: int, pa: str, fb: int, pb: str) -> str:
+    nd = n // 2
+    dlist = ",".join(f"%{i}" for i in range(nd))
+    lines = [
+        "template <> struct WgmmaFp8<%d, %d, %d> {" % (fa, fb, n),
+        "    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {",
+        "        asm volatile(",
+        '            "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (nd + 2),
+        '            "wgmma.mma_async.sync.aligned.m64n%dk32.f32.%s.%s "' % (n, pa, pb),
+        '            "{%s}, %%%d, %%%d, p, 1, 1;\\n}"' % (dlist, nd, nd + 1),
+    ]
+    douts = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+    lines.append(f"            : {douts}")
+    lines.append('            : "l"(da), "l"(db), "r"(scale_d));')
+    lines.append("    }")
+    lines.append("};")
+    return "\n".join(lines)
+
+
 def generated() -> str:
     """The whole text of kernels/sm90_wgmma.cuh."""
-    parts = [HEADER.format(widths=", ".join(str(n) for n in WIDTHS)), "template <typename T, int N> struct Wgmma;"]
+    header = HEADER.format(
+        widths=", ".join(str(n) for n in WIDTHS), fp8_widths=", ".join(str(n) for n in FP8_WIDTHS)
+    )
+    parts = [header, "template <typename T, int N> struct Wgmma;"]
     for n in WIDTHS:
         for ctype, ptype in TYPES:
             parts.append(wrapper(n, ctype, ptype))
+    parts.append("template <int FA, int FB, int N> struct WgmmaFp8;")
+    for n in FP8_WIDTHS:
+        for fa, pa in FP8_TYPES:
+            for fb, pb in FP8_TYPES:
+                parts.append(fp8_wrapper(n, fa, pa, fb, pb))
     parts.append(FOOTER)
     return "\n".join(parts)
 

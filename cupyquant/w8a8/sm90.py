@@ -1,0 +1,125 @@
+"""The Hopper W8A8 kernel (kernels/scaled_mm_sm90.cu): its instantiations, tile choice, K split and
+launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cupy
+import numpy as np
+
+from .. import _device, _dtypes, _jit, _launch, _validate
+from ..weight import _cache
+from . import args as A
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """A tile of the kernel: ``bm`` rows of a (64 a consumer warpgroup) by ``bn`` rows of b, and the
+    depth of the ring of 128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory)."""
+
+    bm: int
+    bn: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bm + 128  # consumer warpgroups and the producer
+
+    @property
+    def smem(self) -> int:
+        return self.stages * (self.bm + self.bn) * 128 + 1024  # + the 1024-byte alignment of the ring
+
+    @property
+    def targs(self) -> tuple:
+        return (self.bm, self.bn, self.stages)
+
+
+#: 128 x 128 tiles for M > 64; 64-row tiles (one consumer warpgroup) for M <= 64, where 128 rows
+#: would multiply zeros: both 192 KB of ring, the most one block a SM can hold with its epilogue.
+LARGE = Sm90Config(128, 128, 6)
+SMALL = Sm90Config(64, 128, 8)
+CONFIGS = (LARGE, SMALL)
+
+#: activation formats the kernel is built for; b is e4m3 (the weights' format)
+A_FORMATS = tuple(A.FP8_IDS.values())
+B_FORMATS = (A.FP8_IDS["float8_e4m3fn"],)
+
+FAMILY = _jit.register(
+    "scaled_mm_sm90",
+    [
+        e
+        for cfg in CONFIGS
+        for e in _jit.product("scaled_mm_sm90", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, *[(v,) for v in cfg.targs])
+    ],
+    specific_targets=("90",),
+    specific_required=True,
+)
+
+#: a split of K keeps at least this many 128-k blocks a part
+MIN_KB_PER_SPLIT = 4
+
+
+def config(M: int) -> Sm90Config:
+    return SMALL if M <= 64 else LARGE
+
+
+def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
+    """(parts, 128-k blocks a part) of K for ``tiles`` tiles on ``sms`` SMs: as many parts as fill
+    one wave of blocks, none shorter than MIN_KB_PER_SPLIT blocks."""
+    s = max(1, min(sms // max(tiles, 1), nkb // MIN_KB_PER_SPLIT))
+    per = -(-nkb // s)
+    return -(-nkb // per), per
+
+
+# Encoding a tensor map is host work in the driver (about 8 us); operands are usually the same few
+# buffers from call to call, so maps are cached by address, shape, stride and box.
+_TMAP_CACHE = 256
+_tmaps: dict = {}
+
+
+def _tensor_map(x: cupy.ndarray, box_rows: int) -> np.ndarray:
+    key = (x.data.ptr, x.shape, x.strides[0], x.device.id, box_rows)
+    m = _tmaps.get(key)
+    if m is None:
+        m = _launch.tensor_map_2d(x.data.ptr, x.shape[0], x.shape[1], x.strides[0], A.BLOCK_K, box_rows, elem_bytes=1)
+        if len(_tmaps) >= _TMAP_CACHE:
+            try:
+                _tmaps.pop(next(iter(_tmaps)), None)
+            except (StopIteration, RuntimeError):  # emptied, or changed size under the iterator
+                pass
+        _tmaps[key] = m
+    return m
+
+
+def launch(ops: A.Operands, cfg: Sm90Config | None = None, parts: int | None = None) -> None:
+    """Launch ``ops`` on the current stream; ``cfg`` and ``parts`` (K split) default to the plan."""
+    device = ops.device
+    M, N, K = ops.M, ops.N, ops.K
+    cfg = config(M) if cfg is None else cfg
+    tiles_n, tiles_m = -(-N // cfg.bn), -(-M // cfg.bm)
+    nkb = -(-K // A.BLOCK_K)
+    if parts is None:
+        parts, per = splits(tiles_n * tiles_m, nkb, _device.sm_count(device))
+    else:
+        per = -(-nkb // parts)
+        parts = -(-nkb // per)
+    ty = _dtypes.input_type(ops.out2.dtype, "out_dtype").ctype
+    k = _jit.kernel(device, FAMILY, "scaled_mm_sm90", ops.a_format, ops.b_format, ty, ops.mode, *cfg.targs)
+    _cache.raise_smem_limit(device, k, cfg.smem)
+    ws = counters = 0
+    if parts > 1:
+        ws = cupy.empty(parts * tiles_n * tiles_m * cfg.bm * cfg.bn, dtype=np.float32)
+        _validate.keep_if_capturing(ws)
+        counters = _cache.split_counters(device, tiles_n * tiles_m)
+    p = A.mm_args(ops, parts, per)
+    tma, tmb = _tensor_map(ops.a, cfg.bm), _tensor_map(ops.b, cfg.bn)
+    bias = ops.bias if ops.bias is not None else 0
+    _launch.launch(
+        k,
+        (tiles_n, tiles_m, parts),
+        (cfg.threads,),
+        (tma, tmb, ops.sa, ops.sb, bias, ops.out2, ws, counters, p),
+        cfg.smem,
+        pdl=False,
+    )

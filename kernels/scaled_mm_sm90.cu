@@ -1,0 +1,167 @@
+// scaled_mm_sm90.cu: the W8A8 FP8 matmul y = dequant(a) @ dequant(b).T (+ bias) on Hopper's
+// warpgroup tensor-core instructions (wgmma, sm_90a only). What it computes, the scale addressing
+// and the epilogue are kernels/scaled_mm.cuh's (cupyquant/reference/w8a8.py is the oracle); this file
+// is the pipeline. Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every other
+// target the kernel is a stub that traps, and the host never launches it there.
+//
+// A block computes a BM x BN tile of y (BM = 64 or 128 rows of a, BN = 64 or 128 rows of b) with
+// BM / 64 consumer warpgroups, 64 rows each, and one producer warpgroup (the last). K streams through
+// a ring of STAGES shared-memory slots, one 128-k scale block a slot: BM rows of a and BN rows of b,
+// 128 bytes each, loaded by the producer's thread with two TMA boxes (host-encoded tensor maps,
+// cupyquant/w8a8/sm90.py) in the 128-byte swizzle that the wgmma descriptors describe. Rows past M or
+// N and k past K read as zeros (TMA's out-of-bounds fill), so tails need no code here. A full[s]
+// mbarrier completes when slot s has arrived (the TMA's bytes), empty[s] when every consumer warp has
+// retired the wgmmas that read it.
+//
+// A consumer warpgroup multiplies its 64 rows of a by the tile's BN rows of b, both K-major in
+// shared memory: four wgmma m64nBNk32 a block into fresh float32 accumulators (tmp; the first with
+// scale-d = 0), then waits for them, releases the slot and adds tmp into acc by the block rule of
+// scaled_mm.cuh on the CUDA cores (the promotion). The sum over one 128-k block stays inside the
+// tensor cores, whose FP8 accumulation keeps about 14 bits; across blocks it is IEEE float32. With
+// two consumer warpgroups one promotes while the other's wgmmas run. The scales a block needs are
+// loaded before its full barrier's wait, so their latency hides behind it.
+//
+// Lane (g, t) of warp q of a warpgroup holds, in accumulator 4 j + r, row 16 q + g + 8 (r >> 1) of
+// the warpgroup's rows and column 8 j + 2 t + (r & 1) of the tile: column pairs (r = 0, 1 and
+// r = 2, 3), which the epilogue (scaled_mm.cuh finish_tile) stores as 4-byte (8-byte for float32)
+// pieces, or sums across the K split first.
+//
+// Registers: BM = 128 launches 384 threads with 168 each; setmaxnreg moves the consumers to 232 and
+// the producer to 40 (256 x 232 + 128 x 40 <= 64K). BM = 64 launches 256 threads (255 each).
+
+#include "common.cuh"
+#include "scaled_mm.cuh"
+#include "sm90_async.cuh"
+#include "sm90_wgmma.cuh"
+
+using namespace cq;
+
+// A CUtensorMap (cuTensorMapEncodeTiled: cupyquant/_launch.py tensor_map_2d), passed by value
+// (__grid_constant__), as TMA reads it.
+struct alignas(64) TmaMap {
+    unsigned long long w[16];
+};
+
+template <int FA, int FB, typename TY, int MODE, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(BM * 2 + 128, 1)
+    scaled_mm_sm90(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const void* __restrict__ sa,
+                   const float* __restrict__ sb, const TY* __restrict__ bias, TY* __restrict__ y, float* __restrict__ ws,
+                   int* __restrict__ counters, MmArgs p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
+    static_assert(BN == 64 || BN == 128, "wgmma widths of sm90_wgmma.cuh's FP8 wrappers; MODE_K_TILE needs BN | 128");
+    constexpr int CW = BM / 64;                        // consumer warpgroups
+    constexpr int CT = CW * 128;                       // consumer threads
+    constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;  // a multiple of 1024: every slot stays 1024-aligned
+    constexpr int ND = BN / 2;                         // accumulators a thread
+    extern __shared__ uint4 smem_raw[];
+    __shared__ __align__(8) unsigned long long mb_full[STAGES], mb_empty[STAGES];
+    // the 128-byte swizzle is a function of address bits 4..9: slots start at a multiple of 1024
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
+    const unsigned sbase = (raw + 1023u) & ~1023u;
+    const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const i64 n0 = (i64)blockIdx.x * BN, m0 = (i64)blockIdx.y * BM;
+    const int nkb = (int)((p.K + 127) / 128);
+    const int kb0 = (int)blockIdx.z * p.kb_per_split;
+    const int niter = min(p.kb_per_split, nkb - kb0);  // >= 1: the host cuts K so
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, CW * 4);
+    }
+    __syncthreads();
+
+    if (warp >= CW * 4) {  // the producer warpgroup: one thread issues the TMA loads
+        if constexpr (CW > 1) setmaxnreg_dec<40>();
+        if (tid == CT) {
+#pragma unroll 1
+            for (int i = 0; i < niter; ++i) {
+                const int slot = i % STAGES;
+                if (i >= STAGES) mbar_wait(empty0 + 8 * slot, ((i / STAGES) - 1) & 1);  // the slot's last use is retired
+                const unsigned dst = sbase + (unsigned)(slot * STAGE), bar = full0 + 8 * slot;
+                mbar_expect_tx(bar, STAGE);
+                const int k = (kb0 + i) * 128;
+                tma_load_2d(dst, &tma, bar, k, (int)m0);
+                tma_load_2d(dst + A_BYTES, &tmb, bar, k, (int)n0);
+            }
+        }
+        return;  // the epilogue's barriers wait only for the threads that have not exited
+    }
+    if constexpr (CW > 1) setmaxnreg_inc<232>();
+
+    const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
+    const int row0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows of the tile: row0, row0 + 8
+    // scale lookups of rows and columns past M and N read the last row's and column's (never stored)
+    const i64 ra0 = a_scale_row(p, min(m0 + row0, p.M - 1)), ra1 = a_scale_row(p, min(m0 + row0 + 8, p.M - 1));
+    auto col = [&](int j, int c) { return min(n0 + 8 * j + 2 * t + c, p.N - 1); };
+
+    // Descriptors: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO unused
+    // by swizzled K-major layouts (1 by convention); the low word holds the start address / 16, which
+    // stays below 2^14 (no carry into the high word), so a k32 step (+ 32 bytes) adds 2 to it.
+    constexpr unsigned long long DESC_HI = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
+    const unsigned adesc0 = (unsigned)DESC_HI | ((sbase + (unsigned)(wg * 64 * 128)) >> 4);
+    const unsigned bdesc0 = (unsigned)DESC_HI | ((sbase + (unsigned)A_BYTES) >> 4);
+    auto desc = [](unsigned lo) { return (DESC_HI & 0xffffffff00000000ull) | lo; };
+
+    float acc[ND], tmp[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+
+#pragma unroll 1
+    for (int i = 0; i < niter; ++i) {
+        const int slot = i % STAGES, kb = kb0 + i;
+        // this block's scales, loaded while the slot arrives and the wgmmas run
+        float sa0 = 0.0f, sa1 = 0.0f, sbt = 0.0f;
+        float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
+        if constexpr (MODE != MODE_END) {
+            sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
+            if constexpr (MODE == MODE_K_TILE) {
+                sbt = b_scale(p, sb, min(n0, p.N - 1), kb);
+            } else {
+#pragma unroll
+                for (int j = 0; j < ND / 4; ++j) sbc[2 * j] = b_scale(p, sb, col(j, 0), kb), sbc[2 * j + 1] = b_scale(p, sb, col(j, 1), kb);
+            }
+        }
+        mbar_wait(full0 + 8 * slot, (unsigned)((i / STAGES) & 1));
+        const unsigned off = (unsigned)(slot * (STAGE >> 4));
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
+        wg_commit();
+        wg_wait<0>();
+        __syncwarp();  // every lane's wgmmas of the slot are retired
+        if (lane == 0) mbar_arrive(empty0 + 8 * slot);
+        if constexpr (MODE == MODE_END) {
+#pragma unroll
+            for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
+        } else if constexpr (MODE == MODE_K_TILE) {
+            const float s0 = mul_rn(sa0, sbt), s1 = mul_rn(sa1, sbt);
+#pragma unroll
+            for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
+        }
+    }
+    if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
+        const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
+#pragma unroll
+        for (int j = 0; j < ND / 4; ++j) {
+            const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
+            acc[4 * j] = mul_rn(acc[4 * j], mul_rn(sa0, sb0)), acc[4 * j + 1] = mul_rn(acc[4 * j + 1], mul_rn(sa0, sb1));
+            acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
+        }
+    }
+    finish_tile<TY, BM, BN, CT>(y, bias, ws, counters, p, m0, n0, tid, [&](auto f) {
+#pragma unroll
+        for (int j = 0; j < ND / 4; ++j) {
+            f(row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
+            f(row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+    });
+#else
+    __trap();  // built only for sm_90a; the host never launches this stub
+#endif
+}
