@@ -109,24 +109,26 @@ __device__ __forceinline__ void store_pair(TY* __restrict__ y, const TY* __restr
 // The end of a tile. visit(f) calls f(m, n, v0, v1) for every pair of columns (n, n + 1) of the
 // tile this thread holds (m, n relative to the tile's corner m0, n0; n even). Without a K split
 // the pairs are stored. With one, each part stores its float32 partial tile (BM x BN, row-major) to
-// its place in the workspace ws (part, tile), and the last part of the tile to arrive (a counter per
-// tile, reset by it for the next call) adds the parts in part order and stores the sums, so that y
-// does not depend on which part finishes first. THREADS: the block's threads that call this (all
-// of them reach both barriers).
+// its place in the workspace ws (part, tile of tiles), and the last part of the tile to arrive (a
+// counter per tile, reset by it for the next call) adds the parts in part order and stores the sums,
+// so that y does not depend on which part finishes first. THREADS threads (tid 0 .. THREADS - 1,
+// warps 0 .. THREADS / 32 - 1 of the block) call this and meet at named barrier 1, so that other
+// warps of the block (a producer) need not.
+__device__ __forceinline__ void named_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
+
 template <typename TY, int BM, int BN, int THREADS, typename Visit>
 __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
-                                            const MmArgs& p, i64 m0, i64 n0, int tid, Visit visit) {
+                                            const MmArgs& p, i64 m0, i64 n0, i64 tile, i64 tiles, int part, int tid, Visit visit) {
     if (p.splits == 1) {
         visit([&](int m, int n, float v0, float v1) { store_pair<TY>(y, bias, p, m0 + m, n0 + n, v0, v1); });
         return;
     }
     __shared__ int s_last;
-    const i64 tiles = (i64)gridDim.x * gridDim.y, tile = (i64)blockIdx.y * gridDim.x + blockIdx.x;
-    float* part = ws + ((i64)blockIdx.z * tiles + tile) * (BM * BN);
+    float* own = ws + ((i64)part * tiles + tile) * (BM * BN);
     visit([&](int m, int n, float v0, float v1) {  // rows past M are neither stored nor read back
-        if (m0 + m < p.M) __stcg(reinterpret_cast<float2*>(part + m * BN + n), make_float2(v0, v1));
+        if (m0 + m < p.M) __stcg(reinterpret_cast<float2*>(own + m * BN + n), make_float2(v0, v1));
     });
-    __syncthreads();  // every partial is stored before thread 0 counts this part as arrived
+    named_sync(THREADS);  // every partial is stored before thread 0 counts this part as arrived
     if (tid == 0) {
         // acquire-release at GPU scope by one thread: the release publishes every partial the
         // barrier ordered before it, the acquire orders the last part's reads after the others' stores
@@ -134,8 +136,10 @@ __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __rest
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counters + tile) : "memory");
         s_last = old == p.splits - 1;
     }
-    __syncthreads();
-    if (!s_last) return;
+    named_sync(THREADS);
+    const bool last = s_last;
+    named_sync(THREADS);  // s_last is read by every thread before a later tile's thread 0 writes it
+    if (!last) return;
     const float* base = ws + tile * (BM * BN);
 #pragma unroll 1
     for (int idx = tid; idx < BM * BN / 2; idx += THREADS) {

@@ -4,8 +4,12 @@
 // is the pipeline. Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every other
 // target the kernel is a stub that traps, and the host never launches it there.
 //
-// A block computes a BM x BN tile of y (BM = 64 or 128 rows of a, BN = 64 or 128 rows of b) with
-// BM / 64 consumer warpgroups, 64 rows each, and one producer warpgroup (the last). K streams through
+// The grid is persistent: one block a SM takes work items w = blockIdx.x, + gridDim.x, ... (a tile
+// and, where K is split, a part of K; tiles in groups of RASTER rows that sweep N together, so that
+// the tiles running at once share a's and b's rows in L2). A tile is BM x BN of y (BM = 64 or 128
+// rows of a, BN = 64 or 128 rows of b), computed by BM / 64 consumer warpgroups, 64 rows each, with
+// one producer warpgroup (the last), which runs ahead into the next tile while the consumers store
+// the last one. K streams through
 // a ring of STAGES shared-memory slots, one 128-k scale block a slot: BM rows of a and BN rows of b,
 // 128 bytes each, loaded by the producer's thread with two TMA boxes (host-encoded tensor maps,
 // cupyquant/w8a8/sm90.py) in the 128-byte swizzle that the wgmma descriptors describe. Rows past M or
@@ -54,6 +58,7 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     constexpr int CT = CW * 128;                       // consumer threads
     constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;  // a multiple of 1024: every slot stays 1024-aligned
     constexpr int ND = BN / 2;                         // accumulators a thread
+    constexpr int RASTER = 8;                          // rows of tiles a group of work items sweeps N with
     extern __shared__ uint4 smem_raw[];
     __shared__ __align__(8) unsigned long long mb_full[STAGES], mb_empty[STAGES];
     // the 128-byte swizzle is a function of address bits 4..9: slots start at a multiple of 1024
@@ -62,10 +67,18 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const i64 n0 = (i64)blockIdx.x * BN, m0 = (i64)blockIdx.y * BM;
+    const i64 tiles_n = (p.N + BN - 1) / BN, tiles_m = (p.M + BM - 1) / BM, tiles = tiles_n * tiles_m;
+    const i64 work = tiles * p.splits;
     const int nkb = (int)((p.K + 127) / 128);
-    const int kb0 = (int)blockIdx.z * p.kb_per_split;
-    const int niter = min(p.kb_per_split, nkb - kb0);  // >= 1: the host cuts K so
+    // work item w: part w / tiles of K, tile w % tiles, in groups of RASTER rows of tiles that sweep
+    // N together, so that the blocks running at once share rows of a and of b in L2
+    auto item = [&](i64 w, i64& m0, i64& n0, i64& tile, int& part, int& kb0, int& niter) {
+        part = (int)(w / tiles), tile = w % tiles;
+        const i64 group = tile / (RASTER * tiles_n), first = group * RASTER;
+        const i64 rows = min((i64)RASTER, tiles_m - first), in = tile - group * RASTER * tiles_n;
+        m0 = (first + in % rows) * BM, n0 = (in / rows) * BN;
+        kb0 = part * p.kb_per_split, niter = min(p.kb_per_split, nkb - kb0);  // >= 1: the host cuts K so
+    };
 
     if (tid == 0) {
 #pragma unroll
@@ -73,29 +86,33 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     }
     __syncthreads();
 
-    if (warp >= CW * 4) {  // the producer warpgroup: one thread issues the TMA loads
+    if (warp >= CW * 4) {  // the producer warpgroup: one thread issues the TMA loads of every tile
         if constexpr (CW > 1) setmaxnreg_dec<40>();
         if (tid == CT) {
+            int it = 0;  // the ring's position, across tiles
 #pragma unroll 1
-            for (int i = 0; i < niter; ++i) {
-                const int slot = i % STAGES;
-                if (i >= STAGES) mbar_wait(empty0 + 8 * slot, ((i / STAGES) - 1) & 1);  // the slot's last use is retired
-                const unsigned dst = sbase + (unsigned)(slot * STAGE), bar = full0 + 8 * slot;
-                mbar_expect_tx(bar, STAGE);
-                const int k = (kb0 + i) * 128;
-                tma_load_2d(dst, &tma, bar, k, (int)m0);
-                tma_load_2d(dst + A_BYTES, &tmb, bar, k, (int)n0);
+            for (i64 w = blockIdx.x; w < work; w += gridDim.x) {
+                i64 m0, n0, tile;
+                int part, kb0, niter;
+                item(w, m0, n0, tile, part, kb0, niter);
+#pragma unroll 1
+                for (int i = 0; i < niter; ++i, ++it) {
+                    const int slot = it % STAGES;
+                    if (it >= STAGES) mbar_wait(empty0 + 8 * slot, ((it / STAGES) - 1) & 1);  // the slot's last use is retired
+                    const unsigned dst = sbase + (unsigned)(slot * STAGE), bar = full0 + 8 * slot;
+                    mbar_expect_tx(bar, STAGE);
+                    const int k = (kb0 + i) * 128;
+                    tma_load_2d(dst, &tma, bar, k, (int)m0);
+                    tma_load_2d(dst + A_BYTES, &tmb, bar, k, (int)n0);
+                }
             }
         }
-        return;  // the epilogue's barriers wait only for the threads that have not exited
+        return;  // the consumers' barriers (named, finish_tile) count only themselves
     }
     if constexpr (CW > 1) setmaxnreg_inc<232>();
 
     const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
     const int row0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows of the tile: row0, row0 + 8
-    // scale lookups of rows and columns past M and N read the last row's and column's (never stored)
-    const i64 ra0 = a_scale_row(p, min(m0 + row0, p.M - 1)), ra1 = a_scale_row(p, min(m0 + row0 + 8, p.M - 1));
-    auto col = [&](int j, int c) { return min(n0 + 8 * j + 2 * t + c, p.N - 1); };
 
     // Descriptors: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO unused
     // by swizzled K-major layouts (1 by convention); the low word holds the start address / 16, which
@@ -106,61 +123,71 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     auto desc = [](unsigned lo) { return (DESC_HI & 0xffffffff00000000ull) | lo; };
 
     float acc[ND], tmp[ND];
+    int it = 0;  // the ring's position, across tiles (as the producer's)
+#pragma unroll 1
+    for (i64 w = blockIdx.x; w < work; w += gridDim.x) {
+        i64 m0, n0, tile;
+        int part, kb0, niter;
+        item(w, m0, n0, tile, part, kb0, niter);
+        // scale lookups of rows and columns past M and N read the last row's and column's (never stored)
+        const i64 ra0 = a_scale_row(p, min(m0 + row0, p.M - 1)), ra1 = a_scale_row(p, min(m0 + row0 + 8, p.M - 1));
+        auto col = [&](int j, int c) { return min(n0 + 8 * j + 2 * t + c, p.N - 1); };
 #pragma unroll
-    for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
 
 #pragma unroll 1
-    for (int i = 0; i < niter; ++i) {
-        const int slot = i % STAGES, kb = kb0 + i;
-        // this block's scales, loaded while the slot arrives and the wgmmas run
-        float sa0 = 0.0f, sa1 = 0.0f, sbt = 0.0f;
-        float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
-        if constexpr (MODE != MODE_END) {
-            sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
-            if constexpr (MODE == MODE_K_TILE) {
-                sbt = b_scale(p, sb, min(n0, p.N - 1), kb);
+        for (int i = 0; i < niter; ++i, ++it) {
+            const int slot = it % STAGES, kb = kb0 + i;
+            // this block's scales, loaded while the slot arrives and the wgmmas run
+            float sa0 = 0.0f, sa1 = 0.0f, sbt = 0.0f;
+            float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
+            if constexpr (MODE != MODE_END) {
+                sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
+                if constexpr (MODE == MODE_K_TILE) {
+                    sbt = b_scale(p, sb, min(n0, p.N - 1), kb);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < ND / 4; ++j) sbc[2 * j] = b_scale(p, sb, col(j, 0), kb), sbc[2 * j + 1] = b_scale(p, sb, col(j, 1), kb);
+                }
+            }
+            mbar_wait(full0 + 8 * slot, (unsigned)((it / STAGES) & 1));
+            const unsigned off = (unsigned)(slot * (STAGE >> 4));
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < 4; ++s) WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
+            wg_commit();
+            wg_wait<0>();
+            __syncwarp();  // every lane's wgmmas of the slot are retired
+            if (lane == 0) mbar_arrive(empty0 + 8 * slot);
+            if constexpr (MODE == MODE_END) {
+#pragma unroll
+                for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
+            } else if constexpr (MODE == MODE_K_TILE) {
+                const float s0 = mul_rn(sa0, sbt), s1 = mul_rn(sa1, sbt);
+#pragma unroll
+                for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
             } else {
 #pragma unroll
-                for (int j = 0; j < ND / 4; ++j) sbc[2 * j] = b_scale(p, sb, col(j, 0), kb), sbc[2 * j + 1] = b_scale(p, sb, col(j, 1), kb);
+                for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
             }
         }
-        mbar_wait(full0 + 8 * slot, (unsigned)((i / STAGES) & 1));
-        const unsigned off = (unsigned)(slot * (STAGE >> 4));
-        wg_fence();
+        if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
+            const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
-        wg_commit();
-        wg_wait<0>();
-        __syncwarp();  // every lane's wgmmas of the slot are retired
-        if (lane == 0) mbar_arrive(empty0 + 8 * slot);
-        if constexpr (MODE == MODE_END) {
-#pragma unroll
-            for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
-        } else if constexpr (MODE == MODE_K_TILE) {
-            const float s0 = mul_rn(sa0, sbt), s1 = mul_rn(sa1, sbt);
-#pragma unroll
-            for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
-        } else {
-#pragma unroll
-            for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
+            for (int j = 0; j < ND / 4; ++j) {
+                const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
+                acc[4 * j] = mul_rn(acc[4 * j], mul_rn(sa0, sb0)), acc[4 * j + 1] = mul_rn(acc[4 * j + 1], mul_rn(sa0, sb1));
+                acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
+            }
         }
+        finish_tile<TY, BM, BN, CT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, [&](auto f) {
+#pragma unroll
+            for (int j = 0; j < ND / 4; ++j) {
+                f(row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
+                f(row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
+            }
+        });
     }
-    if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
-        const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
-#pragma unroll
-        for (int j = 0; j < ND / 4; ++j) {
-            const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
-            acc[4 * j] = mul_rn(acc[4 * j], mul_rn(sa0, sb0)), acc[4 * j + 1] = mul_rn(acc[4 * j + 1], mul_rn(sa0, sb1));
-            acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
-        }
-    }
-    finish_tile<TY, BM, BN, CT>(y, bias, ws, counters, p, m0, n0, tid, [&](auto f) {
-#pragma unroll
-        for (int j = 0; j < ND / 4; ++j) {
-            f(row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
-            f(row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
-        }
-    });
 #else
     __trap();  // built only for sm_90a; the host never launches this stub
 #endif

@@ -65,8 +65,8 @@ def config(M: int) -> Sm90Config:
 
 
 def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
-    """(parts, 128-k blocks a part) of K for ``tiles`` tiles on ``sms`` SMs: as many parts as fill
-    one wave of blocks, none shorter than MIN_KB_PER_SPLIT blocks."""
+    """(parts, 128-k blocks a part) of K for ``tiles`` tiles on ``sms`` SMs: where the tiles leave
+    SMs idle, as many parts as fill them, none shorter than MIN_KB_PER_SPLIT blocks."""
     s = max(1, min(sms // max(tiles, 1), nkb // MIN_KB_PER_SPLIT))
     per = -(-nkb // s)
     return -(-nkb // per), per
@@ -115,9 +115,10 @@ def launch(ops: A.Operands, cfg: Sm90Config | None = None, parts: int | None = N
     p = A.mm_args(ops, parts, per)
     tma, tmb = _tensor_map(ops.a, cfg.bm), _tensor_map(ops.b, cfg.bn)
     bias = ops.bias if ops.bias is not None else 0
+    work = tiles_n * tiles_m * parts
     _launch.launch(
         k,
-        (tiles_n, tiles_m, parts),
+        (min(work, _device.sm_count(device)),),
         (cfg.threads,),
         (tma, tmb, ops.sa, ops.sb, bias, ops.out2, ws, counters, p),
         cfg.smem,
