@@ -106,26 +106,28 @@ __device__ __forceinline__ void store_pair(TY* __restrict__ y, const TY* __restr
     }
 }
 
-// The end of a tile. visit(f) calls f(m, n, v0, v1) for every pair of columns (n, n + 1) of the
-// tile this thread holds (m, n relative to the tile's corner m0, n0; n even). Without a K split
-// the pairs are stored. With one, each part stores its float32 partial tile (BM x BN, row-major) to
-// its place in the workspace ws (part, tile of tiles), and the last part of the tile to arrive (a
-// counter per tile, reset by it for the next call) adds the parts in part order and stores the sums,
-// so that y does not depend on which part finishes first. THREADS threads (tid 0 .. THREADS - 1,
-// warps 0 .. THREADS / 32 - 1 of the block) call this and meet at named barrier 1, so that other
-// warps of the block (a producer) need not.
+// The end of a tile. visit(f) calls f(i, m, n, v0, v1) for every pair i < NP of columns (n, n + 1)
+// of the tile this thread holds (m, n relative to the tile's corner m0, n0; n even), the same pairs
+// in the same order at every call. Without a K split the pairs are stored. With one, each part
+// stores its float32 partial tile (BM x BN, row-major) to its place in the workspace ws (part, tile
+// of tiles), and the last part of the tile to arrive (a counter per tile, reset by it for the next
+// call) adds the parts in part order 0, 1, ... (its own from its registers, the others' loaded at the
+// places of its own pairs: NP independent loads a part, one round trip) and stores the sums, so that
+// y does not depend on which part finishes first. THREADS threads (tid 0 .. THREADS - 1, warps
+// 0 .. THREADS / 32 - 1 of the block) call this and meet at named barrier 1, so that other warps of
+// the block (a producer) need not.
 __device__ __forceinline__ void named_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
-template <typename TY, int BM, int BN, int THREADS, typename Visit>
+template <typename TY, int BM, int BN, int THREADS, int NP, typename Visit>
 __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
                                             const MmArgs& p, i64 m0, i64 n0, i64 tile, i64 tiles, int part, int tid, Visit visit) {
     if (p.splits == 1) {
-        visit([&](int m, int n, float v0, float v1) { store_pair<TY>(y, bias, p, m0 + m, n0 + n, v0, v1); });
+        visit([&](int, int m, int n, float v0, float v1) { store_pair<TY>(y, bias, p, m0 + m, n0 + n, v0, v1); });
         return;
     }
     __shared__ int s_last;
     float* own = ws + ((i64)part * tiles + tile) * (BM * BN);
-    visit([&](int m, int n, float v0, float v1) {  // rows past M are neither stored nor read back
+    visit([&](int, int m, int n, float v0, float v1) {  // rows past M are neither stored nor read back
         if (m0 + m < p.M) __stcg(reinterpret_cast<float2*>(own + m * BN + n), make_float2(v0, v1));
     });
     named_sync(THREADS);  // every partial is stored before thread 0 counts this part as arrived
@@ -138,21 +140,25 @@ __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __rest
     }
     named_sync(THREADS);
     const bool last = s_last;
-    named_sync(THREADS);  // s_last is read by every thread before a later tile's thread 0 writes it
+    named_sync(THREADS);  // every thread has read s_last before a later tile's thread 0 writes it
     if (!last) return;
-    const float* base = ws + tile * (BM * BN);
+    float2 s[NP];
 #pragma unroll 1
-    for (int idx = tid; idx < BM * BN / 2; idx += THREADS) {
-        const int m = idx / (BN / 2), n = (idx % (BN / 2)) * 2;
-        if (m0 + m >= p.M || n0 + n >= p.N) continue;
-        float2 s = __ldcg(reinterpret_cast<const float2*>(base + m * BN + n));
-#pragma unroll 1
-        for (int sp = 1; sp < p.splits; ++sp) {
-            const float2 x = __ldcg(reinterpret_cast<const float2*>(base + (i64)sp * tiles * (BM * BN) + m * BN + n));
-            s.x = add_rn(s.x, x.x), s.y = add_rn(s.y, x.y);
+    for (int sp = 0; sp < p.splits; ++sp) {
+        if (sp == part) {
+            visit([&](int i, int, int, float v0, float v1) {
+                s[i] = sp == 0 ? make_float2(v0, v1) : make_float2(add_rn(s[i].x, v0), add_rn(s[i].y, v1));
+            });
+        } else {
+            const float* other = ws + ((i64)sp * tiles + tile) * (BM * BN);
+            visit([&](int i, int m, int n, float, float) {
+                if (m0 + m >= p.M) return;
+                const float2 x = __ldcg(reinterpret_cast<const float2*>(other + m * BN + n));
+                s[i] = sp == 0 ? x : make_float2(add_rn(s[i].x, x.x), add_rn(s[i].y, x.y));
+            });
         }
-        store_pair<TY>(y, bias, p, m0 + m, n0 + n, s.x, s.y);
     }
+    visit([&](int i, int m, int n, float, float) { store_pair<TY>(y, bias, p, m0 + m, n0 + n, s[i].x, s[i].y); });
     if (tid == 0) counters[tile] = 0;  // ready for the next call
 }
 

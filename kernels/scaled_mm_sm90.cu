@@ -132,8 +132,10 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
         // scale lookups of rows and columns past M and N read the last row's and column's (never stored)
         const i64 ra0 = a_scale_row(p, min(m0 + row0, p.M - 1)), ra1 = a_scale_row(p, min(m0 + row0 + 8, p.M - 1));
         auto col = [&](int j, int c) { return min(n0 + 8 * j + 2 * t + c, p.N - 1); };
+        // tmp too: the first wgmma of a block ignores it (scale-d = 0) but names it as an input, and
+        // without this write it would stay live through the epilogue, whose K-split sums need the registers
 #pragma unroll
-        for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
 
 #pragma unroll 1
         for (int i = 0; i < niter; ++i, ++it) {
@@ -180,11 +182,11 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
                 acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
             }
         }
-        finish_tile<TY, BM, BN, CT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, [&](auto f) {
+        finish_tile<TY, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, [&](auto f) {
 #pragma unroll
             for (int j = 0; j < ND / 4; ++j) {
-                f(row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
-                f(row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
+                f(2 * j, row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
+                f(2 * j + 1, row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
             }
         });
     }
