@@ -38,7 +38,8 @@ def _format_name(format) -> str:
 def _granularity(block_size, N: int, K: int):
     """(kind, G, scale shapes accepted): kind "block", "group" or "channel"."""
     if block_size is None:
-        _checks.weight_group_size(K, None)  # K even and nonzero, as for quantize_weight's channels
+        if K % 2:
+            raise ValueError(f"data's K = {K} must be even for one scale per channel (as quantize_weight's)")
         return "channel", None, ((N,), (N, 1))
     bs = None
     if isinstance(block_size, (tuple, list)) and len(block_size) == 2:
@@ -59,10 +60,13 @@ def _granularity(block_size, N: int, K: int):
 
 def _exact_scale(scale, to) -> cupy.ndarray:
     """``scale`` converted to dtype ``to`` where every value converts exactly (NaN counts as
-    exact), else ValueError. Synchronizes (the check reads the result)."""
+    exact), else ValueError. float16 and bfloat16 convert to float32 exactly; from float64 the
+    check synchronizes (it reads the result)."""
     if scale.dtype == to:
         return scale
     s = scale.astype(to)
+    if scale.dtype != np.float64:
+        return s
     back = s.astype(scale.dtype)
     if not bool(cupy.all((back == scale) | (cupy.isnan(scale) & cupy.isnan(back)))):
         raise ValueError(
