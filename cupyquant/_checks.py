@@ -11,6 +11,19 @@ from . import _dtypes
 
 WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn")
 WEIGHT_GROUP_SIZES = (32, 64, 128, None)
+#: The 2-D blocks (rows, columns) of block-scaled FP8 weights: DeepSeek-V3's 128 x 128.
+WEIGHT_BLOCK_SIZES = ((128, 128),)
+
+
+class _DefaultGroupSize(int):
+    """quantize_weight's default ``group_size`` (128), told apart from an explicit 128 so that
+    ``block_size`` and ``group_size`` cannot both be given."""
+
+    def __repr__(self) -> str:
+        return "128"
+
+
+DEFAULT_GROUP_SIZE = _DefaultGroupSize(128)
 
 
 def weight_scheme(dtype, symmetric=True) -> str:
@@ -92,6 +105,25 @@ def weight_group_size(K: int, group_size) -> int:
     if K % G:
         raise ValueError(f"group_size={group_size} must divide K = {K}")
     return G
+
+
+def weight_block_size(scheme: str, block_size, group_size):
+    """The block ``(rows, columns)`` of a block-scaled weight, or None for ``block_size`` None.
+    Given, it must be in :data:`WEIGHT_BLOCK_SIZES`, the scheme FP8, and ``group_size`` left at its
+    default (the two are exclusive)."""
+    if block_size is None:
+        return None
+    if group_size is not DEFAULT_GROUP_SIZE:
+        raise ValueError(f"block_size and group_size are exclusive: pass one of them, got group_size={group_size!r}")
+    if scheme != "float8_e4m3fn":
+        raise ValueError(f"block_size is for float8_e4m3fn weights, got dtype {scheme!r}")
+    ok = isinstance(block_size, (tuple, list)) and all(
+        isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in block_size
+    )
+    bs = tuple(int(v) for v in block_size) if ok else None
+    if bs not in WEIGHT_BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {WEIGHT_BLOCK_SIZES} or None, got {block_size!r}")
+    return bs
 
 
 # ------------------------------------------------------------------ scales given by the caller

@@ -1,5 +1,6 @@
 // weight_quant.cu: weight-only quantization (INT4 symmetric uint4b8 as GPTQ/Marlin, INT4 asymmetric with
-// zero points as AWQ, FP8 E4M3 for W8A16) and its dequantization.
+// zero points as AWQ, FP8 E4M3 for W8A16), FP8 E4M3 in 2-D blocks of 128 x 128 with float32 scales
+// (DeepSeek-V3's weights, for W8A8), and their dequantization.
 //
 // What it computes (reference: cupyquant.reference.quantize_weight / dequantize_weight; every float
 // step IEEE float32, T the weight's dtype, G the group size):
@@ -9,9 +10,14 @@
 //                     q = e4m3_satfinite(w / s). Maxima over the finite weights, NaN -> the zero
 //                     code (rne(NaN) = 0), +-inf clamps, a zero scale gives the zero code.
 //   weight_dequantize y = round(float(q - z) * float(s)) (z = 8 for int4), or fp8(q) * s.
+//   weight_quantize_block   per 128 x 128 block (partial at the bottom and right edges): amax over
+//                     the block's finite weights, s = amax / 448 kept in float32,
+//                     q = e4m3_satfinite(w / s); NaN and a zero s give 0x00, +-inf clamps to +-448
+//                     (reference: cupyquant.reference.quantize_weight_blocks).
+//   weight_dequantize_block y = round(fp8(q) * s), the product float32 (dequantize_weight_blocks).
 // Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
 // (N, K); scales (N, K / G) of T; uint4 zero codes unpacked (N, K / G) bytes here (the wrapper
-// packs them two per byte).
+// packs them two per byte). Blocks: data (N, K), scales float32 (ceil(N / 128), ceil(K / 128)).
 
 #include "common.cuh"
 #include "weight_mma.cuh"
@@ -121,5 +127,62 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
         O* d = y + n * a.K + 2 * p;
         d[0] = from_float<O>(mul_rn(v[0], s));
         d[1] = from_float<O>(mul_rn(v[1], s));
+    }
+}
+
+// ---------------------------------------------------------------- 128 x 128 blocks, float32 scales
+struct WBlockArgs {
+    i64 N, K;
+    i64 kb;  // blocks along K, ceil(K / 128)
+};
+
+// A 1-D grid of one 256-thread block per 128 x 128 block of w (block b = bn * kb + bk, the scale's
+// row-major index). Thread t takes column t % 128 of the block's rows t / 128, t / 128 + 2, ...,
+// so a warp reads 32 contiguous elements of a row. The max |w| (float bits of the finite weights)
+// over the block by block_max, then the same elements read again (L1/L2) to write the codes.
+template <typename T>
+__global__ void __launch_bounds__(256) weight_quantize_block(const T* __restrict__ w, unsigned char* __restrict__ q,
+                                                             float* __restrict__ scales, WBlockArgs a) {
+    const i64 b = blockIdx.x;
+    const i64 bn = b / a.kb, bk = b - bn * a.kb;
+    const i64 r0 = bn * 128, c = bk * 128 + (threadIdx.x & 127);
+    const i64 rows = min((i64)128, a.N - r0);
+    const bool col = c < a.K;
+    const int r_first = threadIdx.x >> 7;
+
+    unsigned key = 0;
+    if (col) {
+        for (i64 r = r_first; r < rows; r += 2) {
+            const unsigned u = __float_as_uint(to_float(w[(r0 + r) * a.K + c]));
+            if (is_finite_bits(u)) key = max(key, u & 0x7fffffffu);
+        }
+    }
+    key = block_max<256>(key);
+    __shared__ float s_block;
+    if (threadIdx.x == 0) {
+        s_block = div_rn(__uint_as_float(key), 448.0f);
+        scales[b] = s_block;
+    }
+    __syncthreads();
+    const float s = s_block;
+    const bool zero_scale = (__float_as_uint(s) & 0x7fffffffu) == 0u;  // on bits: -ftz would flush a compare
+    if (!col) return;
+    for (i64 r = r_first; r < rows; r += 2) {
+        const i64 i = (r0 + r) * a.K + c;
+        const float v = to_float(w[i]);
+        const bool nan = (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
+        q[i] = zero_scale || nan ? 0 : (unsigned char)(to_fp8x2<E4M3>(div_rn(v, s), 0.0f) & 0xffu);
+    }
+}
+
+// Grid (ceil(K / 256), rows): one thread per element of a row, y = round(fp8(q) * s).
+template <typename O>
+__global__ void __launch_bounds__(256) weight_dequantize_block(const unsigned char* __restrict__ q, const float* __restrict__ scales,
+                                                               O* __restrict__ y, WBlockArgs a) {
+    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= a.K) return;
+    for (i64 n = blockIdx.y; n < a.N; n += gridDim.y) {
+        const float s = scales[(n >> 7) * a.kb + (k >> 7)];
+        y[n * a.K + k] = from_float<O>(mul_rn(fp8_to_float<E4M3>(q[n * a.K + k]), s));
     }
 }

@@ -196,6 +196,8 @@ def _members(cls):
     for name, value in vars(cls).items():
         if name.startswith("_"):
             continue
+        if isinstance(value, classmethod):
+            value = value.__func__
         if isinstance(value, property) or inspect.isfunction(value):
             yield name, value
 
@@ -221,7 +223,8 @@ def _class_md(qual: str, cls) -> list[str]:
             out += [f"#### `{qual}.{name}` (property)", ""]
             doc = docstring_md(value.fget)
         else:
-            msig = signature(f"{qual}.{name}", value).replace("(self, ", "(").replace("(self)", "()")
+            msig = signature(f"{qual}.{name}", value)
+            msig = msig.replace("(self, ", "(").replace("(self)", "()").replace("(cls, ", "(").replace("(cls)", "()")
             out += [f"#### `{qual}.{name}`", "", "```python", msig, "```", ""]
             doc = docstring_md(value)
         if doc:

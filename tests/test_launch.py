@@ -106,6 +106,7 @@ ARG_STRUCTS = [
     ("_block_scale", "DEQUANT_ARGS", "block_scale.cuh", "DequantArgs"),
     ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WQuantArgs"),
     ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WDequantArgs"),
+    ("weight.configs", "BLOCK_ARGS", "weight_quant.cu", "WBlockArgs"),
     ("weight.configs", "DECODE_ARGS", "weight_decode.cu", "MatmulArgs"),
     ("weight.configs", "SM80_GEMM_ARGS", "weight_sm80_gemm.cu", "GemmArgs"),
     ("weight.configs", "SM90_GEMM_ARGS", "weight_sm90_gemm.cu", "WgArgs"),

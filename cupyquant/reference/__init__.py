@@ -52,7 +52,14 @@ from .mx import (
 )
 from .nvfp4 import NVFP4_BLOCK, NVFP4_RANGE, dequantize_nvfp4, nvfp4_global_scale, quantize_nvfp4
 from .per_tensor import amax, compute_scale, dequantize_fp8, quantize_fp8
-from .weight import AWQ_RANGE_FLOOR, dequantize_weight, prepare_weight, quantize_weight
+from .weight import (
+    AWQ_RANGE_FLOOR,
+    dequantize_weight,
+    dequantize_weight_blocks,
+    prepare_weight,
+    quantize_weight,
+    quantize_weight_blocks,
+)
 
 # Family by family, each op's helpers before it (docs/api.md lists the functions in this order).
 __all__ = [
@@ -106,6 +113,8 @@ __all__ = [
     "weight_scheme",
     "quantize_weight",
     "dequantize_weight",
+    "quantize_weight_blocks",
+    "dequantize_weight_blocks",
     "prepare_weight",
     # FP4 packing and the swizzled scale layout (cupyquant._layouts)
     "pack_fp4",

@@ -1,12 +1,12 @@
-"""Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16) and the prepared layout of the matmul
-kernels."""
+"""Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16), FP8 weights in 128 x 128 blocks
+(DeepSeek-V3, for W8A8), and the prepared layout of the matmul kernels."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _checks, _dtypes
-from .._checks import weight_scheme
+from .._checks import DEFAULT_GROUP_SIZE, weight_block_size, weight_scheme
 from .._layouts import pack_fp4, unpack_fp4
 from ._common import cast_fp8, fp8_to_float, round_to
 
@@ -29,10 +29,12 @@ def _weight_groups(w, group_size):
     return t, w.astype(np.float32).reshape(N, K // G, G), G
 
 
-def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True):
+def quantize_weight(w, dtype="int4", *, group_size=DEFAULT_GROUP_SIZE, symmetric=True, block_size=None):
     """Weight-only quantization of ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``), groups of
-    ``group_size`` along K (``None``: one group per output channel). Returns ``(data, scales,
-    zeros)``; every float step is IEEE float32 and ``T`` is w's dtype:
+    ``group_size`` along K (``None``: one group per output channel), or FP8 in 2-D blocks
+    (``block_size=(128, 128)``, see :func:`quantize_weight_blocks`; ``group_size`` must then be
+    left at its default). Returns ``(data, scales, zeros)``; every float step is IEEE float32 and
+    ``T`` is w's dtype:
 
     - ``"int4"`` (GPTQ/Marlin uint4b8): ``s = T(amax / 7)``, ``q = clamp(rne(w / s), -8, 7) + 8``.
     - ``"uint4"`` (AWQ): ``s = T(max(max - min, 1e-5) / 15)``, ``z = clamp(rne(-min / s), 0, 15)``,
@@ -47,6 +49,8 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True):
     the low nibble; FP8 data ``(N, K)`` uint8; scales ``(N, K / G)`` of w's dtype; zeros (uint4
     only) ``(N, ceil(K / G / 2))`` uint8 packed like the data, else None."""
     scheme = weight_scheme(dtype, symmetric)
+    if weight_block_size(scheme, block_size, group_size) is not None:
+        return quantize_weight_blocks(w)
     t, g, G = _weight_groups(w, group_size)
     N, ng, _ = g.shape
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -79,12 +83,17 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True):
     return data, s, zeros
 
 
-def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float32, *, K=None):
+def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float32, *, K=None, block_size=None):
     """``y = round_to(float(q - z) * float(s), out_dtype)`` (``z = 8`` for int4), or
     ``round_to(fp8_to_float(q) * float(s), out_dtype)`` for FP8, the product in IEEE float32 (exact:
     a 4-bit integer or an E4M3 value times a float16/bfloat16 scale). ``K`` defaults to the full
-    width of the data."""
+    width of the data. ``block_size=(128, 128)``: FP8 in 2-D blocks, see
+    :func:`dequantize_weight_blocks`."""
     scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
+    if weight_block_size(scheme, block_size, DEFAULT_GROUP_SIZE) is not None:
+        if zeros is not None or K is not None:
+            raise ValueError("block-scaled FP8 weights take neither zeros nor K")
+        return dequantize_weight_blocks(data, scales, out_dtype)
     data = np.asarray(data, dtype=np.uint8)
     s = np.asarray(scales).astype(np.float32)
     if data.ndim != 2 or s.ndim != 2 or s.shape[0] != data.shape[0]:
@@ -106,6 +115,71 @@ def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float
     G = K // ng
     with np.errstate(over="ignore", invalid="ignore"):
         y = (v.reshape(N, ng, G) * s[..., None]).astype(np.float32).reshape(N, K)
+    return round_to(y, out_dtype)
+
+
+BLOCK = 128  # rows and columns of a block of quantize_weight_blocks
+
+
+def _block_scale_shape(N, K):
+    return (-(-N // BLOCK), -(-K // BLOCK))
+
+
+def quantize_weight_blocks(w):
+    """FP8 E4M3 weights in 2-D blocks of 128 x 128 (DeepSeek-V3's ``weight_scale_inv``), the
+    FP8 formula of :func:`quantize_weight` with the amax over the 2-D block and the scale kept in
+    float32. For block ``(i, j)`` (rows ``128 i ..``, columns ``128 j ..``; the blocks at the
+    bottom and right edges hold the rows and columns that exist):
+
+    - ``amax = max |w|`` over the block's finite weights (0 if none), in float32;
+    - ``s = amax / 448`` (IEEE float32 division, not rounded to w's dtype);
+    - ``q = e4m3_satfinite(w / s)`` (float32 division, round to nearest even, saturating: +-inf
+      gives +-448, ``0x7e``/``0xfe``); a NaN weight gives the code 0x00, and so does every weight
+      of a block whose ``s`` is 0 (all zeros, non-finite only, or an amax below 448 * 2^-150 whose
+      quotient underflows).
+
+    Returns ``(data, scales, None)``: data ``(N, K)`` uint8 E4M3 codes, scales float32
+    ``(ceil(N / 128), ceil(K / 128))``, ``w ~ fp8(q) * s``. Any N >= 0 and K > 0."""
+    w = np.asarray(w)
+    _dtypes.input_type(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
+    N, K = w.shape
+    if K == 0:
+        raise ValueError("w's K must be nonzero")
+    nb, kb = _block_scale_shape(N, K)
+    # zero padding to whole blocks leaves every amax as it is (amax >= 0)
+    p = np.zeros((nb * BLOCK, kb * BLOCK), np.float32)
+    p[:N, :K] = w.astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        b = p.reshape(nb, BLOCK, kb, BLOCK)
+        amax = np.where(np.isfinite(b), np.abs(b), np.float32(0)).max(axis=(1, 3)).astype(np.float32)
+        s = (amax / np.float32(448)).astype(np.float32)
+        sf = np.repeat(np.repeat(s, BLOCK, axis=0), BLOCK, axis=1)[:N, :K]
+        x = p[:N, :K]
+        v = (x / sf).astype(np.float32)
+        q = np.where((sf == 0) | np.isnan(x), 0, cast_fp8(v, "float8_e4m3fn"))
+    return q.astype(np.uint8), s, None
+
+
+def dequantize_weight_blocks(data, scales, out_dtype=np.float32):
+    """``y = round_to(fp8_to_float(q) * s, out_dtype)`` of weights in 128 x 128 blocks: ``s`` the
+    float32 scale of the element's block (``scales[n // 128, k // 128]``, shape
+    ``(ceil(N / 128), ceil(K / 128))``), the product an IEEE float32 multiplication (rounded), then
+    rounded to ``out_dtype`` (NaN codes give CUDA's canonical NaN)."""
+    data = np.asarray(data, dtype=np.uint8)
+    s = np.asarray(scales)
+    if s.dtype != np.float32:
+        raise ValueError(f"scales of 128 x 128 blocks must be float32, got {s.dtype}")
+    if data.ndim != 2 or s.shape != _block_scale_shape(*data.shape):
+        raise ValueError(
+            f"scales must have shape {_block_scale_shape(*data.shape) if data.ndim == 2 else '(ceil(N/128), ceil(K/128))'} "
+            f"for data {data.shape}, got {s.shape}"
+        )
+    N, K = data.shape
+    sf = np.repeat(np.repeat(s, BLOCK, axis=0), BLOCK, axis=1)[:N, :K]
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (fp8_to_float(data, "float8_e4m3fn") * sf).astype(np.float32)
     return round_to(y, out_dtype)
 
 

@@ -153,6 +153,10 @@ def sm90_gemm_smem(rows: int) -> int:
 
 # ---------------------------------------------------------------- argument structs
 QUANT_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("ng", np.int64), ("G", np.int32)], align=True)
+#: weight_quantize_block / weight_dequantize_block (WBlockArgs): kb the blocks along K.
+BLOCK_ARGS = np.dtype([("N", np.int64), ("K", np.int64), ("kb", np.int64)], align=True)
+#: Rows and columns of a block of block-scaled FP8 weights (weight_quantize_block).
+BLOCK = 128
 DECODE_ARGS = np.dtype(
     [
         ("M", np.int64),
@@ -191,7 +195,9 @@ SM90_GEMM_ARGS = np.dtype(
 QUANT_FAMILY = _jit.register(
     "weight_quant",
     _jit.product("weight_quantize", _dtypes.INPUT_CTYPES, SCHEME_IDS.values())
-    + _jit.product("weight_dequantize", _dtypes.INPUT_CTYPES, _dtypes.INPUT_CTYPES, SCHEME_IDS.values()),
+    + _jit.product("weight_dequantize", _dtypes.INPUT_CTYPES, _dtypes.INPUT_CTYPES, SCHEME_IDS.values())
+    + _jit.product("weight_quantize_block", _dtypes.INPUT_CTYPES)
+    + _jit.product("weight_dequantize_block", _dtypes.INPUT_CTYPES),
 )
 DECODE_FAMILY = _jit.register(
     "weight_decode",

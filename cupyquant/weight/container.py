@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..quantized import Scheme
@@ -29,11 +31,22 @@ class _WeightScheme(Scheme):
     __hash__ = Scheme.__hash__
 
 
-def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain") -> Scheme:
+def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain", *, block=None) -> Scheme:
     """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"`` or ``"float8_e4m3fn"``, groups of
-    ``group_size`` along K (None: one scale per output channel), scales in ``dtype``."""
+    ``group_size`` along K (None: one scale per output channel), scales in ``dtype``; or, with
+    ``block`` ``(rows, columns)``, FP8 in 2-D blocks (granularity ``"block"``, ``group_size``
+    ignored)."""
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if block is not None:
+        return _WeightScheme(
+            format=fmt,
+            granularity="block",
+            block=tuple(int(v) for v in block),
+            scale_dtype=np.dtype(dtype).name,
+            scale_layout=layout,
+            family=FAMILY,
+        )
     channel = group_size is None
     return _WeightScheme(
         format=fmt,
@@ -46,7 +59,8 @@ def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain") ->
 
 
 class QuantizedWeight:
-    """A weight quantized by :func:`quantize_weight`: ``w ~ (q - zero_point) * scale`` per group.
+    """A weight quantized by :func:`quantize_weight` (or read from a checkpoint by
+    :meth:`from_checkpoint`): ``w ~ (q - zero_point) * scale`` per group, or per 2-D block.
 
     Attributes
     ----------
@@ -56,24 +70,31 @@ class QuantizedWeight:
         ``(ceil(N / 16), K / 64, 16, 64)`` (FP8) (the module's docstring).
     scale : cupy.ndarray
         Dequantization scales, multiplied into ``q - zero_point``: ``(N, K / group_size)`` in the
-        original weight's dtype; prepared: ``(ceil(N / 16), K / group_size, 16)``.
+        original weight's dtype (from a checkpoint: the checkpoint's dtype); prepared:
+        ``(ceil(N / 16), K / group_size, 16)``. Block weights: float32
+        ``(ceil(N / 128), ceil(K / 128))``, the scale of rows ``128 i ..`` and columns ``128 j ..``
+        at ``[i, j]`` (DeepSeek-V3's ``weight_scale_inv``).
     zero_point : cupy.ndarray or None
         uint4 only: the codes of zero, uint8 ``(N, ceil(K / group_size / 2))``, packed like the
         data; prepared: ``(ceil(N / 16), K / group_size, 8)``. int4 has the implicit zero point 8,
         FP8 none.
     scheme : Scheme
         ``format`` ``"int4"`` (symmetric, codes ``q - 8``), ``"uint4"`` (asymmetric, ``q - z``) or
-        ``"float8_e4m3fn"``; ``granularity`` ``"group"`` or ``"channel"`` (one scale per output
-        channel), ``block`` ``(group_size,)`` (``(K,)`` per channel), ``scale_dtype`` the weight
-        dtype's name, ``scale_layout`` ``"plain"`` (from :func:`quantize_weight`) or ``"prepared"``
-        (from :func:`prepare_weight`), ``family`` ``"weight_quant"``. It also compares equal to the
-        format's name (deprecated).
+        ``"float8_e4m3fn"``; ``granularity`` ``"group"``, ``"channel"`` (one scale per output
+        channel) or ``"block"`` (FP8 in 2-D blocks); ``block`` ``(group_size,)`` (``(K,)`` per
+        channel, ``(128, 128)`` for blocks); ``scale_dtype`` the scales' dtype name (the weight's,
+        float32 for blocks); ``scale_layout`` ``"plain"`` (from :func:`quantize_weight`) or
+        ``"prepared"`` (from :func:`prepare_weight`); ``family`` ``"weight_quant"``. It also
+        compares equal to the format's name (deprecated).
     group_size : int or None
-        K per scale; ``None``: one scale per output channel.
+        K per scale; ``None``: one scale per output channel; 128 for 128 x 128 blocks.
+    block_size : tuple or None
+        ``(128, 128)`` for block weights, else None.
     shape : tuple
         ``(N, K)`` of the original weight.
     dtype : numpy.dtype
-        The original weight's dtype (and the scales').
+        The original weight's dtype (from a checkpoint: the one given), :meth:`dequantize`'s
+        default; the scales' too, except for block weights and checkpoint scales.
 
     Notes
     -----
@@ -107,15 +128,68 @@ class QuantizedWeight:
         # read them before the kernel before them completes (dispatch.early_ok)
         self._read_key = None
 
+    @classmethod
+    def from_checkpoint(
+        cls, data, scale, *, format: str = "float8_e4m3fn", block_size=(128, 128), dtype="bfloat16"
+    ) -> "QuantizedWeight":
+        """A :class:`QuantizedWeight` from a checkpoint's codes and scales, as they are (no quantization).
+
+        Parameters
+        ----------
+        data : cupy.ndarray
+            uint8 ``(N, K)``, the E4M3 codes (a checkpoint's ``float8_e4m3fn`` tensor viewed as uint8),
+            C-contiguous. Used as it is (not copied).
+        scale : cupy.ndarray
+            The decode scales, ``w ~ fp8(q) * scale`` (DeepSeek-V3's ``weight_scale_inv``), on
+            ``data``'s device: for ``block_size=(128, 128)`` ``(ceil(N / 128), ceil(K / 128))``; for
+            ``(1, G)`` ``(N, K / G)``; for None ``(N,)`` or ``(N, 1)``. float32, float16 or bfloat16
+            (float64 where every value is a float32). Block weights keep float32 scales (float16 and
+            bfloat16 convert exactly); group and channel weights keep the scales' dtype (float64 becomes
+            float32). A conversion that would round raises instead. Their values are not checked.
+        format : str
+            ``"float8_e4m3fn"``. ``"nvfp4"`` and ``"mxfp4"`` are not supported yet (ValueError).
+        block_size : (128, 128), (1, G) or None
+            ``(128, 128)``: 2-D blocks (any N and K; the weight of :func:`quantize_weight` with
+            ``block_size=(128, 128)``); ``(1, G)``, G in 32, 64, 128 dividing K: groups of G along K
+            (``group_size=G``); None: one scale per output channel (``group_size=None``).
+        dtype : {"bfloat16", "float16", "float32"}
+            The dtype :meth:`QuantizedWeight.dequantize` returns by default (the weight's ``dtype``).
+
+        Returns
+        -------
+        QuantizedWeight
+            Plain layout, ``zero_point`` None, ``scheme.format`` ``"float8_e4m3fn"``; granularity
+            ``"block"`` (``block_size`` ``(128, 128)``), ``"group"`` or ``"channel"``; a per-channel
+            ``scale`` of shape ``(N,)`` is held as ``(N, 1)``, a non-contiguous one as a contiguous copy.
+
+        Raises
+        ------
+        TypeError
+            ``data`` or ``scale`` is not a CuPy array; ``data`` not uint8; ``scale`` not of a float
+            dtype above; ``dtype`` not float32, float16 or bfloat16; ``format`` not a str.
+        ValueError
+            An unsupported ``format`` or ``block_size``; ``data`` not 2-D, not C-contiguous, with K = 0
+            (or, for groups and channels, an odd K); ``scale`` of the wrong shape, on another device,
+            or (float64) not exactly float32.
+        """
+        from .checkpoint import from_checkpoint
+
+        return from_checkpoint(data, scale, format=format, block_size=block_size, dtype=dtype)
+
     @property
     def group_size(self):
-        """K per scale, or None for one scale per output channel."""
-        return None if self.scheme.granularity == "channel" else self.scheme.block[0]
+        """K per scale, or None for one scale per output channel (128 for 128 x 128 blocks)."""
+        return None if self.scheme.granularity == "channel" else self.scheme.block[-1]
+
+    @property
+    def block_size(self):
+        """The 2-D block ``(rows, columns)`` per scale of a block weight, None for the others."""
+        return self.scheme.block if self.scheme.granularity == "block" else None
 
     @property
     def _group(self) -> int:
         """K per scale, K for one per channel."""
-        return self.shape[1] if self.scheme.granularity == "channel" else self.scheme.block[0]
+        return self.shape[1] if self.scheme.granularity == "channel" else self.scheme.block[-1]
 
     @property
     def _format(self) -> str:
@@ -160,14 +234,10 @@ class QuantizedWeight:
         return self.data.nbytes + self.scale.nbytes + (0 if self.zero_point is None else self.zero_point.nbytes)
 
     def _with(self, data, scale, zero_point, layout: str) -> "QuantizedWeight":
-        return QuantizedWeight(
-            data,
-            scale,
-            zero_point,
-            weight_scheme(self._format, self.group_size, self.shape[1], self.dtype, layout),
-            self.shape,
-            self.dtype,
-        )
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+        scheme = dataclasses.replace(self.scheme, scale_layout=layout)
+        return QuantizedWeight(data, scale, zero_point, scheme, self.shape, self.dtype)
 
     def dequantize(self, dtype=None, *, out=None):
         """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
@@ -217,8 +287,10 @@ class QuantizedWeight:
 
     def __repr__(self) -> str:
         g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
+        if self.block_size is not None:
+            g = f"block_size={self.block_size}"
         lay = "" if not self._prepared else ", prepared"
         return (
-            f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.dtype.name}{lay}, "
+            f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.scheme.scale_dtype}{lay}, "
             f"{self.nbytes} bytes)"
         )

@@ -46,7 +46,9 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     ``arch`` is the compute capability as CuPy spells it (``"90"``) and ``sms`` the GPU's
     multiprocessor count; by default the current device's, or (no GPU) none, which gives
     ``"sm80_gemm"`` for the tensor-core path, and 132 (an H100 SXM). The thresholds are
-    ``cupyquant.weight.plan.PATHS``."""
+    ``cupyquant.weight.plan.PATHS``. Block weights (``w.block_size``) have no path: a ValueError,
+    as in :func:`matmul`."""
+    _no_blocks(w)
     fp8 = w.scheme.format == "float8_e4m3fn"
     if _FORCED is not None and (not fp8 or _FORCED == "decode"):
         return _FORCED
@@ -56,6 +58,14 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     if sms is None and arch in plan.SM90_ARCHS:
         sms = _device.current_sm_count()
     return plan.choose_path(M, N, K, fp8, arch, sms)
+
+
+def _no_blocks(w) -> None:
+    if isinstance(w, QuantizedWeight) and w.block_size is not None:
+        raise ValueError(
+            f"w is an FP8 weight in {w.block_size} blocks, which the weight-only matmul does not take: "
+            "use cupyquant.scaled_matmul (FP8 activations), or w.dequantize() and a float matmul"
+        )
 
 
 def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
@@ -134,11 +144,12 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
         ``a`` is not a CuPy array of float16 or bfloat16; ``w`` is not a :class:`QuantizedWeight`;
         ``w``'s scales are not in ``a``'s dtype; ``out`` has the wrong dtype.
     ValueError
-        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4) or 64 (FP8); ``a`` and
-        ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
+        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4) or 64 (FP8); ``w`` in
+        128 x 128 blocks (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
         overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """
     check_weight(w)
+    _no_blocks(w)
     t = _validate.float_input(a, "a")
     if t.name not in ("float16", "bfloat16"):
         raise TypeError(f"a must be float16 or bfloat16 (the tensor-core input types), got {a.dtype}")

@@ -12,8 +12,11 @@ from . import configs as C
 from .container import QuantizedWeight, weight_scheme
 
 
-def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> QuantizedWeight:
-    """Quantize a weight ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``) along K in groups.
+def quantize_weight(
+    w, dtype="int4", *, group_size=_checks.DEFAULT_GROUP_SIZE, symmetric=True, block_size=None
+) -> QuantizedWeight:
+    """Quantize a weight ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``) along K in groups, or
+    (FP8) in 2-D blocks of 128 x 128.
 
     Parameters
     ----------
@@ -29,9 +32,23 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
         what was stored; the weight's ``scale`` is ``s`` and its ``zero_point`` ``z``:
         ``w ~ (q - z) * s``.
     group_size : {32, 64, 128, None}
-        Elements of K per scale; ``None``: one scale per output channel. Must divide K.
+        Elements of K per scale; ``None``: one scale per output channel. Must divide K. Leave it
+        at its default with ``block_size`` (giving both is a ``ValueError``).
     symmetric : bool
         ``False`` selects zero points (INT4 only).
+    block_size : {None, (128, 128)}
+        ``(128, 128)`` (``"float8_e4m3fn"`` only): one scale per 2-D block of 128 rows by 128
+        columns, DeepSeek-V3's FP8 weights, for :func:`cupyquant.scaled_matmul`; any N and K (the
+        blocks at the bottom and right edges are partial). Per block, over the weights that exist:
+        ``amax = max |w|`` over the finite ones (0 if none), ``s = amax / 448`` in float32 (not
+        rounded to w's dtype: checkpoints store float32 ``weight_scale_inv``),
+        ``q = e4m3_satfinite(w / s)`` (float32 division, round to nearest even); NaN weights and
+        every weight of a block whose ``s`` is 0 give the code 0x00, +-inf gives +-448. The
+        weight's ``scale`` is float32 ``(ceil(N / 128), ceil(K / 128))``, its ``data`` uint8
+        ``(N, K)``, ``scheme.granularity`` ``"block"``, ``scheme.block`` and ``block_size``
+        ``(128, 128)``. Such a weight has no prepared layout and no weight-only :func:`matmul`:
+        use :func:`cupyquant.scaled_matmul`, or :func:`dequantize_weight`. Bit-exact with
+        :func:`cupyquant.reference.quantize_weight_blocks`.
 
     Returns
     -------
@@ -43,14 +60,18 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
     TypeError
         ``w`` is not a CuPy array of float32, float16 or bfloat16; ``dtype`` names no dtype.
     ValueError
-        ``w`` not 2-D, not C-contiguous or with an odd K; an unsupported ``dtype`` or
-        ``group_size``, or one that does not divide K; ``symmetric=False`` with FP8.
+        ``w`` not 2-D, not C-contiguous or with an odd K (a zero K with ``block_size``); an
+        unsupported ``dtype``, ``group_size`` or ``block_size``, or a group size that does not
+        divide K; ``symmetric=False`` with FP8; ``block_size`` with INT4 or with ``group_size``.
     """
     scheme = _checks.weight_scheme(dtype, symmetric)
+    block = _checks.weight_block_size(scheme, block_size, group_size)
     t = _validate.float_input(w, "w")
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     _validate.c_contiguous(w, "w")
+    if block is not None:
+        return _quantize_blocks(w, t, block)
     N, K = w.shape
     G = _checks.weight_group_size(K, group_size)
     ng = K // G
@@ -78,6 +99,54 @@ def quantize_weight(w, dtype="int4", *, group_size=128, symmetric=True) -> Quant
     return QuantizedWeight(data, scales, zeros, weight_scheme(scheme, group_size, K, w.dtype), (N, K), w.dtype)
 
 
+def _block_grid(N: int, K: int) -> tuple[int, int]:
+    """The scale shape of 128 x 128 blocks, ``(ceil(N / 128), ceil(K / 128))``."""
+    return -(-N // C.BLOCK), -(-K // C.BLOCK)
+
+
+def _quantize_blocks(w, t, block) -> QuantizedWeight:
+    """quantize_weight with block_size: one 256-thread block per 128 x 128 block of w."""
+    N, K = w.shape
+    if K == 0:
+        raise ValueError(f"w's K must be nonzero, got shape {w.shape}")
+    nb, kb = _block_grid(N, K)
+    if nb * kb >= 1 << 31:
+        raise ValueError(f"w of shape {w.shape} has {nb * kb} blocks of 128 x 128, more than a grid holds (2^31 - 1)")
+    with _validate.on_device_of(w):
+        data = cupy.empty((N, K), dtype=np.uint8)
+        scale = cupy.empty((nb, kb), dtype=np.float32)
+        if N:
+            a = np.zeros((), dtype=C.BLOCK_ARGS)
+            a["N"], a["K"], a["kb"] = N, K, kb
+            k = _jit.kernel(w.data.device_id, C.QUANT_FAMILY, "weight_quantize_block", t.ctype)
+            k((nb * kb,), (256,), (w, data, scale, a[()]))
+    scheme = weight_scheme("float8_e4m3fn", None, K, np.float32, block=block)
+    return QuantizedWeight(data, scale, None, scheme, (N, K), w.dtype)
+
+
+def _check_block_weight(w) -> None:
+    """check_weight's rules for a weight of granularity "block"."""
+    N, K = w.shape
+    if w._format != "float8_e4m3fn" or w.scheme.block != (C.BLOCK, C.BLOCK):
+        raise ValueError(
+            f"block weights are float8_e4m3fn in blocks of ({C.BLOCK}, {C.BLOCK}), "
+            f"got format {w._format!r}, block {w.scheme.block}"
+        )
+    if w._prepared:
+        raise ValueError("block weights have only the plain layout (scheme.scale_layout 'plain')")
+    if w.zero_point is not None:
+        raise ValueError("w.zero_point must be None for float8_e4m3fn weights")
+    if w.data.shape != (N, K) or w.data.dtype != np.uint8:
+        raise ValueError(
+            f"w.data must be uint8 of shape {(N, K)} for a weight of shape {w.shape}, got {w.data.dtype} {w.data.shape}"
+        )
+    if w.scale.shape != _block_grid(N, K) or w.scale.dtype != np.float32:
+        raise ValueError(
+            f"w.scale must be float32 of shape {_block_grid(N, K)} (ceil(N / 128), ceil(K / 128)) for a "
+            f"weight of shape {w.shape}, got {w.scale.dtype} {w.scale.shape}"
+        )
+
+
 def check_weight(w) -> None:
     """Raise TypeError or ValueError unless ``w`` is a QuantizedWeight whose arrays are CuPy arrays
     of the shapes its scheme and shape say."""
@@ -93,6 +162,9 @@ def check_weight(w) -> None:
     N, K = w.shape
     if K <= 0 or N < 0:
         raise ValueError(f"w.shape must be (N >= 0, K > 0), got {w.shape}")
+    if w.scheme.granularity == "block":
+        _check_block_weight(w)
+        return
     ng = K // w._group
     if w._prepared:
         n16, chunk = -(-N // 16), C.CHUNK[fmt]
@@ -133,9 +205,15 @@ def prepare_weight(w: QuantizedWeight) -> QuantizedWeight:
         ``w`` is not a :class:`QuantizedWeight` on the GPU.
     ValueError
         K is not a multiple of 128 (INT4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
-        match its shape.
+        match its shape; ``w`` is a block weight (128 x 128 blocks have no prepared layout: they
+        are for :func:`cupyquant.scaled_matmul`, which reads the plain layout).
     """
     check_weight(w)
+    if w.block_size is not None:
+        raise ValueError(
+            f"w is a weight in {w.block_size} blocks, which has no prepared layout: pass it to "
+            "cupyquant.scaled_matmul as it is"
+        )
     if w._prepared:
         return w
     N, K = w.shape
@@ -254,7 +332,10 @@ def plain_of(w: QuantizedWeight) -> QuantizedWeight:
 def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarray:
     """``(N, K)`` weights in ``dtype`` (default the original's): ``round(float(q - z) * s)``
     (``s = w.scale``, ``z = w.zero_point``, 8 for int4) or ``round(fp8(q) * s)``, the product in
-    float32 (exact).
+    float32 (exact for scales of float16 or bfloat16; a float32 scale, as block weights have, makes
+    it an IEEE float32 product rounded once more to ``dtype``, as ``(fp8(q) * s).to(dtype)`` does
+    in PyTorch). Block weights: ``s = w.scale[n // 128, k // 128]``. Bit-exact with
+    :func:`cupyquant.reference.dequantize_weight` (``dequantize_weight_blocks``).
 
     Raises
     ------
@@ -275,7 +356,12 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
             w = plain_of(w)
             _validate.keep_if_capturing(w.data, w.scale, w.zero_point)
         y = cupy.empty((N, K), dtype=out_t.dtype) if out is None else out
-        if N and K:
+        if N and w.block_size is not None:
+            a = np.zeros((), dtype=C.BLOCK_ARGS)
+            a["N"], a["K"], a["kb"] = N, K, w.scale.shape[1]
+            k = _jit.kernel(device, C.QUANT_FAMILY, "weight_dequantize_block", out_t.ctype)
+            k((-(-K // 256), min(N, C.MAX_GRID_Y)), (256,), (w.data, w.scale, y, a[()]))
+        elif N and K:
             a = np.zeros((), dtype=C.QUANT_ARGS)
             a["N"], a["K"], a["ng"], a["G"] = N, K, K // w._group, w._group
             st = _dtypes.input_type(w.scale.dtype, "w.scale")

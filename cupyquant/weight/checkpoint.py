@@ -1,0 +1,111 @@
+"""Weights from checkpoint bytes (:meth:`QuantizedWeight.from_checkpoint`): FP8 E4M3 codes and their
+scales as a checkpoint stores them (DeepSeek-V3's ``weight`` and ``weight_scale_inv``, FP8 models'
+per-channel ``weight_scale``), wrapped without quantizing again."""
+
+from __future__ import annotations
+
+import numbers
+
+import cupy
+import numpy as np
+
+from .. import _checks, _dtypes, _validate
+from . import configs as C
+from .container import QuantizedWeight, weight_scheme
+
+#: The formats from_checkpoint takes, and those it names as not yet supported.
+CHECKPOINT_FORMATS = ("float8_e4m3fn",)
+_LATER_FORMATS = ("nvfp4", "mxfp4")
+_GROUPS = tuple(g for g in _checks.WEIGHT_GROUP_SIZES if g is not None)
+_SCALE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _format_name(format) -> str:
+    if isinstance(format, str):
+        name = format
+    else:  # ml_dtypes.float8_e4m3fn, as a type or a np.dtype
+        try:
+            name = np.dtype(format).name
+        except TypeError:
+            raise TypeError(f"format must be a str such as 'float8_e4m3fn', got {format!r}") from None
+    if name in _LATER_FORMATS:
+        raise ValueError(f"format {name!r} is not supported by from_checkpoint yet; supported: {CHECKPOINT_FORMATS}")
+    if name not in CHECKPOINT_FORMATS:
+        raise ValueError(f"format must be one of {CHECKPOINT_FORMATS}, got {format!r}")
+    return name
+
+
+def _granularity(block_size, N: int, K: int):
+    """(kind, G, scale shapes accepted): kind "block", "group" or "channel"."""
+    if block_size is None:
+        if K % 2:
+            raise ValueError(f"data's K = {K} must be even for one scale per channel (as quantize_weight's)")
+        return "channel", None, ((N,), (N, 1))
+    bs = None
+    if isinstance(block_size, (tuple, list)) and len(block_size) == 2:
+        if all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in block_size):
+            bs = (int(block_size[0]), int(block_size[1]))
+    if bs is not None and bs in _checks.WEIGHT_BLOCK_SIZES:
+        return "block", None, ((-(-N // C.BLOCK), -(-K // C.BLOCK)),)
+    if bs is not None and bs[0] == 1 and bs[1] in _GROUPS:
+        G = bs[1]
+        if K % 2 or K % G:
+            raise ValueError(f"block_size={block_size!r}: groups of {G} must divide data's K = {K} (an even K)")
+        return "group", G, ((N, K // G),)
+    raise ValueError(
+        f"block_size must be {_checks.WEIGHT_BLOCK_SIZES[0]} (2-D blocks), (1, G) with G in {_GROUPS} "
+        f"(groups along K) or None (one scale per output channel), got {block_size!r}"
+    )
+
+
+def _exact_scale(scale, to) -> cupy.ndarray:
+    """``scale`` converted to dtype ``to`` where every value converts exactly (NaN counts as
+    exact), else ValueError. float16 and bfloat16 convert to float32 exactly; from float64 the
+    check synchronizes (it reads the result)."""
+    if scale.dtype == to:
+        return scale
+    s = scale.astype(to)
+    if scale.dtype != np.float64:
+        return s
+    back = s.astype(scale.dtype)
+    if not bool(cupy.all((back == scale) | (cupy.isnan(scale) & cupy.isnan(back)))):
+        raise ValueError(
+            f"scale of dtype {scale.dtype} has values that {np.dtype(to).name} cannot hold exactly; "
+            f"round them yourself (scale.astype({np.dtype(to).name!r})) if that is what you want"
+        )
+    return s
+
+
+def from_checkpoint(data, scale, *, format="float8_e4m3fn", block_size=(128, 128), dtype="bfloat16") -> QuantizedWeight:
+    """:meth:`QuantizedWeight.from_checkpoint` (its docstring says what it takes and checks)."""
+    fmt = _format_name(format)
+    out_t = _dtypes.input_type(dtype, "dtype")
+    _validate.cupy_array(data, "data")
+    if data.dtype != np.uint8:
+        raise TypeError(f"data must be uint8 (the FP8 codes; view a float8 tensor as uint8), got {data.dtype}")
+    if data.ndim != 2:
+        raise ValueError(f"data must be 2-D (N, K), got shape {data.shape}")
+    _validate.c_contiguous(data, "data")
+    N, K = data.shape
+    if K == 0:
+        raise ValueError(f"data's K must be nonzero, got shape {data.shape}")
+    kind, G, shapes = _granularity(block_size, N, K)
+    _validate.cupy_array(scale, "scale")
+    if scale.dtype.name not in _SCALE_DTYPES + ("float64",):
+        raise TypeError(f"scale must be float32, float16, bfloat16 or float64, got {scale.dtype}")
+    if tuple(scale.shape) not in shapes:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(
+            f"scale must have shape {want} for data {data.shape} and block_size={block_size!r}, got {scale.shape}"
+        )
+    _validate.same_device(scale, "scale", data.data.device_id, "data")
+    with _validate.on_device_of(data):
+        to = np.float32 if kind == "block" or scale.dtype == np.float64 else scale.dtype
+        s = cupy.ascontiguousarray(_exact_scale(scale, np.dtype(to)))
+        if kind == "channel":
+            s = s.reshape(N, 1)
+    if kind == "block":
+        scheme = weight_scheme(fmt, None, K, np.float32, block=(C.BLOCK, C.BLOCK))
+    else:
+        scheme = weight_scheme(fmt, G, K, s.dtype)
+    return QuantizedWeight(data, s, None, scheme, (N, K), out_t.dtype)
