@@ -230,7 +230,7 @@ def _a_of_tensor(a) -> dict:
     if s.scale_layout not in ("row", "col"):
         raise ValueError(f"a.scheme.scale_layout={s.scale_layout!r}: expected 'row' or 'col'")
     packed = _dtypes.scale_dtype(s.scale_dtype, "a.scheme.scale_dtype", ("float32", "float8_e8m0fnu")) != "float32"
-    ng = 1 if g == "token" else K // BLOCK_K
+    ng = 1 if g == "token" else n_blocks(K)
     want_shape = lead + ((-(-ng // 4)) if packed else ng,)
     want_dtype = np.dtype(np.int32 if packed else np.float32)
     if tuple(sc.shape) != want_shape or sc.dtype != want_dtype:
@@ -321,7 +321,7 @@ def _b_of_tensor(b: QuantizedTensor, device: int) -> dict:
             f"{BLOCK_K}, got granularity {g!r}, block {s.block}"
         )
     packed = _dtypes.scale_dtype(s.scale_dtype, "b.scheme.scale_dtype", ("float32", "float8_e8m0fnu")) != "float32"
-    ng = 1 if g == "token" else K // BLOCK_K
+    ng = 1 if g == "token" else n_blocks(K)
     want = (N, -(-ng // 4) if packed else ng)
     want_dtype = np.dtype(np.int32 if packed else np.float32)
     if tuple(sc.shape) != want or sc.dtype != want_dtype:
