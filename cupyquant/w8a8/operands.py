@@ -176,7 +176,8 @@ def check_k(K: int, Kb: int, a_arg: str = "a", b_arg: str = "b") -> None:
         raise ValueError(f"{a_arg} and {b_arg} must have the same K (last axis): {K} != {Kb}")
     if K <= 0 or K % K_MULTIPLE:
         raise ValueError(
-            f"K = {K} must be a positive multiple of {K_MULTIPLE}: the FP8 tensor cores and the TMA copies "
+            f"{a_arg}'s K = {K} (the last axis of {a_arg} and {b_arg}) must be a positive multiple of {K_MULTIPLE}: "
+            "the FP8 tensor cores and the TMA copies "
             f"read rows of 16-byte pieces (pad K with zero codes to a multiple of {K_MULTIPLE})"
         )
 
