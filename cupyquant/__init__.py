@@ -26,6 +26,8 @@ _EXPORTS = {
     "prepare_weight": "weight",
     "matmul": "weight",
     "QuantizedWeight": "weight",
+    "scaled_matmul": "w8a8",
+    "scaled_mm": "w8a8",
     "dequantize": "quantized",
     "QuantizedTensor": "quantized",
     "Scheme": "quantized",

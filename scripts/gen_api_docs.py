@@ -31,6 +31,7 @@ MODULES = [
     ("mx", "Microscaling: MXFP8, MXFP4"),
     ("nvfp4", "NVFP4"),
     ("weight", "Weight-only INT4/FP8 and the matmul"),
+    ("w8a8", "W8A8 FP8 matmul"),
     ("_jit", "Errors"),
 ]
 

@@ -491,6 +491,75 @@ row(
 )
 row(f, "out_device", lambda w: DW(_watch_qw(w, _qw()), out=w(_dev1(lambda: _P((64, 256), BF16)))), ValueError, "out")
 
+
+# scaled_matmul(a, b, *, out_dtype, bias, out) and scaled_mm(a, b, a_scale, b_scale, ...): FP8 codes
+def _fp8_qt(shape):
+    return cq.quantize_fp8(_x(shape))
+
+
+f = "scaled_matmul"
+SM = cq.scaled_matmul
+cpu(f, "a_numpy", lambda w: SM(w(_h((4, 256))), _host_qt()), TypeError, "a")
+cpu(f, "a_host_arrays", lambda w: SM(_host_qt(), _host_qt()), TypeError, "a.data")
+row(f, "b_not_quantized", lambda w: SM(_fp8_qt((4, 256)), w(cupy.zeros((64, 256), U8))), TypeError, "b")
+row(f, "b_int4", lambda w: SM(_fp8_qt((4, 256)), _watch_qw(w, _qw())), ValueError, "b")
+row(f, "shape_k", lambda w: SM(_fp8_qt((4, 128)), _watch_qw(w, _qw(scheme="float8_e4m3fn"))), ValueError, "a")
+row(
+    f,
+    "option_out_dtype",
+    lambda w: SM(_fp8_qt((4, 256)), _qw(scheme="float8_e4m3fn"), out_dtype=F64),
+    TypeError,
+    "out_dtype",
+)
+row(
+    f,
+    "bias_dtype",
+    lambda w: SM(_fp8_qt((4, 256)), _qw(scheme="float8_e4m3fn"), bias=w(_x((64,), F32))),
+    TypeError,
+    "bias",
+)
+row(
+    f,
+    "out_shape",
+    lambda w: SM(_fp8_qt((4, 256)), _qw(scheme="float8_e4m3fn"), out=w(_P((4, 65), BF16))),
+    ValueError,
+    "out",
+)
+
+f = "scaled_mm"
+SMM = cq.scaled_mm
+cpu(f, "a_numpy", lambda w: SMM(w(np.zeros((4, 256), U8)), w(np.zeros((64, 256), U8)), F32(1), F32(1)), TypeError, "a")
+cpu(f, "option_a_format", lambda w: SMM(None, None, None, None, a_format="int8"), ValueError, "a_format")
+row(
+    f,
+    "a_dtype",
+    lambda w: SMM(w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), U8)), _x((1,)), _x((1,))),
+    TypeError,
+    "a",
+)
+row(
+    f,
+    "a_scale_shape",
+    lambda w: SMM(w(cupy.zeros((4, 256), U8)), w(cupy.zeros((64, 256), U8)), _x((3,)), _x((1,))),
+    ValueError,
+    "a_scale",
+)
+row(
+    f,
+    "b_scale_shape",
+    lambda w: SMM(w(cupy.zeros((4, 256), U8)), w(cupy.zeros((64, 256), U8)), _x((1,)), _x((63,))),
+    ValueError,
+    "b_scale",
+)
+row(
+    f,
+    "shape_k",
+    lambda w: SMM(w(cupy.zeros((4, 200), U8)), w(cupy.zeros((64, 200), U8)), _x((1,)), _x((1,))),
+    ValueError,
+    "a",
+)
+
+
 # matmul(a, w, *, out): a (4, 256) bf16, w (64, 256) int4 g128 -> (4, 64)
 f = "matmul"
 MM = cq.matmul

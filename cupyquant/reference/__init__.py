@@ -1,5 +1,5 @@
 """NumPy + ml_dtypes reference of every cupyquant op. Imports no CuPy. One module per family
-(``per_tensor``, ``groupwise``, ``mx``, ``nvfp4``, ``weight``); every public name is here.
+(``per_tensor``, ``groupwise``, ``mx``, ``nvfp4``, ``weight``, ``w8a8``); every public name is here.
 
 Each function states its formula; the GPU kernels must match these bit for bit. Inputs are NumPy
 arrays of float32, float16 or ml_dtypes.bfloat16. All float arithmetic is IEEE float32 with
@@ -52,6 +52,17 @@ from .mx import (
 )
 from .nvfp4 import NVFP4_BLOCK, NVFP4_RANGE, dequantize_nvfp4, nvfp4_global_scale, quantize_nvfp4
 from .per_tensor import amax, compute_scale, dequantize_fp8, quantize_fp8
+from .w8a8 import (
+    W8A8_BLOCK,
+    W8A8_REL_ERROR,
+    a_block_scales,
+    b_block_scales,
+    dequantize_operands,
+    error_bound,
+    round_result,
+    scaled_mm,
+    unpack_ue8m0_words,
+)
 from .weight import (
     AWQ_RANGE_FLOOR,
     dequantize_weight,
@@ -116,6 +127,16 @@ __all__ = [
     "quantize_weight_blocks",
     "dequantize_weight_blocks",
     "prepare_weight",
+    # the W8A8 FP8 matmul
+    "W8A8_BLOCK",
+    "W8A8_REL_ERROR",
+    "unpack_ue8m0_words",
+    "a_block_scales",
+    "b_block_scales",
+    "dequantize_operands",
+    "scaled_mm",
+    "round_result",
+    "error_bound",
     # FP4 packing and the swizzled scale layout (cupyquant._layouts)
     "pack_fp4",
     "unpack_fp4",

@@ -1,0 +1,511 @@
+"""The W8A8 matmul's arguments turned into :class:`~cupyquant.w8a8.args.Operands`, in two steps:
+``for_matmul`` / ``for_mm`` check everything and derive the kernels' scale addressing without
+allocating anything (a :class:`Plan`); :func:`build` then makes what the launch needs (copies of
+operands whose rows are not 16-byte aligned, float32 copies of scales the kernels cannot read as
+stored, the output) and returns the Operands.
+
+Scale addressing (kernels/scaled_mm.cuh): a's scale of row m and 128-k block kb is word
+``(m / sa_rows) * sa_batch + (m % sa_rows) * sa_m + kb * sa_k`` (or byte ``kb % 4`` of the word at
+``(kb / 4) * sa_k`` when packed UE8M0); b's is ``sb[(n >> sb_shift) * sb_n + kb * sb_k]``. The
+pure functions here (:func:`a_scale_addressing`, :func:`infer_a_scale`, :func:`infer_b_scale`,
+:func:`mode_of`) work on shapes and strides only, so they are tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cupy
+import numpy as np
+
+from .. import _dtypes, _validate
+from ..quantized import QuantizedTensor
+from ..weight.container import QuantizedWeight
+from .args import BLOCK_K, FP8_IDS, MODE_END, MODE_K_COL, MODE_K_TILE, Operands
+
+#: K must be a multiple of this: TMA boxes and the 16-byte rows of the FP8 operands
+K_MULTIPLE = 16
+#: rows of operands are copied unless their start and stride are multiples of this (bytes)
+ROW_ALIGN = 16
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+_E4M3 = "float8_e4m3fn"
+
+
+# ------------------------------------------------------------------ shape and stride rules (no GPU)
+def mode_of(sa_k: int, sb_n: int, sb_k: int, sb_shift: int) -> int:
+    """The kernels' MmMode: MODE_END where no scale varies along K; MODE_K_TILE where one does and
+    b's scale is the same across a tile's columns (per tensor, or 128 x 128 blocks); else MODE_K_COL."""
+    if sa_k == 0 and sb_k == 0:
+        return MODE_END
+    if sb_n == 0 or sb_shift >= 7:
+        return MODE_K_TILE
+    return MODE_K_COL
+
+
+def n_blocks(K: int) -> int:
+    """128-k blocks of a K axis (the last one shorter where 128 does not divide K)."""
+    return -(-K // BLOCK_K)
+
+
+def _words(strides, itemsize: int, arg: str) -> tuple:
+    if any(st < 0 or st % itemsize for st in strides):
+        raise ValueError(f"{arg} must have non-negative strides that are multiples of {itemsize} bytes, got {strides}")
+    return tuple(st // itemsize for st in strides)
+
+
+def a_scale_addressing(lead: tuple, scale_shape: tuple, scale_strides: tuple, per_token: bool) -> tuple:
+    """``(sa_rows, sa_batch, sa_m, sa_k)`` in 4-byte words of a token or group scale array of
+    ``scale_shape`` (``lead + (n_cols,)``) and byte ``scale_strides``, for an activation whose
+    leading shape is ``lead`` (``(*B, M)``; ``()`` for one row). The batch axes must collapse into
+    one stride (the "row" and "col" layouts of cupyquant.groupwise do)."""
+    words = _words(scale_strides, 4, "a.scale")
+    if not lead:
+        return 1, 0, 0, 0 if per_token else words[-1]
+    M = lead[-1]
+    sa_m = words[-2]
+    sa_k = 0 if per_token else words[-1]
+    batch = [(n, st) for n, st in zip(lead[:-1], words[:-2]) if n != 1]
+    sa_batch = batch[-1][1] if batch else 0
+    for (_, outer), (n_inner, inner) in zip(batch[:-1], batch[1:]):
+        if outer != inner * n_inner:
+            raise ValueError(
+                f"a.scale's batch axes must collapse into one stride (shape {scale_shape}, strides {scale_strides})"
+            )
+    return max(M, 1), sa_batch, sa_m, sa_k
+
+
+def infer_a_scale(shape: tuple, dtype, M: int, K: int) -> str:
+    """What a raw ``a_scale`` of ``shape``/``dtype`` means for an (M, K) ``a`` (scaled_mm's table):
+    ``"tensor"`` (one float32 element), ``"token"`` ((M,) or (M, 1) float32), ``"group"`` (float32
+    (M, ceil(K / 128))) or ``"packed"`` (int32 (M, ceil(ceil(K / 128) / 4)), UE8M0 bytes)."""
+    shape, dtype, nkb = tuple(shape), np.dtype(dtype), n_blocks(K)
+    if dtype == np.int32:
+        want = (M, -(-nkb // 4))
+        if shape == want:
+            return "packed"
+        raise ValueError(f"a_scale: int32 scales are packed UE8M0 words and must have shape {want}, got {shape}")
+    if dtype != np.float32:
+        raise TypeError(f"a_scale must be float32 (or int32 packed UE8M0 words), got {dtype}")
+    if math.prod(shape) == 1 and len(shape) <= 2:
+        return "tensor"
+    if shape in ((M,), (M, 1)):
+        return "token"
+    if shape == (M, nkb):
+        return "group"
+    raise ValueError(
+        f"a_scale of shape {shape} fits none of: 1 element (per tensor), ({M},) or ({M}, 1) (per token), "
+        f"({M}, {nkb}) (1 x 128 groups) for a of shape ({M}, {K})"
+    )
+
+
+def infer_b_scale(shape: tuple, dtype, N: int, K: int) -> str:
+    """What a raw ``b_scale`` of ``shape`` means for an (N, K) ``b`` (scaled_mm's table):
+    ``"tensor"``, ``"channel"`` ((N,) or (N, 1)), ``"block"`` ((ceil(N / 128), ceil(K / 128)))
+    or ``"group"`` ((N, ceil(K / 128))); where two rows give the same shape they mean the same
+    scaling."""
+    shape, dtype, nkb = tuple(shape), np.dtype(dtype), n_blocks(K)
+    if dtype != np.float32:
+        raise TypeError(f"b_scale must be float32, got {dtype}")
+    if math.prod(shape) == 1 and len(shape) <= 2:
+        return "tensor"
+    if shape in ((N,), (N, 1)):
+        return "channel"
+    if shape == (-(-N // BLOCK_K), nkb):
+        return "block"
+    if shape == (N, nkb):
+        return "group"
+    raise ValueError(
+        f"b_scale of shape {shape} fits none of: 1 element (per tensor), ({N},) or ({N}, 1) (per channel), "
+        f"({-(-N // BLOCK_K)}, {nkb}) (128 x 128 blocks), ({N}, {nkb}) (1 x 128 groups) for b of shape ({N}, {K})"
+    )
+
+
+def b_scale_addressing(kind: str, scale_strides: tuple) -> tuple:
+    """``(sb_n, sb_k, sb_shift)`` of a float32 b scale array of kind ``kind`` (infer_b_scale's
+    names) with byte ``scale_strides``."""
+    if kind == "tensor":
+        return 0, 0, 0
+    words = _words(scale_strides, 4, "b_scale")
+    if kind == "channel":
+        return words[0], 0, 0
+    return words[0], words[1], 7 if kind == "block" else 0
+
+
+# ------------------------------------------------------------------ the validated call
+@dataclass
+class Plan:
+    """A validated call, nothing allocated: the (M, K) / (N, K) uint8 views, the scale arrays and
+    their addressing, and what :func:`build` must make (``sa_unpack``: packed per-token UE8M0
+    words to expand into float32; ``sb_convert``: ``"bits16"`` (bfloat16), ``"half"`` or
+    ``"e8m0"`` to turn into float32; ``b_plain``: a prepared weight to convert)."""
+
+    a: cupy.ndarray
+    b: cupy.ndarray | None
+    a_format: str
+    b_format: str
+    sa: cupy.ndarray
+    sa_rows: int
+    sa_batch: int
+    sa_m: int
+    sa_k: int
+    sa_packed: bool
+    sa_unpack: bool
+    sb: cupy.ndarray | None
+    sb_n: int
+    sb_k: int
+    sb_shift: int
+    sb_convert: str | None
+    weight: QuantizedWeight | None
+    b_plain: bool
+    bias: cupy.ndarray | None
+    out: cupy.ndarray | None
+    out_dtype: np.dtype
+    lead: tuple
+    N: int
+    device: int
+
+
+def out_dtype_of(out_dtype) -> np.dtype:
+    """bfloat16, float16 or float32, given by name, NumPy dtype or type."""
+    return _dtypes.input_type(out_dtype, "out_dtype").dtype
+
+
+def check_k(K: int, Kb: int, a_arg: str = "a", b_arg: str = "b") -> None:
+    if K != Kb:
+        raise ValueError(f"{a_arg} and {b_arg} must have the same K (last axis): {K} != {Kb}")
+    if K <= 0 or K % K_MULTIPLE:
+        raise ValueError(
+            f"{a_arg}'s K = {K} (the last axis of {a_arg} and {b_arg}) must be a positive multiple of {K_MULTIPLE}: "
+            "the FP8 tensor cores and the TMA copies "
+            f"read rows of 16-byte pieces (pad K with zero codes to a multiple of {K_MULTIPLE})"
+        )
+
+
+def _matrix(data: cupy.ndarray, arg: str) -> cupy.ndarray:
+    """The (rows, K) uint8 view of FP8 codes ``data`` (``[..., K]``, contiguous last axis, leading
+    axes that collapse into one row stride)."""
+    _validate.cupy_array(data, arg)
+    if data.dtype != np.uint8:
+        raise TypeError(f"{arg} must hold FP8 codes as uint8, got {data.dtype}")
+    rows, K, row_stride = _validate.rows_view(data, arg)
+    return cupy.ndarray((rows, K), dtype=np.uint8, memptr=data.data, strides=(row_stride, 1))
+
+
+def _fp8(name, arg: str, allowed=_dtypes.FP8_NAMES) -> str:
+    return _dtypes.element_format(name, arg, allowed=allowed).name
+
+
+def _a_of_tensor(a) -> dict:
+    if not isinstance(a, QuantizedTensor):
+        raise TypeError(
+            f"a must be a cupyquant.QuantizedTensor of FP8 activations (quantize_fp8, quantize_groupwise), "
+            f"got {type(a).__name__}; raw arrays go to cupyquant.scaled_mm"
+        )
+    fmt = _fp8(a.scheme.format, "a.scheme.format")
+    _validate.cupy_array(a.data, "a.data")
+    if tuple(a.data.shape) != tuple(a.shape) or not a.shape:
+        raise ValueError(f"a.data must have a's shape {a.shape} (at least 1-D), got {a.data.shape}")
+    mat = _matrix(a.data, "a.data")
+    lead, K = tuple(a.shape[:-1]), a.shape[-1]
+    device = a.data.data.device_id
+    s, sc = a.scheme, a.scale
+    _validate.cupy_array(sc, "a.scale")
+    _validate.same_device(sc, "a.scale", device, "a.data")
+    out = {"a": mat, "a_format": fmt, "sa": sc, "sa_packed": False, "sa_unpack": False, "lead": lead}
+    g = s.granularity
+    if g == "tensor":
+        if sc.dtype != np.float32 or sc.size != 1:
+            raise ValueError(f"a.scale must be float32 of one element for a per-tensor a, got {sc.dtype} {sc.shape}")
+        return dict(out, sa_rows=1, sa_batch=0, sa_m=0, sa_k=0)
+    if g not in ("token", "group"):
+        raise ValueError(
+            f"a.scheme.granularity={g!r} is not supported: a must be quantized per tensor (quantize_fp8), "
+            "per token or in groups of 128 (quantize_groupwise)"
+        )
+    if g == "group" and tuple(s.block or ()) != (BLOCK_K,):
+        raise ValueError(
+            f"a.scheme.block={s.block}: activation scales that vary along K need groups of {BLOCK_K} "
+            f"(the matmul's K block); quantize with group_size={BLOCK_K} or None (per token)"
+        )
+    if s.scale_layout not in ("row", "col"):
+        raise ValueError(f"a.scheme.scale_layout={s.scale_layout!r}: expected 'row' or 'col'")
+    packed = _dtypes.scale_dtype(s.scale_dtype, "a.scheme.scale_dtype", ("float32", "float8_e8m0fnu")) != "float32"
+    ng = 1 if g == "token" else n_blocks(K)
+    want_shape = lead + ((-(-ng // 4)) if packed else ng,)
+    want_dtype = np.dtype(np.int32 if packed else np.float32)
+    if tuple(sc.shape) != want_shape or sc.dtype != want_dtype:
+        raise ValueError(f"a.scale must be {want_dtype.name} of shape {want_shape}, got {sc.dtype} {sc.shape}")
+    rows, batch, sa_m, sa_k = a_scale_addressing(lead, want_shape, tuple(sc.strides), g == "token")
+    # the kernels take byte kb % 4 of a packed word: one UE8M0 byte per token is expanded to float32
+    return dict(out, sa_rows=rows, sa_batch=batch, sa_m=sa_m, sa_k=sa_k, sa_packed=packed and g == "group",
+                sa_unpack=packed and g == "token")  # fmt: skip
+
+
+def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
+    for name in ("data", "scale"):
+        _validate.cupy_array(getattr(w, name), f"b.{name}")
+        _validate.same_device(getattr(w, name), f"b.{name}", device, "a")
+    s = w.scheme
+    if s.format != _E4M3 or w.zero_point is not None:
+        raise ValueError(
+            f"b must be an FP8 (float8_e4m3fn) weight, got a {s.format} weight; INT4 weights go to cupyquant.matmul"
+        )
+    N, K = w.shape
+    g = s.granularity
+    prepared = s.scale_layout == "prepared"
+    if prepared:
+        if g == "block":
+            raise ValueError("b: a weight of 128 x 128 blocks has no prepared layout; pass the plain weight")
+        from ..weight.quantize import check_weight
+
+        check_weight(w)  # the prepared shapes; build() converts it (plain_of)
+        data = None
+    else:
+        data = _matrix(w.data, "b.data")
+        if data.shape != (N, K):
+            raise ValueError(f"b.data must be uint8 of shape {(N, K)}, got {w.data.shape}")
+    nkb = n_blocks(K)
+    if g == "channel":
+        want, kind = (N, 1), "channel"
+    elif g == "group":
+        if tuple(s.block) != (BLOCK_K,):
+            raise ValueError(
+                f"b.scheme.block={s.block}: weight scales that vary along K need groups of {BLOCK_K} "
+                f"(the matmul's K block): quantize_weight(..., group_size={BLOCK_K}), None or block_size=(128, 128)"
+            )
+        want, kind = (N, nkb), "group"
+    elif g == "block":
+        if tuple(s.block) != (BLOCK_K, BLOCK_K):
+            raise ValueError(f"b.scheme.block={s.block}: weight blocks must be (128, 128)")
+        want, kind = (-(-N // BLOCK_K), nkb), "block"
+    else:
+        raise ValueError(f"b.scheme.granularity={g!r} is not supported: expected 'channel', 'group' or 'block'")
+    sc = w.scale
+    if not prepared and tuple(sc.shape) != want:
+        raise ValueError(f"b.scale must have shape {want} for a {g} weight of shape {(N, K)}, got {sc.shape}")
+    convert = None
+    if sc.dtype == np.float32:
+        sb_n, sb_k, shift = b_scale_addressing(kind, tuple(sc.strides)) if not prepared else (0, 0, 0)
+    elif sc.dtype in (np.dtype(np.float16), _dtypes.input_type("bfloat16").dtype) and kind != "block":
+        convert = "half" if sc.dtype == np.float16 else "bits16"
+        sb_n, sb_k, shift = b_scale_addressing(kind, (4 * want[1], 4))  # the float32 copy, C order
+    else:
+        raise TypeError(f"b.scale must be float32 (or the 16-bit dtype of a quantized weight), got {sc.dtype}")
+    if prepared:
+        sb_n, sb_k, shift = b_scale_addressing(kind, (4 * want[1], 4))
+    return {"b": data, "b_format": _E4M3, "sb": sc, "sb_n": sb_n, "sb_k": sb_k, "sb_shift": shift,
+            "sb_convert": convert, "weight": w, "b_plain": prepared, "N": N, "Kb": K}  # fmt: skip
+
+
+def _b_of_tensor(b: QuantizedTensor, device: int) -> dict:
+    fmt = _fp8(b.scheme.format, "b.scheme.format", allowed=(_E4M3,))
+    _validate.cupy_array(b.data, "b.data")
+    _validate.same_device(b.data, "b.data", device, "a")
+    if len(b.shape) != 2 or tuple(b.data.shape) != tuple(b.shape):
+        raise ValueError(f"b must be 2-D (N, K) with b.data of that shape, got shape {b.shape}, data {b.data.shape}")
+    data = _matrix(b.data, "b.data")
+    N, K = b.shape
+    s, sc = b.scheme, b.scale
+    _validate.cupy_array(sc, "b.scale")
+    _validate.same_device(sc, "b.scale", device, "a")
+    base = {"b": data, "b_format": fmt, "sb": sc, "sb_convert": None, "weight": None, "b_plain": False}
+    base.update(N=N, Kb=K)
+    g = s.granularity
+    if g == "tensor":
+        if sc.dtype != np.float32 or sc.size != 1:
+            raise ValueError(f"b.scale must be float32 of one element for a per-tensor b, got {sc.dtype} {sc.shape}")
+        return dict(base, sb_n=0, sb_k=0, sb_shift=0)
+    if g not in ("token", "group") or g == "group" and tuple(s.block or ()) != (BLOCK_K,):
+        raise ValueError(
+            f"b: a QuantizedTensor weight must be quantized per tensor, per token (per channel) or in groups of "
+            f"{BLOCK_K}, got granularity {g!r}, block {s.block}"
+        )
+    packed = _dtypes.scale_dtype(s.scale_dtype, "b.scheme.scale_dtype", ("float32", "float8_e8m0fnu")) != "float32"
+    ng = 1 if g == "token" else n_blocks(K)
+    want = (N, -(-ng // 4) if packed else ng)
+    want_dtype = np.dtype(np.int32 if packed else np.float32)
+    if tuple(sc.shape) != want or sc.dtype != want_dtype:
+        raise ValueError(f"b.scale must be {want_dtype.name} of shape {want}, got {sc.dtype} {sc.shape}")
+    kind = "channel" if g == "token" else "group"
+    if packed:  # the kernels read b's scales as float32: expanded by build()
+        sb_n, sb_k, shift = b_scale_addressing(kind, (4 * ng, 4))
+        return dict(base, sb_n=sb_n, sb_k=sb_k, sb_shift=shift, sb_convert="e8m0")
+    sb_n, sb_k, shift = b_scale_addressing(kind, tuple(sc.strides))
+    return dict(base, sb_n=sb_n, sb_k=sb_k, sb_shift=shift)
+
+
+def _bias_and_out(bias, out, out_dtype, lead, N, device, inputs) -> tuple:
+    if bias is not None:
+        _validate.cupy_array(bias, "bias")
+        if bias.shape != (N,):
+            raise ValueError(f"bias must have shape ({N},), got {bias.shape}")
+        if bias.dtype != out_dtype:
+            raise TypeError(f"bias must have out_dtype {out_dtype.name}, got {bias.dtype}")
+        _validate.c_contiguous(bias, "bias")
+        _validate.same_device(bias, "bias", device, "a")
+    if out is not None:
+        _validate.cupy_array(out, "out")
+        shape = lead + (N,)
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+        if out.dtype != out_dtype:
+            raise TypeError(f"out must have dtype {out_dtype.name}, got {out.dtype}")
+        _validate.same_device(out, "out", device, "a")
+        _validate.rows_view(out, "out")
+        _validate.disjoint(out, "out", tuple(inputs) + (("bias", bias),))
+    return bias, out
+
+
+def for_matmul(a, b, out_dtype, bias, out) -> Plan:
+    """Validate :func:`cupyquant.scaled_matmul`'s arguments (nothing allocated or launched)."""
+    A = _a_of_tensor(a)
+    device = A["a"].data.device_id
+    if isinstance(b, QuantizedWeight):
+        B = _b_of_weight(b, device)
+    elif isinstance(b, QuantizedTensor):
+        B = _b_of_tensor(b, device)
+    else:
+        raise TypeError(
+            f"b must be a cupyquant.QuantizedWeight (quantize_weight(w, 'float8_e4m3fn', ...)) or a QuantizedTensor "
+            f"of FP8 weights, got {type(b).__name__}; raw arrays go to cupyquant.scaled_mm"
+        )
+    check_k(A["a"].shape[1], B.pop("Kb"))
+    od = out_dtype_of(out_dtype)
+    inputs = [("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale)]
+    bias, out = _bias_and_out(bias, out, od, A["lead"], B["N"], device, inputs)
+    return Plan(**A, **B, bias=bias, out=out, out_dtype=od, device=device)
+
+
+def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format) -> Plan:
+    """Validate :func:`cupyquant.scaled_mm`'s arguments (nothing allocated or launched)."""
+    af = _fp8(a_format, "a_format")
+    bf = _fp8(b_format, "b_format")
+    for x, arg in ((a, "a"), (b, "b"), (a_scale, "a_scale"), (b_scale, "b_scale")):
+        _validate.cupy_array(x, arg)
+        if arg in ("a", "b") and x.ndim != 2:
+            raise ValueError(f"{arg} must be 2-D ({'M' if arg == 'a' else 'N'}, K), got shape {x.shape}")
+    am, bm = _matrix(a, "a"), _matrix(b, "b")
+    device = a.data.device_id
+    for x, arg in ((b, "b"), (a_scale, "a_scale"), (b_scale, "b_scale")):
+        _validate.same_device(x, arg, device, "a")
+    (M, K), (N, Kb) = a.shape, b.shape
+    check_k(K, Kb)
+    ka = infer_a_scale(a_scale.shape, a_scale.dtype, M, K)
+    kb = infer_b_scale(b_scale.shape, b_scale.dtype, N, K)
+    if ka == "tensor":
+        sa = (1, 0, 0, 0)
+    else:
+        st = a_scale.strides if a_scale.ndim == 2 else a_scale.strides + (4,)
+        shape = a_scale.shape if a_scale.ndim == 2 else a_scale.shape + (1,)
+        sa = a_scale_addressing((M,), shape, tuple(st), ka == "token")
+    sb = b_scale_addressing(kb, tuple(b_scale.strides) if b_scale.ndim == 2 else tuple(b_scale.strides) + (4,))
+    od = out_dtype_of(out_dtype)
+    inputs = [("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)]
+    bias, out = _bias_and_out(bias, out, od, (M,), N, device, inputs)
+    return Plan(
+        a=am, b=bm, a_format=af, b_format=bf, sa=a_scale, sa_rows=sa[0], sa_batch=sa[1], sa_m=sa[2], sa_k=sa[3],
+        sa_packed=ka == "packed", sa_unpack=False, sb=b_scale, sb_n=sb[0], sb_k=sb[1], sb_shift=sb[2],
+        sb_convert=None, weight=None, b_plain=False, bias=bias, out=out, out_dtype=od, lead=(M,), N=N, device=device,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ the allocations of a call
+def _aligned(x: cupy.ndarray, keep: list) -> cupy.ndarray:
+    """``x`` (rows, K) itself if its start and row stride are 16-byte aligned, else a contiguous copy
+    in a fresh (aligned) allocation."""
+    if x.data.ptr % ROW_ALIGN == 0 and (x.shape[0] <= 1 or x.strides[0] % ROW_ALIGN == 0):
+        return x
+    y = cupy.empty(x.shape, dtype=x.dtype)
+    y[...] = x
+    keep.append(y)
+    return y
+
+
+def _e8m0_to_f32(words: cupy.ndarray, n: int, keep: list) -> cupy.ndarray:
+    """Packed UE8M0 words ``(..., n_words)`` (any strides) -> float32 ``(..., n)``, C order:
+    ``2^(e - 127)`` built from bits (e = 0 gives the subnormal 2^-127, 255 NaN), no arithmetic."""
+    shifts = cupy.arange(0, 32, 8, dtype=np.int32)
+    e = (words[..., :, None] >> shifts) & 255
+    e = e.reshape(words.shape[:-1] + (4 * words.shape[-1],))[..., :n]
+    bits = cupy.where(e == 0, np.int32(0x00400000), cupy.where(e == 255, np.int32(0x7FFFFFFF), e << 23))
+    f = cupy.ascontiguousarray(bits.astype(np.int32)).view(np.float32)
+    keep.extend((shifts, e, bits, f))
+    return f
+
+
+def _to_f32(sc: cupy.ndarray, how: str, keep: list) -> cupy.ndarray:
+    """16-bit weight scales -> float32, C order (exact)."""
+    if how == "bits16":  # bfloat16: its bits are the top half of the float32's
+        f = (cupy.ascontiguousarray(sc).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    else:
+        f = sc.astype(np.float32, order="C")
+    keep.append(f)
+    return f
+
+
+def _weight_scale_f32(w: QuantizedWeight, sc: cupy.ndarray, how: str, keep: list) -> cupy.ndarray:
+    """The float32 copy of a weight's 16-bit scales, made once per weight and kept on it (attribute
+    ``_f32_scale``, checked against the scale array it was made from). Not cached while a CUDA graph
+    is being captured (the copy would be filled only when the graph is replayed). A later call on
+    another stream waits for the copy (an event) until it has completed."""
+    stream = cupy.cuda.get_current_stream()
+    if stream.is_capturing():
+        return _to_f32(sc, how, keep)
+    cached = getattr(w, "_f32_scale", None)
+    if cached is not None and cached[0] is sc and cached[1] == (sc.data.ptr, sc.shape, sc.dtype):
+        event, made_on, f = cached[2], cached[3], cached[4]
+        if event is not None:
+            if event.done:
+                w._f32_scale = cached[:2] + (None, made_on, f)
+            elif made_on != stream.ptr:
+                stream.wait_event(event)
+        return f
+    f = _to_f32(sc, how, [])
+    event = cupy.cuda.Event(disable_timing=True)
+    event.record(stream)
+    w._f32_scale = (sc, (sc.data.ptr, sc.shape, sc.dtype), event, stream.ptr, f)
+    return f
+
+
+def build(p: Plan) -> Operands:
+    """Make what the launch needs (call on ``p.device``, after the architecture check)."""
+    keep: list = []
+    a = _aligned(p.a, keep)
+    sa, rows, batch, sa_m, sa_k = p.sa, p.sa_rows, p.sa_batch, p.sa_m, p.sa_k
+    if p.sa_unpack:
+        sa = _e8m0_to_f32(p.sa, 1, keep)
+        rows, batch, sa_m, sa_k = max(a.shape[0], 1), 0, 1, 0
+    b, sb = p.b, p.sb
+    if p.b_plain:
+        from ..weight.quantize import plain_of
+
+        w = plain_of(p.weight)
+        keep += [w.data, w.scale]
+        b, sb = _matrix(w.data, "b.data"), w.scale
+        if sb.dtype == np.float32:
+            sb = cupy.ascontiguousarray(sb)
+        else:
+            sb = _to_f32(sb, p.sb_convert, keep)
+    elif p.sb_convert == "e8m0":
+        sb = _e8m0_to_f32(sb, p.sb_n if p.sb_k else 1, keep)
+    elif p.sb_convert is not None:
+        sb = _weight_scale_f32(p.weight, sb, p.sb_convert, keep)
+    b = _aligned(b, keep)
+    M, N = a.shape[0], p.N
+    if p.out is None:
+        result = cupy.empty(p.lead + (N,), dtype=p.out_dtype)
+        out2 = result.reshape(M, N)
+    else:
+        result = p.out
+        _, _, ldy = _validate.rows_view(result, "out")
+        out2 = cupy.ndarray(
+            (M, N), dtype=p.out_dtype, memptr=result.data, strides=(ldy * result.itemsize, result.itemsize)
+        )
+    _validate.keep_if_capturing(*keep)
+    return Operands(
+        a=a, b=b, a_format=FP8_IDS[p.a_format], b_format=FP8_IDS[p.b_format], sa=sa, sb=sb,
+        sa_rows=rows, sa_batch=batch, sa_m=sa_m, sa_k=sa_k, sa_packed=p.sa_packed,
+        sb_n=p.sb_n, sb_k=p.sb_k, sb_shift=p.sb_shift, mode=mode_of(sa_k, p.sb_n, p.sb_k, p.sb_shift),
+        bias=p.bias, out2=out2, result=result, device=p.device,
+    )  # fmt: skip
