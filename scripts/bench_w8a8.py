@@ -349,7 +349,12 @@ def _cell(t, x, y, qs, tbs, t16, ctx, row, notes):
     row[f"{t} vs torch"] = agreement_cell(ok, ratio)
     del yt
     targs = [(tb, cs[pick]) for tb, cs in tbs]
-    tp = timer.torch_graph(torch, lambda tb, sb: mm(ta, sa, tb, sb), targs, est)
+    try:
+        tp = timer.torch_graph(torch, lambda tb, sb: mm(ta, sa, tb, sb), targs, est)
+    except Exception as e:  # noqa: BLE001 - accepted eagerly but not in a graph: the table goes on
+        errors.add(f"torch._scaled_mm {t} in a CUDA graph", e)
+        row[f"{t} torch us"] = "error"
+        return
     row[f"{t} torch us"] = tp * 1e6
     row[f"{t} x torch"] = tp / tt
 

@@ -172,3 +172,75 @@ def test_errors_are_reported_once(w8, capsys):
     assert "block: scaled_matmul: ValueError: b: block scales need K a multiple of 16\n" in err
     assert "second" not in err
     assert "torch._scaled_mm refused block scaling: Invalid scaling configuration." in err
+
+
+class _FakeTimer:
+    def __init__(self, ours=10e-6, torch=20e-6, fail=None):
+        self.t_ours, self.t_torch, self.fail = ours, torch, fail
+
+    def ours(self, fn, args_list, est):
+        if self.fail:
+            raise self.fail
+        for args in args_list:
+            fn(*args)
+        return self.t_ours, None
+
+    def torch_graph(self, torch, fn, args_list, est):
+        return self.t_torch
+
+
+def _ctx(w8, timer, torch=None, mm=None):
+    return {"torch": torch, "timer": timer, "mm": mm, "copy_bw": 3.0e12, "errors": w8._Errors()}
+
+
+class _Q:
+    nbytes = 4096 * 4096 + 4096 * 2
+
+
+def test_cell_fills_a_row_from_fake_timings(w8, monkeypatch):
+    import cupyquant
+
+    calls = []
+    monkeypatch.setattr(w8, "quantize_a", lambda x, t: ("qa", t))
+    monkeypatch.setattr(cupyquant, "scaled_matmul", lambda a, b, out: calls.append((a, b, out.shape)), raising=False)
+    x, y = np.zeros((1, 4096), np.float32), np.zeros((1, 4096), np.float32)
+    row, notes = {}, []
+    w8._cell("token", x, y, [_Q(), _Q()], None, 20e-6, _ctx(w8, _FakeTimer()), row, notes)
+    assert len(calls) == 2 and calls[0][0] == ("qa", "token") and calls[0][2] == (1, 4096)
+    assert row["token us"] == pytest.approx(10.0) and row["token x bf16"] == pytest.approx(2.0)
+    assert row["token TFLOP/s"] == pytest.approx(2 * 4096 * 4096 / 10e-6 / 1e12)
+    assert row["token weight GB/s"] == pytest.approx(_Q.nbytes / 10e-6 / 1e9)
+    assert row["token % copy"] == pytest.approx(100 * _Q.nbytes / 10e-6 / 3.0e12)
+    assert "token torch us" not in row and not notes  # no torch: the peer cells stay blank
+    big_x, big_y = np.zeros((64, 4096), np.float32), np.zeros((64, 4096), np.float32)
+    row = {}
+    w8._cell("token", big_x, big_y, [_Q()], None, None, _ctx(w8, _FakeTimer()), row, notes)
+    assert "token weight GB/s" not in row and row["token x bf16"] is None  # M > 16; no bf16 timing
+
+
+def test_cell_marks_errors_and_refusals(w8, monkeypatch, capsys):
+    import cupyquant
+
+    monkeypatch.setattr(w8, "quantize_a", lambda x, t: "qa")
+    monkeypatch.setattr(cupyquant, "scaled_matmul", lambda a, b, out: None, raising=False)
+    x, y = np.zeros((16, 256), np.float32), np.zeros((16, 512), np.float32)
+    row = {}
+    ctx = _ctx(w8, _FakeTimer(fail=ValueError("b: no such scaling")))
+    w8._cell("block", x, y, [_Q()], None, 1e-5, ctx, row, [])
+    assert row == {"block us": "error"}
+    row = {}
+    w8._cell("block", x, y, ValueError("block_size"), None, 1e-5, ctx, row, [])
+    assert row == {"block us": "error"}
+
+    def refuse(ta, sa, tb, sb):
+        raise RuntimeError("Invalid scaling configuration.\n- For TensorWise scaling ...")
+
+    monkeypatch.setattr(w8, "torch_a", lambda torch, qa, t: ("ta", "sa"))
+    row = {}
+    ctx = dict(_ctx(w8, _FakeTimer(), torch=object(), mm=refuse), errors=ctx["errors"])
+    w8._cell("block", x, y, [_Q()], [("tb", ["sb1", "sb2"])], 1e-5, ctx, row, [])
+    assert row["block torch us"] == "refused" and "block x torch" not in row and row["block us"] == pytest.approx(10.0)
+    ctx["errors"].report()
+    err = capsys.readouterr().err
+    assert "torch._scaled_mm refused block scaling: Invalid scaling configuration." in err
+    assert "scaled_matmul: ValueError: b: no such scaling" in err
