@@ -8,6 +8,7 @@ as the ceiling.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -79,18 +80,46 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
     return 2 * nbytes / t
 
 
+def settle(seconds: float) -> None:
+    """Wait for the GPU to finish, then ``seconds`` more: long enough for the board's power
+    controller to bring the SM clock back up after a heavy burst (on the H100: 1395-1440 MHz at
+    the 700 W cap right after 1-3 s of 4096-row matmuls, 1965-1980 MHz 0.2-0.5 s later). Without it
+    a light call timed within about half a second of a heavy one runs at the lowered clock: the
+    decode kernel at 14336 x 4096 M = 16 took 14.7 us there against 14.1 after a pause."""
+    if seconds > 0:
+        cupy.cuda.Device().synchronize()
+        time.sleep(seconds)
+
+
+def reps_for(seconds_per_replay: float, budget: float, lo: int = 3, hi: int = 20) -> int:
+    """Replays of a graph that lasts about ``seconds_per_replay`` that fit in ``budget`` seconds,
+    clamped to ``[lo, hi]``: heavy cells get few replays (their spread is small), light ones more."""
+    if seconds_per_replay <= 0:
+        return hi
+    return max(lo, min(hi, math.floor(budget / seconds_per_replay)))
+
+
 def capture_graph(fn, args_list, stream):
     """The calls ``fn(*args)`` (one per ``args_list`` entry, in order) captured in one CUDA graph on
     ``stream``, each made once before the capture (compilation and allocation outside it, and the
     steady state of a model's step: a matmul reads a weight before the PDL wait only from its
-    second call with that weight, weight.py _early_ok). Replay with ``graph.launch(stream)``."""
+    second call with that weight, weight.py _early_ok). Replay with ``graph.launch(stream)``. A call
+    that fails during the capture ends the capture before its error propagates, so that the
+    stream can be used again (for a loop of calls instead)."""
     with stream:
         for args in args_list:
             fn(*args)
         stream.synchronize()
         stream.begin_capture()
-        for args in args_list:
-            fn(*args)
+        try:
+            for args in args_list:
+                fn(*args)
+        except BaseException:
+            try:
+                stream.end_capture()
+            except Exception:  # noqa: BLE001 - the capture is invalid already; the first error matters
+                pass
+            raise
         return stream.end_capture()
 
 

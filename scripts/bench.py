@@ -4,6 +4,8 @@
     python scripts/bench.py                      # every op at its shapes, bf16 in
     python scripts/bench.py --ops quant_dynamic,group128 --markdown out.md
     python scripts/bench.py --list               # the ops and their shapes
+    python scripts/bench.py --matmul             # the weight-only matmul against cuBLAS
+    python scripts/bench.py --w8a8               # the W8A8 FP8 matmul (scripts/bench_w8a8.py)
 
 Protocol (docs/performance.md): CUDA events around each call, warm-up, median of --reps calls, inputs rotated
 over enough copies to span 4x the L2, the copy bandwidth of a 2 GiB device-to-device copy measured in
@@ -19,7 +21,6 @@ import argparse
 import datetime
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,9 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_w8a8 next to this file
+
+import bench_w8a8  # noqa: E402
 
 import cupyquant as cq  # noqa: E402
 from cupyquant import _bench  # noqa: E402
@@ -455,17 +459,10 @@ def _mx_ops():
 MATMUL_SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
 MATMUL_MS = [1, 2, 4, 8, 16]
 PREFILL_MS = [16, 32, 64, 128, 256, 1024, 4096]
+MATMUL_SETTLE = 0.5
 
 
-def _settle(seconds: float) -> None:
-    """Wait for the GPU to finish, then ``seconds`` more: long enough for the board's power
-    controller to bring the SM clock back up after a heavy burst (on the H100: 1395-1440 MHz at
-    the 700 W cap right after 1-3 s of 4096-row matmuls, 1965-1980 MHz 0.2-0.5 s later). Without it
-    a light call timed within about half a second of a heavy one runs at the lowered clock: the
-    decode kernel at 14336 x 4096 M = 16 took 14.7 us there against 14.1 after a pause."""
-    if seconds > 0:
-        cupy.cuda.Device().synchronize()
-        time.sleep(seconds)
+_settle = _bench.settle
 
 
 def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settle=0.5):
@@ -477,7 +474,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
     default, so that each call of the graph overlaps its launch with the call before; the "no-PDL"
     columns time the same calls with ``pdl=False``. ``paths``: INT4 is also timed on each kernel forced (decode, sm80_gemm,
     and sm90_gemm on compute capability 9.0), whatever matmul_path would pick. Every timing (each
-    contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_settle), so that
+    contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_bench.settle), so that
     none runs at a clock that the previous cell's heavy calls pulled down: each is a burst from the
     same state. scripts/sustained_matmul.py times the same calls held at the power cap."""
     from cupyquant import weight as _weight
@@ -560,7 +557,7 @@ def _time_torch(torch, fn, targs_list, reps):
     return _bench.time_events(fn, targs_list, warmup=3, reps=reps, record=record)
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default="all", help="comma-separated op names, or all")
     p.add_argument("--sizes", default=None, help="comma-separated shape labels to keep (default: each op's own)")
@@ -582,11 +579,33 @@ def main(argv=None):
     p.add_argument(
         "--settle",
         type=float,
-        default=0.5,
-        help="--matmul: seconds of idle GPU before each timing, so that the clock has recovered from the "
-        "previous heavy burst (0: none)",
+        default=None,
+        help="--matmul, --w8a8: seconds of idle GPU before each timing, so that the clock has recovered from the "
+        f"previous heavy burst (0: none; default {MATMUL_SETTLE} for --matmul, {bench_w8a8.DEFAULT_SETTLE} for --w8a8)",
     )
-    a = p.parse_args(argv)
+    w = p.add_argument_group("W8A8 FP8 matmul (scripts/bench_w8a8.py)")
+    w.add_argument("--w8a8", action="store_true", help="the W8A8 matmul table against cuBLASLt and cuBLAS bf16")
+    w.add_argument("--w8a8-ms", default=None, help=f"rows of a (default {','.join(map(str, bench_w8a8.MS))})")
+    w.add_argument(
+        "--w8a8-shapes",
+        default=None,
+        help="N x K list (default " + ",".join(f"{n}x{k}" for n, k in bench_w8a8.SHAPES) + ")",
+    )
+    w.add_argument("--w8a8-scalings", default="all", help=f"comma-separated, of {', '.join(bench_w8a8.SCALINGS)}")
+    w.add_argument(
+        "--w8a8-budget",
+        type=float,
+        default=bench_w8a8.DEFAULT_BUDGET,
+        help="seconds of graph replays per timing (3 to 20 replays)",
+    )
+    w.add_argument("--w8a8-fast-accum", action="store_true", help="torch._scaled_mm with use_fast_accum=True")
+    return p
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
+    if a.w8a8:
+        return bench_w8a8.main_w8a8(a, _fmt, _emit, _load_torch)
     if a.matmul:
         return main_matmul(a)
     ops = make_ops(a.format)
@@ -692,6 +711,8 @@ def _load_torch(skip):
 
 def main_matmul(a):
     torch = _load_torch(a.no_torch)
+    if a.settle is None:
+        a.settle = MATMUL_SETTLE
     header = (
         f"{_bench.device_name()}, {datetime.date.today().isoformat()}; weight-only matmul, bf16 activations, "
         f"group 128; CUDA-graph replay; {a.settle:g} s idle before each timing"
