@@ -41,9 +41,8 @@ LARGE = Sm90Config(128, 128, 6)
 SMALL = Sm90Config(64, 128, 8)
 CONFIGS = (LARGE, SMALL)
 
-#: activation formats the kernel is built for; b is e4m3 (the weights' format)
-A_FORMATS = tuple(A.FP8_IDS.values())
-B_FORMATS = (A.FP8_IDS["float8_e4m3fn"],)
+#: formats of a and b the kernel is built for (the weights are e4m3; scaled_mm takes e5m2 b too)
+A_FORMATS = B_FORMATS = tuple(A.FP8_IDS.values())
 
 FAMILY = _jit.register(
     "scaled_mm_sm90",
