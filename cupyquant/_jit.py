@@ -110,15 +110,21 @@ _SPECIFIC_TARGETS: dict[str, tuple[str, ...]] = {}
 #: Families with no portable build to fall back to: without the specific target their kernels are
 #: stubs, so a failed specific build is an error, not a fallback.
 _SPECIFIC_REQUIRED: set[str] = set()
+#: Families compiled one instantiation at a time (a module per name expression, each cached on disk
+#: on its own): where the whole family takes long to compile and a call launches one of many.
+_PER_INSTANTIATION: set[str] = set()
 
 
-def register(family: str, expressions, *, specific_targets=(), specific_required: bool = False) -> str:
+def register(
+    family: str, expressions, *, specific_targets=(), specific_required: bool = False, per_instantiation: bool = False
+) -> str:
     """Declare a kernel family (``kernels/<family>.cu``) and every name expression its wrapper may
     ask for; returns ``family``. Called once by the op module that owns the family, at import.
 
     ``specific_targets``: compute capabilities on which NVRTC is asked for the family-specific target
     (``-arch=sm_XXa``), falling back to the portable build when that fails, unless
-    ``specific_required``."""
+    ``specific_required``. ``per_instantiation``: the first request of an instantiation compiles that
+    one alone (a module of its own), not the whole family."""
     exprs = tuple(expressions)
     if family in _FAMILIES and _FAMILIES[family] != exprs:
         raise ValueError(f"kernel family {family!r} is already registered with other instantiations")
@@ -127,6 +133,8 @@ def register(family: str, expressions, *, specific_targets=(), specific_required
         _SPECIFIC_TARGETS[family] = tuple(specific_targets)
     if specific_required:
         _SPECIFIC_REQUIRED.add(family)
+    if per_instantiation:
+        _PER_INSTANTIATION.add(family)
     return family
 
 
@@ -239,7 +247,7 @@ def specific_target(family: str, arch: str):
     return None
 
 
-def _build_module(family: str, requested: str, device: int):
+def _build_module(family: str, requested: str, device: int, expressions):
     import cupy
     from cupy.cuda import compiler
 
@@ -253,7 +261,7 @@ def _build_module(family: str, requested: str, device: int):
         if family in _SPECIFIC_REQUIRED:
             attempts = attempts[:1]
     for i, opts in enumerate(attempts):
-        mod = cupy.RawModule(code=source(family), options=opts, name_expressions=list(_FAMILIES[family]))
+        mod = cupy.RawModule(code=source(family), options=opts, name_expressions=list(expressions))
         try:
             mod.compile()
             return mod
@@ -266,7 +274,8 @@ def kernel(device: int, family: str, name: str, *targs):
     """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on ``device``, which must
     be the current device (wrappers run inside ``_validate.on_device_of``).
 
-    The family is compiled once per device (at the first request of any of its kernels) and kept;
+    The family is compiled once per device (at the first request of any of its kernels; a family
+    registered ``per_instantiation``, each instantiation at its first request) and kept;
     later calls are one dictionary lookup keyed on the template arguments, so no string is built on
     the hot path. Asking for an expression the registry lacks raises ``KeyError``.
     """
@@ -285,9 +294,12 @@ def _load(key):
     with _lock:  # first calls from many threads compile the family once
         k = _kernels.get(key)
         if k is None:
-            mod = _kernels.get((device, family))
+            one = family in _PER_INSTANTIATION
+            mkey = (device, family, expression) if one else (device, family)
+            mod = _kernels.get(mkey)
             if mod is None:
-                mod = _kernels[(device, family)] = _build_module(family, expression, device)
+                exprs = (expression,) if one else _FAMILIES[family]
+                mod = _kernels[mkey] = _build_module(family, expression, device, exprs)
             k = _kernels[key] = mod.get_function(expression)
     return k
 

@@ -87,9 +87,7 @@ def fp8_wrapper(n: int, fa: int, pa: str, fb: int, pb: str) -> str:
 
 def generated() -> str:
     """The whole text of kernels/sm90_wgmma.cuh."""
-    header = HEADER.format(
-        widths=", ".join(str(n) for n in WIDTHS), fp8_widths=", ".join(str(n) for n in FP8_WIDTHS)
-    )
+    header = HEADER.format(widths=", ".join(str(n) for n in WIDTHS), fp8_widths=", ".join(str(n) for n in FP8_WIDTHS))
     parts = [header, "template <typename T, int N> struct Wgmma;"]
     for n in WIDTHS:
         for ctype, ptype in TYPES:

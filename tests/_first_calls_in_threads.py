@@ -40,11 +40,11 @@ def main() -> dict:
     count_lock = threading.Lock()
     build = _jit._build_module
 
-    def counting_build(family, requested, device):
+    def counting_build(family, requested, device, expressions):
         arch = cupy.cuda.Device(device).compute_capability
         with count_lock:
             builds[f"{family}@sm_{arch}"] += 1
-        return build(family, requested, device)
+        return build(family, requested, device, expressions)
 
     _jit._build_module = counting_build
 

@@ -49,10 +49,13 @@ FAMILY = _jit.register(
     [
         e
         for cfg in CONFIGS
-        for e in _jit.product("scaled_mm_sm90", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, *[(v,) for v in cfg.targs])
+        for e in _jit.product(
+            "scaled_mm_sm90", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, *[(v,) for v in cfg.targs]
+        )
     ],
     specific_targets=("90",),
     specific_required=True,
+    per_instantiation=True,  # 72 of them take 100 s on an H100 host; a call launches one
 )
 
 #: a split of K keeps at least this many 128-k blocks a part
