@@ -38,7 +38,7 @@ _EXPORTS = {
 #: Submodules reachable as attributes of the package, imported on first access.
 _SUBMODULES = ("reference",)
 #: Private modules that register kernel families (test-only kernels).
-_PRIVATE_FAMILY_MODULES = ("_testing",)
+_PRIVATE_FAMILY_MODULES = ("_testing", "w8a8.mma")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

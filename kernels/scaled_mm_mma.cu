@@ -32,18 +32,21 @@
 // B (columns 0-7, 2s), (0-7, 2s + 1), (8-15, 2s), (8-15, 2s + 1): two n8 tiles a load.
 //
 // Block sums. Each 128-k block is summed by the tensor cores into fresh float32 accumulators P
-// (4 k32 steps, the first with C = 0), then added to acc by the contract's rule: MODE_END acc += P;
+// (zeroed, then 4 k32 steps), then added to acc by the contract's rule: MODE_END acc += P;
 // MODE_K_TILE one scale product a row (a's scale from the stage, b's read once a block for the
-// tile); MODE_K_COL one product an element (b's 2 NT column scales a block from global memory,
-// issued before the block's mma so that their latency hides behind it). Every float32 operation
+// tile, issued before the block's mma so that its latency hides behind it); MODE_K_COL one product
+// an element (b's BN column scales of a block in two shared slots: one thread a column loads block
+// i + 1's during block i and stores it after block i's scaling, which keeps the 2 NT column scales
+// out of the registers across the mma: the 128-row tile otherwise spills on sm_90). Every float32 operation
 // outside the tensor cores is explicit IEEE PTX (.rn, no flush). MODE_END scales acc once at the
 // end (v = acc * (sa * sb)); finish_tile (scaled_mm.cuh) adds the bias, rounds and stores, or with
 // a K split stores the part's v and lets the tile's last part sum the parts in order.
 //
-// Sizes. STAGES x (BM + BN) x 128 bytes (+ BM scale words a stage in the K modes) stay within the
-// 99 KB a block of sm_89 / sm_120 may have: 128 x 128 x 3 stages 97.5 KB, 64 x 128 x 4 97 KB,
-// 16 x 128 x 4 73 KB. Registers: acc and P are 2 x 4 MT NT floats (128 for the 128-row tile), one
-// block of 256 threads a SM (__launch_bounds__(256, 1)).
+// Sizes. STAGES x (BM + BN) x 128 bytes (+ BM scale words a stage in the K modes, + 2 BN column
+// scales in MODE_K_COL; cupyquant/w8a8/mma.py smem_bytes) stay within the 99 KB a block of sm_89 /
+// sm_120 may have: 128 x 128 x 3 stages 98.5 KB at most, 64 x 128 x 4 98 KB, 16 x 128 x 4 73 KB.
+// Registers: acc and P are 2 x 4 MT NT floats (128 for the 128-row tile), one block of 256 threads
+// a SM (__launch_bounds__(256, 1)).
 #include "scaled_mm.cuh"
 
 using namespace cq;
@@ -108,6 +111,8 @@ __global__ void __launch_bounds__(256, 1)
     constexpr bool KMODE = MODE != MODE_END;
     constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK;
     constexpr int STAGE_BYTES = A_BYTES + B_BYTES + (KMODE ? BM * 4 : 0);
+    // MODE_K_COL: b's column scales of blocks i and i + 1 (two slots after the stages)
+    constexpr int SB_OFF = STAGES * STAGE_BYTES;
     extern __shared__ uint4 mma_smem[];
     const unsigned smem = (unsigned)__cvta_generic_to_shared(mma_smem);
     const unsigned char* smem_g = reinterpret_cast<const unsigned char*>(mma_smem);
@@ -131,6 +136,12 @@ __global__ void __launch_bounds__(256, 1)
     const unsigned* sa_src = reinterpret_cast<const unsigned*>(sa);
     const bool sa_ok = KMODE && tid < BM && m0 + tid < p.M;
     if (sa_ok) sa_src += a_scale_row(p, m0 + tid);
+    // b's scale of column n0 + tid - (THREADS - BN) (MODE_K_COL, the last BN threads): loaded a block
+    // ahead into a register, stored to its slot after the block's scaling
+    float* s_sb = reinterpret_cast<float*>(mma_smem) + SB_OFF / 4;
+    const int sb_col = tid - (THREADS - BN);
+    const bool sb_ld = MODE == MODE_K_COL && sb_col >= 0;
+    const i64 sb_n = min(n0 + sb_col, p.N - 1);
 
     auto load_stage = [&](int slot, int kb) {
         const unsigned st = smem + slot * STAGE_BYTES;
@@ -168,6 +179,7 @@ __global__ void __launch_bounds__(256, 1)
         if (s < niter) load_stage(s, kb0 + s);
         cp_async_commit();
     }
+    if (sb_ld && niter > 0) s_sb[sb_col] = b_scale(p, sb, sb_n, kb0);  // ordered before its reads by the loop's first barrier
 
 #pragma unroll 1
     for (int i = 0; i < niter; ++i) {
@@ -177,19 +189,22 @@ __global__ void __launch_bounds__(256, 1)
         cp_async_commit();
         const int kb = kb0 + i, slot = i % STAGES;
 
-        // b's scales of the block, loaded now and used after the mma
-        float sbt = 0.0f, sbc[NT][2];
+        // b's scales: the tile's of this block (K_TILE), a column's of the next block (K_COL), loaded
+        // now and used after the mma
+        float sbt = 0.0f, sb_next = 0.0f;
         if constexpr (MODE == MODE_K_TILE) sbt = b_scale(p, sb, n0, kb);
-        if constexpr (MODE == MODE_K_COL) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) sbc[j][e] = b_scale(p, sb, min(n0 + wn * WTN + 8 * j + 2 * t + e, p.N - 1), kb);
-        }
+        if (sb_ld && i + 1 < niter) sb_next = b_scale(p, sb, sb_n, kb + 1);
 
         const unsigned st = smem + slot * STAGE_BYTES;
         float P[MT][NT][4];
 #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) P[mt][j][0] = P[mt][j][1] = P[mt][j][2] = P[mt][j][3] = 0.0f;
+        // the k32 steps rolled: on sm_90, which runs FP8 mma.sync as f16 HMMA after conversions, the
+        // unrolled steps of the 128-row tile spill (255 registers); two warps a scheduler cover one
+        // step's ldmatrix latency with the other's mma
+#pragma unroll 1
         for (int s = 0; s < BK / 32; ++s) {
             unsigned af[MT][4], bf[NT / 2][4];
 #pragma unroll
@@ -201,11 +216,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
                     const unsigned b0 = bf[j >> 1][2 * (j & 1)], b1 = bf[j >> 1][2 * (j & 1) + 1];
-                    if (s == 0) {
-                        mma<FA, FB>(P[mt][j], af[mt], b0, b1, 0.0f, 0.0f, 0.0f, 0.0f);
-                    } else {
-                        mma<FA, FB>(P[mt][j], af[mt], b0, b1, P[mt][j][0], P[mt][j][1], P[mt][j][2], P[mt][j][3]);
-                    }
+                    mma<FA, FB>(P[mt][j], af[mt], b0, b1, P[mt][j][0], P[mt][j][1], P[mt][j][2], P[mt][j][3]);
                 }
         }
 
@@ -218,6 +229,11 @@ __global__ void __launch_bounds__(256, 1)
                     for (int r = 0; r < 4; ++r) acc[mt][j][r] = add_rn(acc[mt][j][r], P[mt][j][r]);
         } else {
             const unsigned* s_sa = reinterpret_cast<const unsigned*>(smem_g + slot * STAGE_BYTES + A_BYTES + B_BYTES);
+            float2 sbc[NT];
+            if constexpr (MODE == MODE_K_COL) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) sbc[j] = *reinterpret_cast<const float2*>(s_sb + (i & 1) * BN + wn * WTN + 8 * j + 2 * t);
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -229,10 +245,12 @@ __global__ void __launch_bounds__(256, 1)
                     for (int j = 0; j < NT; ++j)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
-                            const float s = MODE == MODE_K_TILE ? st_row : mul_rn(sa_v, sbc[j][e]);
+                            const float s = MODE == MODE_K_TILE ? st_row : mul_rn(sa_v, e ? sbc[j].y : sbc[j].x);
                             acc[mt][j][2 * h + e] = fma_rn(P[mt][j][2 * h + e], s, acc[mt][j][2 * h + e]);
                         }
                 }
+            // slot (i + 1) % 2 was last read in block i - 1, before this block's barrier
+            if (sb_ld && i + 1 < niter) s_sb[((i + 1) & 1) * BN + sb_col] = sb_next;
         }
     }
     cp_async_wait<0>();
