@@ -6,8 +6,9 @@
 // Layout. a: M x K FP8 codes, rows lda bytes apart; b: N x K FP8 codes, rows ldb bytes apart (the
 // weight row-major, i.e. the mma's column-major B); both 16-byte aligned with K % 16 == 0 (the host
 // copies other operands). A block of 256 threads (8 warps) computes a BM x BN tile of y (BN = 128;
-// BM = 16, 64 or 128 by M: mma.py), grid (M tiles x N tiles, 1, K parts), N tiles fastest so that
-// the blocks running together share their rows of a. Warps: 2 x 4 (1 x 8 for BM = 16), each a
+// BM = 16, 64 or 128 by M: mma.py), grid (M tiles x N tiles, 1, K parts), the tiles in groups of
+// 8 row tiles taken column by column (a wave of 132 blocks of the 128-row tile reads 8 x 128 rows of
+// a and 17 x 128 of b from L2, where row by row it would read 132 x 128 rows of b). Warps: 2 x 4 (1 x 8 for BM = 16), each a
 // (BM / WM) x (BN / WN) piece of the tile as MT m16 by NT n8 tiles of
 // mma.sync.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32.
 //
@@ -55,6 +56,7 @@ namespace mma_fp8 {
 
 constexpr int THREADS = 256;
 constexpr int BK = 128;  // K per stage: one scale block, a 128-byte row
+constexpr int GROUP_M = 8;  // row tiles a group of the tile order
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0) : "memory");
@@ -119,8 +121,12 @@ __global__ void __launch_bounds__(256, 1)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
-    const i64 ntiles = (p.N + BN - 1) / BN;
-    const i64 m0 = (i64)(blockIdx.x / ntiles) * BM, n0 = (i64)(blockIdx.x % ntiles) * BN;
+    // tile order: groups of GROUP_M row tiles, each group column by column, so that the blocks
+    // running at once share both their rows of a and their rows of b in L2
+    const i64 ntiles = (p.N + BN - 1) / BN, mtiles = (p.M + BM - 1) / BM;
+    const i64 group = (i64)blockIdx.x / (GROUP_M * ntiles), in_group = (i64)blockIdx.x % (GROUP_M * ntiles);
+    const i64 first_m = group * GROUP_M, group_rows = min((i64)GROUP_M, mtiles - first_m);
+    const i64 m0 = (first_m + in_group % group_rows) * BM, n0 = (in_group / group_rows) * BN;
     const int nkb = (int)((p.K + BK - 1) / BK);
     const int kb0 = (int)blockIdx.z * p.kb_per_split;
     const int niter = max(0, min(nkb, kb0 + p.kb_per_split) - kb0);
