@@ -7,10 +7,11 @@
 // weight row-major, i.e. the mma's column-major B); both 16-byte aligned with K % 16 == 0 (the host
 // copies other operands). A block of 256 threads (8 warps) computes a BM x BN tile of y (BN = 128;
 // BM = 16, 64 or 128 by M: mma.py), grid (M tiles x N tiles, 1, K parts), the tiles in groups of
-// 8 row tiles taken column by column (a wave of 132 blocks of the 128-row tile reads 8 x 128 rows of
-// a and 17 x 128 of b from L2, where row by row it would read 132 x 128 rows of b). Warps: 2 x 4 (1 x 8 for BM = 16), each a
-// (BM / WM) x (BN / WN) piece of the tile as MT m16 by NT n8 tiles of
-// mma.sync.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32.
+// 8 row tiles taken column by column (a wave of 132 blocks of the 128-row tile reads 8 x 128 rows
+// of a and 17 x 128 of b from L2, where row by row it would read 132 x 128 rows of b). Warps: 2 x 4
+// (1 x 8 for BM = 16), each a (BM / WM) x (BN / WN) piece of the tile as MT m16 by NT n8 tiles of
+// mma.sync.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32: one QMMA.16832 on sm_89 and sm_120;
+// sm_90 and sm_100 (ptxas 13.0) run it as two f16 HMMA.16816 after e4m3 -> f16 conversions (exact).
 //
 // Pipeline. K is read in stages of 128 (one scale block): per stage BM rows of a and BN rows of b,
 // 128 bytes each, copied with 16-byte cp.async (rows >= M or >= N and chunks at k >= K zero-filled,
@@ -38,10 +39,10 @@
 // tile, issued before the block's mma so that its latency hides behind it); MODE_K_COL one product
 // an element (b's BN column scales of a block in two shared slots: one thread a column loads block
 // i + 1's during block i and stores it after block i's scaling, which keeps the 2 NT column scales
-// out of the registers across the mma: the 128-row tile otherwise spills on sm_90). Every float32 operation
-// outside the tensor cores is explicit IEEE PTX (.rn, no flush). MODE_END scales acc once at the
-// end (v = acc * (sa * sb)); finish_tile (scaled_mm.cuh) adds the bias, rounds and stores, or with
-// a K split stores the part's v and lets the tile's last part sum the parts in order.
+// out of the registers across the mma: the 128-row tile otherwise spills on sm_90). Every float32
+// operation outside the tensor cores is explicit IEEE PTX (.rn, no flush). MODE_END scales acc once
+// at the end (v = acc * (sa * sb)); finish_tile (scaled_mm.cuh) adds the bias, rounds and stores,
+// or with a K split stores the part's v and lets the tile's last part sum the parts in order.
 //
 // Sizes. STAGES x (BM + BN) x 128 bytes (+ BM scale words a stage in the K modes, + 2 BN column
 // scales in MODE_K_COL; cupyquant/w8a8/mma.py smem_bytes) stay within the 99 KB a block of sm_89 /
