@@ -39,8 +39,9 @@ _EXPORTS = {
 
 #: Submodules reachable as attributes of the package, imported on first access.
 _SUBMODULES = ("reference",)
-#: Private modules that register kernel families (test-only kernels).
-_PRIVATE_FAMILY_MODULES = ("_testing", "w8a8.sm90")
+#: Private modules that register kernel families: test-only kernels, and the W8A8 kernels (their
+#: public functions live in cupyquant.w8a8.api).
+_PRIVATE_FAMILY_MODULES = ("_testing", "w8a8.mma", "w8a8.sm90")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
