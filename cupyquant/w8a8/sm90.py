@@ -74,24 +74,10 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
     return -(-nkb // per), per
 
 
-# Encoding a tensor map is host work in the driver (about 8 us); operands are usually the same few
-# buffers from call to call, so maps are cached by address, shape, stride and box.
-_TMAP_CACHE = 256
-_tmaps: dict = {}
-
-
 def _tensor_map(x: cupy.ndarray, box_rows: int) -> np.ndarray:
-    key = (x.data.ptr, x.shape, x.strides[0], x.device.id, box_rows)
-    m = _tmaps.get(key)
-    if m is None:
-        m = _launch.tensor_map_2d(x.data.ptr, x.shape[0], x.shape[1], x.strides[0], A.BLOCK_K, box_rows, elem_bytes=1)
-        if len(_tmaps) >= _TMAP_CACHE:
-            try:
-                _tmaps.pop(next(iter(_tmaps)), None)
-            except (StopIteration, RuntimeError):  # emptied, or changed size under the iterator
-                pass
-        _tmaps[key] = m
-    return m
+    """The TMA map of an (rows, K) FP8 operand in boxes of 128 k by ``box_rows`` (cached by address,
+    shape, stride and box: encoding one is about 8 us of driver work)."""
+    return _cache.act_tensor_map(x, x.shape[0], x.shape[1], A.BLOCK_K, box_rows, elem_bytes=1)
 
 
 def launch(ops: A.Operands, cfg: Sm90Config | None = None, parts: int | None = None) -> None:

@@ -60,14 +60,14 @@ tmap_cache: dict = {}
 NO_TENSOR_MAP = np.zeros((), dtype=_launch.TENSOR_MAP)
 
 
-def act_tensor_map(a2, rows: int, K: int, box_k: int, box_rows: int) -> np.ndarray:
-    """The tensor map of the first ``rows`` rows of ``a2`` (``K`` columns; 16-byte aligned, rows a
-    multiple of 16 bytes apart: matmul copies ``a`` otherwise), in boxes of ``box_k`` by
-    ``box_rows``."""
-    key = (a2.data.ptr, rows, K, a2.strides[0], a2.device.id, box_rows)
+def act_tensor_map(a2, rows: int, K: int, box_k: int, box_rows: int, elem_bytes: int = 2) -> np.ndarray:
+    """The tensor map of the first ``rows`` rows of ``a2`` (``K`` columns of ``elem_bytes``-byte
+    elements; 16-byte aligned, rows a multiple of 16 bytes apart: matmul copies ``a`` otherwise),
+    in boxes of ``box_k`` by ``box_rows``. Also the W8A8 kernel's maps of its FP8 operands."""
+    key = (a2.data.ptr, rows, K, a2.strides[0], a2.device.id, box_k, box_rows, elem_bytes)
     m = tmap_cache.get(key)
     if m is None:
-        m = _launch.tensor_map_2d(a2.data.ptr, rows, K, a2.strides[0], box_k, box_rows)
+        m = _launch.tensor_map_2d(a2.data.ptr, rows, K, a2.strides[0], box_k, box_rows, elem_bytes)
         if len(tmap_cache) >= TMAP_CACHE:  # the oldest goes (another thread may be evicting too)
             try:
                 tmap_cache.pop(next(iter(tmap_cache)), None)
