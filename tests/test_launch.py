@@ -175,7 +175,7 @@ def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
 
     calls = []
 
-    def fake(ptr, rows, cols, row_bytes, box_cols, box_rows):
+    def fake(ptr, rows, cols, row_bytes, box_cols, box_rows, elem_bytes=2):
         calls.append((ptr, rows, cols, row_bytes, box_cols, box_rows))
         return np.zeros((), _launch.TENSOR_MAP)
 
