@@ -22,8 +22,8 @@
 // scale-d = 0), then waits for them, releases the slot and adds tmp into acc by the block rule of
 // scaled_mm.cuh on the CUDA cores (the promotion). The sum over one 128-k block stays inside the
 // tensor cores, whose FP8 accumulation keeps about 14 bits; across blocks it is IEEE float32. With
-// two consumer warpgroups one promotes while the other's wgmmas run. The scales a block needs are
-// loaded before its full barrier's wait, so their latency hides behind it.
+// two consumer warpgroups one promotes while the other's wgmmas run. The scales of 128 x 128 blocks
+// are loaded a block ahead, so their latency hides behind a block's work.
 //
 // Lane (g, t) of warp q of a warpgroup holds, in accumulator 4 j + r, row 16 q + g + 8 (r >> 1) of
 // the warpgroup's rows and column 8 j + 2 t + (r & 1) of the tile: column pairs (r = 0, 1 and
@@ -137,20 +137,24 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
 #pragma unroll
         for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
 
+        // K_TILE: a block's three scales are loaded a block ahead (an L2 round trip is longer than a
+        // block's wgmmas); K_COL: its column scales in the block itself, for want of registers
+        float sa0 = 0.0f, sa1 = 0.0f, sbt = 0.0f;
+        auto tile_scales = [&](int kb, float& a0, float& a1, float& bt) {
+            a0 = a_scale(p, sa, ra0, kb), a1 = a_scale(p, sa, ra1, kb), bt = b_scale(p, sb, min(n0, p.N - 1), kb);
+        };
+        if constexpr (MODE == MODE_K_TILE) tile_scales(kb0, sa0, sa1, sbt);
 #pragma unroll 1
         for (int i = 0; i < niter; ++i, ++it) {
             const int slot = it % STAGES, kb = kb0 + i;
-            // this block's scales, loaded while the slot arrives and the wgmmas run
-            float sa0 = 0.0f, sa1 = 0.0f, sbt = 0.0f;
+            float nsa0 = 0.0f, nsa1 = 0.0f, nsbt = 0.0f;
             float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
-            if constexpr (MODE != MODE_END) {
+            if constexpr (MODE == MODE_K_TILE) {
+                if (i + 1 < niter) tile_scales(kb + 1, nsa0, nsa1, nsbt);
+            } else if constexpr (MODE == MODE_K_COL) {
                 sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
-                if constexpr (MODE == MODE_K_TILE) {
-                    sbt = b_scale(p, sb, min(n0, p.N - 1), kb);
-                } else {
 #pragma unroll
-                    for (int j = 0; j < ND / 4; ++j) sbc[2 * j] = b_scale(p, sb, col(j, 0), kb), sbc[2 * j + 1] = b_scale(p, sb, col(j, 1), kb);
-                }
+                for (int j = 0; j < ND / 4; ++j) sbc[2 * j] = b_scale(p, sb, col(j, 0), kb), sbc[2 * j + 1] = b_scale(p, sb, col(j, 1), kb);
             }
             mbar_wait(full0 + 8 * slot, (unsigned)((it / STAGES) & 1));
             const unsigned off = (unsigned)(slot * (STAGE >> 4));
@@ -168,6 +172,7 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
                 const float s0 = mul_rn(sa0, sbt), s1 = mul_rn(sa1, sbt);
 #pragma unroll
                 for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
+                sa0 = nsa0, sa1 = nsa1, sbt = nsbt;
             } else {
 #pragma unroll
                 for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
