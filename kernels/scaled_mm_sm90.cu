@@ -137,20 +137,22 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
 #pragma unroll
         for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
 
-        // K_TILE: a block's three scales are loaded a block ahead (an L2 round trip is longer than a
-        // block's wgmmas); K_COL: its column scales in the block itself, for want of registers
-        float sa0 = 0.0f, sa1 = 0.0f, sbt = 0.0f;
-        auto tile_scales = [&](int kb, float& a0, float& a1, float& bt) {
-            a0 = a_scale(p, sa, ra0, kb), a1 = a_scale(p, sa, ra1, kb), bt = b_scale(p, sb, min(n0, p.N - 1), kb);
+        // K_TILE: a block's scales (a's two rows, b's tile) are loaded a block ahead, since an L2 round
+        // trip is longer than a block's wgmmas, into two register sets taken in turn (blocks in pairs),
+        // so that no copy from the loaded set waits for its load; K_COL: the column scales in the block
+        // itself, for want of registers.
+        float sc[2][3];
+        auto tile_scales = [&](int kb, float (&s)[3]) {
+            s[0] = a_scale(p, sa, ra0, kb), s[1] = a_scale(p, sa, ra1, kb), s[2] = b_scale(p, sb, min(n0, p.N - 1), kb);
         };
-        if constexpr (MODE == MODE_K_TILE) tile_scales(kb0, sa0, sa1, sbt);
-#pragma unroll 1
-        for (int i = 0; i < niter; ++i, ++it) {
+        if constexpr (MODE == MODE_K_TILE) tile_scales(kb0, sc[0]);
+        // block i of the item: its scales in cur, the next block's loaded into nxt
+        auto block = [&](int i, float (&cur)[3], float (&nxt)[3]) {
             const int slot = it % STAGES, kb = kb0 + i;
-            float nsa0 = 0.0f, nsa1 = 0.0f, nsbt = 0.0f;
+            float sa0 = 0.0f, sa1 = 0.0f;
             float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
             if constexpr (MODE == MODE_K_TILE) {
-                if (i + 1 < niter) tile_scales(kb + 1, nsa0, nsa1, nsbt);
+                if (i + 1 < niter) tile_scales(kb + 1, nxt);
             } else if constexpr (MODE == MODE_K_COL) {
                 sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
 #pragma unroll
@@ -169,14 +171,19 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
 #pragma unroll
                 for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
             } else if constexpr (MODE == MODE_K_TILE) {
-                const float s0 = mul_rn(sa0, sbt), s1 = mul_rn(sa1, sbt);
+                const float s0 = mul_rn(cur[0], cur[2]), s1 = mul_rn(cur[1], cur[2]);
 #pragma unroll
                 for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
-                sa0 = nsa0, sa1 = nsa1, sbt = nsbt;
             } else {
 #pragma unroll
                 for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
             }
+            ++it;
+        };
+#pragma unroll 1
+        for (int i = 0; i < niter; i += 2) {
+            block(i, sc[0], sc[1]);
+            if (i + 1 < niter) block(i + 1, sc[1], sc[0]);
         }
         if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
             const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
