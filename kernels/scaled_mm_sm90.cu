@@ -137,22 +137,27 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
 #pragma unroll
         for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
 
-        // K_TILE: a block's scales (a's two rows, b's tile) are loaded a block ahead, since an L2 round
-        // trip is longer than a block's wgmmas, into two register sets taken in turn (blocks in pairs),
-        // so that no copy from the loaded set waits for its load; K_COL: the column scales in the block
-        // itself, for want of registers.
-        float sc[2][3];
+        // K_TILE: a block's scales (a's two rows, b's tile) are loaded SA blocks ahead, since an L2
+        // round trip under the TMA's load is longer than a block's wgmmas, into a ring of SA + 1
+        // register sets taken in turn (blocks unrolled by SA + 1), so that no copy from a loaded set
+        // waits for its load; K_COL: the column scales in the block itself, for want of registers.
+        constexpr int SA = 2;
+        float sc[SA + 1][3];
         auto tile_scales = [&](int kb, float (&s)[3]) {
             s[0] = a_scale(p, sa, ra0, kb), s[1] = a_scale(p, sa, ra1, kb), s[2] = b_scale(p, sb, min(n0, p.N - 1), kb);
         };
-        if constexpr (MODE == MODE_K_TILE) tile_scales(kb0, sc[0]);
-        // block i of the item: its scales in cur, the next block's loaded into nxt
+        if constexpr (MODE == MODE_K_TILE) {
+#pragma unroll
+            for (int j = 0; j < SA; ++j)
+                if (j < niter) tile_scales(kb0 + j, sc[j]);
+        }
+        // block i of the item: its scales in cur, block i + SA's loaded into nxt
         auto block = [&](int i, float (&cur)[3], float (&nxt)[3]) {
             const int slot = it % STAGES, kb = kb0 + i;
             float sa0 = 0.0f, sa1 = 0.0f;
             float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
             if constexpr (MODE == MODE_K_TILE) {
-                if (i + 1 < niter) tile_scales(kb + 1, nxt);
+                if (i + SA < niter) tile_scales(kb + SA, nxt);
             } else if constexpr (MODE == MODE_K_COL) {
                 sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
 #pragma unroll
@@ -181,9 +186,10 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             ++it;
         };
 #pragma unroll 1
-        for (int i = 0; i < niter; i += 2) {
-            block(i, sc[0], sc[1]);
-            if (i + 1 < niter) block(i + 1, sc[1], sc[0]);
+        for (int i = 0; i < niter; i += SA + 1) {
+#pragma unroll
+            for (int j = 0; j <= SA; ++j)
+                if (i + j < niter) block(i + j, sc[j], sc[(j + SA) % (SA + 1)]);
         }
         if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
             const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
