@@ -138,18 +138,38 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
         for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
 
         // K_TILE: a block's scales (a's two rows, b's tile) are loaded SA blocks ahead, since an L2
-        // round trip under the TMA's load is longer than a block's wgmmas, into a ring of SA + 1
-        // register sets taken in turn (blocks unrolled by SA + 1), so that no copy from a loaded set
-        // waits for its load; K_COL: the column scales in the block itself, for want of registers.
-        constexpr int SA = 2;
+        // round trip is longer than a block's wgmmas, into a ring of SA + 1 register sets taken in
+        // turn (blocks unrolled by SA + 1), so that no copy from a loaded set waits for its load (two
+        // blocks ahead measure the same and spill the 128-row tile); K_COL: the column scales in the
+        // block itself, for want of registers.
+        constexpr int SA = 1;
         float sc[SA + 1][3];
-        auto tile_scales = [&](int kb, float (&s)[3]) {
-            s[0] = a_scale(p, sa, ra0, kb), s[1] = a_scale(p, sa, ra1, kb), s[2] = b_scale(p, sb, min(n0, p.N - 1), kb);
+        // Cursors over the item's blocks: the two rows' scales of a as byte pointers (float32 words,
+        // or UE8M0 bytes, of which every fourth block steps to the next word) and b's tile scale,
+        // stepped a block at a time, so that a block's lookups are three loads and three adds, not
+        // the address arithmetic of a_scale and b_scale.
+        const bool packed = p.sa_packed;
+        const i64 astep = packed ? 4 * p.sa_k - 3 : 4 * p.sa_k;
+        int phase = kb0 & 3;
+        const i64 aoff = packed ? 4 * ((i64)(kb0 >> 2) * p.sa_k) + phase : 4 * ((i64)kb0 * p.sa_k);
+        const unsigned char* pa0 = reinterpret_cast<const unsigned char*>(sa) + 4 * ra0 + aoff;
+        const unsigned char* pa1 = reinterpret_cast<const unsigned char*>(sa) + 4 * ra1 + aoff;
+        const float* pb = sb + (min(n0, p.N - 1) >> p.sb_shift) * p.sb_n + (i64)kb0 * p.sb_k;
+        auto tile_scales = [&](float (&s)[3]) {  // the next block's, in block order
+            if (packed) {
+                s[0] = e8m0_to_float(__ldg(pa0)), s[1] = e8m0_to_float(__ldg(pa1));
+                const i64 d = phase == 3 ? astep : 1;
+                pa0 += d, pa1 += d, phase = (phase + 1) & 3;
+            } else {
+                s[0] = __ldg(reinterpret_cast<const float*>(pa0)), s[1] = __ldg(reinterpret_cast<const float*>(pa1));
+                pa0 += astep, pa1 += astep;
+            }
+            s[2] = __ldg(pb), pb += p.sb_k;
         };
         if constexpr (MODE == MODE_K_TILE) {
 #pragma unroll
             for (int j = 0; j < SA; ++j)
-                if (j < niter) tile_scales(kb0 + j, sc[j]);
+                if (j < niter) tile_scales(sc[j]);
         }
         // block i of the item: its scales in cur, block i + SA's loaded into nxt
         auto block = [&](int i, float (&cur)[3], float (&nxt)[3]) {
@@ -157,7 +177,7 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             float sa0 = 0.0f, sa1 = 0.0f;
             float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
             if constexpr (MODE == MODE_K_TILE) {
-                if (i + SA < niter) tile_scales(kb + SA, nxt);
+                if (i + SA < niter) tile_scales(nxt);
             } else if constexpr (MODE == MODE_K_COL) {
                 sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
 #pragma unroll
