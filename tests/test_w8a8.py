@@ -663,3 +663,30 @@ def test_empty_rows():
     qb = _b_operand("channel", 8, 64, rng)[0]
     y = cq.scaled_mm(cupy.zeros((0, 64), np.uint8), qb.data, cupy.ones((0,), np.float32), cupy.ones(1, np.float32))
     assert y.shape == (0, 8)
+
+
+# ================================================================== CPU: the Hopper kernel's plan
+def test_sm90_tile_choice():
+    from cupyquant.w8a8 import sm90
+
+    small, large = sm90.SMALL, sm90.LARGE
+    assert sm90.config(1, 4096, 4096, 132) == small
+    assert sm90.config(64, 24576, 1536, 132) == small
+    assert sm90.config(128, 7168, 2048, 132) == small  # 56 large tiles would leave half the SMs idle
+    assert sm90.config(128, 2112, 7168, 132) == small
+    assert sm90.config(65, 8192, 8192, 132) == large  # 256 small tiles: two waves over a long K
+    assert sm90.config(65, 14336, 4096, 132) == large  # 112 large tiles fill the SMs
+    assert sm90.config(129, 2112, 7168, 132) == large
+    for cfg in sm90.CONFIGS:  # a ring of 128-k slots plus the alignment slack, within 227 KB
+        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 <= 227 * 1024
+
+
+def test_sm90_k_split():
+    from cupyquant.w8a8 import sm90
+
+    assert sm90.splits(192, 12, 132) == (1, 12)  # more tiles than SMs: no split
+    assert sm90.splits(67, 32, 132) == (1, 32)  # half the SMs busy or more: no split
+    assert sm90.splits(64, 32, 132) == (2, 16)
+    assert sm90.splits(34, 56, 132) == (3, 19)  # the last part takes the rest (18 blocks)
+    assert sm90.splits(1, 6, 132) == (1, 6)  # no part shorter than MIN_KB_PER_SPLIT blocks
+    assert sm90.splits(1, 8, 132) == (2, 4)
