@@ -30,8 +30,10 @@
 // r = 2, 3), which the epilogue (scaled_mm.cuh finish_tile) stores as 4-byte (8-byte for float32)
 // pieces, or sums across the K split first.
 //
-// Registers: BM = 128 launches 384 threads with 168 each; setmaxnreg moves the consumers to 232 and
-// the producer to 40 (256 x 232 + 128 x 40 <= 64K). BM = 64 launches 256 threads (255 each).
+// Registers: BM = 128 launches 384 threads with 168 each, and ptxas fits the whole kernel, the
+// consumers' code included, within those 168 (the block's sums and the running sums take 128 of them:
+// what keeps the tile at 128 x 128); setmaxnreg then gives the producer's unused registers back (40
+// for it, 232 for the consumers: 256 x 232 + 128 x 40 <= 64K). BM = 64 launches 256 threads (255 each).
 
 #include "common.cuh"
 #include "scaled_mm.cuh"

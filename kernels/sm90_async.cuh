@@ -1,4 +1,5 @@
-// sm90_async.cuh: Hopper (sm_90) data movement and synchronisation helpers of weight_sm90_gemm.cu:
+// sm90_async.cuh: Hopper (sm_90) data movement and synchronisation helpers of weight_sm90_gemm.cu and
+// scaled_mm_sm90.cu:
 // the async-proxy fence, mbarriers (CTA scope), the TMA load of a tensor-map box
 // (cp.async.bulk.tensor), cp.async arrivals on an mbarrier, the warpgroup register split
 // (setmaxnreg, sm_90a only), and the stmatrix / st.shared stores of the epilogue. Shared addresses are
