@@ -151,10 +151,11 @@ __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __rest
             });
         } else {
             const float* other = ws + ((i64)sp * tiles + tile) * (BM * BN);
-            // unconditional loads (the rows past M hold stale floats that are never stored): a branch
-            // around each would keep the compiler from issuing them together, one round trip each
+            // no branch around the loads (it would keep the compiler from issuing them together, one
+            // round trip each): rows past M, never stored, read the last row's partial instead
             visit([&](int i, int m, int n, float, float) {
-                const float2 x = __ldcg(reinterpret_cast<const float2*>(other + m * BN + n));
+                const int mr = m0 + m < p.M ? m : (int)(p.M - 1 - m0);
+                const float2 x = __ldcg(reinterpret_cast<const float2*>(other + mr * BN + n));
                 s[i] = sp == 0 ? x : make_float2(add_rn(s[i].x, x.x), add_rn(s[i].y, x.y));
             });
         }

@@ -38,7 +38,7 @@ from cupyquant.weight import plan as WP
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
-FAMILIES = ("per_tensor", "groupwise", "mx", "weight")
+FAMILIES = ("per_tensor", "groupwise", "mx", "weight", "w8a8")
 # Selectable by --family but not in the default run: the sm90 gemm's edge cases alone (a subset of
 # "weight", to run one tool on that kernel only: racecheck takes over 7 minutes on it)
 EXTRA_FAMILIES = ("weight_sm90_gemm",)
@@ -508,12 +508,54 @@ def run_wgmma(run: Run):
         )
 
 
+# ------------------------------------------------------------------ W8A8 FP8 matmul
+def run_w8a8(run: Run):
+    """scaled_mm on both kernels (the Hopper one where the GPU has it): every scaling mode, M, N and
+    K tails, a K split, packed UE8M0 and column-major activation scales, bias, a poisoned out=.
+    Small integer codes and power-of-two scales: every sum is exact, so y equals the reference."""
+    from cupyquant.w8a8 import dispatch
+
+    E4 = ml_dtypes.float8_e4m3fn
+    paths = ["mma"] + (["sm90"] if cupy.cuda.Device().compute_capability == "90" else [])
+    for M, N, K in ((1, 200, 272), (16, 256, 2048), (65, 130, 528), (130, 300, 784)):
+        rng = np.random.default_rng(seed_of("w8a8", M, N, K))
+        nkb = -(-K // 128)
+        qa = rng.integers(-3, 4, (M, K)).astype(np.float32).astype(E4).view(np.uint8)
+        qb = rng.integers(-3, 4, (N, K)).astype(np.float32).astype(E4).view(np.uint8)
+        pow2 = lambda shape: (2.0 ** rng.integers(-2, 3, shape)).astype(np.float32)  # noqa: E731
+        ue8 = rng.integers(125, 130, (M, nkb)).astype(np.uint8)  # 2^-2 .. 2^2
+        packed = np.zeros((M, -(-nkb // 4) * 4), np.uint8)
+        packed[:, :nkb] = ue8
+        a_scales = {
+            "tensor": pow2((1,)),
+            "token-col": np.asfortranarray(pow2((M, 1))),
+            "group-col": np.asfortranarray(pow2((M, nkb))),
+            "group-packed": packed.view(np.int32),
+        }
+        b_scales = {
+            "tensor": pow2((1,)),
+            "channel": pow2((N, 1)),
+            "block": pow2((-(-N // 128), nkb)),
+            "group": pow2((N, nkb)),
+        }
+        bias = (rng.integers(-8, 9, N) / 16).astype(np.float16)
+        for path in paths:
+            for (ak, sa), (bk, sb) in zip(a_scales.items(), b_scales.items()):
+                out = poison((M, N), np.float16)
+                with dispatch._forced_path(path):
+                    run.op(cq.scaled_mm(cupy.asarray(qa), cupy.asarray(qb), cupy.asarray(sa), cupy.asarray(sb),
+                                        out_dtype="float16", bias=cupy.asarray(bias), out=out))  # fmt: skip
+                r, _ = ref.scaled_mm(qa, qb, sa, sb, bias)
+                run.same(f"w8a8 {path} {M}x{N}x{K} {ak} x {bk}", out, ref.round_result(r, np.float16))
+
+
 RUNNERS = {
     "per_tensor": run_fp8,
     "groupwise": run_group,
     "mx": run_mx,
     "weight": run_weight,
     "weight_sm90_gemm": run_wgmma,
+    "w8a8": run_w8a8,
 }
 
 # Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
