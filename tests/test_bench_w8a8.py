@@ -4,30 +4,21 @@ replay counts. The timings themselves need a GPU (the lead's runs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _scripts import load_script
 
 pytest.importorskip("cupy")  # bench.py imports CuPy (which imports without a GPU)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def bench():
-    return _script("bench")
+    return load_script("bench")
 
 
 @pytest.fixture(scope="module")

@@ -5,30 +5,21 @@ error message."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def api_text():
     pytest.importorskip("cupy")  # the op modules import CuPy (which imports without a GPU)
-    return _script("gen_api_docs").render()
+    return load_script("gen_api_docs").render()
 
 
 def test_api_md_is_up_to_date(api_text):
@@ -58,7 +49,7 @@ def test_api_md_lists_every_reference_function(api_text):
 
 
 def test_cpu_examples_print_what_the_docs_show():
-    ex = _script("docs_examples")
+    ex = load_script("docs_examples")
     examples = ex.collect({"CPU"})
     assert examples, "no CPU examples found in docs/"
     try:
@@ -75,7 +66,7 @@ def test_cpu_examples_print_what_the_docs_show():
 
 
 def test_gpu_examples_parse_and_have_an_output_block():
-    ex = _script("docs_examples")
+    ex = load_script("docs_examples")
     examples = ex.collect({"GPU"})
     scheme_pages = {"per_tensor.md", "groupwise.md", "silu_mul.md", "microscaling.md", "nvfp4.md", "weight_only.md"}
     assert scheme_pages <= {e.path.name for e in examples}, "every scheme page has a GPU example"

@@ -7,6 +7,7 @@ import re
 import shutil
 
 import pytest
+from _scripts import load_script
 
 import cupyquant
 from cupyquant import _jit
@@ -204,13 +205,7 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
 
 
 def test_generated_wgmma_wrappers_are_current():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gen_wgmma.py"
-    spec = importlib.util.spec_from_file_location("gen_wgmma", path)
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = load_script("gen_wgmma")
     assert gen.current() == gen.generated(), "run python scripts/gen_wgmma.py"
 
 
