@@ -1,11 +1,12 @@
 """The kernel loader: the only module that touches ``cupy.RawModule``.
 
-Each kernel *family* is one CUDA file ``kernels/<family>.cu``. At the first call of one of its
-kernels on a device, the family's source (with its local ``#include "x.cuh"`` lines inlined) is
-compiled by NVRTC through ``cupy.RawModule`` for that device's architecture, with the complete list
-of the family's template instantiations as name expressions. CuPy keeps the binary in its disk cache
-(``CUPY_CACHE_DIR``), keyed on the source, the options, the NVRTC version and the architecture;
-this module memoizes the loaded module per device.
+Each kernel *family* is one CUDA file ``kernels/<family>.cu``. At the first request of one of its
+template instantiations on a device, the family's source (with its local ``#include "x.cuh"``
+lines inlined) is compiled by NVRTC through ``cupy.RawModule`` for that device's architecture with
+that one instantiation as its name expression: a call compiles only what it launches (about 0.1 to
+0.4 s each, where the whole of a family takes seconds). CuPy keeps each binary in its disk cache
+(``CUPY_CACHE_DIR``), keyed on the source, the options, the name expressions, the NVRTC version and
+the architecture; this module memoizes the loaded kernels per device.
 
 Adding a kernel family takes three steps:
 
@@ -110,21 +111,15 @@ _SPECIFIC_TARGETS: dict[str, tuple[str, ...]] = {}
 #: Families with no portable build to fall back to: without the specific target their kernels are
 #: stubs, so a failed specific build is an error, not a fallback.
 _SPECIFIC_REQUIRED: set[str] = set()
-#: Families compiled one instantiation at a time (a module per name expression, each cached on disk
-#: on its own): where the whole family takes long to compile and a call launches one of many.
-_PER_INSTANTIATION: set[str] = set()
 
 
-def register(
-    family: str, expressions, *, specific_targets=(), specific_required: bool = False, per_instantiation: bool = False
-) -> str:
+def register(family: str, expressions, *, specific_targets=(), specific_required: bool = False) -> str:
     """Declare a kernel family (``kernels/<family>.cu``) and every name expression its wrapper may
     ask for; returns ``family``. Called once by the op module that owns the family, at import.
 
     ``specific_targets``: compute capabilities on which NVRTC is asked for the family-specific target
     (``-arch=sm_XXa``), falling back to the portable build when that fails, unless
-    ``specific_required``. ``per_instantiation``: the first request of an instantiation compiles that
-    one alone (a module of its own), not the whole family."""
+    ``specific_required``."""
     exprs = tuple(expressions)
     if family in _FAMILIES and _FAMILIES[family] != exprs:
         raise ValueError(f"kernel family {family!r} is already registered with other instantiations")
@@ -133,8 +128,6 @@ def register(
         _SPECIFIC_TARGETS[family] = tuple(specific_targets)
     if specific_required:
         _SPECIFIC_REQUIRED.add(family)
-    if per_instantiation:
-        _PER_INSTANTIATION.add(family)
     return family
 
 
@@ -247,7 +240,7 @@ def specific_target(family: str, arch: str):
     return None
 
 
-def _build_module(family: str, requested: str, device: int, expressions):
+def _build_module(family: str, expression: str, device: int):
     import cupy
     from cupy.cuda import compiler
 
@@ -261,22 +254,21 @@ def _build_module(family: str, requested: str, device: int, expressions):
         if family in _SPECIFIC_REQUIRED:
             attempts = attempts[:1]
     for i, opts in enumerate(attempts):
-        mod = cupy.RawModule(code=source(family), options=opts, name_expressions=list(expressions))
+        mod = cupy.RawModule(code=source(family), options=opts, name_expressions=[expression])
         try:
             mod.compile()
             return mod
         except compiler.CompileException as e:
             if i == len(attempts) - 1:
-                raise KernelCompileError(family, requested, opts, e.get_message()) from None
+                raise KernelCompileError(family, expression, opts, e.get_message()) from None
 
 
 def kernel(device: int, family: str, name: str, *targs):
     """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on ``device``, which must
     be the current device (wrappers run inside ``_validate.on_device_of``).
 
-    The family is compiled once per device (at the first request of any of its kernels; a family
-    registered ``per_instantiation``, each instantiation at its first request) and kept;
-    later calls are one dictionary lookup keyed on the template arguments, so no string is built on
+    Each instantiation is compiled (or loaded from CuPy's disk cache) at its first request on a
+    device and kept; later calls are one dictionary lookup keyed on the template arguments, so no string is built on
     the hot path. Asking for an expression the registry lacks raises ``KeyError``.
     """
     key = (device, family, name, targs)
@@ -291,16 +283,10 @@ def _load(key):
     expression = expr(name, *targs)
     if expression not in _FAMILIES.get(family, ()):
         raise KeyError(f"{expression!r} is not registered for kernel family {family!r} in cupyquant._jit")
-    with _lock:  # first calls from many threads compile the family once
+    with _lock:  # first calls from many threads compile an instantiation once
         k = _kernels.get(key)
         if k is None:
-            one = family in _PER_INSTANTIATION
-            mkey = (device, family, expression) if one else (device, family)
-            mod = _kernels.get(mkey)
-            if mod is None:
-                exprs = (expression,) if one else _FAMILIES[family]
-                mod = _kernels[mkey] = _build_module(family, expression, device, exprs)
-            k = _kernels[key] = mod.get_function(expression)
+            k = _kernels[key] = _build_module(family, expression, device).get_function(expression)
     return k
 
 

@@ -28,8 +28,9 @@
 // these strides. Padding (rows M..M_pad of "col", unused bytes of the last packed word) is written 0.
 //
 // Threads. Per-group kernels give each thread 16 consecutive elements (16-byte loads, one 16-byte
-// store); a group's G / 16 threads are consecutive lanes of one warp and reduce with xor shuffles. The per-token kernel runs one block per row, holding the row in
-// registers when it fits. VEC = false is the scalar path for rows that are not 16-byte aligned.
+// store); a group's G / 16 threads are consecutive lanes of one warp and reduce with xor shuffles.
+// The per-token kernel gives each row a team of one or more warps that holds the row in registers
+// (token_quantize_regs). VEC = false is the scalar path for rows that are not 16-byte aligned.
 
 #include "common.cuh"
 
@@ -312,83 +313,118 @@ __device__ __forceinline__ uint2 token_quant8(const float* f, float s, float inv
     return quant8<F, CLAMP_HI>(f, s, inv, exact_div);
 }
 
-static constexpr int TOKEN_BLOCK = 256;
-static constexpr int TOKEN_REG_BYTES = 128;  // row bytes a thread keeps in registers (32 registers)
+static constexpr int TOKEN_REG_BYTES = 128;  // row bytes a lane keeps in registers (32 registers)
 
-// One block per row. When the row fits (VEC and K <= 8 * TOKEN_REG_UNITS * TOKEN_BLOCK) it is read
-// once into registers; otherwise the second pass re-reads it (from L2).
+// The scale of a token from its amax (after scale_ub), stored by the caller; sets inv for token_quant8.
+template <class F> __device__ __forceinline__ float token_scale(const ScaleArgs& sa, float amax, float& inv) {
+    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
+    float s = TokenRule<F>::scale(amax);
+    if (sa.pow2) s = pow2_ceil(s);
+    inv = TokenRule<F>::inv(amax, s);
+    return s;
+}
+
+// A team of WARPS warps per row, the row held in registers: lane t of the team keeps the 8-element
+// units t, t + 32 * WARPS, ... (UNITS of them at most, 128 bytes), so a row of up to
+// 8 * UNITS * 32 * WARPS elements (2048 * WARPS of a 16-bit type, 1024 * WARPS of float32) is read
+// once. The block holds 256 / (32 * WARPS) rows (one row of 32 * WARPS threads for WARPS > 8); the
+// row max is a warp shuffle reduction, plus one exchange through shared memory across a team's
+// warps. The host picks the smallest WARPS whose rows fit, so that short rows do not leave a block
+// of threads idling on a reduction. Rows must be 16-byte aligned with K % 8 == 0 (the host checks).
+template <int WARPS> struct TokenTeam {
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int BLOCK = THREADS > 256 ? THREADS : 256;
+    static constexpr int ROWS = BLOCK / THREADS;
+};
+
+template <typename T, class F, int WARPS>
+__global__ void __launch_bounds__(TokenTeam<WARPS>::BLOCK, 1024 / TokenTeam<WARPS>::BLOCK)
+token_quantize_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
+                    ScaleArgs sa) {
+    using Team = TokenTeam<WARPS>;
+    constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;              // 16-byte loads per 8-element unit
+    constexpr int UNITS = TOKEN_REG_BYTES / (16 * LOADS);
+    const int t = threadIdx.x % Team::THREADS;                 // lane within the team
+    const i64 row = (i64)blockIdx.x * Team::ROWS + threadIdx.x / Team::THREADS;
+    const bool valid = row < rows;
+    const T* xr = x + (valid ? row : 0) * x_row_stride;
+    uint4 raw[UNITS][LOADS];
+    unsigned m = 0;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * Team::THREADS + t) * 8;
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            raw[v][l] = valid && c < K ? ld16(xr + c + l * 4) : make_uint4(0u, 0u, 0u, 0u);
+            m = max(m, absmax16<T>(raw[v][l]));
+        }
+    }
+    m = warp_max(m);
+    if constexpr (WARPS > 1) {
+        __shared__ unsigned warp_vals[Team::BLOCK / 32];
+        if ((threadIdx.x & 31) == 0) warp_vals[threadIdx.x >> 5] = m;
+        __syncthreads();
+        const unsigned* team = warp_vals + (threadIdx.x / Team::THREADS) * WARPS;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m = max(m, team[w]);
+    }
+    if (!valid) return;
+    float inv;
+    const float s = token_scale<F>(sa, __uint_as_float(m), inv);
+    const bool pow2 = sa.pow2 != 0;
+    const bool exact_div = needs_exact_div(sa, s);
+    unsigned char* qr = q + row * (i64)K;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * Team::THREADS + t) * 8;
+        if (c < K) {
+            float f[8];
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * 4);
+            store8w<true>(qr + c, token_quant8<F>(f, s, inv, pow2, exact_div));
+        }
+    }
+    if (t == 0) store_scale(sa, row, 0, s);
+}
+
+static constexpr int TOKEN_BLOCK = 256;
+
+// Any K and any alignment (VEC = false: element loads; VEC = true: 16-byte loads, rows too long for
+// token_quantize_regs): one block per row, two passes over the row (the second from L2).
 template <typename T, class F, bool VEC>
-__global__ void __launch_bounds__(TOKEN_BLOCK, 4)
+__global__ void __launch_bounds__(TOKEN_BLOCK)
 token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, ScaleArgs sa) {
-    constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;  // 16-byte loads per 8-element unit
-    constexpr int TOKEN_REG_UNITS = TOKEN_REG_BYTES / (16 * LOADS);  // K <= 16384 (8192 for float32)
     const i64 row = blockIdx.x;
     const T* xr = x + row * x_row_stride;
     unsigned char* qr = q + row * (i64)K;
-    const bool in_regs = VEC && K <= 8 * TOKEN_REG_UNITS * TOKEN_BLOCK;
-    uint4 raw[TOKEN_REG_UNITS][LOADS];  // the row's bytes as loaded, unpacked when used
+    const int step = VEC ? 8 : 1;
     unsigned m = 0;
-    if (in_regs) {
+    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+        if constexpr (VEC) {
+            float g[8];
+            load8<T, true>(xr + c, g);
 #pragma unroll
-        for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
-            const int c = (v * TOKEN_BLOCK + threadIdx.x) * 8;
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) raw[v][l] = c < K ? ld16(xr + c + l * (8 / LOADS)) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
-            float f[8];
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * (8 / LOADS));
-#pragma unroll
-            for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
-        }
-    } else {
-        const int step = VEC ? 8 : 1;
-        for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
-            if constexpr (VEC) {
-                float g[8];
-                load8<T, true>(xr + c, g);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) m = max(m, abs_key(g[i]));
-            } else {
-                m = max(m, abs_key(to_float(xr[c])));
-            }
+            for (int i = 0; i < 8; ++i) m = max(m, abs_key(g[i]));
+        } else {
+            m = max(m, abs_key(to_float(xr[c])));
         }
     }
     __shared__ float amax_s;
     m = block_max<TOKEN_BLOCK>(m);
     if (threadIdx.x == 0) amax_s = __uint_as_float(m);
     __syncthreads();
-    float amax = amax_s;
-    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
-    float s = TokenRule<F>::scale(amax);
-    if (sa.pow2) s = pow2_ceil(s);
-    const float inv = TokenRule<F>::inv(amax, s);
+    float inv;
+    const float s = token_scale<F>(sa, amax_s, inv);
     const bool pow2 = sa.pow2 != 0;
     const bool exact_div = needs_exact_div(sa, s);
-    if (in_regs) {
-#pragma unroll
-        for (int v = 0; v < TOKEN_REG_UNITS; ++v) {
-            const int c = (v * TOKEN_BLOCK + threadIdx.x) * 8;
-            if (c < K) {
-                float f[8];
-#pragma unroll
-                for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * (8 / LOADS));
-                store8w<true>(qr + c, token_quant8<F>(f, s, inv, pow2, exact_div));
-            }
-        }
-    } else {
-        const int step = VEC ? 8 : 1;
-        for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
-            if constexpr (VEC) {
-                float g[8];
-                load8<T, true>(xr + c, g);
-                store8w<true>(qr + c, token_quant8<F>(g, s, inv, pow2, exact_div));
-            } else {
-                float g[8] = {to_float(xr[c])};
-                qr[c] = (unsigned char)(token_quant8<F>(g, s, inv, pow2, exact_div).x & 0xffu);
-            }
+    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+        if constexpr (VEC) {
+            float g[8];
+            load8<T, true>(xr + c, g);
+            store8w<true>(qr + c, token_quant8<F>(g, s, inv, pow2, exact_div));
+        } else {
+            float g[8] = {to_float(xr[c])};
+            qr[c] = (unsigned char)(token_quant8<F>(g, s, inv, pow2, exact_div).x & 0xffu);
         }
     }
     if (threadIdx.x == 0) store_scale(sa, row, 0, s);

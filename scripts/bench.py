@@ -6,6 +6,8 @@
     python scripts/bench.py --list               # the ops and their shapes
     python scripts/bench.py --matmul             # the weight-only matmul against cuBLAS
     python scripts/bench.py --w8a8               # the W8A8 FP8 matmul (scripts/bench_w8a8.py)
+    python scripts/bench.py --sweep --json sweep.json --plot sweep.png
+                                                 # the inference shape sweep (scripts/bench_sweep.py)
 
 Protocol (docs/performance.md): CUDA events around each call, warm-up, median of --reps calls, inputs rotated
 over enough copies to span 4x the L2, the copy bandwidth of a 2 GiB device-to-device copy measured in
@@ -31,6 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_w8a8 next to this file
 
+import bench_sweep  # noqa: E402
 import bench_w8a8  # noqa: E402
 
 import cupyquant as cq  # noqa: E402
@@ -193,6 +196,17 @@ def _torch_group(torch, fmt, group_size, pow2=False, col=False):
     return per_token if group_size is None else grouped
 
 
+def _torch_group_dequant(torch, group_size):
+    """Per-group (per-token for None) dequantization: q times its row's scale, to out_dtype."""
+
+    def deq(q, s, out_dtype):
+        M, K = q.shape
+        G = K if group_size is None else group_size
+        return (q.float().view(M, K // G, G) * s.reshape(M, K // G, 1)).view(M, K).to(out_dtype)
+
+    return deq
+
+
 def _torch_silu(torch, fmt, group_size=128):
     qmax = FP8_MAX[fmt]
     tdt = getattr(torch, fmt)
@@ -235,13 +249,6 @@ def _group_ops():
             for (x,) in _rotated(shape, dt, 1 + np.dtype(dt).itemsize)
         ]
 
-    def torch_gdeq(torch, f):
-        def deq(q, s, out_dtype):
-            M, K = q.shape
-            return (q.float().view(M, K // 128, 128) * s.unsqueeze(-1)).view(M, K).to(out_dtype)
-
-        return deq
-
     return {
         "group128": entry("float8_e4m3fn", 128, GROUP_SHAPES),
         "group128_col": entry("float8_e4m3fn", 128, GROUP_SHAPES, "col"),
@@ -261,7 +268,7 @@ def _group_ops():
             shapes=GROUP_SHAPES,
             make=gdeq_make,
             ours=lambda q: q.dequantize(),
-            torch_fn=torch_gdeq,
+            torch_fn=lambda torch, f: _torch_group_dequant(torch, 128),
             io_bytes=lambda shape, b: _n(shape) * (1 + b) + _n(shape) // 128 * 4,
             bound_bytes=lambda shape, b: _n(shape) * (1 + b) + _n(shape) // 128 * 4,
             to_torch=_torch_dequant_args,
@@ -283,14 +290,20 @@ def _mx_bytes(shape, b, fmt, block, quant=True):
 
 
 def _torch_swizzle(s):
-    """(M, Kb) scales -> the 128x4 layout (M % 128 == 0, Kb % 4 == 0): m = 128a + 32b + c and
-    k = 4d + e go to offset (a Kt + d) 512 + 16 c + 4 b + e."""
+    """(M, Kb) scales -> the 128x4 layout, padded with zeros to 128 rows and 4 columns: m = 128a +
+    32b + c and k = 4d + e go to offset (a Kt + d) 512 + 16 c + 4 b + e."""
+    import torch.nn.functional as F
+
     M, Kb = s.shape
-    return s.view(M // 128, 4, 32, Kb // 4, 4).permute(0, 3, 2, 1, 4).reshape(M, Kb)
+    Mp, Kp = -(-M // 128) * 128, -(-Kb // 4) * 4
+    if (Mp, Kp) != (M, Kb):
+        s = F.pad(s, (0, Kp - Kb, 0, Mp - M))
+    return s.view(Mp // 128, 4, 32, Kp // 4, 4).permute(0, 3, 2, 1, 4).reshape(Mp, Kp)
 
 
 def _torch_unswizzle(s, M, Kb):
-    return s.reshape(M // 128, Kb // 4, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(M, Kb)
+    Mp, Kp = -(-M // 128) * 128, -(-Kb // 4) * 4
+    return s.reshape(Mp // 128, Kp // 4, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(Mp, Kp)[:M, :Kb]
 
 
 def _torch_e2m1_codes(torch, v):
@@ -583,6 +596,15 @@ def build_parser():
         help="--matmul, --w8a8: seconds of idle GPU before each timing, so that the clock has recovered from the "
         f"previous heavy burst (0: none; default {MATMUL_SETTLE} for --matmul, {bench_w8a8.DEFAULT_SETTLE} for --w8a8)",
     )
+    s = p.add_argument_group("inference shape sweep (scripts/bench_sweep.py)")
+    s.add_argument("--sweep", action="store_true", help="the activation quantizers at K x M, next to torch.compile")
+    s.add_argument("--sweep-ops", default="all", help=f"comma-separated, of {', '.join(bench_sweep.OPS)}")
+    s.add_argument("--sweep-k", default=None, help=f"row lengths (default {','.join(map(str, bench_sweep.KS))})")
+    s.add_argument("--sweep-m", default=None, help=f"rows (default {','.join(map(str, bench_sweep.MS))})")
+    s.add_argument("--sweep-floor", action="store_true", help="also time each op's bare kernel launches at M = 1")
+    s.add_argument("--json", help="--sweep: write every cell to this file")
+    s.add_argument("--from-json", help="--sweep: tabulate (and --plot) a saved run instead of measuring")
+    s.add_argument("--plot", help="--sweep: draw GB/s against bytes moved to this image (needs matplotlib)")
     w = p.add_argument_group("W8A8 FP8 matmul (scripts/bench_w8a8.py)")
     w.add_argument("--w8a8", action="store_true", help="the W8A8 matmul table against cuBLASLt and cuBLAS bf16")
     w.add_argument("--w8a8-ms", default=None, help=f"rows of a (default {','.join(map(str, bench_w8a8.MS))})")
@@ -604,6 +626,8 @@ def build_parser():
 
 def main(argv=None):
     a = build_parser().parse_args(argv)
+    if a.sweep or a.from_json:
+        return bench_sweep.main_sweep(a, sys.modules[__name__])
     if a.w8a8:
         return bench_w8a8.main_w8a8(a, _fmt, _emit, _load_torch)
     if a.matmul:

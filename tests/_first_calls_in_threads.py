@@ -5,8 +5,8 @@
 ``N_THREADS`` threads, each with its own non-blocking stream, wait on a barrier and then call one
 op of every family, each thread starting with a different family so that several families are
 asked for at the same moment. ``cupyquant._jit._build_module`` is wrapped to count the builds per
-family and GPU architecture. Every result is compared byte for byte with cupyquant.reference.
-Prints one JSON line: ``builds`` ("family@sm_XX" -> count), ``problems`` (mismatches and
+instantiation and GPU architecture. Every result is compared byte for byte with cupyquant.reference.
+Prints one JSON line: ``builds`` ("family@sm_XX:expression" -> count), ``problems`` (mismatches and
 tracebacks), ``threads``, ``finished``, ``cache_files``.
 """
 
@@ -40,11 +40,11 @@ def main() -> dict:
     count_lock = threading.Lock()
     build = _jit._build_module
 
-    def counting_build(family, requested, device, expressions):
+    def counting_build(family, expression, device):
         arch = cupy.cuda.Device(device).compute_capability
         with count_lock:
-            builds[f"{family}@sm_{arch}"] += 1
-        return build(family, requested, device, expressions)
+            builds[f"{family}@sm_{arch}:{expression}"] += 1
+        return build(family, expression, device)
 
     _jit._build_module = counting_build
 

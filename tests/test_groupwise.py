@@ -117,6 +117,20 @@ def test_per_token_any_k(K, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_per_token_every_team(in_dtype, fmt):
+    # token_quantize_regs at every team size (warps per row), each at its longest row and at the
+    # first row that needs the next team; 13 rows leave a block of the one- and two-warp teams part
+    # empty; past the longest team, the two-pass kernel with 16-byte loads
+    item = np.dtype(in_dtype).itemsize
+    longest = [groupwise._token_row_max(item, w) for w in groupwise._TOKEN_WARPS]
+    for K in [8, 264] + longest + [k + 8 for k in longest]:
+        for rows in (13, 300) if K <= 4096 else (2,):  # few rows (wide teams) and many
+            xh = heavy_tailed((rows, K), _seed(K, rows, in_dtype, fmt, "team"), in_dtype)
+            run_groupwise(xh, fmt, None, "row" if K % 16 else "col", K % 3 == 0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_per_token_empty_rows(fmt):
     # K = 0 per token: each row still gets one scale, that of an all-zero row (FP8 1 / (qmax * 512),
     # INT8 0), written over a poisoned buffer in every layout, padding included

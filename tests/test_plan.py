@@ -412,3 +412,17 @@ def test_forced_path_accepts_old_names_and_restores():
     with pytest.raises(ValueError, match="path must be one of"):
         with cq.weight._forced_path("fast"):
             pass
+
+
+def test_per_token_team_choice():
+    """quantize_groupwise per token (groupwise._token_team): for many rows the fewest warps per row
+    that hold the row in registers at 128 bytes a lane; for few rows up to 8 warps, at least 32
+    bytes a lane; None (the two-pass kernel) past rows of 65536 (16-bit) or 32768 (float32)."""
+    from cupyquant import groupwise
+
+    many16 = {8: 1, 2048: 1, 2056: 2, 4096: 2, 7168: 4, 8192: 4, 16384: 8, 32768: 16, 65536: 32, 65544: None}
+    many32 = {8: 1, 1024: 1, 2048: 2, 4096: 4, 7168: 8, 16384: 16, 32768: 32, 32776: None}
+    few16 = {8: 1, 512: 1, 520: 2, 2048: 4, 4096: 8, 7168: 8, 16384: 8, 32768: 16, 65544: None}
+    assert {K: groupwise._token_team(K, 2, 1024) for K in many16} == many16
+    assert {K: groupwise._token_team(K, 4, 257) for K in many32} == many32
+    assert {K: groupwise._token_team(K, 2, 256) for K in few16} == few16

@@ -43,7 +43,6 @@ FAMILY = _jit.register(
         for mode in MODES
         for cfg in CONFIGS
     ],
-    per_instantiation=True,  # a call launches one of 108
 )
 
 

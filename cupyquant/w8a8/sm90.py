@@ -57,7 +57,6 @@ FAMILY = _jit.register(
     ],
     specific_targets=("90",),
     specific_required=True,
-    per_instantiation=True,  # 72 of them take 100 s on an H100 host; a call launches one
 )
 
 #: a split of K keeps at least this many 128-k blocks a part
