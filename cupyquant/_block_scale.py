@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _validate
+from . import _dtypes, _jit, _plans, _validate
 
 #: Compute capabilities whose family-specific target has the FP4 and UE8M0 conversion instructions.
 SPECIFIC_TARGETS = ("100", "101", "103", "110", "120", "121")
@@ -92,9 +93,40 @@ def data_shape(shape, bits: int) -> tuple:
     return tuple(shape) if bits == 8 else tuple(shape[:-1]) + (-(-shape[-1] // 2),)
 
 
-def prepare(x, fmt, block: int, scale_layout, out, scale_out) -> tuple:
-    """Shared validation: (in_t, rows, K, row_stride, device, q_shape, s_shape); nothing is
-    allocated or launched."""
+class QuantPlan(NamedTuple):
+    """A quantizer call after its checks: the kernel (None when there is nothing to launch), its
+    grid, its arguments with NVFP4's global-scale pointers unset, the outputs' shapes and the
+    input's type."""
+
+    kernel: object
+    grid: tuple
+    args: np.ndarray
+    q_shape: tuple
+    s_shape: tuple
+    in_t: _dtypes.InputType
+
+
+_QUANT_PLANS = _plans.Plans()
+
+
+def plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule=0, gs=(0, 0.0)):
+    """Check the arguments of a block quantizer and plan the launch of ``name<in, *ftargs, VEC,
+    HW>`` of ``family`` (a block_quantize instance); memoized per signature where no output buffer
+    is given. ``gs``: NVFP4's (ScaleSource, value) of the global scale. Nothing is allocated."""
+    key = None
+    if out is None and scale_out is None and type(x) is cupy.ndarray:
+        mem = x.data
+        key = (family, name, ftargs, x.shape, x.strides, x.dtype, mem.device_id, mem.ptr & 15, block, scale_layout)
+        key += (floor_rule, gs)
+    plan = _QUANT_PLANS.lookup(key)
+    if plan is None:
+        plan = _QUANT_PLANS.keep(
+            key, _plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule, gs)
+        )
+    return plan
+
+
+def _plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule, gs) -> QuantPlan:
     in_t = _validate.float_input(x, "x")
     if scale_layout not in LAYOUTS:
         raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {LAYOUTS}")
@@ -106,64 +138,98 @@ def prepare(x, fmt, block: int, scale_layout, out, scale_out) -> tuple:
         _validate.out_array(out, "out", q_shape, np.uint8, device, inputs=(("x", x),))
     if scale_out is not None:
         _validate.scale_out(scale_out, s_shape, np.uint8, device, inputs=(("out", out), ("x", x)))
-    return in_t, rows, K, row_stride, device, q_shape, s_shape
-
-
-def launch_quantize(
-    family: str, name: str, targs, x, q, s, rows, K, row_stride, block, fmt, scale_layout, device, **kw
-):
-    """Launch ``name<targs..., VEC, HW>`` of ``family`` (a block_quantize instance) over the row
-    tiles of ``x``. ``kw``: ``floor_rule`` (MX), ``gs`` = (ScaleSource, value, pointer, output
-    pointer) of NVFP4's global scale."""
     n_blocks = -(-K // block)
     n_ktiles = -(-K // TILE_K)
-    a = np.zeros((), dtype=QUANT_ARGS)
-    a["rows"], a["K"], a["row_stride"] = rows, K, row_stride
-    a["q_row"] = K if fmt.bits == 8 else -(-K // 2)
-    a["n_blocks"], a["n_units"], a["n_ktiles"] = n_blocks, -(-n_blocks // 4), n_ktiles
-    a["swizzled"] = scale_layout == "swizzled"
-    a["floor_rule"] = kw.get("floor_rule", 0)
-    a["gs_mode"], a["gs_arg"], a["gs_ptr"], a["gs_out"] = kw.get("gs", (0, np.float32(0), 0, 0))
+    a = np.array(
+        (
+            rows,
+            K,
+            row_stride,
+            K if fmt.bits == 8 else -(-K // 2),
+            n_blocks,
+            -(-n_blocks // 4),
+            n_ktiles,
+            scale_layout == "swizzled",
+            floor_rule,
+            gs[0],
+            gs[1],
+            0,
+            0,
+        ),
+        dtype=QUANT_ARGS,
+    )
+    if not (rows and K):
+        return QuantPlan(None, (), a, q_shape, s_shape, in_t)
     vec = (
         K % 16 == 0
         and x.data.ptr % 16 == 0
         and (row_stride * x.itemsize) % 16 == 0
-        and q.data.ptr % (16 if fmt.bits == 8 else 8) == 0
+        and (out is None or out.data.ptr % (16 if fmt.bits == 8 else 8) == 0)
     )
-    k = _jit.kernel(device, family, name, *targs, vec, not FORCE_SOFTWARE)
-    k((-(-rows // 128) * n_ktiles,), (THREADS,), (x, q, s, a[()]))
+    k = _jit.kernel(device, family, name, in_t.ctype, *ftargs, vec, not FORCE_SOFTWARE)
+    return QuantPlan(k, (-(-rows // 128) * n_ktiles,), a, q_shape, s_shape, in_t)
 
 
-def launch_dequantize(family: str, name: str, targs, q, y, gs_ptr: int) -> None:
-    """Launch ``name<targs..., VEC>`` of ``family`` (a block_dequantize instance) to dequantize the
-    QuantizedTensor ``q`` into ``y``; ``gs_ptr``: NVFP4's global scale (0 for MX)."""
+def launch_quantize(plan: QuantPlan, x, q, s, gs_ptr: int = 0, gs_out: int = 0) -> None:
+    """Launch a planned block quantizer (nothing when the plan has no kernel); ``gs_ptr`` and
+    ``gs_out``: NVFP4's global scale on the device, to read and to write."""
+    if plan.kernel is None:
+        return
+    a = plan.args
+    if gs_ptr or gs_out:
+        a = a.copy()
+        a["gs_ptr"], a["gs_out"] = gs_ptr, gs_out
+    plan.kernel(plan.grid, (THREADS,), (x, q, s, a[()]))
+
+
+def _dequant_plan(family, name, targs, q, y_aligned: bool) -> tuple:
+    """(kernel or None, grid, block, arguments with the global-scale pointer unset)."""
     fmt = q.format
     shape = q.shape
     K = shape[-1] if shape else 0
     rows = math.prod(shape[:-1])
     if not (rows and K):
-        return
-    a = np.zeros((), dtype=DEQUANT_ARGS)
-    a["rows"], a["K"] = rows, K
-    a["q_row"] = K if fmt.bits == 8 else -(-K // 2)
-    a["n_blocks"] = -(-K // q.scheme.block[0])
-    a["swizzled"] = q.scheme.scale_layout == "swizzled"
-    a["gs_ptr"] = gs_ptr
+        return None, (), (), None
+    a = np.array(
+        (
+            rows,
+            K,
+            K if fmt.bits == 8 else -(-K // 2),
+            -(-K // q.scheme.block[0]),
+            q.scheme.scale_layout == "swizzled",
+            0,
+        ),
+        dtype=DEQUANT_ARGS,
+    )
     # pieces of 8 elements: 4 (FP4) or 8 (FP8) bytes in, 8 elements out per load/store
-    vec = K % 8 == 0 and q.data.data.ptr % (4 if fmt.bits == 4 else 8) == 0 and y.data.ptr % 16 == 0
+    vec = K % 8 == 0 and q.data.data.ptr % (4 if fmt.bits == 4 else 8) == 0 and y_aligned
     k = _jit.kernel(q.data.data.device_id, family, name, *targs, vec)
     # a warp takes 32 x 4 pieces of a row (block_scale.cuh's PIECES)
     spans = -(-K // (8 * 32 * 4))
     warps = min(8, spans)
-    k((rows, -(-spans // warps)), (32, warps), (q.data, q.scale, y, a[()]))
+    return k, (rows, -(-spans // warps)), (32, warps), a
+
+
+_DEQUANT_PLANS = _plans.Plans()
 
 
 def dequantize(family: str, name: str, targs, q, out_t: _dtypes.InputType, out, gs_ptr: int = 0) -> cupy.ndarray:
-    """The body of the MX and NVFP4 dequantizers: check ``out``, allocate, launch."""
+    """The body of the MX and NVFP4 dequantizers: check ``out``, plan (memoized where ``out`` is
+    None), allocate, launch ``name<targs..., VEC>`` of ``family``; ``gs_ptr``: NVFP4's global scale
+    (0 for MX)."""
     device = q.data.data.device_id
-    if out is not None:
+    if out is None:
+        key = (family, name, targs, q.scheme, q.shape, device, q.data.data.ptr & 7)
+        plan = _DEQUANT_PLANS.lookup(key) or _DEQUANT_PLANS.keep(key, _dequant_plan(family, name, targs, q, True))
+    else:
         _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
+        plan = _dequant_plan(family, name, targs, q, out.data.ptr % 16 == 0)
+    k, grid, block, a = plan
     with _validate.on_device_of(q.data):
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
-        launch_dequantize(family, name, targs, q, y, gs_ptr)
+        if k is not None:
+            if gs_ptr:
+                a = a.copy()
+                a["gs_ptr"] = gs_ptr
+            k(grid, block, (q.data, q.scale, y, a[()]))
     return y

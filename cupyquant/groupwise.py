@@ -25,11 +25,12 @@ scales per token (1 per token when ``group_size`` is None):
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import cupy
 import numpy as np
 
-from . import _checks, _dtypes, _jit, _launch, _validate
+from . import _checks, _dtypes, _jit, _launch, _plans, _validate
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
@@ -200,48 +201,140 @@ def _ub(scale_ub, device: int) -> tuple:
     return (0 if array is None else array.data.ptr), value, int(mode != _validate.ScaleSource.AMAX)
 
 
-def _prepare(x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, out_shape, K_out, arg="x"):
-    """Shared validation; returns everything a launch needs (nothing is allocated or launched)."""
+class _Plan(NamedTuple):
+    """Everything a quantizer call does after its checks, for one argument signature: the kernel
+    (None when there is nothing to launch), its launch shape and the arguments that do not depend on
+    the buffers (``mid``, between ``q`` and the ScaleArgs), the ScaleArgs without the scale pointer,
+    and the outputs' shape, dtype, layout and scheme."""
+
+    kernel: object
+    grid: tuple
+    block: tuple
+    row_stride: np.int64
+    mid: tuple
+    sa: np.ndarray
+    q_shape: tuple
+    q_dtype: type
+    lay: _Layout
+    s_dtype: type
+    scheme: Scheme
+
+
+def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu) -> _Plan:
+    """Check every argument of quantize_groupwise (or of silu_mul_quantize) and plan the launch;
+    nothing is allocated or launched. Raises TypeError or ValueError naming the argument."""
+    if silu:
+        if isinstance(x, cupy.ndarray) and x.ndim:
+            _checks.gate_up_width(x.shape[-1])
+        _checks.not_per_token(group_size, "silu_mul_quantize")
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS)
-    in_t = _validate.float_input(x, arg)
+    in_t = _validate.float_input(x, "x")
     packed = _scale_kind(scale_layout, scale_dtype)
-    rows, K, row_stride = _validate.rows_view(x, arg)
+    rows, K, row_stride = _validate.rows_view(x, "x")
+    out_shape = x.shape[:-1] + (K // 2,) if silu else x.shape
+    K_out = out_shape[-1]
     n_groups = _checks.group_count(K_out, group_size)
     device = x.data.device_id
     ub = _ub(scale_ub, device)
-    lay = _Layout(tuple(out_shape[:-1]), _n_cols(n_groups, packed), scale_layout == "col")
+    lay = _Layout(out_shape[:-1], _n_cols(n_groups, packed), scale_layout == "col")
     q_dtype = np.int8 if fmt.name == "int8" else np.uint8
+    s_dtype = np.int32 if packed else np.float32
     if out is not None:
-        _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=((arg, x),))
+        _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=(("x", x),))
     if scale_out is not None:
         _validate.scale_out(
             scale_out,
             lay.shape,
-            np.int32 if packed else np.float32,
+            s_dtype,
             device,
-            inputs=(("out", out), (arg, x)),
+            inputs=(("out", out), ("x", x)),
             strides=lay.strides,
             nbytes=lay.words * 4,
             alloc="cupyquant.empty_scales()",
         )
-    return fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype
+    pow2 = (bool(scale_pow2) or packed) and not silu
+    sa = np.array(
+        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, n_groups, packed, pow2, lay.col, *ub, *_magic(lay.M)),
+        dtype=_SCALE_ARGS,
+    )
+    scheme = Scheme(
+        fmt.name,
+        "token" if group_size is None else "group",
+        (K_out if group_size is None else group_size,),
+        "float8_e8m0fnu" if packed else "float32",
+        scale_layout,
+        _FAMILY,
+    )
+    aligned = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    kernel, grid, block, mid = None, (), (), ()
+    if silu and rows and K_out:
+        vec = aligned and (K_out * x.itemsize) % 16 == 0
+        kernel = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
+        grid, block = _launch.grid2d(rows, K_out // 16)
+        mid = (np.int64(rows), np.int32(K_out), np.int32(group_size))
+    elif not silu and rows and (K or group_size is None):
+        # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
+        vec = aligned and K % 8 == 0
+        team = _token_team(K, x.itemsize, rows) if vec and group_size is None else None
+        if team is not None:
+            kernel = _jit.kernel(device, _FAMILY, "token_quantize_regs", in_t.ctype, fmt.ctag, team)
+            block = (max(_TOKEN_BLOCK, 32 * team),)
+            grid = (-(-rows // (block[0] // (32 * team))),)
+            mid = (np.int64(rows), np.int32(K))
+        elif group_size is None:
+            kernel = _jit.kernel(device, _FAMILY, "token_quantize", in_t.ctype, fmt.ctag, vec)
+            grid, block, mid = (rows,), (_TOKEN_BLOCK,), (np.int32(K),)
+        else:
+            kernel = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
+            grid, block = _launch.grid2d(rows, K // 16)
+            mid = (np.int64(rows), np.int32(K), np.int32(group_size))
+    return _Plan(kernel, grid, block, np.int64(row_stride), mid, sa, out_shape, q_dtype, lay, s_dtype, scheme)
 
 
-def _scale_args(lay: _Layout, words_ptr, n_groups, packed, pow2, ub):
-    a = np.zeros((), dtype=_SCALE_ARGS)
-    a["words"], a["M"], a["M_pad"] = words_ptr, lay.M, lay.M_pad
-    a["sb"], a["sm"], a["sg"] = lay.sb, lay.sm, lay.sg
-    a["n_groups"], a["packed"], a["pow2"], a["col"] = n_groups, packed, pow2, lay.col
-    a["ub_ptr"], a["ub_arg"], a["has_ub"] = ub
-    a["m_magic"], a["m_shift"] = _magic(lay.M)
-    return a[()]
+#: Plans of quantizer calls without caller buffers, per argument signature (_signature).
+_PLANS = _plans.Plans()
 
 
-def _outputs(out, scale_out, out_shape, q_dtype, lay, packed):
-    q = cupy.empty(out_shape, dtype=q_dtype) if out is None else out
-    if scale_out is None:
-        scale_out = lay.view(cupy.cuda.alloc(max(lay.words, 1) * 4), np.int32 if packed else np.float32)
-    return q, scale_out
+def _signature(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu):
+    """What a plan depends on, or None where the call is not memoized (caller buffers, a scale
+    bound, an x that is not a CuPy array). Alignment enters as the address modulo 16; the group
+    size with its type, since 128.0 == 128 is a different (refused) argument."""
+    if out is not None or scale_out is not None or scale_ub is not None or type(x) is not cupy.ndarray:
+        return None
+    mem = x.data
+    return (
+        x.shape,
+        x.strides,
+        x.dtype,
+        mem.device_id,
+        mem.ptr & 15,
+        dtype,
+        group_size,
+        type(group_size),
+        scale_layout,
+        bool(scale_pow2),
+        scale_dtype,
+        silu,
+    )
+
+
+def _quantize(silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out):
+    """The body of both quantizers: the plan (memoized), the outputs a caller did not give, the
+    scale pointer filled in, one launch."""
+    args = (x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu)
+    key = _signature(*args)
+    plan = _PLANS.lookup(key)
+    if plan is None:
+        plan = _PLANS.keep(key, _plan(*args))
+    with _validate.on_device_of(x):
+        q = cupy.empty(plan.q_shape, dtype=plan.q_dtype) if out is None else out
+        if scale_out is None:
+            scale_out = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), plan.s_dtype)
+        if plan.kernel is not None:
+            sa = plan.sa.copy()
+            sa["words"] = scale_out.data.ptr
+            plan.kernel(plan.grid, plan.block, (x, plan.row_stride, q, *plan.mid, sa[()]))
+    return QuantizedTensor(q, scale_out, plan.scheme, plan.q_shape, x.dtype)
 
 
 def quantize_groupwise(
@@ -306,44 +399,7 @@ def quantize_groupwise(
     rounds half to even everywhere (vLLM's per-group INT8 truncates). One kernel launch, no host
     synchronization.
     """
-    shape = x.shape if isinstance(x, cupy.ndarray) else ()  # _prepare rejects anything else, after dtype
-    fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
-        x, dtype, group_size, scale_layout, scale_dtype, scale_ub, out, scale_out, shape, shape[-1] if shape else 0
-    )
-    pow2 = bool(scale_pow2) or packed
-    with _validate.on_device_of(x):
-        q, scale_out = _outputs(out, scale_out, x.shape, q_dtype, lay, packed)
-        # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
-        if rows and (K or group_size is None):
-            sa = _scale_args(lay, scale_out.data.ptr, n_groups, packed, pow2, ub)
-            vec = K % 8 == 0 and x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and q.data.ptr % 16 == 0
-            team = _token_team(K, x.itemsize, rows) if vec else None
-            if group_size is None and team is not None:
-                k = _jit.kernel(device, _FAMILY, "token_quantize_regs", in_t.ctype, fmt.ctag, team)
-                block = max(_TOKEN_BLOCK, 32 * team)
-                grid = -(-rows // (block // (32 * team)))
-                k((grid,), (block,), (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), sa))
-            elif group_size is None:
-                k = _jit.kernel(device, _FAMILY, "token_quantize", in_t.ctype, fmt.ctag, vec)
-                k((rows,), (_TOKEN_BLOCK,), (x, np.int64(row_stride), q, np.int32(K), sa))
-            else:
-                k = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-                grid, block = _launch.grid2d(rows, K // 16)
-                k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(K), np.int32(group_size), sa))
-    return _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x)
-
-
-def _result(q, scale_out, fmt, group_size, K, packed, scale_layout, x):
-    gran = "token" if group_size is None else "group"
-    scheme = Scheme(
-        fmt.name,
-        gran,
-        (K if group_size is None else group_size,),
-        "float8_e8m0fnu" if packed else "float32",
-        scale_layout,
-        _FAMILY,
-    )
-    return QuantizedTensor(q, scale_out, scheme, q.shape, x.dtype)
+    return _quantize(False, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out)
 
 
 def silu_mul_quantize(
@@ -389,37 +445,7 @@ def silu_mul_quantize(
     (FP8) or FLT_EPSILON (INT8); ``q = cvt(clamp(r / s))``. :func:`cupyquant.reference
     .quantize_silu_intermediate` is the exact reference given ``r``.
     """
-    if isinstance(x, cupy.ndarray) and x.ndim:
-        _checks.gate_up_width(x.shape[-1])
-    _checks.not_per_token(group_size, "silu_mul_quantize")
-    out_shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,) if isinstance(x, cupy.ndarray) and x.ndim else ()
-    fmt, in_t, packed, rows, K, row_stride, n_groups, device, ub, lay, q_dtype = _prepare(
-        x,
-        dtype,
-        group_size,
-        scale_layout,
-        "float32",
-        scale_ub,
-        out,
-        scale_out,
-        out_shape,
-        out_shape[-1] if out_shape else 0,
-    )
-    H = K // 2
-    with _validate.on_device_of(x):
-        q, scale_out = _outputs(out, scale_out, out_shape, q_dtype, lay, packed)
-        if rows and H:
-            sa = _scale_args(lay, scale_out.data.ptr, n_groups, 0, 0, ub)
-            vec = (
-                x.data.ptr % 16 == 0
-                and (row_stride * x.itemsize) % 16 == 0
-                and (H * x.itemsize) % 16 == 0
-                and q.data.ptr % 16 == 0
-            )
-            k = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-            grid, block = _launch.grid2d(rows, H // 16)
-            k(grid, block, (x, np.int64(row_stride), q, np.int64(rows), np.int32(H), np.int32(group_size), sa))
-    return _result(q, scale_out, fmt, group_size, H, packed, scale_layout, x)
+    return _quantize(True, x, dtype, group_size, scale_layout, False, "float32", scale_ub, out, scale_out)
 
 
 def _silu_mul_intermediate(x: cupy.ndarray):
@@ -437,30 +463,48 @@ def _silu_mul_intermediate(x: cupy.ndarray):
     return r, e
 
 
-def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
-    fmt = q.format
-    device = q.data.data.device_id
-    if out is not None:
-        _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
+def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool) -> tuple:
+    """(kernel or None, grid, block, the arguments after y, ScaleArgs without the scale pointer)."""
     shape = q.shape
     K = shape[-1] if shape else 0
     G = q.scheme.block[0]
     packed = q.scheme.scale_dtype == "float8_e8m0fnu"
     lay = _Layout(tuple(shape[:-1]), _n_cols(K // G if G else 0, packed), q.scheme.scale_layout == "col")
     rows = math.prod(shape[:-1])
+    if not (rows and K):
+        return None, (), (), (), None
     # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
     g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
+    sa = np.array(
+        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, 0, packed, 0, lay.col, 0, 0, 0, *_magic(lay.M)), _SCALE_ARGS
+    )
+    vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
+    kernel = _jit.kernel(q.data.data.device_id, _FAMILY, "group_dequantize", out_t.ctype, q.format.ctag, vec)
+    if vec:
+        grid, block = _launch.grid2d(rows, K // 8)
+    else:
+        grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
+    return kernel, grid, block, (np.int64(rows), np.int32(K), np.int32(g_shift)), sa
+
+
+_DEQUANT_PLANS = _plans.Plans()
+
+
+def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
+    device = q.data.data.device_id
+    if out is None:
+        key = (q.scheme, q.shape, device, q.data.data.ptr & 7, out_t)
+        plan = _DEQUANT_PLANS.lookup(key) or _DEQUANT_PLANS.keep(key, _dequant_plan(q, out_t, True))
+    else:
+        _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
+        plan = _dequant_plan(q, out_t, out.data.ptr % 16 == 0)
+    kernel, grid, block, tail, sa = plan
     with _validate.on_device_of(q.data):
-        y = cupy.empty(shape, dtype=out_t.dtype) if out is None else out
-        if rows and K:
-            sa = _scale_args(lay, q.scale.data.ptr, 0, packed, 0, (0, np.float32(0), 0))
-            vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y.data.ptr % 16 == 0
-            k = _jit.kernel(device, _FAMILY, "group_dequantize", out_t.ctype, fmt.ctag, vec)
-            if vec:
-                grid, block = _launch.grid2d(rows, K // 8)
-            else:
-                grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
-            k(grid, block, (q.data, y, np.int64(rows), np.int32(K), np.int32(g_shift), sa))
+        y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
+        if kernel is not None:
+            sa = sa.copy()
+            sa["words"] = q.scale.data.ptr
+            kernel(grid, block, (q.data, y, *tail, sa[()]))
     return y
 
 

@@ -43,6 +43,11 @@ _FAMILY = _jit.register(
     specific_targets=_block_scale.SPECIFIC_TARGETS,
 )
 _MX_BLOCK = _block_scale.MX_BLOCK
+_SCHEMES = {
+    (f, layout): Scheme(f, "block", (_MX_BLOCK,), "float8_e8m0fnu", layout, _FAMILY)
+    for f in _dtypes.MX_NAMES
+    for layout in _block_scale.LAYOUTS
+}
 
 
 def quantize_mx(
@@ -100,31 +105,14 @@ def quantize_mx(
     """
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_checks.MX_FORMATS)
     _checks.mx_rounding(rounding)
-    in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(
-        x, fmt, _MX_BLOCK, scale_layout, out, scale_out
+    plan = _block_scale.plan_quantize(
+        _FAMILY, "mx_quantize", (fmt.ctag,), x, fmt, _MX_BLOCK, scale_layout, out, scale_out, int(rounding == "floor")
     )
     with _validate.on_device_of(x):
-        q = cupy.empty(q_shape, dtype=np.uint8) if out is None else out
-        s = cupy.empty(s_shape, dtype=np.uint8) if scale_out is None else scale_out
-        if rows and K:
-            _block_scale.launch_quantize(
-                _FAMILY,
-                "mx_quantize",
-                (in_t.ctype, fmt.ctag),
-                x,
-                q,
-                s,
-                rows,
-                K,
-                row_stride,
-                _MX_BLOCK,
-                fmt,
-                scale_layout,
-                device,
-                floor_rule=int(rounding == "floor"),
-            )
-    scheme = Scheme(fmt.name, "block", (_MX_BLOCK,), "float8_e8m0fnu", scale_layout, _FAMILY)
-    return QuantizedTensor(q, s, scheme, x.shape, x.dtype)
+        q = cupy.empty(plan.q_shape, dtype=np.uint8) if out is None else out
+        s = cupy.empty(plan.s_shape, dtype=np.uint8) if scale_out is None else scale_out
+        _block_scale.launch_quantize(plan, x, q, s)
+    return QuantizedTensor(q, s, _SCHEMES[fmt.name, scale_layout], x.shape, x.dtype)
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:

@@ -34,6 +34,10 @@ _FAMILY = _jit.register(
     specific_targets=_block_scale.SPECIFIC_TARGETS,
 )
 _NV_BLOCK = _block_scale.NV_BLOCK
+_SCHEMES = {
+    layout: Scheme("float4_e2m1fn", "block", (_NV_BLOCK,), "float8_e4m3fn", layout, _FAMILY)
+    for layout in _block_scale.LAYOUTS
+}
 
 
 def quantize_nvfp4(
@@ -85,46 +89,31 @@ def quantize_nvfp4(
     when dynamic (amax, then quantize; plus a 4-byte memset), one otherwise.
     """
     fmt = _dtypes.element_format("float4_e2m1fn")
-    in_t, rows, K, row_stride, device, q_shape, s_shape = _block_scale.prepare(
-        x, fmt, _NV_BLOCK, scale_layout, out, scale_out
-    )
+    _validate.float_input(x, "x")
+    device = x.data.device_id
     mode, gs_dev, value = _validate.scale_arg(global_scale, "global_scale", device)
+    plan = _block_scale.plan_quantize(
+        _FAMILY, "nvfp4_quantize", (), x, fmt, _NV_BLOCK, scale_layout, out, scale_out, gs=(int(mode), value)
+    )
     if mode == ScaleSource.AMAX:
         _validate.c_contiguous(x, "x")
     with _validate.on_device_of(x):
-        q = cupy.empty(q_shape, dtype=np.uint8) if out is None else out
-        s = cupy.empty(s_shape, dtype=np.uint8) if scale_out is None else scale_out
+        q = cupy.empty(plan.q_shape, dtype=np.uint8) if out is None else out
+        s = cupy.empty(plan.s_shape, dtype=np.uint8) if scale_out is None else scale_out
         gs = cupy.empty((1,), dtype=np.float32)
         amax = None
         if mode == ScaleSource.AMAX:
             amax = gs_dev = cupy.empty((1,), dtype=np.float32)
-            _launch.launch_amax(x, in_t, amax, device, np.int64(x.size))
-        if rows and K:
-            ptr = gs_dev.data.ptr if gs_dev is not None else 0
-            _block_scale.launch_quantize(
-                _FAMILY,
-                "nvfp4_quantize",
-                (in_t.ctype,),
-                x,
-                q,
-                s,
-                rows,
-                K,
-                row_stride,
-                _NV_BLOCK,
-                fmt,
-                scale_layout,
-                device,
-                gs=(mode, value, ptr, gs.data.ptr),
-            )
+            _launch.launch_amax(x, plan.in_t, amax, device, np.int64(x.size))
+        if plan.kernel is not None:
+            _block_scale.launch_quantize(plan, x, q, s, gs_dev.data.ptr if gs_dev is not None else 0, gs.data.ptr)
         elif mode == ScaleSource.ARG:
             gs.fill(value)
         elif mode == ScaleSource.DEVICE:
             gs[...] = gs_dev.reshape(1)
         else:  # empty tensor: amax 0 gives S_enc 1
             gs.fill(1)
-    scheme = Scheme(fmt.name, "block", (_NV_BLOCK,), "float8_e4m3fn", scale_layout, _FAMILY)
-    return QuantizedTensor(q, s, scheme, x.shape, x.dtype, amax=amax, global_scale=gs)
+    return QuantizedTensor(q, s, _SCHEMES[scale_layout], x.shape, x.dtype, amax=amax, global_scale=gs)
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:

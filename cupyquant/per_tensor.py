@@ -8,7 +8,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _device, _dtypes, _jit, _launch, _validate
+from . import _device, _dtypes, _jit, _launch, _plans, _validate
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _AMAX, _DEVICE = _validate.ScaleSource.AMAX, _validate.ScaleSource.DEVICE
@@ -111,17 +111,17 @@ def quantize_fp8(
     the cast, which reads amax and computes the scale itself) and one when static; no host
     synchronization, so the call can be captured in a CUDA graph.
     """
-    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
-    in_t = _validate.float_input(x, "x")
-    _validate.c_contiguous(x, "x")
+    key = None
+    if out is None and type(x) is cupy.ndarray and not isinstance(scale, cupy.ndarray):
+        key = (x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15, dtype, scale is None)
+    plan = _PLANS.lookup(key)
+    if plan is None:
+        plan = _PLANS.keep(key, _plan_quantize(x, dtype, scale, out))
     device = x.data.device_id
     mode, scale_dev, scale_arg = _validate.scale_arg(scale, "scale", device)
-    if out is not None:
-        _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
-
+    fmt_name, in_t, k, grid = plan
     with _validate.on_device_of(x):
-        n = x.size
-        n64 = np.int64(n)
+        n64 = np.int64(x.size)
         q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
         scale_inv = cupy.empty((1,), dtype=np.float32)
         amax_f = None
@@ -132,10 +132,27 @@ def quantize_fp8(
             src = scale_dev
         else:
             src = scale_inv  # unused by the kernel in this mode; any valid pointer
-        vec = x.data.ptr % 16 == 0 and q.data.ptr % 16 == 0
-        k = _jit.kernel(device, _FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
-        k((_flat_grid(n, vec, device, 16),), (_BLOCK,), (x, q, n64, src, scale_arg, scale_inv))
-    return QuantizedTensor(q, scale_inv, _SCHEMES[fmt.name], x.shape, x.dtype, amax=amax_f)
+        k(grid, (_BLOCK,), (x, q, n64, src, scale_arg, scale_inv))
+    return QuantizedTensor(q, scale_inv, _SCHEMES[fmt_name], x.shape, x.dtype, amax=amax_f)
+
+
+#: quantize_fp8 plans without an ``out=``, per argument signature
+_PLANS = _plans.Plans()
+
+
+def _plan_quantize(x, dtype, scale, out) -> tuple:
+    """Check the arguments of quantize_fp8 and plan its cast: (format name, input type, kernel,
+    grid)."""
+    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
+    in_t = _validate.float_input(x, "x")
+    _validate.c_contiguous(x, "x")
+    device = x.data.device_id
+    mode = _validate.scale_arg(scale, "scale", device).mode
+    if out is not None:
+        _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
+    vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    k = _jit.kernel(device, _FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
+    return fmt.name, in_t, k, (_flat_grid(x.size, vec, device, 16),)
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:

@@ -603,7 +603,9 @@ def build_parser():
     s.add_argument("--sweep-m", default=None, help=f"rows (default {','.join(map(str, bench_sweep.MS))})")
     s.add_argument("--sweep-floor", action="store_true", help="also time each op's bare kernel launches at M = 1")
     s.add_argument("--json", help="--sweep: write every cell to this file")
-    s.add_argument("--from-json", help="--sweep: tabulate (and --plot) a saved run instead of measuring")
+    s.add_argument(
+        "--from-json", help="--sweep: tabulate (and --plot) saved runs (comma-separated) instead of measuring"
+    )
     s.add_argument("--plot", help="--sweep: draw GB/s against bytes moved to this image (needs matplotlib)")
     w = p.add_argument_group("W8A8 FP8 matmul (scripts/bench_w8a8.py)")
     w.add_argument("--w8a8", action="store_true", help="the W8A8 matmul table against cuBLASLt and cuBLAS bf16")

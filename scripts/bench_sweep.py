@@ -256,7 +256,7 @@ def bare_floor(cq, bench, fn, args) -> float:
         for k, grid, block, kargs, kw in launches:
             k(grid, block, kargs, **kw)
 
-    return bench.host_seconds_per_call(lambda: bare(), [()], calls=2000)
+    return bench.host_seconds_per_call(lambda: bare(), [()], calls=1000)
 
 
 def _torch_setup(torch):
@@ -266,8 +266,9 @@ def _torch_setup(torch):
             setattr(cfg, name, 4096)
 
 
-def run(cq, bench, torch, B, ops, ks, ms, reps: int, floor: bool, log=print) -> dict:
-    """Every cell of ``ops`` x ``ks`` x ``ms``; returns the run as a JSON-ready dict."""
+def run(cq, bench, torch, B, ops, ks, ms, reps: int, floor: bool, log=print, save=None) -> dict:
+    """Every cell of ``ops`` x ``ks`` x ``ms``; returns the run as a JSON-ready dict, also given to
+    ``save`` after each cell (so that a run cut short keeps what it measured)."""
     import cupy
     import ml_dtypes
 
@@ -275,6 +276,14 @@ def run(cq, bench, torch, B, ops, ks, ms, reps: int, floor: bool, log=print) -> 
     if torch is not None:
         _torch_setup(torch)
     cells, floors = [], {}
+    result = {
+        "device": bench.device_name(),
+        "date": datetime.date.today().isoformat(),
+        "copy_gbps": copy_bw / 1e9,
+        "torch": None if torch is None else torch.__version__,
+        "cells": cells,
+        "floor_us": floors,
+    }
     rng = cupy.random.default_rng(0)
     for name in ops:
         op = OPS[name]
@@ -313,18 +322,13 @@ def run(cq, bench, torch, B, ops, ks, ms, reps: int, floor: bool, log=print) -> 
                     del targs, tcalls, comp
                 cells.append(cell)
                 log(_line(cell))
+                if save is not None:
+                    save(result)
                 del xs, args, calls
                 cupy.get_default_memory_pool().free_all_blocks()
                 if torch is not None:
                     torch.cuda.empty_cache()
-    return {
-        "device": bench.device_name(),
-        "date": datetime.date.today().isoformat(),
-        "copy_gbps": copy_bw / 1e9,
-        "torch": None if torch is None else torch.__version__,
-        "cells": cells,
-        "floor_us": floors,
-    }
+    return result
 
 
 def _f(v, nd=1):
@@ -416,9 +420,13 @@ def plot(run_: dict, path: str) -> None:
 def main_sweep(a, B):
     """``scripts/bench.py --sweep`` (and ``--plot`` / ``--from-json``); ``B`` is the bench module,
     whose torch formulas, torch loader and table printer the sweep uses."""
-    if a.from_json:
-        with open(a.from_json) as f:
-            run_ = json.load(f)
+    if a.from_json:  # several runs (of different ops) are joined
+        runs = []
+        for path in a.from_json.split(","):
+            with open(path) as f:
+                runs.append(json.load(f))
+        run_ = dict(runs[0], cells=[c for r in runs for c in r["cells"]])
+        run_["floor_us"] = {k: v for r in runs for k, v in (r.get("floor_us") or {}).items()}
     else:
         import cupyquant as cq
         from cupyquant import _bench
@@ -429,10 +437,14 @@ def main_sweep(a, B):
             raise SystemExit(f"unknown sweep ops {unknown}; the ops are {list(OPS)}")
         ks = KS if a.sweep_k is None else tuple(int(v) for v in a.sweep_k.split(","))
         ms = MS if a.sweep_m is None else tuple(int(v) for v in a.sweep_m.split(","))
-        run_ = run(cq, _bench, B._load_torch(a.no_torch), B, ops, ks, ms, a.reps, a.sweep_floor)
-        if a.json:
+
+        def save(r):
             with open(a.json, "w") as f:
-                json.dump(run_, f, indent=1)
+                json.dump(r, f, indent=1)
+
+        run_ = run(
+            cq, _bench, B._load_torch(a.no_torch), B, ops, ks, ms, a.reps, a.sweep_floor, save=save if a.json else None
+        )
     header = (
         f"{run_['device']}, {run_['date']}; copy bandwidth {run_['copy_gbps']:.0f} GB/s; bf16 input; "
         "cell: device us per call (CUDA graph) / % copy" + (" / x torch.compile" if run_.get("torch") else "")
