@@ -105,7 +105,7 @@ def entries(xh):
         ("float8_e4m3fn", "FP8 E4M3", 128, dict(scale_layout="col", scale_dtype="float8_e8m0fnu")),
         ("int8", "INT8", 128, {}),
     ):
-        what = "per-token" if g is None else f"group-{g}" + (", UE8M0 col" if kw else "")
+        what = f"per-token (rows of {SHAPE[1]})" if g is None else f"group-{g}" + (", UE8M0 col" if kw else "")
         rows.append(
             Entry(
                 f"{label} {what}",
@@ -289,8 +289,8 @@ def main(argv=None) -> int:
     print("  |x| / scale >= 16); E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3, INT8 there by 2^-5, E2M1")
     print("  (|x| / scale in [1, 6]) by 2^-2.")
     print("  SiLU*Mul is measured against silu(gate) * up of the tensor's two column halves.")
-    print("  GB/s on the tensor tiled to 256M elements, counting x read once and q and its scales written")
-    print("  once (dynamic per-tensor reads x twice: its limit is 60% of the copy figure)")
+    print(f"  GB/s on the tensor tiled to {64 * SHAPE[0]} x {SHAPE[1]} (256M elements), counting x read once and q")
+    print("  and its scales written once (dynamic per-tensor reads x twice: its limit is 60% of the copy figure)")
     all_equal &= weight_report(xh, x)
     from cupyquant import _report_w8a8
 

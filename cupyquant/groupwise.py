@@ -82,7 +82,8 @@ _FORMATS = _checks.GROUPWISE_FORMATS
 _GROUP_SIZES = _checks.GROUP_SIZES
 _LAYOUTS = ("row", "col")
 
-# The kernels' ScaleArgs struct, field for field (C alignment).
+# The kernels' ScaleArgs struct, field for field (C alignment). "words" is left 0: the scale buffer is
+# passed as a kernel argument of its own, so that one ScaleArgs serves every launch of a plan.
 _SCALE_ARGS = np.dtype(
     [
         ("words", np.uint64),
@@ -204,15 +205,15 @@ def _ub(scale_ub, device: int) -> tuple:
 class _Plan(NamedTuple):
     """Everything a quantizer call does after its checks, for one argument signature: the kernel
     (None when there is nothing to launch), its launch shape and the arguments that do not depend on
-    the buffers (``mid``, between ``q`` and the ScaleArgs), the ScaleArgs without the scale pointer,
-    and the outputs' shape, dtype, layout and scheme."""
+    the buffers (``mid``, between ``q`` and the ScaleArgs), the ScaleArgs (the scale buffer is a
+    kernel argument of its own), and the outputs' shape, dtype, layout and scheme."""
 
     kernel: object
     grid: tuple
     block: tuple
     row_stride: np.int64
     mid: tuple
-    sa: np.ndarray
+    sa: np.void
     q_shape: tuple
     q_dtype: type
     lay: _Layout
@@ -256,7 +257,7 @@ def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
     sa = np.array(
         (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, n_groups, packed, pow2, lay.col, *ub, *_magic(lay.M)),
         dtype=_SCALE_ARGS,
-    )
+    )[()]
     scheme = Scheme(
         fmt.name,
         "token" if group_size is None else "group",
@@ -331,9 +332,7 @@ def _quantize(silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype,
         if scale_out is None:
             scale_out = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), plan.s_dtype)
         if plan.kernel is not None:
-            sa = plan.sa.copy()
-            sa["words"] = scale_out.data.ptr
-            plan.kernel(plan.grid, plan.block, (x, plan.row_stride, q, *plan.mid, sa[()]))
+            plan.kernel(plan.grid, plan.block, (x, plan.row_stride, q, *plan.mid, plan.sa, scale_out))
     return QuantizedTensor(q, scale_out, plan.scheme, plan.q_shape, x.dtype)
 
 
@@ -464,7 +463,7 @@ def _silu_mul_intermediate(x: cupy.ndarray):
 
 
 def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool) -> tuple:
-    """(kernel or None, grid, block, the arguments after y, ScaleArgs without the scale pointer)."""
+    """(kernel or None, grid, block, the arguments after y, ScaleArgs)."""
     shape = q.shape
     K = shape[-1] if shape else 0
     G = q.scheme.block[0]
@@ -477,7 +476,7 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool)
     g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
     sa = np.array(
         (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, 0, packed, 0, lay.col, 0, 0, 0, *_magic(lay.M)), _SCALE_ARGS
-    )
+    )[()]
     vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
     kernel = _jit.kernel(q.data.data.device_id, _FAMILY, "group_dequantize", out_t.ctype, q.format.ctag, vec)
     if vec:
@@ -502,9 +501,7 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
     with _validate.on_device_of(q.data):
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
         if kernel is not None:
-            sa = sa.copy()
-            sa["words"] = q.scale.data.ptr
-            kernel(grid, block, (q.data, y, *tail, sa[()]))
+            kernel(grid, block, (q.data, y, *tail, sa, q.scale))
     return y
 
 

@@ -63,6 +63,8 @@ __device__ __forceinline__ float pow2_ceil(float s) { return __uint_as_float(ue8
 
 // Runtime parameters shared by the quantizers: where scales go and how they are made. Passed by value
 // from a NumPy structured scalar with the same fields (cupyquant.groupwise._SCALE_ARGS, align=True).
+// The scale buffer itself is a kernel argument of its own (words), so that the host passes the same
+// ScaleArgs to every launch of a plan; each kernel stores it into sa.words first.
 struct ScaleArgs {
     unsigned* words;     // scale buffer (float32 bits or packed UE8M0)
     i64 M;               // tokens per batch
@@ -258,7 +260,8 @@ __device__ __forceinline__ void finish_group16(unsigned char* __restrict__ q16, 
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
-               int group_size, ScaleArgs sa) {
+               int group_size, ScaleArgs sa, unsigned* __restrict__ words) {
+    sa.words = words;
     const int tpg = group_size >> 4;
     const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
@@ -340,7 +343,8 @@ template <int WARPS> struct TokenTeam {
 template <typename T, class F, int WARPS>
 __global__ void __launch_bounds__(TokenTeam<WARPS>::BLOCK, 1024 / TokenTeam<WARPS>::BLOCK)
 token_quantize_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
-                    ScaleArgs sa) {
+                    ScaleArgs sa, unsigned* __restrict__ words) {
+    sa.words = words;
     using Team = TokenTeam<WARPS>;
     constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;              // 16-byte loads per 8-element unit
     constexpr int UNITS = TOKEN_REG_BYTES / (16 * LOADS);
@@ -393,7 +397,9 @@ static constexpr int TOKEN_BLOCK = 256;
 // token_quantize_regs): one block per row, two passes over the row (the second from L2).
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(TOKEN_BLOCK)
-token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, ScaleArgs sa) {
+token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, ScaleArgs sa,
+               unsigned* __restrict__ words) {
+    sa.words = words;
     const i64 row = blockIdx.x;
     const T* xr = x + row * x_row_stride;
     unsigned char* qr = q + row * (i64)K;
@@ -452,7 +458,8 @@ template <> struct SiluRule<I8> {
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int H,
-                  int group_size, ScaleArgs sa) {
+                  int group_size, ScaleArgs sa, unsigned* __restrict__ words) {
+    sa.words = words;
     const int tpg = group_size >> 4;
     const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
@@ -512,7 +519,8 @@ __device__ __forceinline__ float load_scale(const ScaleArgs& a, i64 row, int g) 
 template <typename OutT, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, int g_shift,
-                 ScaleArgs sa) {
+                 ScaleArgs sa, unsigned* __restrict__ words) {
+    sa.words = words;
     if constexpr (VEC) {
         const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
         if (row >= rows) return;
