@@ -422,16 +422,30 @@ def plot(run_: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def join(runs: list) -> dict:
+    """Saved runs as one: the first run's header, every cell, a later run's cell replacing an
+    earlier one of the same op, M and K (a rerun of some cells), and the same for the host timings
+    of a later run that measured them (its ``host_us`` and bare launches)."""
+    cells: dict = {}
+    floors: dict = {}
+    for r in runs:
+        for c in r["cells"]:
+            key = (c["op"], c["M"], c["K"])
+            cells[key] = dict(cells.get(key, {}), **c)
+        for op, per_k in (r.get("floor_us") or {}).items():
+            floors.setdefault(op, {}).update({str(k): v for k, v in per_k.items()})
+    return dict(runs[0], cells=list(cells.values()), floor_us=floors)
+
+
 def main_sweep(a, B):
     """``scripts/bench.py --sweep`` (and ``--plot`` / ``--from-json``); ``B`` is the bench module,
     whose torch formulas, torch loader and table printer the sweep uses."""
-    if a.from_json:  # several runs (of different ops) are joined
+    if a.from_json:
         runs = []
         for path in a.from_json.split(","):
             with open(path) as f:
                 runs.append(json.load(f))
-        run_ = dict(runs[0], cells=[c for r in runs for c in r["cells"]])
-        run_["floor_us"] = {k: v for r in runs for k, v in (r.get("floor_us") or {}).items()}
+        run_ = join(runs)
     else:
         import cupyquant as cq
         from cupyquant import _bench

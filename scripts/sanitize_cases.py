@@ -162,7 +162,9 @@ GROUP_SHAPES = {
     64: [(2, 192), (33, 64)],
     128: [(5, 384), (2, 3, 256), (1, 128)],
     256: [(3, 512)],
-    None: [(1, 1), (3, 33), (5, 4097), (2, 3, 7), (4, 1024)],
+    # per token: scalar rows, then token_quantize_regs with a wide team (few rows), one warp a row
+    # and a part-empty last block (many rows), eight and 32 warps a row, and the two-pass kernel
+    None: [(1, 1), (3, 33), (5, 4097), (2, 3, 7), (4, 1024), (300, 2048), (2, 16384), (2, 40000), (1, 65544)],
 }
 
 
