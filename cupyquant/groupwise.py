@@ -320,8 +320,8 @@ def _signature(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scal
 
 
 def _quantize(silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out):
-    """The body of both quantizers: the plan (memoized), the outputs a caller did not give, the
-    scale pointer filled in, one launch."""
+    """The body of both quantizers: the plan (memoized), the outputs a caller did not give, one
+    launch."""
     args = (x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu)
     key = _signature(*args)
     plan = _PLANS.lookup(key)
