@@ -373,7 +373,7 @@ def markdown(run_: dict) -> str:
             out.append(f"| {op} | {M} | " + " | ".join(row) + " |")
     floors = run_.get("floor_us") or {}
     if any(c["M"] == 1 for c in cells):
-        out += ["", "| op | " + " | ".join(f"host us at M = 1, K = {k}" for k in ks) + " |"]
+        out += ["", "| op (host us, M = 1) | " + " | ".join(f"K = {k}" for k in ks) + " |"]
         out.append("|---|" + "---|" * len(ks))
         for op in ops:
             row = []
