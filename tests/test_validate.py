@@ -89,3 +89,17 @@ def test_magic_division_for_col_scale_rows():
         assert m < (1 << 33)  # row * m fits in 64 bits for rows below 2^31
         got = [(int(v) * m) >> sh for v in n]
         assert got == [int(v) // int(d) for v in n], d
+
+
+def test_plan_memo_keeps_hashable_signatures_only():
+    """cupyquant._plans.Plans: a None or unhashable signature is never stored or found; a full memo
+    starts over rather than growing."""
+    from cupyquant import _plans
+
+    memo = _plans.Plans()
+    assert memo.keep(None, "p") == "p" and memo.lookup(None) is None and not memo
+    assert memo.keep(("x", [1]), "p") == "p" and memo.lookup(("x", [1])) is None and not memo
+    assert memo.keep(("x", 1), "p") == "p" and memo.lookup(("x", 1)) == "p"
+    for i in range(_plans.MAX_PLANS + 1):
+        memo.keep(i, i)
+    assert len(memo) <= _plans.MAX_PLANS and memo.lookup(_plans.MAX_PLANS) == _plans.MAX_PLANS
