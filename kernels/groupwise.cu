@@ -332,8 +332,9 @@ template <class F> __device__ __forceinline__ float token_scale(const ScaleArgs&
 // 8 * UNITS * 32 * WARPS elements (2048 * WARPS of a 16-bit type, 1024 * WARPS of float32) is read
 // once. The block holds 256 / (32 * WARPS) rows (one row of 32 * WARPS threads for WARPS > 8); the
 // row max is a warp shuffle reduction, plus one exchange through shared memory across a team's
-// warps. The host picks the smallest WARPS whose rows fit, so that short rows do not leave a block
-// of threads idling on a reduction. Rows must be 16-byte aligned with K % 8 == 0 (the host checks).
+// warps. The host picks WARPS (cupyquant.groupwise._token_team): for many rows the fewest that
+// hold a row, for few rows up to 8, so that short rows do not leave a block of threads idling on a
+// reduction. Rows must be 16-byte aligned with K % 8 == 0 (the host checks).
 template <int WARPS> struct TokenTeam {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int BLOCK = THREADS > 256 ? THREADS : 256;
