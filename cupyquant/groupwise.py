@@ -202,6 +202,26 @@ def _ub(scale_ub, device: int) -> tuple:
     return (0 if array is None else array.data.ptr), value, int(mode != _validate.ScaleSource.AMAX)
 
 
+def _scale_args(lay: _Layout, n_groups: int, packed: bool, pow2: bool, ub: tuple) -> np.void:
+    """The kernels' ScaleArgs for scales in ``lay`` (``ub`` from :func:`_ub`)."""
+    return np.array(
+        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, n_groups, packed, pow2, lay.col, *ub, *_magic(lay.M)),
+        dtype=_SCALE_ARGS,
+    )[()]
+
+
+def _scheme(fmt_name: str, group_size, K: int, packed: bool, scale_layout: str) -> Scheme:
+    """The Scheme of per-token (``group_size`` None) or per-group scales of rows of K elements."""
+    return Scheme(
+        fmt_name,
+        "token" if group_size is None else "group",
+        (K if group_size is None else group_size,),
+        "float8_e8m0fnu" if packed else "float32",
+        scale_layout,
+        _FAMILY,
+    )
+
+
 class _Plan(NamedTuple):
     """Everything a quantizer call does after its checks, for one argument signature: the kernel
     (None when there is nothing to launch), its launch shape and the arguments that do not depend on
@@ -253,19 +273,8 @@ def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
             nbytes=lay.words * 4,
             alloc="cupyquant.empty_scales()",
         )
-    pow2 = (bool(scale_pow2) or packed) and not silu
-    sa = np.array(
-        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, n_groups, packed, pow2, lay.col, *ub, *_magic(lay.M)),
-        dtype=_SCALE_ARGS,
-    )[()]
-    scheme = Scheme(
-        fmt.name,
-        "token" if group_size is None else "group",
-        (K_out if group_size is None else group_size,),
-        "float8_e8m0fnu" if packed else "float32",
-        scale_layout,
-        _FAMILY,
-    )
+    sa = _scale_args(lay, n_groups, packed, (bool(scale_pow2) or packed) and not silu, ub)
+    scheme = _scheme(fmt.name, group_size, K_out, packed, scale_layout)
     aligned = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
     kernel, grid, block, mid = None, (), (), ()
     if silu and rows and K_out:

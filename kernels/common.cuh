@@ -57,6 +57,12 @@ __device__ __forceinline__ float div_rn(float a, float b) {
     return r;
 }
 
+__device__ __forceinline__ float sqrt_rn(float a) {
+    float r;
+    asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+    return r;
+}
+
 // x / s, correctly rounded, given r = div_rn(1, s) computed once for many x: q0 = x * r, then one
 // correction with the exact remainder: e = q0 * s - x (exact by the FMA), q = q0 - e * r, each one
 // fma.rn (the structure of the GPU's own div.rn fast path, with the reciprocal hoisted; the negations
