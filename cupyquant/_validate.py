@@ -72,17 +72,24 @@ def disjoint(out: cupy.ndarray, arg: str, inputs, nbytes: int | None = None) -> 
             raise ValueError(f"{arg} overlaps {name}; give a separate buffer")
 
 
-def _extent(a: cupy.ndarray) -> tuple:
-    """[first, last + 1) byte addresses of ``a``'s elements, by its strides (empty for no elements)."""
-    lo = hi = a.data.ptr
+def span(a: cupy.ndarray) -> tuple:
+    """[first, last + 1) byte offsets of ``a``'s elements from its data pointer, by its strides
+    ((0, 0) for no elements)."""
     if not a.size:
-        return lo, hi
+        return 0, 0
+    lo = hi = 0
     for n, st in zip(a.shape, a.strides):
         if st < 0:
             lo += (n - 1) * st
         else:
             hi += (n - 1) * st
     return lo, hi + a.itemsize
+
+
+def _extent(a: cupy.ndarray) -> tuple:
+    """[first, last + 1) byte addresses of ``a``'s elements (empty for no elements)."""
+    lo, hi = span(a)
+    return a.data.ptr + lo, a.data.ptr + hi
 
 
 def _intersect(a: tuple, b: tuple) -> bool:

@@ -172,6 +172,20 @@ def assert_bits_equal(actual, expected, what: str = "output") -> None:
         )
 
 
+def raw_scale_words(q) -> np.ndarray:
+    """The whole scale allocation of a per-token or per-group QuantizedTensor (padding included) as
+    uint32 words."""
+    import cupy
+
+    from cupyquant import reference as ref
+
+    shape = q.shape
+    ng = 1 if q.scheme.granularity == "token" else shape[-1] // q.scheme.block[0]
+    n_cols = -(-ng // 4) if q.scheme.scale_dtype == "float8_e8m0fnu" else ng
+    _, total = ref.scale_word_offsets(shape, n_cols, q.scheme.scale_layout)
+    return cupy.ndarray((total,), np.uint32, memptr=q.scale.data).get()
+
+
 def heavy_tailed(shape, seed: int, dtype) -> np.ndarray:
     """Fresh random data spanning many binades: normal * exp(2 * normal)."""
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words
 
 import cupyquant as cq
 from cupyquant import groupwise
@@ -31,15 +31,6 @@ def _id(v):
 
 def _seed(*parts):
     return zlib.crc32(repr(parts).encode())
-
-
-def raw_scale_words(q) -> np.ndarray:
-    """The whole scale allocation of q (padding included) as uint32 words."""
-    shape = q.shape
-    ng = 1 if q.scheme.granularity == "token" else shape[-1] // q.scheme.block[0]
-    n_cols = -(-ng // 4) if q.scheme.scale_dtype == E8M0 else ng
-    _, total = ref.scale_word_offsets(shape, n_cols, q.scheme.scale_layout)
-    return cupy.ndarray((total,), np.uint32, memptr=q.scale.data).get()
 
 
 def check(q, eq, es, layout):
