@@ -1,0 +1,380 @@
+// rms_norm.cu: fused (residual add +) RMSNorm + quantization, one read of the activations.
+//
+// What it computes (reference: cupyquant.reference.rms_norm and .rms_norm_quantize, which this
+// kernel matches bit for bit; every float step is an IEEE float32 operation, T is the input dtype):
+//   z   = round_T(x + r) with the residual r (written back into r), else x
+//   p_u = sum of z_i * z_i over the 8 elements of unit u (elements u * 8 .. u * 8 + 7, zero past H),
+//         left to right: p = z_0 * z_0, then p = p + z_i * z_i (each product and sum rounded, no FMA)
+//   ss  = the pairwise tree over the units, lowest index bit first: p_u = p_2u + p_2u+1 (units
+//         zero-padded to a power of two) until one is left
+//   inv = 1 / sqrt(ss / H + eps)        (division, square root and division correctly rounded)
+//   y   = round_T(round_T(z * inv) * w)  (the weight product in float32, then rounded to T)
+// and y is quantized by one of the library's activation schemes (SCHEME), with the formulas of its
+// own kernel (groupwise.cu, per_tensor.cu, block_scale.cuh): per token (NQ_TOKEN) or per group
+// (NQ_GROUP) FP8/INT8 with the groupwise scale layouts; per tensor FP8 with the caller's decode scale
+// s (NQ_TENSOR: q = cvt(y * (1 / s))); MXFP8/MXFP4 with the "ceil" rule (NQ_MX); NVFP4 with the
+// caller's global encode scale (NQ_NVFP4). The quantized bytes and scales are those of the
+// quantizer applied to y.
+//
+// Threads. A team of 1 to 32 warps per row holds the row in registers (as groupwise.cu's per-token
+// kernel): team lane t keeps the 8-element units u = t + 32 * warps * v, v < UNITS (32 bytes of x a lane).
+// The unit index's low bits are the team lane and its high bits the slot v, so the sum-of-squares
+// tree is: xor shuffles over the lanes (bit 0 first), a tree over the team's warps through shared
+// memory, then a tree over the lane's own slots -- the same order whatever the team size. A group
+// of G elements is G / 8 consecutive lanes of one slot (xor shuffles among them), an MX block 4
+// lanes, an NVFP4 block 2. For swizzled MX/NVFP4 scales the grid also covers the padding rows up to
+// a multiple of 128, whose scales come out 0; the lane of a row's last block zeroes the padding
+// columns after it. The team size and the vector path are run-time arguments (one instantiation per
+// input type, scheme and format: the family compiles in a fraction of the time of one per team);
+// without vec, single elements are read and written (rows not 16-byte aligned, H not a multiple of
+// 8). The host checks everything else (H % G, H % 32 for MX, H % 16 for NVFP4).
+
+#include "groupwise.cuh"
+#include "block_scale.cuh"
+
+enum { NQ_TOKEN = 0, NQ_GROUP = 1, NQ_TENSOR = 2, NQ_MX = 3, NQ_NVFP4 = 4 };
+
+// Mirrors cupyquant.norm._NORM_ARGS (align=True).
+struct NormArgs {
+    i64 rows;        // rows of x
+    i64 grid_rows;   // rows the grid covers: rows, or round_up(rows, 128) for swizzled block scales
+    i64 x_stride;    // row strides of x and of the residual, in elements
+    i64 r_stride;
+    i64 q_row;       // bytes per row of q
+    i64 n_blocks;    // NQ_MX / NQ_NVFP4: scale blocks per row
+    int H;
+    int team_shift;  // log2 of the threads per row: 32 to 1024
+    int vec;         // 16-byte loads and stores (rows 16-byte aligned, H % 8 == 0)
+    int group_size;  // NQ_GROUP
+    int swizzled;    // NQ_MX / NQ_NVFP4: the 128x4 scale layout
+    float eps;
+    int s_mode;      // a ScaleSource for NQ_TENSOR's s and NQ_NVFP4's S_enc: DEVICE (s_ptr) or ARG
+    float s_arg;
+    const float* s_ptr;
+    float* s_out;    // NQ_TENSOR: s; NQ_NVFP4: S_enc; written by the first thread
+};
+
+// ---------------------------------------------------------------- 8-element units
+template <typename T> struct Unit {  // one unit of 8 elements as 16-byte words of T's bits
+    static constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;
+};
+
+// Unit at p with n elements left in the row: vec, two or one 16-byte loads (n >= 8); otherwise
+// single elements, zero past n.
+template <typename T> __device__ __forceinline__ void load_unit(const T* __restrict__ p, int n, uint4* w, bool vec) {
+    constexpr int L = Unit<T>::LOADS;
+    if (vec) {
+#pragma unroll
+        for (int l = 0; l < L; ++l) w[l] = ld16(p + l * 4);
+    } else {
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = i < n ? to_float(p[i]) : 0.0f;
+#pragma unroll
+        for (int l = 0; l < L; ++l) w[l] = pack16<T>(f + l * (8 / L));
+    }
+}
+
+template <typename T> __device__ __forceinline__ void store_unit(T* __restrict__ p, int n, const uint4* w, bool vec) {
+    constexpr int L = Unit<T>::LOADS;
+    if (vec) {
+#pragma unroll
+        for (int l = 0; l < L; ++l) st16(p + l * 4, w[l]);
+    } else {
+        float f[8];
+#pragma unroll
+        for (int l = 0; l < L; ++l) unpack16<T>(w[l], f + l * (8 / L));
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (i < n) p[i] = from_float<T>(f[i]);
+    }
+}
+
+template <typename T> __device__ __forceinline__ void unpack_unit(const uint4* w, float* f) {
+    constexpr int L = Unit<T>::LOADS;
+#pragma unroll
+    for (int l = 0; l < L; ++l) unpack16<T>(w[l], f + l * (8 / L));
+}
+template <typename T> __device__ __forceinline__ void pack_unit(const float* f, uint4* w) {  // rounds to T
+    constexpr int L = Unit<T>::LOADS;
+#pragma unroll
+    for (int l = 0; l < L; ++l) w[l] = pack16<T>(f + l * (8 / L));
+}
+
+// The first n of NB bytes held in words (byte 0 lowest): vec, one NB-byte store (n == NB).
+template <int NB> __device__ __forceinline__ void store_bytes(unsigned char* __restrict__ q, int n, const unsigned* w, bool vec) {
+    if (vec && NB == 8) {
+        *reinterpret_cast<uint2*>(q) = make_uint2(w[0], w[1]);
+    } else if (vec && NB == 4) {
+        *reinterpret_cast<unsigned*>(q) = w[0];
+    } else {
+#pragma unroll
+        for (int i = 0; i < NB; ++i)
+            if (i < n) q[i] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+    }
+}
+
+// ---------------------------------------------------------------- team reductions
+static constexpr int NORM_BLOCK_MAX = 1024;  // threads of the widest team (32 warps)
+// Row bytes a lane holds: 32 (8 registers), so that a thread needs 40 registers and an SM runs 1536
+// threads. H100, bf16 with a residual, per-token FP8: 16384 x 8192 in 322 us at 32 bytes a lane, 344 at 64
+// (60 registers), 416 at 128 (64 registers and spills).
+static constexpr int NORM_REG_BYTES = 32;
+
+// The pairwise tree over the team's `warps` warp values (lowest index bit first), given in
+// vals[0 .. warps): lane k of every warp takes value k (0 past warps) and xor shuffles add them; the
+// sum is lane 0's, broadcast.
+__device__ __forceinline__ float team_tree(const float* vals, int warps) {
+    const int lane = threadIdx.x & 31;
+    float s = lane < warps ? vals[lane] : 0.0f;
+    for (int o = 1; o < warps; o *= 2) s = add_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return __shfl_sync(0xffffffffu, s, 0);
+}
+
+// ---------------------------------------------------------------- block scales (NQ_MX, NQ_NVFP4)
+__device__ __forceinline__ i64 block_scale_offset(const NormArgs& a, i64 row, i64 kb) {
+    if (!a.swizzled) return row * a.n_blocks + kb;
+    const i64 n_units = (a.n_blocks + 3) >> 2;
+    return ((row >> 7) * n_units + (kb >> 2)) * 512 + (row & 31) * 16 + ((row >> 5) & 3) * 4 + (kb & 3);
+}
+
+// Eight values already multiplied by the block's multiplier -> FP8 (8 bytes) or E2M1 (4 bytes).
+template <class F> __device__ __forceinline__ void block_codes8(const float* v, unsigned* w) {
+    if constexpr (Fmt<F>::BITS == 8) {
+        w[0] = cvt_x2<F, true>(v[0], v[1]) | (cvt_x2<F, true>(v[2], v[3]) << 16);
+        w[1] = cvt_x2<F, true>(v[4], v[5]) | (cvt_x2<F, true>(v[6], v[7]) << 16);
+    } else {
+        w[0] = cvt_x2<F, true>(v[0], v[1]) | (cvt_x2<F, true>(v[2], v[3]) << 8) | (cvt_x2<F, true>(v[4], v[5]) << 16) |
+               (cvt_x2<F, true>(v[6], v[7]) << 24);
+    }
+}
+
+// ---------------------------------------------------------------- the kernel
+// Blocks of max(256, team) threads; every thread of a block reaches each __syncthreads (rows past
+// the grid's take part with zeros).
+template <typename T, int SCHEME, class F>
+__global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
+rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
+                  T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
+                  ScaleArgs sa) {
+    sa.words = scales;
+    constexpr int L = Unit<T>::LOADS;
+    constexpr int UNITS = NORM_REG_BYTES / (16 * L);
+    const int threads = 1 << a.team_shift;
+    const int warps = threads >> 5;
+    const int t = threadIdx.x & (threads - 1);
+    const i64 row = (i64)blockIdx.x * (blockDim.x >> a.team_shift) + (threadIdx.x >> a.team_shift);
+    const bool valid = row < a.rows;  // a row of x; rows up to grid_rows only write padding scales
+    const bool vec = a.vec != 0;
+    const int H = a.H;
+
+    // the weight is read after the norm: start bringing it into L1 now, so that its first read
+    // (from DRAM on a small call) is not on the critical path
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + c));
+    }
+
+    // z in registers, as T's bits
+    uint4 z[UNITS][L];
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
+            if (residual != nullptr) {
+                uint4 r[L];
+                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
+                float fz[8], fr[8];
+                unpack_unit<T>(z[v], fz);
+                unpack_unit<T>(r, fr);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
+                pack_unit<T>(fz, z[v]);
+                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    // the sum of squares: unit sums, then the tree over lanes, warps and slots
+    float p[UNITS];
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        float f[8];
+        unpack_unit<T>(z[v], f);
+        p[v] = mul_rn(f[0], f[0]);
+#pragma unroll
+        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2)
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) p[v] = add_rn(p[v], __shfl_xor_sync(0xffffffffu, p[v], o));
+    __shared__ float warp_sums[UNITS][NORM_BLOCK_MAX / 32];
+    __shared__ unsigned warp_max_keys[NORM_BLOCK_MAX / 32];
+    const int first_warp = (threadIdx.x >> a.team_shift) * warps;
+    if (warps > 1) {
+        if ((threadIdx.x & 31) == 0)
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v) warp_sums[v][threadIdx.x >> 5] = p[v];
+        __syncthreads();
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) p[v] = team_tree(&warp_sums[v][first_warp], warps);
+    }
+#pragma unroll
+    for (int s = 1; s < UNITS; s *= 2)
+#pragma unroll
+        for (int v = 0; v < UNITS; v += 2 * s) p[v] = add_rn(p[v], p[v + s]);
+    const float inv = div_rn(1.0f, sqrt_rn(add_rn(div_rn(p[0], (float)H), a.eps)));
+
+    // y = round_T(round_T(z * inv) * w), in place of z (0 in padding rows)
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            uint4 wr[L];
+            load_unit<T>(weight + c, H - c, wr, vec);
+            float f[8], w[8];
+            unpack_unit<T>(z[v], f);
+            unpack_unit<T>(wr, w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
+            pack_unit<T>(f, z[v]);
+            unpack_unit<T>(z[v], f);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
+            pack_unit<T>(f, z[v]);
+            if (y_out != nullptr) store_unit<T>(y_out + row * (i64)H + c, H - c, z[v], vec);
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    if constexpr (SCHEME == NQ_TOKEN) {
+        unsigned m = 0;
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v)
+#pragma unroll
+            for (int l = 0; l < L; ++l) m = max(m, absmax16<T>(z[v][l]));
+        m = warp_max(m);
+        if (warps > 1) {
+            if ((threadIdx.x & 31) == 0) warp_max_keys[threadIdx.x >> 5] = m;
+            __syncthreads();
+            for (int w = 0; w < warps; ++w) m = max(m, warp_max_keys[first_warp + w]);
+        }
+        if (!valid) return;
+        float tinv;
+        const float s = token_scale<F>(sa, __uint_as_float(m), tinv);
+        const bool pow2 = sa.pow2 != 0;
+        const bool exact_div = needs_exact_div(sa, s);
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            if (c < H) {
+                float f[8];
+                unpack_unit<T>(z[v], f);
+                const uint2 w = token_quant8<F>(f, s, tinv, pow2, exact_div);
+                const unsigned ww[2] = {w.x, w.y};
+                store_bytes<8>(q + row * a.q_row + c, H - c, ww, vec);
+            }
+        }
+        if (t == 0) store_scale(sa, row, 0, s);
+    } else if constexpr (SCHEME == NQ_GROUP) {
+        const int tpg = a.group_size >> 3;  // lanes per group, a power of two <= 32
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            float f[8];
+            unpack_unit<T>(z[v], f);
+            unsigned m = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
+            m = group_max(m, tpg);  // all 32 lanes, valid or not
+            if (valid && c < H) {
+                float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
+                if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
+                float s = scale_of<F>(amax);
+                if (sa.pow2) s = pow2_ceil(s);
+                const uint2 w = quant8<F, CLAMP_LO>(f, s, rcp_rn(s), needs_exact_div(sa, s));
+                const unsigned ww[2] = {w.x, w.y};
+                store_bytes<8>(q + row * a.q_row + c, H - c, ww, vec);
+                if ((t & (tpg - 1)) == 0) store_scale(sa, row, c / a.group_size, s);
+            }
+        }
+    } else if constexpr (SCHEME == NQ_TENSOR) {
+        const float s = a.s_mode == SCALE_FROM_DEVICE ? *a.s_ptr : a.s_arg;
+        const float scale = div_rn(1.0f, s);
+        if (blockIdx.x == 0 && threadIdx.x == 0) *a.s_out = s;
+        if (!valid) return;
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            if (c < H) {
+                float f[8];
+                unpack_unit<T>(z[v], f);
+                unsigned w[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    w[h] = (unsigned)to_fp8x2<F>(mul_rn(f[4 * h], scale), mul_rn(f[4 * h + 1], scale)) |
+                           ((unsigned)to_fp8x2<F>(mul_rn(f[4 * h + 2], scale), mul_rn(f[4 * h + 3], scale)) << 16);
+                store_bytes<8>(q + row * a.q_row + c, H - c, w, vec);
+            }
+        }
+    } else {  // NQ_MX, NQ_NVFP4: blocks of 32 (4 lanes) or 16 (2 lanes)
+        constexpr bool NV = SCHEME == NQ_NVFP4;
+        constexpr int TPB = NV ? 2 : 4;
+        constexpr int BS = 8 * TPB;
+        constexpr int NB = Fmt<F>::BITS;  // bytes of 8 codes
+        float S_enc6 = 0.0f, S_dec = 0.0f;
+        if constexpr (NV) {
+            const float S_enc = a.s_mode == SCALE_FROM_DEVICE ? *a.s_ptr : a.s_arg;
+            S_enc6 = mul_rn(S_enc, Fmt<E2M1>::RCP);
+            S_dec = rcp_rn(S_enc);
+            if (blockIdx.x == 0 && threadIdx.x == 0) *a.s_out = S_enc;
+        }
+        unsigned char* sbytes = reinterpret_cast<unsigned char*>(scales);
+        if (row >= a.grid_rows) return;
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            float f[8];  // zero past H and in padding rows; every lane takes part in the shuffles
+            unpack_unit<T>(z[v], f);
+            // block max |y| as float bits: MX lets a NaN win (its magnitude bits exceed inf's),
+            // NVFP4 ignores NaN
+            unsigned key = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) key = max(key, NV ? abs_key(f[i]) : (__float_as_uint(f[i]) & 0x7fffffffu));
+#pragma unroll
+            for (int o = 1; o < TPB; o *= 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+            if (c >= H) continue;  // whole blocks: H % BS == 0
+            unsigned sbyte;
+            float mult;
+            if constexpr (NV) {
+                sbyte = to_e4m3<true>(fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F));
+                mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+            } else {
+                sbyte = mx_scale<F, true>(key, false);
+                mult = mx_multiplier(sbyte);
+            }
+            if (valid) {
+                float m8[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) m8[i] = mul_rn(f[i], mult);
+                unsigned w[2];
+                block_codes8<F>(m8, w);
+                store_bytes<NB>(q + row * a.q_row + c * Fmt<F>::BITS / 8, NB, w, vec);
+            }
+            if ((t & (TPB - 1)) == 0) {
+                const i64 kb = c / BS;
+                sbytes[block_scale_offset(a, row, kb)] = (unsigned char)sbyte;
+                if (a.swizzled && kb == a.n_blocks - 1)
+                    for (i64 k = kb + 1; k < ((a.n_blocks + 3) & ~(i64)3); ++k) sbytes[block_scale_offset(a, row, k)] = 0;
+            }
+        }
+    }
+}

@@ -1,0 +1,398 @@
+"""The fused (residual add +) RMSNorm + quantization on the GPU, byte for byte against
+cupyquant.reference: quantized bytes, scales in their layout (padding included), the residual
+written back, the normalized output, and the same bytes as the scheme's own quantizer of that
+output."""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words
+
+import cupyquant as cq
+from cupyquant import norm
+from cupyquant import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+BF16 = ml_dtypes.bfloat16
+IN_DTYPES = [np.float32, np.float16, BF16]
+E8M0 = "float8_e8m0fnu"
+# (scheme, dtype, keyword arguments): every scheme, format and scale layout
+CASES = [
+    ("token", "float8_e4m3fn", {}),
+    ("token", "float8_e5m2", {"scale_layout": "col"}),
+    ("token", "int8", {}),
+    ("token", "int8", {"scale_pow2": True}),
+    ("token", "float8_e4m3fn", {"scale_ub": 3.0}),
+    ("group", "float8_e4m3fn", {}),
+    ("group", "float8_e4m3fn", {"group_size": 64, "scale_layout": "col"}),
+    ("group", "float8_e4m3fn", {"group_size": 128, "scale_layout": "col", "scale_dtype": E8M0}),
+    ("group", "float8_e5m2", {"group_size": 32, "scale_dtype": E8M0}),
+    ("group", "int8", {"group_size": 256, "scale_pow2": True}),
+    ("group", "float8_e4m3fn", {"group_size": 128, "scale_ub": 0.5}),
+    ("tensor", "float8_e4m3fn", {"scale": 0.01}),
+    ("tensor", "float8_e5m2", {"scale": "device:0.003"}),
+    ("mx", "float8_e4m3fn", {"scale_layout": "swizzled"}),
+    ("mx", "float8_e5m2", {}),
+    ("mx", "float4_e2m1fn", {"scale_layout": "swizzled"}),
+    ("nvfp4", None, {"global_scale": 150.0}),
+    ("nvfp4", None, {"global_scale": "device:2688.0", "scale_layout": "dense"}),
+]
+
+
+def _id(v):
+    if isinstance(v, dict):
+        return "-".join(f"{k}={v[k]}" for k in sorted(v)) or "default"
+    return np.dtype(v).name if not isinstance(v, (str, tuple, type(None), int, bool)) else str(v)
+
+
+def _seed(*parts):
+    return zlib.crc32(repr(parts).encode())
+
+
+def _device_kw(kw):
+    """Keyword arguments with "device:v" values as one-element float32 device arrays."""
+    out = {}
+    for k, v in kw.items():
+        if isinstance(v, str) and v.startswith("device:"):
+            v = cupy.asarray([float(v[7:])], dtype=np.float32)
+        out[k] = v
+    return out
+
+
+def _host_kw(kw):
+    return {k: (np.float32(v[7:]) if isinstance(v, str) and v.startswith("device:") else v) for k, v in kw.items()}
+
+
+def _weight(H, dtype, seed):
+    rng = np.random.default_rng(seed)
+    return (1.0 + 0.25 * rng.standard_normal(H)).astype(np.float32).astype(dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _inputs(shape, dtype, residual, seed):
+    """(x, weight, residual or None) on the host, and the reference (y, residual_out)."""
+    xh = heavy_tailed(shape, seed, dtype)
+    wh = _weight(shape[-1], dtype, seed + 1)
+    rh = heavy_tailed(shape, seed + 2, dtype) if residual else None
+    y, z = ref.rms_norm(xh, wh, residual=rh)
+    return xh, wh, rh, y, z
+
+
+def expected(scheme, fmt, kw, y):
+    """The reference quantization of y: (q, dense scales, S_enc or the tensor scale or None)."""
+    kw = _host_kw(kw)
+    layout = kw.pop("scale_layout", None)
+    del layout
+    if scheme in ("token", "group"):
+        gs = None if scheme == "token" else kw.pop("group_size", 128)
+        eq, es = ref.quantize_groupwise(y, fmt, group_size=gs, **kw)
+        return eq, es, None
+    if scheme == "tensor":
+        eq, es = ref.quantize_fp8(y, fmt, scale=kw["scale"])
+        return eq, None, es
+    if scheme == "mx":
+        eq, es = ref.quantize_mx(y, fmt)
+        return eq, es, None
+    eq, es, s_enc = ref.quantize_nvfp4(y, global_scale=kw["global_scale"])
+    return eq, es, np.array([s_enc], np.float32)
+
+
+def check_scales(q, scheme, es, extra):
+    layout = q.scheme.scale_layout
+    if scheme in ("token", "group"):
+        host = q.to_host()
+        assert_bits_equal(host["scale"].view(np.uint8) if es.dtype == np.uint8 else host["scale"], es, "scales")
+        assert_bits_equal(raw_scale_words(q), ref.scale_buffer(es, q.shape, layout), f"{layout} scale buffer")
+    elif scheme == "tensor":
+        assert_bits_equal(q.scale, extra, "tensor scale")
+    else:
+        want = ref.swizzle_scales(es) if layout == "swizzled" else es.reshape(q.scale.shape)
+        assert_bits_equal(q.scale, want, f"{layout} block scales")
+        if scheme == "nvfp4":
+            assert_bits_equal(q.global_scale, extra, "S_enc")
+
+
+def run_case(xh, wh, rh, y_ref, z_ref, scheme, fmt, kw, *, x=None, normalized=True, out=False):
+    """Run the fused op (on a copy of the residual), check everything against the reference and
+    against the scheme's own quantizer of the normalized output."""
+    x = cupy.asarray(xh) if x is None else x
+    w = cupy.asarray(wh)
+    r = None if rh is None else cupy.asarray(rh)
+    dkw = _device_kw(kw)
+    if out:
+        eq0, _, _ = expected(scheme, fmt, kw, y_ref)
+        dkw["out"] = poisoned(eq0.shape, eq0.dtype)
+    res = cq.rms_norm_quantize(x, w, residual=r, scheme=scheme, dtype=fmt, return_normalized=normalized, **dkw)
+    q, y = res if normalized else (res, None)
+    if out:
+        assert q.data is dkw["out"]
+    eq, es, extra = expected(scheme, fmt, kw, y_ref)
+    assert_bits_equal(q.data, eq, f"{scheme} q")
+    check_scales(q, scheme, es, extra)
+    if rh is not None:
+        assert_bits_equal(r, z_ref, "residual written back")
+    if normalized:
+        assert_bits_equal(y, y_ref, "normalized y")
+        # the scheme's own quantizer of the GPU's y gives the same bytes and scales
+        own = _own_quantizer(y, scheme, fmt, dkw)
+        assert_bits_equal(q.data, own.data, "own quantizer q")
+        assert_bits_equal(q.scale, own.scale, "own quantizer scale")
+        assert q.scheme == own.scheme
+    return q
+
+
+def _own_quantizer(y, scheme, fmt, dkw):
+    kw = {k: v for k, v in dkw.items() if k != "out"}
+    if scheme in ("token", "group"):
+        gs = None if scheme == "token" else kw.pop("group_size", 128)
+        return cq.quantize_groupwise(y, fmt, group_size=gs, **kw)
+    if scheme == "tensor":
+        return cq.quantize_fp8(y, fmt, **kw)
+    if scheme == "mx":
+        return cq.quantize_mx(y, fmt, **kw)
+    return cq.quantize_nvfp4(y, **kw)
+
+
+def _case_ok(H, scheme, kw):
+    if scheme == "group" and H % kw.get("group_size", 128):
+        return False
+    if scheme == "mx" and H % 32 or scheme == "nvfp4" and H % 16:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("scheme,fmt,kw", CASES, ids=_id)
+def test_every_scheme(scheme, fmt, kw, in_dtype, residual):
+    for shape in [(3, 2048), (2, 130, 512)]:
+        xh, wh, rh, y, z = _inputs(shape, in_dtype, residual, _seed(shape, in_dtype, residual))
+        run_case(xh, wh, rh, y, z, scheme, fmt, kw, normalized=_seed(scheme, kw, shape) % 3 != 0)
+
+
+SHAPE_CASES = [CASES[i] for i in (0, 7, 13, 16, 2, 11)]
+
+
+# M = 4096 at the H where the reference is quick, and at 8192 (per token only)
+ISSUE_SHAPES = [(M, H) for M in (1, 3, 128) for H in (64, 128, 2048, 4096, 5120, 7168, 8192)]
+ISSUE_SHAPES += [(4096, 64), (4096, 128), (4096, 2048), (4096, 8192)]
+
+
+@pytest.mark.parametrize("M,H", ISSUE_SHAPES)
+def test_inference_shapes(M, H):
+    """The inference sizes: bf16 with a residual, each shape under two schemes in turn."""
+    i = _seed(H, M)
+    xh, wh, rh, y, z = _inputs((M, H), BF16, True, i)
+    for k in range(2 if M < 4096 else 1):
+        scheme, fmt, kw = SHAPE_CASES[(i + k) % len(SHAPE_CASES)]
+        if M == 4096 and H == 8192:
+            scheme, fmt, kw = CASES[0]
+        run_case(xh, wh, rh.copy(), y, z, scheme, fmt, kw)
+
+
+@pytest.mark.parametrize("in_dtype", [np.float32, BF16], ids=_id)
+@pytest.mark.parametrize("M", [5, 300])
+@pytest.mark.parametrize("warps", norm._WARPS)
+def test_every_team(warps, M, in_dtype):
+    """Rows at the longest a team holds and one unit past it: the sum of squares has one order
+    whatever the team, so every team gives the reference's bytes."""
+    longest = norm._row_max(np.dtype(in_dtype).itemsize, warps)
+    for H in (longest, longest + 8) if warps < norm._WARPS[-1] else (longest,):
+        xh, wh, rh, y, z = _inputs((M, H), in_dtype, True, _seed(warps, M, in_dtype, H))
+        run_case(xh, wh, rh, y, z, "token", "float8_e4m3fn", {}, normalized=False)
+
+
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("H", [1, 7, 100, 4095])
+def test_odd_h_on_the_element_path(H, in_dtype):
+    xh, wh, rh, y, z = _inputs((4, H), in_dtype, True, _seed(H, in_dtype))
+    for scheme, fmt, kw in (CASES[0], CASES[2], CASES[11]):
+        run_case(xh, wh, rh, y, z, scheme, fmt, kw)
+
+
+@pytest.mark.parametrize("scheme,fmt,kw", [CASES[i] for i in (0, 7, 11, 15, 16)], ids=_id)
+def test_misaligned_and_strided_rows(scheme, fmt, kw):
+    base = heavy_tailed((2, 3, 257), 11, BF16)
+    x = cupy.asarray(base)[:, :, 1:]  # rows start 2 bytes past 16-byte alignment, row stride 257
+    xh = base[:, :, 1:]
+    wh = _weight(256, BF16, 3)
+    rh = heavy_tailed(xh.shape, 12, BF16)
+    y, z = ref.rms_norm(xh, wh, residual=rh)
+    run_case(xh, wh, rh, y, z, scheme, fmt, kw, x=x)
+    # strided rows (every other row of a larger array): 16-byte aligned, the vector path
+    big = heavy_tailed((8, 256), 13, BF16)
+    y, _ = ref.rms_norm(big[::2], wh)
+    run_case(big[::2], wh, None, y, None, scheme, fmt, kw, x=cupy.asarray(big)[::2])
+
+
+def _special_rows(dtype, H):
+    info = ml_dtypes.finfo(dtype) if dtype == BF16 else np.finfo(dtype)
+    tiny = float(info.smallest_subnormal)
+    big = float(info.max)
+    rows = [
+        np.zeros(H),
+        np.full(H, tiny),
+        np.where(np.arange(H) % 3 == 0, tiny, -2 * tiny),
+        np.full(H, big),
+        np.where(np.arange(H) % 5 == 0, -big, 1.0),
+        np.where(np.arange(H) == 7, np.inf, 0.5),
+        np.where(np.arange(H) == 9, np.nan, -0.25),
+        np.where(np.arange(H) % 2 == 0, 448.0, -1e-3),
+    ]
+    with np.errstate(over="ignore"):
+        return np.stack(rows).astype(np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("scheme,fmt,kw", CASES, ids=_id)
+def test_special_values(scheme, fmt, kw, in_dtype):
+    H = 256
+    xh = _special_rows(in_dtype, H)
+    wh = _weight(H, in_dtype, 5)
+    wh[3], wh[4], wh[5] = 0, np.inf, np.nan  # a weight column of each special value
+    for rh in (None, _special_rows(in_dtype, H)[::-1].copy()):
+        with np.errstate(all="ignore"):
+            y, z = ref.rms_norm(xh, wh, residual=rh)
+        run_case(xh, wh, rh, y, z, scheme, fmt, kw, normalized=True)
+
+
+def test_eps_zero_and_large():
+    xh = _special_rows(BF16, 64)
+    wh = _weight(64, BF16, 9)
+    for eps in (0.0, 1e-5, 10.0):
+        with np.errstate(all="ignore"):
+            y, _ = ref.rms_norm(xh, wh, eps=eps)
+        q, yd = cq.rms_norm_quantize(cupy.asarray(xh), cupy.asarray(wh), eps=eps, return_normalized=True)
+        assert_bits_equal(yd, y, f"y at eps={eps}")
+        eq, es = ref.quantize_groupwise(y, "float8_e4m3fn", group_size=None)
+        assert_bits_equal(q.data, eq, f"q at eps={eps}")
+
+
+@pytest.mark.parametrize("scheme,fmt,kw", CASES, ids=_id)
+def test_caller_buffers(scheme, fmt, kw):
+    xh, wh, rh, y, z = _inputs((6, 1024), BF16, True, 21)
+    q = run_case(xh, wh, rh, y, z, scheme, fmt, kw, out=True)
+    # scale_out: a poisoned buffer of the returned scale's layout is filled the same way
+    s = poisoned(q.scale.shape, q.scale.dtype) if scheme not in ("token", "group") else None
+    if s is None:
+        gkw = _host_kw(kw)
+        s = cq.empty_scales(
+            xh.shape, None if scheme == "token" else gkw.get("group_size", 128), gkw.get("scale_layout", "row"),
+            gkw.get("scale_dtype", "float32"),
+        )  # fmt: skip
+        cupy.cuda.runtime.memset(s.data.ptr, 0xFF, s.data.mem.size - (s.data.ptr - s.data.mem.ptr))
+    q2 = cq.rms_norm_quantize(
+        cupy.asarray(xh), cupy.asarray(wh), scheme=scheme, dtype=fmt, scale_out=s, residual=cupy.asarray(rh),
+        **_device_kw(kw),
+    )  # fmt: skip
+    assert q2.scale is s
+    assert_bits_equal(q2.data, q.data, "q with scale_out")
+    assert_bits_equal(q2.scale, q.scale, "scale_out")
+
+
+@pytest.mark.parametrize("scheme,fmt,kw", [CASES[i] for i in (0, 7, 11, 13, 16)], ids=_id)
+def test_dequantizes(scheme, fmt, kw):
+    xh, wh, _, y, _ = _inputs((5, 512), BF16, False, 31)
+    q = cq.rms_norm_quantize(cupy.asarray(xh), cupy.asarray(wh), scheme=scheme, dtype=fmt, **_device_kw(kw))
+    own = _own_quantizer(cupy.asarray(y), scheme, fmt, _device_kw(kw))
+    assert_bits_equal(q.dequantize(), own.dequantize(), "dequantized")
+
+
+def test_cuda_graph_replay_updates_the_residual():
+    xh, wh, rh, _, _ = _inputs((4, 2048), BF16, True, 41)
+    x, w, r = cupy.asarray(xh), cupy.asarray(wh), cupy.asarray(rh)
+    qbuf = cupy.empty(x.shape, np.uint8)
+    sbuf = cq.empty_scales(x.shape, 128)
+    cq.rms_norm_quantize(x, w, residual=cupy.zeros_like(r), scheme="group", out=qbuf, scale_out=sbuf)  # compile
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        cq.rms_norm_quantize(x, w, residual=r, scheme="group", out=qbuf, scale_out=sbuf)
+        graph = stream.end_capture()
+    expect_r = rh
+    for _ in range(2):  # each replay adds x to the residual again
+        with stream:
+            qbuf.fill(0xFF)
+            graph.launch(stream)
+        stream.synchronize()
+        y, expect_r = ref.rms_norm(xh, wh, residual=expect_r)
+        eq, es = ref.quantize_groupwise(y, "float8_e4m3fn", group_size=128)
+        assert_bits_equal(r, expect_r, "residual after replay")
+        assert_bits_equal(qbuf, eq, "q after replay")
+        assert_bits_equal(sbuf, es, "scales after replay")
+
+
+def test_plans_are_memoized():
+    x = cupy.asarray(heavy_tailed((3, 256), 1, BF16))
+    w = cupy.asarray(_weight(256, BF16, 2))
+    norm._PLANS.clear()
+    cq.rms_norm_quantize(x, w)
+    cq.rms_norm_quantize(x, w)
+    cq.rms_norm_quantize(x, w, scheme="tensor", scale=cupy.ones(1, np.float32))  # device scale: not memoized
+    assert len(norm._PLANS) == 1
+
+
+def _untouched(a, before):
+    assert_bits_equal(a, before, "a buffer after a refused call")
+
+
+def test_validation_errors():
+    x = cupy.asarray(heavy_tailed((4, 256), 1, BF16))
+    w = cupy.asarray(_weight(256, BF16, 2))
+    r = cupy.asarray(heavy_tailed((4, 256), 3, BF16))
+    r_before = r.copy()
+    bad = [
+        (ValueError, "scheme", lambda: cq.rms_norm_quantize(x, w, scheme="block")),
+        (ValueError, "group_size", lambda: cq.rms_norm_quantize(x, w, group_size=128)),
+        (ValueError, "group_size", lambda: cq.rms_norm_quantize(x, w, scheme="group", group_size=96)),
+        (ValueError, "scale_ub", lambda: cq.rms_norm_quantize(x, w, scheme="mx", scale_ub=1.0)),
+        (ValueError, "scale=", lambda: cq.rms_norm_quantize(x, w, scheme="tensor")),
+        (ValueError, "scale", lambda: cq.rms_norm_quantize(x, w, scheme="tensor", scale=-1.0)),
+        (ValueError, "dtype", lambda: cq.rms_norm_quantize(x, w, scheme="tensor", dtype="int8", scale=1.0)),
+        (ValueError, "global_scale", lambda: cq.rms_norm_quantize(x, w, scheme="nvfp4")),
+        (ValueError, "dtype", lambda: cq.rms_norm_quantize(x, w, scheme="nvfp4", dtype="float8_e4m3fn")),
+        (ValueError, "scale_layout", lambda: cq.rms_norm_quantize(x, w, scheme="mx", scale_layout="row")),
+        (ValueError, "scale_layout", lambda: cq.rms_norm_quantize(x, w, scale_layout="swizzled")),
+        (
+            ValueError,
+            "scale_layout",
+            lambda: cq.rms_norm_quantize(x, w, scheme="tensor", scale=1.0, scale_layout="row"),
+        ),
+        (ValueError, "weight", lambda: cq.rms_norm_quantize(x, w[:128])),
+        (TypeError, "weight", lambda: cq.rms_norm_quantize(x, w.astype(np.float32))),
+        (TypeError, "weight", lambda: cq.rms_norm_quantize(x, w.get())),
+        (ValueError, "residual", lambda: cq.rms_norm_quantize(x, w, residual=r[:2])),
+        (ValueError, "residual", lambda: cq.rms_norm_quantize(x, w, residual=x)),
+        (TypeError, "x", lambda: cq.rms_norm_quantize(x.get(), w)),
+        (TypeError, "x", lambda: cq.rms_norm_quantize(x.astype(np.int32), w)),
+        (ValueError, "eps", lambda: cq.rms_norm_quantize(x, w, eps=-1.0, residual=r)),
+        (TypeError, "eps", lambda: cq.rms_norm_quantize(x, w, eps="1e-6", residual=r)),
+        (ValueError, "multiple of 32", lambda: cq.rms_norm_quantize(x[:, :48], w[:48], scheme="mx")),
+        (ValueError, "longer", lambda: cq.rms_norm_quantize(cupy.zeros((1, 16392), BF16), cupy.zeros(16392, BF16))),
+        (ValueError, "out", lambda: cq.rms_norm_quantize(x, w, out=cupy.empty((4, 255), np.uint8), residual=r)),
+        (ValueError, "out", lambda: cq.rms_norm_quantize(x, w, out=r.view(np.uint8)[:, :256], residual=r)),
+        (ValueError, "contiguous", lambda: cq.rms_norm_quantize(x[:, ::2], w[::2])),
+    ]
+    for exc, words, call in bad:
+        with pytest.raises(exc, match=words):
+            call()
+        _untouched(r, r_before)
+
+
+def test_empty_rows():
+    for scheme, fmt, kw in CASES:
+        x = cupy.zeros((0, 256), BF16)
+        q = cq.rms_norm_quantize(x, cupy.ones(256, BF16), scheme=scheme, dtype=fmt, **_device_kw(kw))
+        assert q.data.shape[0] == 0
+        if scheme == "tensor":
+            assert_bits_equal(q.scale, np.array([np.float32(_host_kw(kw)["scale"])]), "tensor scale")
+        if scheme == "nvfp4":
+            assert_bits_equal(q.global_scale, np.array([np.float32(_host_kw(kw)["global_scale"])]), "S_enc")
