@@ -30,6 +30,8 @@ MODULES = [
     ("groupwise", "Per-token and per-group FP8/INT8, fused SiLU*Mul"),
     ("mx", "Microscaling: MXFP8, MXFP4"),
     ("nvfp4", "NVFP4"),
+    ("norm", "Fused (residual add +) RMSNorm + quantization"),
+    ("kv_cache", "Quantized KV-cache writes"),
     ("weight", "Weight-only INT4/FP8 and the matmul"),
     ("w8a8", "W8A8 FP8 matmul"),
     ("_jit", "Errors"),

@@ -742,6 +742,176 @@ row(f, "option_dtype", lambda w: _watch_qw(w, _qw()).dequantize("float8_e4m3fn")
 row(f, "out_shape", lambda w: _watch_qw(w, _qw()).dequantize(out=w(_P((64, 255), BF16))), ValueError, "out")
 
 
+# rms_norm_quantize(x, weight, *, eps, residual, scheme, dtype, group_size, ...): x (4, 256) bf16
+f = "rms_norm_quantize"
+R = cq.rms_norm_quantize
+
+
+def _wn(H=256):
+    return cupy.ones((H,), BF16)
+
+
+cpu(f, "numpy", lambda w: R(w(_h((4, 256), BF16)), np.ones(256, BF16)), TypeError, "x")
+cpu(f, "option_scheme", lambda w: R(w(_h((4, 256), BF16)), None, scheme="block"), ValueError, "scheme")
+cpu(
+    f, "option_group_size_for_token", lambda w: R(w(_h((4, 256), BF16)), None, group_size=128), ValueError, "group_size"
+)
+cpu(
+    f,
+    "option_scale_for_group",
+    lambda w: R(w(_h((4, 256), BF16)), None, scheme="group", scale=1.0),
+    ValueError,
+    "scale",
+)
+row(f, "dtype_float64", lambda w: R(w(cupy.ones((4, 256), F64)), _wn()), TypeError, "x")
+row(f, "0d", lambda w: R(w(cupy.ones((), BF16)), _wn()), ValueError, "x")
+row(f, "noncontig", lambda w: R(w(_x((4, 512), BF16))[:, ::2], _wn()), ValueError, "x")
+row(f, "shape_mx_not_whole_blocks", lambda w: R(w(_x((4, 48), BF16)), _wn(48), scheme="mx"), ValueError, "x")
+row(f, "shape_too_long", lambda w: R(w(_x((1, 16392), BF16)), _wn(16392)), ValueError, "x")
+row(f, "weight_numpy", lambda w: R(w(_x((4, 256), BF16)), np.ones(256, BF16)), TypeError, "weight")
+row(f, "weight_shape", lambda w: R(w(_x((4, 256), BF16)), _wn(128)), ValueError, "weight")
+row(f, "weight_dtype", lambda w: R(w(_x((4, 256), BF16)), cupy.ones(256, F32)), TypeError, "weight")
+row(
+    f,
+    "residual_shape",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), residual=w(_x((2, 256), BF16))),
+    ValueError,
+    "residual",
+)
+row(
+    f, "residual_dtype", lambda w: R(w(_x((4, 256), BF16)), _wn(), residual=w(_x((4, 256), F32))), TypeError, "residual"
+)
+row(f, "residual_alias", lambda w: (lambda x: R(x, _wn(), residual=x))(w(_x((4, 256), BF16))), ValueError, "residual")
+row(f, "group_size", lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="group", group_size=96), ValueError, "group_size")
+row(f, "option_scale_missing", lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="tensor"), ValueError, "scale")
+row(
+    f,
+    "option_global_scale_missing",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="nvfp4"),
+    ValueError,
+    "global_scale",
+)
+row(
+    f,
+    "option_dtype",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="tensor", dtype="int8", scale=1.0),
+    ValueError,
+    "dtype",
+)
+row(
+    f,
+    "option_layout",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="mx", scale_layout="row"),
+    ValueError,
+    "scale_layout",
+)
+row(f, "option_eps", lambda w: R(w(_x((4, 256), BF16)), _wn(), eps=-1.0), ValueError, "eps")
+row(f, "out_shape", lambda w: R(w(_x((4, 256), BF16)), _wn(), out=w(_P((4, 255), U8))), ValueError, "out")
+row(
+    f,
+    "out_alias",
+    lambda w: (
+        lambda r: R(w(_x((4, 256), BF16)), _wn(), residual=r, out=r.view(U8).reshape(-1)[:1024].reshape(4, 256))
+    )(w(_x((4, 256), BF16))),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "scale_out_shape",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="mx", scale_out=w(_P((4, 4), U8))),
+    ValueError,
+    "scale_out",
+)
+
+# quantize_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, scale_k, scale_v, ...):
+# key/value (4, 2, 64) bf16 into caches (3, 4, 2, 64) "NHD"
+f = "quantize_kv_cache"
+K = cq.quantize_kv_cache
+
+
+def _kv(w, **kw):
+    args = dict(
+        key=w(_x((4, 2, 64), BF16)),
+        value=w(_x((4, 2, 64), BF16)),
+        key_cache=w(_P((3, 4, 2, 64), U8)),
+        value_cache=w(_P((3, 4, 2, 64), U8)),
+        slot_mapping=cupy.asarray([0, 5, -1, 9], np.int64),
+        scale_k=0.1,
+        scale_v=0.1,
+    )
+    args.update(kw)
+    return K(
+        args.pop("key"), args.pop("value"), args.pop("key_cache"), args.pop("value_cache"), args.pop("slot_mapping"),
+        **args,
+    )  # fmt: skip
+
+
+cpu(
+    f,
+    "numpy",
+    lambda w: K(np.ones((4, 2, 64), F32), None, None, None, None, scale_k=0.1, scale_v=0.1),
+    TypeError,
+    "key",
+)
+row(f, "dtype_float64", lambda w: _kv(w, key=cupy.ones((4, 2, 64), F64)), TypeError, "key")
+row(f, "shape_2d", lambda w: _kv(w, key=cupy.ones((4, 128), BF16)), ValueError, "key")
+row(f, "value_shape", lambda w: _kv(w, value=w(_x((4, 2, 32), BF16))), ValueError, "value")
+row(f, "cache_dtype", lambda w: _kv(w, key_cache=w(_P((3, 4, 2, 64), F32))), TypeError, "key_cache")
+row(f, "slot_mapping_dtype", lambda w: _kv(w, slot_mapping=cupy.zeros(4, F32)), TypeError, "slot_mapping")
+row(
+    f,
+    "slot_mapping_repeat",
+    lambda w: _kv(w, slot_mapping=cupy.asarray([1, 1, 2, 3]), check_slots=True),
+    ValueError,
+    "slot_mapping",
+)
+row(f, "option_layout", lambda w: _kv(w, layout="HDN"), ValueError, "layout")
+row(f, "option_scale_k", lambda w: _kv(w, scale_k=-1.0), ValueError, "scale_k")
+row(f, "option_scale_mixed", lambda w: _kv(w, scale_k="dynamic"), ValueError, "scale_k")
+row(f, "option_dtype", lambda w: _kv(w, dtype="int8"), ValueError, "dtype")
+row(
+    f,
+    "out_alias",
+    lambda w: (lambda c: _kv(w, key_cache=c, value_cache=c))(w(_P((3, 4, 2, 64), U8))),
+    ValueError,
+    "value_cache",
+)
+
+# dequantize_kv_cache(cache, block_ids, *, scale, layout, dtype, cache_dtype, scale_cache, out)
+f = "dequantize_kv_cache"
+DK = cq.dequantize_kv_cache
+cpu(f, "numpy", lambda w: DK(np.zeros((3, 4, 2, 64), U8), np.zeros(1, np.int64), scale=0.1), TypeError, "cache")
+row(f, "cache_dtype", lambda w: DK(w(_P((3, 4, 2, 64), F32)), cupy.zeros(1, np.int64), scale=0.1), TypeError, "cache")
+row(f, "block_ids_dtype", lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, F32), scale=0.1), TypeError, "block_ids")
+row(
+    f,
+    "option_dtype",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, dtype="int8"),
+    TypeError,
+    "dtype",
+)
+row(
+    f,
+    "option_scale_cache_missing",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale="dynamic"),
+    ValueError,
+    "scale_cache",
+)
+row(
+    f,
+    "out_shape",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, out=w(_P((1, 4, 2, 32), BF16))),
+    ValueError,
+    "out",
+)
+
+# empty_kv_scale_cache(cache, layout)
+f = "empty_kv_scale_cache"
+cpu(f, "numpy", lambda w: cq.empty_kv_scale_cache(np.zeros((3, 4, 2, 64), U8)), TypeError, "cache")
+row(f, "option_layout", lambda w: cq.empty_kv_scale_cache(cupy.zeros((3, 4, 2, 64), U8), "XYZ"), ValueError, "layout")
+
+
 # ------------------------------------------------------------------ the test
 def _snapshot(a):
     return np.array(a, copy=True) if isinstance(a, np.ndarray) else a.get()

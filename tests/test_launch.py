@@ -101,7 +101,10 @@ def test_kernel_params_point_at_each_value():
 # kernel file and struct it must match field for field (name, type, order).
 _C_TYPES = {"i64": np.int64, "int": np.int32, "float": np.float32, "unsigned long long": np.uint64}
 ARG_STRUCTS = [
-    ("groupwise", "_SCALE_ARGS", "groupwise.cu", "ScaleArgs"),
+    ("groupwise", "_SCALE_ARGS", "groupwise.cuh", "ScaleArgs"),
+    ("norm", "_NORM_ARGS", "rms_norm.cu", "NormArgs"),
+    ("kv_cache", "_WRITE_ARGS", "kv_cache.cu", "KVWriteArgs"),
+    ("kv_cache", "_READ_ARGS", "kv_cache.cu", "KVReadArgs"),
     ("_block_scale", "QUANT_ARGS", "block_scale.cuh", "QuantArgs"),
     ("_block_scale", "DEQUANT_ARGS", "block_scale.cuh", "DequantArgs"),
     ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WQuantArgs"),

@@ -1,5 +1,5 @@
 """NumPy + ml_dtypes reference of every cupyquant op. Imports no CuPy. One module per family
-(``per_tensor``, ``groupwise``, ``mx``, ``nvfp4``, ``weight``, ``w8a8``); every public name is here.
+(``per_tensor``, ``groupwise``, ``mx``, ``nvfp4``, ``norm``, ``kv_cache``, ``weight``, ``w8a8``); every public name is here.
 
 Each function states its formula; the GPU kernels must match these bit for bit. Inputs are NumPy
 arrays of float32, float16 or ml_dtypes.bfloat16. All float arithmetic is IEEE float32 with
@@ -36,6 +36,7 @@ from .groupwise import (
     silu_mul_quantize,
     ue8m0,
 )
+from .kv_cache import KV_LAYOUTS, dequantize_kv_cache, kv_dynamic_scale, quantize_kv_cache
 from .mx import (
     E2M1_MAX,
     MX_BLOCK,
@@ -50,6 +51,7 @@ from .mx import (
     mx_scale_exponent,
     quantize_mx,
 )
+from .norm import NORM_SCHEMES, NORM_UNIT, rms_norm, rms_norm_quantize, sum_of_squares
 from .nvfp4 import NVFP4_BLOCK, NVFP4_RANGE, dequantize_nvfp4, nvfp4_global_scale, quantize_nvfp4
 from .per_tensor import amax, compute_scale, dequantize_fp8, quantize_fp8
 from .w8a8 import (
@@ -117,6 +119,12 @@ __all__ = [
     "nvfp4_global_scale",
     "quantize_nvfp4",
     "dequantize_nvfp4",
+    # the fused (residual add +) RMSNorm + quantization
+    "NORM_UNIT",
+    "NORM_SCHEMES",
+    "sum_of_squares",
+    "rms_norm",
+    "rms_norm_quantize",
     # weight-only
     "WEIGHT_DTYPES",
     "WEIGHT_GROUP_SIZES",
@@ -137,6 +145,11 @@ __all__ = [
     "scaled_mm",
     "round_result",
     "error_bound",
+    # the FP8 paged KV cache
+    "KV_LAYOUTS",
+    "kv_dynamic_scale",
+    "quantize_kv_cache",
+    "dequantize_kv_cache",
     # FP4 packing and the swizzled scale layout (cupyquant._layouts)
     "pack_fp4",
     "unpack_fp4",
