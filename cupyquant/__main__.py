@@ -3,7 +3,7 @@
 Quantizes a deterministic heavy-tailed bf16 tensor (2048 x 2048, generated here: Student-t values
 times per-column magnitudes that span e^+-2, with a few outlier columns 30x larger, as LLM
 activations have) with every scheme the library has (the fused SiLU*Mul takes its two column halves
-as gate and up), dequantizes it, and prints per scheme: bits per element (scales included), SNR in
+as gate and up; the fused RMSNorm rows normalize each row with a built-in weight), dequantizes it, and prints per scheme: bits per element (scales included), SNR in
 dB, the largest relative error over elements that land on a value in the format's normal range (scaled |x| between the smallest normal and the max), whether
 the bytes and scales equal ``cupyquant.reference`` exactly, and the quantizer's bandwidth (input read
 once + output written once, on the tensor tiled to 256M elements so that the L2 cache and launch
@@ -71,8 +71,20 @@ def _normal_mask(q, host, target):
     return (v >= lo) & (v <= fmt.max)
 
 
+def norm_weight(H: int, dtype) -> np.ndarray:
+    """The RMSNorm weight of the report: 1 + 0.25 sin(i), in the tensor's dtype."""
+    return (1.0 + 0.25 * np.sin(np.arange(H))).astype(np.float32).astype(dtype)
+
+
+def _rms_norm64(x64, w) -> np.ndarray:
+    """RMSNorm in float64 (eps 1e-6): what the fused rows approximate."""
+    return x64 / np.sqrt(np.mean(x64**2, axis=-1, keepdims=True) + 1e-6) * w.astype(np.float64)
+
+
 def entries(xh):
     """Every scheme of the report for host data ``xh``. A new family adds its rows here."""
+    import cupy
+
     import cupyquant as cq
     from cupyquant import groupwise
     from cupyquant import reference as ref
@@ -125,6 +137,19 @@ def entries(xh):
             target=lambda x64: ref.silu_mul(x64.astype(np.float32)).astype(np.float64),
         )
     )
+
+    # the fused RMSNorm (no residual) with a weight around 1, then per-token or group-128 FP8
+    wh = norm_weight(xh.shape[-1], xh.dtype)
+    for g, what in ((None, "per-token"), (128, "group-128")):
+        kw = {"scheme": "token"} if g is None else {"scheme": "group", "group_size": g}
+        rows.append(
+            Entry(
+                f"RMSNorm + FP8 E4M3 {what}",
+                lambda x, kw=kw: cq.rms_norm_quantize(x, cupy.asarray(wh), **kw),
+                lambda h, x, q, kw=kw: pair(ref.rms_norm_quantize(h, wh, **kw)[0]),
+                target=lambda x64: _rms_norm64(x64, wh),
+            )
+        )
 
     def unpacked(d, K):
         return ref.unpack_fp4(d, K)
@@ -288,7 +313,8 @@ def main(argv=None) -> int:
     print("* max |y - x| / |x| over elements whose |x| / scale lies in the format's normal range (INT8:")
     print("  |x| / scale >= 16); E4M3 rounding bounds it by 2^-4, E5M2 by 2^-3, INT8 there by 2^-5, E2M1")
     print("  (|x| / scale in [1, 6]) by 2^-2.")
-    print("  SiLU*Mul is measured against silu(gate) * up of the tensor's two column halves.")
+    print("  SiLU*Mul is measured against silu(gate) * up of the tensor's two column halves, RMSNorm against the")
+    print("  float64 norm of the rows times the report's weight (1 + 0.25 sin(column)).")
     print(f"  GB/s on the tensor tiled to {64 * SHAPE[0]} x {SHAPE[1]} (256M elements), counting x read once and q")
     print("  and its scales written once (dynamic per-tensor reads x twice: its limit is 60% of the copy figure)")
     all_equal &= weight_report(xh, x)

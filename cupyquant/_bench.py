@@ -84,6 +84,27 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
     return 2 * nbytes / t
 
 
+def copy_seconds(nbytes: int, reps: int = 20) -> float:
+    """Seconds of a device-to-device copy that moves ``nbytes`` (half read, half written), as an op of
+    that size is timed: a CUDA graph of copies over enough buffer pairs to span 4x the L2. The
+    ceiling of a small op, whose launch and ramp a 2 GiB copy does not show."""
+    half = max(nbytes // 2, 1)
+    pairs = [(cupy.empty(half, np.uint8), cupy.empty(half, np.uint8)) for _ in range(min(256, copies_for(2 * half)))]
+    for src, _ in pairs:
+        src.fill(1)
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def copy(src, dst):
+        cupy.cuda.runtime.memcpyAsync(
+            dst.data.ptr, src.data.ptr, half, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr
+        )
+
+    t = time_graph(copy, pairs, reps, stream)
+    del pairs
+    cupy.get_default_memory_pool().free_all_blocks()
+    return t
+
+
 def settle(seconds: float) -> None:
     """Wait for the GPU to finish, then ``seconds`` more: long enough for the board's power
     controller to bring the SM clock back up after a heavy burst (on the H100: 1395-1440 MHz at
