@@ -6,6 +6,8 @@
     python scripts/bench.py --list               # the ops and their shapes
     python scripts/bench.py --matmul             # the weight-only matmul against cuBLAS
     python scripts/bench.py --w8a8               # the W8A8 FP8 matmul (scripts/bench_w8a8.py)
+    python scripts/bench.py --kv-cache           # the FP8 KV-cache write (scripts/bench_kv_cache.py)
+    python scripts/bench.py --norm               # fused RMSNorm + quantization (scripts/bench_norm.py)
     python scripts/bench.py --sweep --json sweep.json --plot sweep.png
                                                  # the inference shape sweep (scripts/bench_sweep.py)
 
@@ -33,6 +35,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_w8a8 next to this file
 
+import bench_kv_cache  # noqa: E402
+import bench_norm  # noqa: E402
 import bench_sweep  # noqa: E402
 import bench_w8a8  # noqa: E402
 
@@ -623,6 +627,16 @@ def build_parser():
         help="seconds of graph replays per timing (3 to 20 replays)",
     )
     w.add_argument("--w8a8-fast-accum", action="store_true", help="torch._scaled_mm with use_fast_accum=True")
+    k = p.add_argument_group("FP8 KV-cache write (scripts/bench_kv_cache.py)")
+    k.add_argument("--kv-cache", action="store_true", help="quantize_kv_cache against the copy bandwidth and torch")
+    k.add_argument(
+        "--kv-cache-cases",
+        default=None,
+        help=f"tokens x heads x head_dim list (default {','.join(bench_kv_cache.SHAPE_LABELS)})",
+    )
+    n = p.add_argument_group("fused RMSNorm + quantization (scripts/bench_norm.py)")
+    n.add_argument("--norm", action="store_true", help="rms_norm_quantize against the unfused pair and torch.compile")
+    n.add_argument("--norm-cases", default=None, help=f"M x H list (default {','.join(bench_norm.SHAPE_LABELS)})")
     return p
 
 
@@ -632,6 +646,10 @@ def main(argv=None):
         return bench_sweep.main_sweep(a, sys.modules[__name__])
     if a.w8a8:
         return bench_w8a8.main_w8a8(a, _fmt, _emit, _load_torch)
+    if a.kv_cache:
+        return bench_kv_cache.main_kv_cache(a, sys.modules[__name__])
+    if a.norm:
+        return bench_norm.main_norm(a, sys.modules[__name__])
     if a.matmul:
         return main_matmul(a)
     ops = make_ops(a.format)
@@ -733,6 +751,21 @@ def _load_torch(skip):
         return torch if torch.cuda.is_available() else None
     except ImportError:
         return None
+
+
+def _raise_compile_limits(torch) -> None:
+    """Let torch.compile keep a compiled graph per shape (dynamic=False) without falling back to eager
+    after dynamo's default recompile limits."""
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, 4096)
+
+
+def _table(cols, rows) -> list[str]:
+    """A markdown table of ``rows`` (dicts) in ``cols``, cells formatted by _fmt."""
+    lines = [f"| {' | '.join(cols)} |", "|" + "---|" * len(cols)]
+    return lines + [f"| {' | '.join(_fmt(r.get(k)) for k in cols)} |" for r in rows]
 
 
 def main_matmul(a):

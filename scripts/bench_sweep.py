@@ -265,13 +265,6 @@ def host_and_floor(cq, bench, fn, args, rounds: int = 7, calls: int = 300) -> tu
     return ours, floor
 
 
-def _torch_setup(torch):
-    cfg = torch._dynamo.config
-    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, 4096)
-
-
 def run(cq, bench, torch, B, ops, ks, ms, reps: int, floor: bool, log=print, save=None) -> dict:
     """Every cell of ``ops`` x ``ks`` x ``ms``; returns the run as a JSON-ready dict, also given to
     ``save`` after each cell (so that a run cut short keeps what it measured)."""
@@ -280,7 +273,7 @@ def run(cq, bench, torch, B, ops, ks, ms, reps: int, floor: bool, log=print, sav
 
     copy_bw = bench.copy_bandwidth()
     if torch is not None:
-        _torch_setup(torch)
+        B._raise_compile_limits(torch)
     cells, floors = [], {}
     result = {
         "device": bench.device_name(),

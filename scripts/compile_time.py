@@ -60,6 +60,13 @@ GPU_OPS = {
     "dequantize (MX)": ("mx", "q = cq.quantize_mx(x, 'float8_e4m3fn')", "q.dequantize()"),
     "quantize_nvfp4": ("nvfp4", "", "cq.quantize_nvfp4(x)"),
     "dequantize (NVFP4)": ("nvfp4", "q = cq.quantize_nvfp4(x, global_scale=1.0)", "q.dequantize()"),
+    "rms_norm_quantize, per token": ("rms_norm", "", "cq.rms_norm_quantize(x, x[0])"),
+    "rms_norm_quantize, group 128": ("rms_norm", "", "cq.rms_norm_quantize(x, x[0], scheme='group')"),
+    "quantize_kv_cache": (
+        "kv_cache",
+        "kv = x[:64].reshape(64, 16, 64); c = cupy.zeros((8, 16, 16, 64), cupy.uint8); s = cupy.arange(64)",
+        "cq.quantize_kv_cache(kv, kv, c, c.copy(), s, scale_k=1.0, scale_v=1.0)",
+    ),
     "quantize_weight": ("weight_quant", "", "cq.quantize_weight(x, 'int4', group_size=128)"),
     "matmul, decode": ("weight_decode", "w = cq.quantize_weight(x, 'int4', group_size=128)", "cq.matmul(x[:1], w)"),
     # M = 1024 takes a tensor-core kernel; each is forced so that its own family compiles
