@@ -140,12 +140,13 @@ def entries(xh):
 
     # the fused RMSNorm (no residual) with a weight around 1, then per-token or group-128 FP8
     wh = norm_weight(xh.shape[-1], xh.dtype)
+    w = cupy.asarray(wh)
     for g, what in ((None, "per-token"), (128, "group-128")):
         kw = {"scheme": "token"} if g is None else {"scheme": "group", "group_size": g}
         rows.append(
             Entry(
                 f"RMSNorm + FP8 E4M3 {what}",
-                lambda x, kw=kw: cq.rms_norm_quantize(x, cupy.asarray(wh), **kw),
+                lambda x, kw=kw: cq.rms_norm_quantize(x, w, **kw),
                 lambda h, x, q, kw=kw: pair(ref.rms_norm_quantize(h, wh, **kw)[0]),
                 target=lambda x64: _rms_norm64(x64, wh),
             )
