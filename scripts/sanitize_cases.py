@@ -26,6 +26,7 @@ import zlib
 import cupy
 import ml_dtypes
 import numpy as np
+import sanitize_hot_path
 
 import cupyquant as cq
 from cupyquant import _device, groupwise
@@ -38,7 +39,7 @@ from cupyquant.weight import plan as WP
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
-FAMILIES = ("per_tensor", "groupwise", "mx", "weight", "w8a8")
+FAMILIES = ("per_tensor", "groupwise", "mx", "rms_norm", "kv_cache", "weight", "w8a8")
 # Selectable by --family but not in the default run: the sm90 gemm's edge cases alone (a subset of
 # "weight", to run one tool on that kernel only: racecheck takes over 7 minutes on it)
 EXTRA_FAMILIES = ("weight_sm90_gemm",)
@@ -558,6 +559,8 @@ RUNNERS = {
     "weight": run_weight,
     "weight_sm90_gemm": run_wgmma,
     "w8a8": run_w8a8,
+    "rms_norm": lambda run: sanitize_hot_path.run_norm(run, sys.modules[__name__]),
+    "kv_cache": lambda run: sanitize_hot_path.run_kv_cache(run, sys.modules[__name__]),
 }
 
 # Positive controls: one deliberately broken kernel per tool, so that a clean report is known to come
