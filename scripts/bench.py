@@ -762,6 +762,29 @@ def _raise_compile_limits(torch) -> None:
             setattr(cfg, name, 4096)
 
 
+def _load_compiling_torch(skip):
+    """torch for the peers (None when skipped or unavailable), its compile limits raised."""
+    torch = _load_torch(skip)
+    if torch is not None:
+        _raise_compile_limits(torch)
+    return torch
+
+
+def _run_cases(head, cols, cases, bench_row, markdown, torch) -> None:
+    """Print ``head``, time each case (``bench_row(case)`` -> a row dict) and print its row as it
+    comes, freeing the memory pools between cases, then print (and write) the markdown table."""
+    print(head, flush=True)
+    rows = []
+    for c in cases:
+        row = bench_row(c)
+        rows.append(row)
+        print("  ".join(f"{k}={_fmt(row.get(k))}" for k in cols), flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+        if torch is not None:
+            torch.cuda.empty_cache()
+    _emit(head, _table(cols, rows), markdown)
+
+
 def _table(cols, rows) -> list[str]:
     """A markdown table of ``rows`` (dicts) in ``cols``, cells formatted by _fmt."""
     lines = [f"| {' | '.join(cols)} |", "|" + "---|" * len(cols)]

@@ -224,8 +224,7 @@ def _bench_torch(cupy, torch, bench, c: Case, fmt: str, sets, calls, ours, t: fl
 
 def main_kv_cache(a, bench) -> None:
     """``scripts/bench.py --kv-cache``: ``a`` the parsed arguments, ``bench`` the bench.py module (its
-    cell formatter, table writer and torch loader)."""
-    fmt = bench._fmt
+    torch loader and table runner)."""
     cases = parse_cases(a.kv_cache_cases)
     if a.list:
         print("\n".join(f"{c.label} {c.mode} {c.layout}" for c in cases))
@@ -235,9 +234,7 @@ def main_kv_cache(a, bench) -> None:
     import cupyquant as cq
     from cupyquant import _bench
 
-    torch = bench._load_torch(a.no_torch)
-    if torch is not None:
-        bench._raise_compile_limits(torch)
+    torch = bench._load_compiling_torch(a.no_torch)
     copy_bw = _bench.copy_bandwidth()
     head = (
         f"{_bench.device_name()}, {datetime.date.today().isoformat()}; FP8 KV-cache write ({a.format}), bf16 "
@@ -245,14 +242,8 @@ def main_kv_cache(a, bench) -> None:
         f"{CACHE_FACTOR}x the slots; CUDA-graph replay; copy bandwidth {copy_bw / 1e9:.0f} GB/s"
         + ("" if torch else "; torch not available")
     )
-    print(head, flush=True)
-    cols = columns(torch is not None)
-    rows = []
-    for c in cases:
-        row = bench_case(cupy, cq, _bench, torch, c, a.format, copy_bw, max(5, a.reps // 5))
-        rows.append(row)
-        print("  ".join(f"{k}={fmt(row.get(k))}" for k in cols), flush=True)
-        cupy.get_default_memory_pool().free_all_blocks()
-        if torch is not None:
-            torch.cuda.empty_cache()
-    bench._emit(head, bench._table(cols, rows), a.markdown)
+    reps = max(5, a.reps // 5)
+    bench._run_cases(
+        head, columns(torch is not None), cases,
+        lambda c: bench_case(cupy, cq, _bench, torch, c, a.format, copy_bw, reps), a.markdown, torch,
+    )  # fmt: skip

@@ -192,8 +192,7 @@ def _bench_torch(cupy, cq, torch, bench, formulas, c: Case, w, sets, calls, t: f
 
 def main_norm(a, bench) -> None:
     """``scripts/bench.py --norm``: ``a`` the parsed arguments, ``bench`` the bench.py module (its
-    cell formatter, table writer, torch loader and torch formulas of the quantizers)."""
-    fmt = bench._fmt
+    torch loader, table runner and torch formulas of the quantizers)."""
     cases = parse_cases(a.norm_cases)
     if a.list:
         print("\n".join(f"{c.label} {c.scheme}" for c in cases))
@@ -203,23 +202,15 @@ def main_norm(a, bench) -> None:
     import cupyquant as cq
     from cupyquant import _bench
 
-    torch = bench._load_torch(a.no_torch)
-    if torch is not None:
-        bench._raise_compile_limits(torch)
+    torch = bench._load_compiling_torch(a.no_torch)
     copy_bw = _bench.copy_bandwidth()
     head = (
         f"{_bench.device_name()}, {datetime.date.today().isoformat()}; fused residual add + RMSNorm + "
         f"quantization, bf16 x / residual / weight, FP8 E4M3 (NVFP4: E2M1); CUDA-graph replay; copy "
         f"bandwidth {copy_bw / 1e9:.0f} GB/s" + ("" if torch else "; torch not available")
     )
-    print(head, flush=True)
-    cols = columns(torch is not None)
-    rows = []
-    for c in cases:
-        row = bench_case(cupy, cq, _bench, torch, bench, c, copy_bw, max(5, a.reps // 5))
-        rows.append(row)
-        print("  ".join(f"{k}={fmt(row.get(k))}" for k in cols), flush=True)
-        cupy.get_default_memory_pool().free_all_blocks()
-        if torch is not None:
-            torch.cuda.empty_cache()
-    bench._emit(head, bench._table(cols, rows), a.markdown)
+    reps = max(5, a.reps // 5)
+    bench._run_cases(
+        head, columns(torch is not None), cases,
+        lambda c: bench_case(cupy, cq, _bench, torch, bench, c, copy_bw, reps), a.markdown, torch,
+    )  # fmt: skip
