@@ -129,7 +129,6 @@ def _plan(
     global_scale,
     out,
     scale_out,
-    normalized,
 ) -> _Plan:
     """Check every argument of rms_norm_quantize and plan the launch; nothing is allocated."""
     if scheme not in SCHEMES:
@@ -279,8 +278,9 @@ def _signature(
     global_scale,
     out,
     scale_out,
-    normalized,
 ):
+    """What a plan depends on, or None where a call is not memoized (caller buffers, device scales or
+    a scale bound, arguments that are not CuPy arrays)."""
     if (
         out is not None
         or scale_out is not None
@@ -383,7 +383,7 @@ def rms_norm_quantize(
     synchronization; CUDA-graph capturable.
     """
     args = (x, weight, eps, residual, scheme, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
-            scale, global_scale, out, scale_out, return_normalized)  # fmt: skip
+            scale, global_scale, out, scale_out)  # fmt: skip
     key = _signature(*args)
     plan = _PLANS.lookup(key)
     if plan is None:
