@@ -9,10 +9,12 @@ import numpy as np
 
 from . import _dtypes
 
-WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn")
+WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn", "int8")
 WEIGHT_GROUP_SIZES = (32, 64, 128, None)
 #: The 2-D blocks (rows, columns) of block-scaled FP8 weights: DeepSeek-V3's 128 x 128.
 WEIGHT_BLOCK_SIZES = ((128, 128),)
+#: The largest K of an int8 weight: its code sums, at most 128 K in magnitude, must fit int32.
+INT8_WEIGHT_MAX_K = 1 << 24
 
 
 class _DefaultGroupSize(int):
@@ -29,22 +31,55 @@ DEFAULT_GROUP_SIZE = _DefaultGroupSize(128)
 def weight_scheme(dtype, symmetric=True) -> str:
     """The weight scheme a ``(dtype, symmetric)`` pair names: ``"int4"`` (symmetric, uint4b8),
     ``"uint4"`` (asymmetric with zero points: ``dtype="uint4"``, or ``"int4"`` with
-    ``symmetric=False``) or ``"float8_e4m3fn"`` (symmetric only)."""
+    ``symmetric=False``), ``"float8_e4m3fn"`` or ``"int8"`` (both symmetric only)."""
     if not isinstance(dtype, str):
-        # ml_dtypes.float8_e4m3fn (the type or its np.dtype) names the FP8 scheme, as it does for
-        # quantize_fp8; int4/uint4 have names only (ml_dtypes' int4 types are not packed formats)
+        # ml_dtypes.float8_e4m3fn and numpy.int8 (the types or their np.dtype) name the FP8 and INT8
+        # schemes, as they do for quantize_fp8 and quantize_groupwise; int4/uint4 have names only
+        # (ml_dtypes' int4 types are not packed formats)
         try:
             name = np.dtype(dtype).name
         except TypeError:
-            raise TypeError(f"dtype must be one of {WEIGHT_DTYPES} or ml_dtypes.float8_e4m3fn, got {dtype!r}") from None
-        dtype = name if name == "float8_e4m3fn" else dtype
+            raise TypeError(
+                f"dtype must be one of {WEIGHT_DTYPES}, ml_dtypes.float8_e4m3fn or numpy.int8, got {dtype!r}"
+            ) from None
+        dtype = name if name in ("float8_e4m3fn", "int8") else dtype
     if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
-    if dtype == "float8_e4m3fn":
+    if dtype in ("float8_e4m3fn", "int8"):
         if not symmetric:
-            raise ValueError("symmetric=False: float8_e4m3fn weights have no zero points")
+            raise ValueError(f"symmetric=False: {dtype} weights have no zero points")
         return dtype
     return "uint4" if dtype == "uint4" or not symmetric else "int4"
+
+
+def weight_int8_options(group_size, block_size) -> None:
+    """The options of an int8 weight: one scale per output channel, so ``group_size=None`` (given:
+    the default 128 is refused too) and no ``block_size``."""
+    if block_size is not None:
+        raise ValueError(
+            f"block_size={block_size!r} is not supported for int8 weights (one scale per output channel): "
+            "pass group_size=None and no block_size"
+        )
+    if group_size is DEFAULT_GROUP_SIZE:
+        raise ValueError(
+            "dtype='int8' weights have one scale per output channel: pass group_size=None "
+            "(the default group_size=128 is for the INT4 and FP8 weights)"
+        )
+    if group_size is not None:
+        raise ValueError(
+            f"group_size={group_size!r} is not supported for int8 weights: they have one scale per output "
+            "channel (group_size=None)"
+        )
+
+
+def weight_int8_k(K: int, arg: str = "w") -> None:
+    """K of an int8 weight: nonzero (any parity) and at most :data:`INT8_WEIGHT_MAX_K`."""
+    if K == 0:
+        raise ValueError(f"{arg}'s K must be nonzero")
+    if K > INT8_WEIGHT_MAX_K:
+        raise ValueError(
+            f"{arg}'s K = {K} must be at most 2^24 = {INT8_WEIGHT_MAX_K} for int8 weights (their int32 code sums)"
+        )
 
 
 # ------------------------------------------------------------------ element formats per op
@@ -155,3 +190,25 @@ def shape_of(a, arg: str, expected) -> None:
     """``a.shape`` must be ``expected`` (an array that goes with another, such as scales with data)."""
     if tuple(a.shape) != tuple(expected):
         raise ValueError(f"{arg} must have shape {tuple(expected)}, got {tuple(a.shape)}")
+
+
+def asymmetric_int8(symmetric, fmt_name: str, group_size, scale_pow2, packed: bool, scale_ub, zero_point_out) -> bool:
+    """Whether a :func:`cupyquant.quantize_groupwise` call asks for asymmetric INT8 (zero points);
+    raises TypeError or ValueError naming the argument that does not go with its ``symmetric``."""
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
+    if symmetric:
+        if zero_point_out is not None:
+            raise ValueError("zero_point_out is for symmetric=False: symmetric quantization has no zero points")
+        return False
+    if fmt_name != "int8":
+        raise ValueError(f"dtype={fmt_name!r} has no zero points: symmetric=False is for dtype='int8'")
+    if group_size is not None:
+        raise ValueError(f"group_size={group_size!r} with symmetric=False: zero points are per token, group_size=None")
+    if scale_pow2:
+        raise ValueError("scale_pow2=True is not supported with symmetric=False: its scales are (max - min) / 255")
+    if packed:
+        raise ValueError("scale_dtype='float8_e8m0fnu' is not supported with symmetric=False: its scales are float32")
+    if scale_ub is not None:
+        raise ValueError("scale_ub is not supported with symmetric=False (vLLM's asymmetric INT8 has no bound)")
+    return True

@@ -148,34 +148,44 @@ def scale_arg(v, arg: str, device: int, ref: str = "x") -> Scale:
 
 
 def scale_out(
-    a, shape, dtype, device: int, inputs=(), *, strides=None, nbytes: int | None = None, alloc: str = ""
+    a,
+    shape,
+    dtype,
+    device: int,
+    inputs=(),
+    *,
+    strides=None,
+    nbytes: int | None = None,
+    alloc: str = "",
+    arg: str = "scale_out",
 ) -> cupy.ndarray:
-    """A caller-given scale buffer: CuPy, exact shape and dtype, 16-byte aligned, on ``device`` and
-    not overlapping any of ``inputs`` (``(name, array or None)`` pairs). C-contiguous unless
-    ``strides`` (bytes) is given: then exactly those strides where the layout holds any word, in
-    an allocation that covers ``nbytes`` from the buffer's start (a padded layout, whose padding
-    is written too). ``alloc`` names the function that allocates such a buffer, for the message."""
+    """A caller-given scale buffer (named ``arg`` in messages): CuPy, exact shape and dtype, 16-byte
+    aligned, on ``device`` and not overlapping any of ``inputs`` (``(name, array or None)`` pairs).
+    C-contiguous unless ``strides`` (bytes) is given: then exactly those strides where the layout
+    holds any word, in an allocation that covers ``nbytes`` from the buffer's start (a padded
+    layout, whose padding is written too). ``alloc`` names the function that allocates such a
+    buffer, for the message."""
     dtype = np.dtype(dtype)
-    cupy_array(a, "scale_out")
+    cupy_array(a, arg)
     if tuple(a.shape) != tuple(shape):
-        raise ValueError(f"scale_out must be {dtype.name} of shape {tuple(shape)}, got {a.dtype} {a.shape}")
+        raise ValueError(f"{arg} must be {dtype.name} of shape {tuple(shape)}, got {a.dtype} {a.shape}")
     if a.dtype != dtype:
-        raise TypeError(f"scale_out must have dtype {dtype.name}, got {a.dtype}")
+        raise TypeError(f"{arg} must have dtype {dtype.name}, got {a.dtype}")
     if strides is None:
-        c_contiguous(a, "scale_out")
+        c_contiguous(a, arg)
         if a.data.ptr % 16:
-            raise ValueError("scale_out must start 16-byte aligned")
+            raise ValueError(f"{arg} must start 16-byte aligned")
     else:
         if nbytes and tuple(a.strides) != tuple(strides):
             raise ValueError(
-                f"scale_out must have strides {tuple(strides)} (the layout's padding included); "
+                f"{arg} must have strides {tuple(strides)} (the layout's padding included); "
                 f"got {a.strides}: allocate it with {alloc}"
             )
         mem = a.data.mem
         if a.data.ptr % 16 or a.data.ptr - mem.ptr + nbytes > mem.size:
-            raise ValueError("scale_out must start 16-byte aligned in an allocation that covers the layout's padding")
-    same_device(a, "scale_out", device, "x")
-    disjoint(a, "scale_out", inputs, nbytes=nbytes)
+            raise ValueError(f"{arg} must start 16-byte aligned in an allocation that covers the layout's padding")
+    same_device(a, arg, device, "x")
+    disjoint(a, arg, inputs, nbytes=nbytes)
     return a
 
 

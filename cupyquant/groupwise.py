@@ -14,12 +14,15 @@ scales per token (1 per token when ``group_size`` is None):
   that buffer: strides ``(..., NG * M_pad * 4, 4, M_pad * 4)`` bytes, so the scale of token m,
   group g of batch b is float ``b * NG * M_pad + g * M_pad + m`` of ``scale.data``. The padding
   rows ``M..M_pad`` are written with zeros. A 1-D ``x`` is one token (M = 1).
+- Zero points (``symmetric=False``, per-token INT8): int32, exactly the shape and strides of the
+  scales in either layout (the same word offsets, padding zero), in an array of their own.
 - ``scale_dtype="float8_e8m0fnu"`` (implies ``scale_pow2``): UE8M0 exponent bytes packed four per
   int32 along the groups, group ``4p + j`` in byte j (least significant first) of word p, the unused
   bytes of a row's last word zero; the array is int32 ``(*B, M, ceil(NG / 4))`` in the layout above
   (``"col"`` is DeepGEMM's SM100 layout). ``QuantizedTensor.to_host()`` unpacks it.
 
-:func:`empty_scales` allocates exactly these layouts, for ``scale_out=``.
+:func:`empty_scales` allocates exactly these layouts, for ``scale_out=``; its float32 array viewed
+as int32 (``.view(cupy.int32)``) is a ``zero_point_out=`` buffer.
 """
 
 from __future__ import annotations
@@ -76,7 +79,11 @@ _FAMILY = _jit.register(
     + _jit.product("token_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
-    + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS),
+    + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    # asymmetric per-token INT8 (zero points)
+    + _jit.product("token_quantize_azp_regs", _dtypes.INPUT_CTYPES, _TOKEN_WARPS)
+    + _jit.product("token_quantize_azp", _dtypes.INPUT_CTYPES, _BOOLS)
+    + _jit.product("token_dequantize_azp", _dtypes.INPUT_CTYPES, _BOOLS),
 )
 _FORMATS = _checks.GROUPWISE_FORMATS
 _GROUP_SIZES = _checks.GROUP_SIZES
@@ -239,9 +246,12 @@ class _Plan(NamedTuple):
     lay: _Layout
     s_dtype: type
     scheme: Scheme
+    azp: bool  # asymmetric INT8: the kernel also writes zero points (its last argument)
 
 
-def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu) -> _Plan:
+def _plan(
+    x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric, zp_out
+) -> _Plan:
     """Check every argument of quantize_groupwise (or of silu_mul_quantize) and plan the launch;
     nothing is allocated or launched. Raises TypeError or ValueError naming the argument."""
     if silu:
@@ -251,6 +261,7 @@ def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS)
     in_t = _validate.float_input(x, "x")
     packed = _scale_kind(scale_layout, scale_dtype)
+    azp = _checks.asymmetric_int8(symmetric, fmt.name, group_size, scale_pow2, packed, scale_ub, zp_out)
     rows, K, row_stride = _validate.rows_view(x, "x")
     out_shape = x.shape[:-1] + (K // 2,) if silu else x.shape
     K_out = out_shape[-1]
@@ -273,6 +284,18 @@ def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
             nbytes=lay.words * 4,
             alloc="cupyquant.empty_scales()",
         )
+    if zp_out is not None:
+        _validate.scale_out(
+            zp_out,
+            lay.shape,
+            np.int32,
+            device,
+            inputs=(("out", out), ("x", x), ("scale_out", scale_out)),
+            strides=lay.strides,
+            nbytes=lay.words * 4,
+            alloc="cupyquant.empty_scales(x.shape, None, scale_layout).view(cupy.int32)",
+            arg="zero_point_out",
+        )
     sa = _scale_args(lay, n_groups, packed, (bool(scale_pow2) or packed) and not silu, ub)
     scheme = _scheme(fmt.name, group_size, K_out, packed, scale_layout)
     aligned = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
@@ -286,30 +309,43 @@ def _plan(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
         # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
         vec = aligned and K % 8 == 0
         team = _token_team(K, x.itemsize, rows) if vec and group_size is None else None
+        # the asymmetric kernels take the same launch as the symmetric ones (no format argument)
+        targs = (in_t.ctype,) if azp else (in_t.ctype, fmt.ctag)
         if team is not None:
-            kernel = _jit.kernel(device, _FAMILY, "token_quantize_regs", in_t.ctype, fmt.ctag, team)
+            name = "token_quantize_azp_regs" if azp else "token_quantize_regs"
+            kernel = _jit.kernel(device, _FAMILY, name, *targs, team)
             block = (max(_TOKEN_BLOCK, 32 * team),)
             grid = (-(-rows // (block[0] // (32 * team))),)
             mid = (np.int64(rows), np.int32(K))
         elif group_size is None:
-            kernel = _jit.kernel(device, _FAMILY, "token_quantize", in_t.ctype, fmt.ctag, vec)
+            name = "token_quantize_azp" if azp else "token_quantize"
+            kernel = _jit.kernel(device, _FAMILY, name, *targs, vec)
             grid, block, mid = (rows,), (_TOKEN_BLOCK,), (np.int32(K),)
         else:
             kernel = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
             grid, block = _launch.grid2d(rows, K // 16)
             mid = (np.int64(rows), np.int32(K), np.int32(group_size))
-    return _Plan(kernel, grid, block, np.int64(row_stride), mid, sa, out_shape, q_dtype, lay, s_dtype, scheme)
+    return _Plan(kernel, grid, block, np.int64(row_stride), mid, sa, out_shape, q_dtype, lay, s_dtype, scheme, azp)
 
 
 #: Plans of quantizer calls without caller buffers, per argument signature (_signature).
 _PLANS = _plans.Plans()
 
 
-def _signature(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu):
+def _signature(
+    x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric, zp_out
+):
     """What a plan depends on, or None where the call is not memoized (caller buffers, a scale
     bound, an x that is not a CuPy array). Alignment enters as the address modulo 16; the group
-    size with its type, since 128.0 == 128 is a different (refused) argument."""
-    if out is not None or scale_out is not None or scale_ub is not None or type(x) is not cupy.ndarray:
+    size with its type, since 128.0 == 128 is a different (refused) argument; ``symmetric`` with
+    its type likewise."""
+    if (
+        out is not None
+        or scale_out is not None
+        or zp_out is not None
+        or scale_ub is not None
+        or type(x) is not cupy.ndarray
+    ):
         return None
     mem = x.data
     return (
@@ -325,13 +361,30 @@ def _signature(x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scal
         bool(scale_pow2),
         scale_dtype,
         silu,
+        symmetric,
+        type(symmetric),
     )
 
 
-def _quantize(silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out):
+def _quantize(
+    silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, symmetric, zp_out
+):
     """The body of both quantizers: the plan (memoized), the outputs a caller did not give, one
     launch."""
-    args = (x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu)
+    args = (
+        x,
+        dtype,
+        group_size,
+        scale_layout,
+        scale_pow2,
+        scale_dtype,
+        scale_ub,
+        out,
+        scale_out,
+        silu,
+        symmetric,
+        zp_out,
+    )
     key = _signature(*args)
     plan = _PLANS.lookup(key)
     if plan is None:
@@ -340,9 +393,15 @@ def _quantize(silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype,
         q = cupy.empty(plan.q_shape, dtype=plan.q_dtype) if out is None else out
         if scale_out is None:
             scale_out = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), plan.s_dtype)
+        zp = None
+        if plan.azp:
+            zp = zp_out
+            if zp is None:
+                zp = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), np.int32)
         if plan.kernel is not None:
-            plan.kernel(plan.grid, plan.block, (x, plan.row_stride, q, *plan.mid, plan.sa, scale_out))
-    return QuantizedTensor(q, scale_out, plan.scheme, plan.q_shape, x.dtype)
+            tail = (scale_out, zp) if plan.azp else (scale_out,)
+            plan.kernel(plan.grid, plan.block, (x, plan.row_stride, q, *plan.mid, plan.sa, *tail))
+    return QuantizedTensor(q, scale_out, plan.scheme, plan.q_shape, x.dtype, zero_point=zp)
 
 
 def quantize_groupwise(
@@ -354,8 +413,10 @@ def quantize_groupwise(
     scale_pow2: bool = False,
     scale_dtype: str | type | np.dtype = "float32",
     scale_ub: float | cupy.ndarray | None = None,
+    symmetric: bool = True,
     out: cupy.ndarray | None = None,
     scale_out: cupy.ndarray | None = None,
+    zero_point_out: cupy.ndarray | None = None,
 ) -> QuantizedTensor:
     """Quantize along the last axis with one scale per group of ``group_size`` elements, or per token.
 
@@ -377,26 +438,36 @@ def quantize_groupwise(
         Upper bound of a group's (or token's) amax, as in vLLM's per-token ``scale_ub``: the amax is
         clamped to it before the scale is derived, so the decode scale is at most about
         ``scale_ub / qmax``. A positive float or a one-element float32 device array.
+    symmetric : bool
+        False: asymmetric INT8 with one scale and one int32 zero point per token (vLLM's
+        ``dynamic_scaled_int8_azp_quant``), ``x ~ (q - zero_point) * scale``. Only with
+        ``dtype="int8"``, ``group_size=None``, float32 scales, no ``scale_pow2`` or ``scale_ub``.
     out : cupy.ndarray, optional
         uint8 (FP8) or int8 buffer of ``x.shape``.
     scale_out : cupy.ndarray, optional
         A scale array from :func:`empty_scales` with the same arguments.
+    zero_point_out : cupy.ndarray, optional
+        With ``symmetric=False``: an int32 buffer in the scales' layout,
+        ``empty_scales(x.shape, None, scale_layout).view(cupy.int32)``.
 
     Returns
     -------
     QuantizedTensor
         ``data`` in ``x.shape``; ``scale`` the *decode* scales in the chosen layout
-        (``x ~ q * scale``).
+        (``x ~ q * scale``). With ``symmetric=False``, ``zero_point``: int32 of the scales' exact
+        shape and strides (``x ~ (q - zero_point) * scale``).
 
     Raises
     ------
     TypeError
-        ``x`` is not a CuPy array of a supported dtype; ``out``/``scale_out`` or a device
-        ``scale_ub`` has the wrong dtype.
+        ``x`` is not a CuPy array of a supported dtype; ``out``/``scale_out``/``zero_point_out`` or a
+        device ``scale_ub`` has the wrong dtype; ``symmetric`` is not a bool.
     ValueError
         Unsupported ``dtype``, ``group_size``, ``scale_layout`` or ``scale_dtype``; a group size that
-        does not divide K; a last axis that is not contiguous; ``out``/``scale_out`` of the wrong
-        shape, strides or device, or overlapping ``x`` or each other; a bad ``scale_ub``.
+        does not divide K; a last axis that is not contiguous; ``out``/``scale_out``/``zero_point_out``
+        of the wrong shape, strides or device, or overlapping ``x`` or each other; a bad ``scale_ub``;
+        with ``symmetric=False``, a ``dtype`` other than int8, a ``group_size``, ``scale_pow2``, a UE8M0
+        ``scale_dtype`` or a ``scale_ub``; ``zero_point_out`` with ``symmetric=True``.
 
     Notes
     -----
@@ -404,10 +475,31 @@ def quantize_groupwise(
     full). Per group: ``amax = fmaxf(1e-10, max|x|)``, ``s = amax / qmax``,
     ``q = cvt(fminf(fmaxf(x / s, qmin), qmax))``. Per token FP8: ``s = fmaxf(amax / qmax,
     1 / (qmax * 512))``; per token INT8: ``s = amax / 127``, ``q = rne(x * (127 / amax))``. INT8
-    rounds half to even everywhere (vLLM's per-group INT8 truncates). One kernel launch, no host
+    rounds half to even everywhere (vLLM's per-group INT8 truncates).
+
+    Asymmetric per-token INT8 (``symmetric=False``), vLLM ``dynamic_scaled_int8_azp_quant``: with
+    ``lo``, ``hi`` the row's min and max (NaN ignored), ``s = (hi - lo) / 255``,
+    ``z = int32(rne(-128 - lo / s))`` (saturating, NaN to 0),
+    ``q = sat_int8(int32(rne(x * (1 / s))) + z)`` (the int32 sum wrapping); where ``s`` is 0 (a
+    row of equal values, or an empty or all-NaN row) ``s = max(|lo|, |hi|)``, ``z = 0`` and
+    ``q = rne_sat(x / s)``, so that a constant row dequantizes exactly.
+    :func:`cupyquant.reference.quantize_groupwise` states every corner. One kernel launch, no host
     synchronization.
     """
-    return _quantize(False, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out)
+    return _quantize(
+        False,
+        x,
+        dtype,
+        group_size,
+        scale_layout,
+        scale_pow2,
+        scale_dtype,
+        scale_ub,
+        out,
+        scale_out,
+        symmetric,
+        zero_point_out,
+    )
 
 
 def silu_mul_quantize(
@@ -453,7 +545,7 @@ def silu_mul_quantize(
     (FP8) or FLT_EPSILON (INT8); ``q = cvt(clamp(r / s))``. :func:`cupyquant.reference
     .quantize_silu_intermediate` is the exact reference given ``r``.
     """
-    return _quantize(True, x, dtype, group_size, scale_layout, False, "float32", scale_ub, out, scale_out)
+    return _quantize(True, x, dtype, group_size, scale_layout, False, "float32", scale_ub, out, scale_out, True, None)
 
 
 def _silu_mul_intermediate(x: cupy.ndarray):
@@ -498,19 +590,43 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool)
 _DEQUANT_PLANS = _plans.Plans()
 
 
+def _dequant_azp_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool) -> tuple:
+    """As :func:`_dequant_plan`, for per-token INT8 with zero points (token_dequantize_azp)."""
+    shape = q.shape
+    K = shape[-1] if shape else 0
+    lay = _Layout(tuple(shape[:-1]), 1, q.scheme.scale_layout == "col")
+    rows = math.prod(shape[:-1])
+    if not (rows and K):
+        return None, (), (), (), None
+    sa = np.array(
+        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, 0, 0, 0, lay.col, 0, 0, 0, *_magic(lay.M)), _SCALE_ARGS
+    )[()]
+    vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
+    kernel = _jit.kernel(q.data.data.device_id, _FAMILY, "token_dequantize_azp", out_t.ctype, vec)
+    if vec:
+        grid, block = _launch.grid2d(rows, K // 8)
+    else:
+        grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
+    return kernel, grid, block, (np.int64(rows), np.int32(K)), sa
+
+
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
     device = q.data.data.device_id
+    azp = q.zero_point is not None
+    if azp and q.scheme.granularity != "token":
+        raise ValueError(f"q.zero_point: zero points are per token here, got granularity {q.scheme.granularity!r}")
+    make = _dequant_azp_plan if azp else _dequant_plan
     if out is None:
-        key = (q.scheme, q.shape, device, q.data.data.ptr & 7, out_t)
-        plan = _DEQUANT_PLANS.lookup(key) or _DEQUANT_PLANS.keep(key, _dequant_plan(q, out_t, True))
+        key = (q.scheme, q.shape, device, q.data.data.ptr & 7, out_t, azp)
+        plan = _DEQUANT_PLANS.lookup(key) or _DEQUANT_PLANS.keep(key, make(q, out_t, True))
     else:
         _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
-        plan = _dequant_plan(q, out_t, out.data.ptr % 16 == 0)
+        plan = make(q, out_t, out.data.ptr % 16 == 0)
     kernel, grid, block, tail, sa = plan
     with _validate.on_device_of(q.data):
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
         if kernel is not None:
-            kernel(grid, block, (q.data, y, *tail, sa, q.scale))
+            kernel(grid, block, (q.data, y, *tail, sa, q.scale, *((q.zero_point,) if azp else ())))
     return y
 
 

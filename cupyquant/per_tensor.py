@@ -1,9 +1,13 @@
-"""Per-tensor FP8 quantization (TransformerEngine current scaling), static scales, dequantization.
+"""Per-tensor FP8 quantization (TransformerEngine current scaling), static scales, dequantization;
+static per-tensor INT8 with or without a zero point (vLLM ``static_scaled_int8_quant``).
 
-Kernels: ``kernels/per_tensor.cu``. Reference: :func:`cupyquant.reference.quantize_fp8`.
+Kernels: ``kernels/per_tensor.cu``. Reference: :func:`cupyquant.reference.quantize_fp8`,
+:func:`cupyquant.reference.quantize_int8`.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import cupy
 import numpy as np
@@ -18,12 +22,16 @@ _FAMILY = _jit.register(
     "per_tensor",
     _jit.product("fp8_amax", _dtypes.INPUT_CTYPES, _BOOLS)
     + _jit.product("fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, tuple(_validate.ScaleSource), _BOOLS)
-    + _jit.product("fp8_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
+    + _jit.product("fp8_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS)
+    # static INT8: <input or output type, with a zero point, vector path>
+    + _jit.product("int8_quantize", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS)
+    + _jit.product("int8_dequantize", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS),
 )
 _FP8 = _dtypes.FP8_NAMES
 _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
 _SCALAR_BLOCKS_PER_SM = 8
-_SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8}
+_SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8 + ("int8",)}
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _flat_grid(n: int, vec: bool, device: int, per_thread: int) -> int:
@@ -155,6 +163,125 @@ def _plan_quantize(x, dtype, scale, out) -> tuple:
     return fmt.name, in_t, k, (_flat_grid(x.size, vec, device, 16),)
 
 
+def _zero_point_arg(v, device: int) -> tuple:
+    """(device array or None, value) of quantize_int8's ``zero_point``: None, an integer in the int32
+    range, or a one-element int32 CuPy array on ``device``. Raises TypeError or ValueError naming it."""
+    if v is None:
+        return None, 0
+    if isinstance(v, cupy.ndarray):
+        msg = f"zero_point must be an int32 array of one element, got {v.dtype} {v.shape}"
+        if v.dtype != np.int32:
+            raise TypeError(msg)
+        if v.size != 1:
+            raise ValueError(msg)
+        _validate.same_device(v, "zero_point", device, "x")
+        return v, 0
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"zero_point must be an int, a cupy.ndarray or None, got {type(v).__name__}")
+    if not _INT32_MIN <= int(v) <= _INT32_MAX:
+        raise ValueError(f"zero_point must be in the int32 range, got {v!r}")
+    return None, int(v)
+
+
+#: quantize_int8 plans without an ``out=``, per argument signature
+_INT8_PLANS = _plans.Plans()
+
+
+def _plan_int8(x, azp: bool, out) -> tuple:
+    """Check x and out of quantize_int8 and plan its launch: (kernel, grid)."""
+    in_t = _validate.float_input(x, "x")
+    _validate.c_contiguous(x, "x")
+    device = x.data.device_id
+    if out is not None:
+        _validate.out_array(out, "out", x.shape, np.int8, device, inputs=(("x", x),))
+    vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    k = _jit.kernel(device, _FAMILY, "int8_quantize", in_t.ctype, azp, vec)
+    return k, (_flat_grid(x.size, vec, device, 16),)
+
+
+def quantize_int8(
+    x: cupy.ndarray,
+    scale: float | cupy.ndarray,
+    zero_point: int | cupy.ndarray | None = None,
+    *,
+    out: cupy.ndarray | None = None,
+) -> QuantizedTensor:
+    """Static per-tensor INT8, symmetric or with a zero point (vLLM ``static_scaled_int8_quant``).
+
+    Parameters
+    ----------
+    x : cupy.ndarray
+        float32, float16 or bfloat16, C-contiguous (any offset), any shape.
+    scale : float or cupy.ndarray
+        The *decode* scale ``s`` (``x ~ (q - zero_point) * s``): a positive finite Python float, or
+        a float32 CuPy array of one element, read on the device as it is (never copied to the host).
+    zero_point : int or cupy.ndarray, optional
+        None: symmetric. Otherwise the zero point ``z``: a Python int in the int32 range, or an
+        int32 CuPy array of one element, read on the device.
+    out : cupy.ndarray, optional
+        int8 buffer of ``x.shape``.
+
+    Returns
+    -------
+    QuantizedTensor
+        ``data`` int8 in ``x.shape``; ``scale`` float32 (1,) holding ``s``; ``zero_point`` int32
+        (1,) holding ``z``, or None; scheme ``("int8", "tensor")``.
+
+    Raises
+    ------
+    TypeError
+        ``x``/``out`` is not a CuPy array of the right dtype; ``scale`` is not a real or a float32
+        array; ``zero_point`` is not an int or an int32 array.
+    ValueError
+        ``x``/``out`` not C-contiguous; ``out`` of the wrong shape, on another device or overlapping
+        ``x``; a float ``scale`` not positive and finite; an int ``zero_point`` outside int32; a
+        device ``scale``/``zero_point`` with other than one element or on another device.
+
+    Notes
+    -----
+    vLLM's arithmetic, IEEE float32 (:func:`cupyquant.reference.quantize_int8`). Without a zero
+    point ``q = rne_sat_int8(x / s)`` (the division correctly rounded; NaN gives 0). With one,
+    ``q = sat_int8(int32(rne(x * (1 / s))) + z)``: ``1 / s`` once, the conversion to int32
+    saturating (NaN to 0), the int32 sum wrapping, then saturation to [-128, 127]. One kernel
+    launch, no host synchronization.
+    """
+    azp = zero_point is not None
+    key = None
+    if out is None and type(x) is cupy.ndarray:
+        key = (x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15, azp)
+    plan = _INT8_PLANS.lookup(key)
+    if plan is None:
+        plan = _INT8_PLANS.keep(key, _plan_int8(x, azp, out))
+    device = x.data.device_id
+    mode, scale_dev, scale_value = _validate.scale_arg(scale, "scale", device)
+    if mode == _AMAX:
+        raise TypeError("scale must be a positive finite float or a float32 cupy.ndarray of one element, got None")
+    zp_dev, zp_value = _zero_point_arg(zero_point, device)
+    if out is not None:
+        _validate.disjoint(out, "out", (("scale", scale_dev), ("zero_point", zp_dev)))
+    k, grid = plan
+    with _validate.on_device_of(x):
+        q = cupy.empty(x.shape, dtype=np.int8) if out is None else out
+        s_out = cupy.empty((1,), dtype=np.float32)
+        z_out = cupy.empty((1,), dtype=np.int32) if azp else None
+        k(
+            grid,
+            (_BLOCK,),
+            (
+                x,
+                q,
+                np.int64(x.size),
+                scale_dev,  # None: a null pointer, the kernel takes scale_value
+                scale_value,
+                zp_dev,
+                np.int32(zp_value),
+                s_out,
+                z_out,
+            ),
+        )
+    return QuantizedTensor(q, s_out, _SCHEMES["int8"], x.shape, x.dtype, zero_point=z_out)
+
+
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
     fmt = q.format
     device = q.data.data.device_id
@@ -164,9 +291,15 @@ def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarr
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
         n = q.data.size
         vec = q.data.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
-        k = _jit.kernel(device, _FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
         # two units of 16 // itemsize elements per thread (see fp8_dequantize)
-        k((_flat_grid(n, vec, device, 2 * (16 // y.itemsize)),), (_BLOCK,), (q.data, y, np.int64(n), q.scale))
+        grid = (_flat_grid(n, vec, device, 2 * (16 // y.itemsize)),)
+        if fmt.name == "int8":
+            azp = q.zero_point is not None
+            k = _jit.kernel(device, _FAMILY, "int8_dequantize", out_t.ctype, azp, vec)
+            k(grid, (_BLOCK,), (q.data, y, np.int64(n), q.scale, q.zero_point if azp else q.scale))
+        else:
+            k = _jit.kernel(device, _FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
+            k(grid, (_BLOCK,), (q.data, y, np.int64(n), q.scale))
     return y
 
 

@@ -65,9 +65,14 @@ class QuantizedTensor:
         float32 (1,), the reduced max |x| of dynamic per-tensor (and NVFP4) quantization.
     global_scale : cupy.ndarray or None
         float32 (1,), NVFP4's global encode scale ``S_enc`` (``x ~ q * float(scale) / S_enc``).
+    zero_point : cupy.ndarray or None
+        int32 zero points of asymmetric INT8 (``x ~ (q - zero_point) * scale``): per token exactly
+        the shape and strides of ``scale`` (its ``"row"`` or ``"col"`` layout, word for word), per
+        tensor (1,). None for symmetric schemes; its presence is what marks a tensor asymmetric
+        (the :class:`Scheme` is that of the symmetric INT8 of the same granularity).
     """
 
-    __slots__ = ("data", "scale", "scheme", "shape", "dtype", "amax", "global_scale")
+    __slots__ = ("data", "scale", "scheme", "shape", "dtype", "amax", "global_scale", "zero_point")
 
     def __init__(
         self,
@@ -78,6 +83,7 @@ class QuantizedTensor:
         dtype: np.dtype | type | str,
         amax: cupy.ndarray | None = None,
         global_scale: cupy.ndarray | None = None,
+        zero_point: cupy.ndarray | None = None,
     ) -> None:
         self.data = data
         self.scale = scale
@@ -86,6 +92,7 @@ class QuantizedTensor:
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.amax = amax
         self.global_scale = global_scale
+        self.zero_point = zero_point
 
     @property
     def format(self) -> _dtypes.ElementFormat:
@@ -93,9 +100,10 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held on the device: ``data``, ``scale``, and ``amax`` and ``global_scale`` where
-        present."""
-        return sum(a.nbytes for a in (self.data, self.scale, self.amax, self.global_scale) if a is not None)
+        """Bytes held on the device: ``data``, ``scale``, and ``amax``, ``global_scale`` and
+        ``zero_point`` where present."""
+        arrays = (self.data, self.scale, self.amax, self.global_scale, self.zero_point)
+        return sum(a.nbytes for a in arrays if a is not None)
 
     def dequantize(
         self, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
@@ -111,7 +119,8 @@ class QuantizedTensor:
         ``scale``: in its logical shape ``(..., n_blocks)``: float32, or ml_dtypes
         ``float8_e8m0fnu`` / ``float8_e4m3fn``; packed UE8M0 words are unpacked (the words also
         given as ``scale_packed``) and swizzled scales unswizzled (the layout buffer also given as
-        ``scale_swizzled``). ``amax`` and ``global_scale`` where present."""
+        ``scale_swizzled``). ``amax`` and ``global_scale`` where present; ``zero_point`` (int32, in
+        the logical shape of ``scale``) where present."""
         scale = np.ascontiguousarray(self.scale.get())
         data = self.data.get()
         fmt = self.format
@@ -134,6 +143,8 @@ class QuantizedTensor:
             out["amax"] = self.amax.get()
         if self.global_scale is not None:
             out["global_scale"] = self.global_scale.get()
+        if self.zero_point is not None:
+            out["zero_point"] = np.ascontiguousarray(self.zero_point.get())
         return out
 
     def __repr__(self) -> str:
@@ -141,7 +152,7 @@ class QuantizedTensor:
         return (
             f"QuantizedTensor(shape={self.shape}, dtype={self.dtype.name}, format={s.format}, "
             f"granularity={s.granularity}, block={s.block}, scale_dtype={s.scale_dtype}, "
-            f"scale_layout={s.scale_layout})"
+            f"scale_layout={s.scale_layout}{', zero_point=int32' if self.zero_point is not None else ''})"
         )
 
 
@@ -173,7 +184,10 @@ def dequantize(
     Notes
     -----
     Each family's formula is in its module: per tensor, ``y = round(float(q) * scale)`` with the
-    product in IEEE float32, rounded to nearest even into ``dtype``.
+    product in IEEE float32, rounded to nearest even into ``dtype``. INT8 with zero points:
+    ``y = round(float32(q - zero_point) * scale)``, ``q - zero_point`` computed exactly (64-bit
+    integers) and rounded once to float32 (exact while its magnitude is at most 2^24), then the
+    IEEE float32 product.
     """
     by_type = _TYPE_DEQUANTIZERS.get(type(q))
     if by_type is not None:
@@ -186,6 +200,8 @@ def dequantize(
     _validate.cupy_array(q.scale, "q.scale")
     if q.global_scale is not None:
         _validate.cupy_array(q.global_scale, "q.global_scale")
+    if q.zero_point is not None:
+        _check_zero_point(q, _validate)
     out_type = _dtypes.input_type(q.dtype if dtype is None else dtype, "dtype")
     fn = _DEQUANTIZERS.get(q.scheme.family)
     if fn is None:
@@ -196,6 +212,24 @@ def dequantize(
         if fn is None:
             raise ValueError(f"q.scheme.family={q.scheme.family!r} names no kernel family")
     return fn(q, out_type, out)
+
+
+def _check_zero_point(q: QuantizedTensor, _validate) -> None:
+    """A zero point goes with INT8 per token or per tensor, is int32 in the exact shape and strides of
+    the scales and on their device (the kernels read it at the scale's word offsets)."""
+    z = _validate.cupy_array(q.zero_point, "q.zero_point")
+    if q.scheme.format != "int8" or q.scheme.granularity not in ("token", "tensor"):
+        raise ValueError(
+            f"q.zero_point is for int8 per token or per tensor, got {q.scheme.format} per {q.scheme.granularity}"
+        )
+    if z.dtype != np.int32:
+        raise TypeError(f"q.zero_point must have dtype int32, got {z.dtype}")
+    if z.shape != q.scale.shape or z.strides != q.scale.strides:
+        raise ValueError(
+            f"q.zero_point must have the shape and strides of q.scale, {q.scale.shape} {q.scale.strides}; "
+            f"got {z.shape} {z.strides}"
+        )
+    _validate.same_device(z, "q.zero_point", q.data.data.device_id, "q.data")
 
 
 #: kernel family -> its dequantizer ``fn(q, out_type, out)``, filled by the op modules at import.

@@ -1,8 +1,9 @@
 // groupwise.cu: per-token and per-group FP8/INT8 quantization (vLLM's activation path), the fused
-// SiLU(gate) * up + group quantization, and their dequantizer.
+// SiLU(gate) * up + group quantization, asymmetric per-token INT8 (zero points), and their dequantizers.
 //
 // What it computes (reference: cupyquant.reference.quantize_groupwise / silu_mul_quantize /
-// dequantize_groupwise, which these kernels match bit for bit; every float step is IEEE float32):
+// dequantize_groupwise, which these kernels match bit for bit; every float step is IEEE float32; the
+// INT8 conversions to_int8_rn, to_int32_rn, int32_to_int8 are those of int8.cuh):
 //   group_quantize   vLLM per_token_group_quant_8bit: amax = max(1e-10, max|x|) over G elements
 //                    (NaN ignored), optionally min(amax, scale_ub); s = amax / qmax; optionally
 //                    s = pow2_ceil(s); q = cvt(fminf(fmaxf(x / s, qmin), qmax)). FP8 rounds to nearest
@@ -12,11 +13,16 @@
 //                    q = cvt(fmaxf(-qmax, fminf(x / s, qmax))). INT8: vLLM dynamic_scaled_int8_quant:
 //                    s = amax / 127, q = cvt.rni.sat.s8(x * (amax == 0 ? 0 : 127 / amax)). With pow2,
 //                    both use s = pow2_ceil(s) and q = x / s.
+//   token_quantize_azp asymmetric INT8 per row (zero points), vLLM dynamic_scaled_int8_azp_quant:
+//                    lo, hi = min, max of the row (NaN ignored); s = (hi - lo) / 255;
+//                    z = to_int32_rn(-128 - lo / s); q = int32_to_int8(to_int32_rn(x * (1 / s)) + z);
+//                    where s is 0 (a flat row) s = max(|lo|, |hi|), z = 0, q = rne_sat(x / s) (AzpRow).
 //   silu_mul_quantize vLLM silu_and_mul_per_block_quant: r = (gate * (1 / (1 + expf(-gate)))) * up in
 //                    float32 registers (gate = x[..., :H], up = x[..., H:]); amax = max|r|;
 //                    s = amax / qmax, min(s, scale_ub), fmaxf(s, min_scale) with min_scale
 //                    1 / (qmax * 512) for FP8 and FLT_EPSILON for INT8; q = cvt(clamp(r / s)).
 //   group_dequantize y = round_rn(float(q) * s) for the scale of q's group.
+//   token_dequantize_azp y = round_rn(float32(q - z) * s), q - z exact (64-bit), for the row's s and z.
 // pow2_ceil(s): s' = fmaxf(|s|, 1e-10); e = exponent_field(s') + (mantissa(s') != 0); 2^(e - 127),
 // the UE8M0 exponent byte being e (vLLM's and DeepGEMM's bit rule).
 //
@@ -26,6 +32,7 @@
 // b * sb + m * sm + (g or g / 4) * sg: "row" layout sm = NGX, sg = 1; "col" layout (DeepGEMM's
 // TMA-aligned MN-major) sm = 1, sg = M_pad = round_up(M, 4), sb = NGX * M_pad; the host side builds
 // these strides. Padding (rows M..M_pad of "col", unused bytes of the last packed word) is written 0.
+// Zero points (int32) use the words of the scales' layout in an array of their own.
 //
 // Threads. Per-group kernels give each thread 16 consecutive elements (16-byte loads, one 16-byte
 // store); a group's G / 16 threads are consecutive lanes of one warp and reduce with xor shuffles.
@@ -176,6 +183,167 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     if (threadIdx.x == 0) store_scale(sa, row, 0, s);
 }
 
+// ---------------------------------------------------------------- asymmetric per-token INT8 (zero points)
+// vLLM dynamic_scaled_int8_azp_quant; the rule is AzpRow below, the layout and the teams those of
+// token_quantize_regs / token_quantize. The zero points go to zp_words, laid out like the scales.
+
+// Order-preserving keys of float32 values: key(a) < key(b) exactly when a < b, -0 below +0, so the
+// row's min and max are unsigned max reductions on integers (no float compare, no -ftz flush). The
+// min is reduced as the max of ~key. A NaN contributes 0 to both, a key no other value has: a row
+// whose two maxima stay 0 has no value that is not NaN.
+__device__ __forceinline__ unsigned order_key(float x) {
+    const unsigned u = __float_as_uint(x);
+    return u ^ ((unsigned)((int)u >> 31) | 0x80000000u);
+}
+__device__ __forceinline__ float from_order_key(unsigned k) {
+    return __uint_as_float(k ^ ((k & 0x80000000u) ? 0x80000000u : 0xffffffffu));
+}
+__device__ __forceinline__ void minmax_add(unsigned& hi, unsigned& nlo, float x) {
+    const unsigned u = __float_as_uint(x);
+    const unsigned k = order_key(x);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    hi = max(hi, nan ? 0u : k);
+    nlo = max(nlo, nan ? 0u : ~k);
+}
+
+// A row's scale s, zero point z and the inverse inv = 1 / s, from its min lo and max hi (NaN ignored;
+// 0 and 0 for a row with no other value). vLLM's arithmetic, each step IEEE float32:
+//   s = (hi - lo) / 255;  z = int32(nearbyint(-128 - lo / s));  inv = 1 / s
+// (int32() of the already integral value saturates and takes NaN to 0, as the conversion in vLLM's
+// `azp_t(zp)` does, so z = to_int32_rn(-128 - lo / s)). Where s is 0 (all the row's values equal, or
+// so close that (hi - lo) / 255 underflows) vLLM divides by zero; here the row is coded
+// symmetrically with one step instead: s = max(|lo|, |hi|), z = 0 and q = rne_sat(x / s), so that a
+// constant row c gives q = sign(c) and dequantizes to c exactly, and an all-zero row s = 0, z = 0,
+// q = 0 (vLLM's own result for it).
+struct AzpRow {
+    float s, inv;
+    int z;
+    bool flat;  // s was 0: q = to_int8_rn(x / s)
+};
+__device__ __forceinline__ AzpRow azp_row(unsigned hi_key, unsigned nlo_key) {
+    float lo = 0.0f, hi = 0.0f;
+    if (hi_key != 0u) {
+        hi = from_order_key(hi_key);
+        lo = from_order_key(~nlo_key);
+    }
+    AzpRow r;
+    r.s = div_rn(sub_rn(hi, lo), 255.0f);
+    r.flat = (__float_as_uint(r.s) & 0x7fffffffu) == 0u;  // on the bits: -ftz compares a subnormal equal to 0
+    if (r.flat) {
+        r.s = __uint_as_float(max(__float_as_uint(lo) & 0x7fffffffu, __float_as_uint(hi) & 0x7fffffffu));
+        r.z = 0;
+        r.inv = 0.0f;
+    } else {
+        r.z = to_int32_rn(sub_rn(-128.0f, div_rn(lo, r.s)));
+        r.inv = rcp_rn(r.s);
+    }
+    return r;
+}
+
+// q = int32_to_int8(float_to_int32_rn(x * inv) + z) (vLLM), or rne_sat(x / s) for a flat row.
+__device__ __forceinline__ unsigned char azp_quant1(float x, const AzpRow& r) {
+    return r.flat ? to_int8_rn(div_rn(x, r.s)) : azp_code(mul_rn(x, r.inv), r.z);
+}
+__device__ __forceinline__ uint2 azp_quant8(const float* f, const AzpRow& r) {
+    unsigned w[2] = {0u, 0u};
+    if (r.flat) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i >> 2] |= (unsigned)to_int8_rn(div_rn(f[i], r.s)) << (8 * (i & 3));
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i >> 2] |= (unsigned)azp_code(mul_rn(f[i], r.inv), r.z) << (8 * (i & 3));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// As token_quantize_regs: a team of WARPS warps per row holds it in registers (rows 16-byte aligned,
+// K % 8 == 0). Only the row's own elements enter its min and max.
+template <typename T, int WARPS>
+__global__ void __launch_bounds__(TokenTeam<WARPS>::BLOCK, 1024 / TokenTeam<WARPS>::BLOCK)
+token_quantize_azp_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
+                        ScaleArgs sa, unsigned* __restrict__ words, unsigned* __restrict__ zp_words) {
+    sa.words = words;
+    using Team = TokenTeam<WARPS>;
+    constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;
+    constexpr int UNITS = TOKEN_REG_BYTES / (16 * LOADS);
+    const int t = threadIdx.x % Team::THREADS;
+    const i64 row = (i64)blockIdx.x * Team::ROWS + threadIdx.x / Team::THREADS;
+    const bool valid = row < rows;
+    const T* xr = x + (valid ? row : 0) * x_row_stride;
+    uint4 raw[UNITS][LOADS];
+    unsigned hi = 0, nlo = 0;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * Team::THREADS + t) * 8;
+        const bool in = valid && c < K;
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) raw[v][l] = in ? ld16(xr + c + l * 4) : make_uint4(0u, 0u, 0u, 0u);
+        if (in) {
+            float f[8];
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * 4);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) minmax_add(hi, nlo, f[i]);
+        }
+    }
+    team_max2<WARPS>(hi, nlo);
+    if (!valid) return;
+    const AzpRow r = azp_row(hi, nlo);
+    unsigned char* qr = q + row * (i64)K;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * Team::THREADS + t) * 8;
+        if (c < K) {
+            float f[8];
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * 4);
+            store8w<true>(qr + c, azp_quant8(f, r));
+        }
+    }
+    if (t == 0) {
+        store_scale(sa, row, 0, r.s);
+        store_word(sa, zp_words, row, 0, (unsigned)r.z);
+    }
+}
+
+// As token_quantize: any K and alignment, one block per row, two passes over the row.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(TOKEN_BLOCK)
+token_quantize_azp(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, ScaleArgs sa,
+                   unsigned* __restrict__ words, unsigned* __restrict__ zp_words) {
+    sa.words = words;
+    const i64 row = blockIdx.x;
+    const T* xr = x + row * x_row_stride;
+    unsigned char* qr = q + row * (i64)K;
+    const int step = VEC ? 8 : 1;
+    unsigned hi = 0, nlo = 0;
+    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+        if constexpr (VEC) {
+            float g[8];
+            load8<T, true>(xr + c, g);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) minmax_add(hi, nlo, g[i]);
+        } else {
+            minmax_add(hi, nlo, to_float(xr[c]));
+        }
+    }
+    team_max2<TOKEN_BLOCK / 32>(hi, nlo);  // the whole block: every thread gets the row's keys
+    const AzpRow r = azp_row(hi, nlo);
+    for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
+        if constexpr (VEC) {
+            float g[8];
+            load8<T, true>(xr + c, g);
+            store8w<true>(qr + c, azp_quant8(g, r));
+        } else {
+            qr[c] = azp_quant1(to_float(xr[c]), r);
+        }
+    }
+    if (threadIdx.x == 0) {
+        store_scale(sa, row, 0, r.s);
+        store_word(sa, zp_words, row, 0, (unsigned)r.z);
+    }
+}
+
 // ---------------------------------------------------------------- fused SiLU(gate) * up + group quantization
 // The one definition of the intermediate, shared by the fused kernel and the test kernel below:
 // e = expf(-gate) (CUDA's expf, within 2 ulp), then IEEE steps only.
@@ -286,3 +454,40 @@ group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 
         }
     }
 }
+
+// Per-token INT8 with zero points: y = round(float32(q - z) * s) for the scale s and zero point z
+// of q's row (z at the same word offset as s, in zp_words). Grids as group_dequantize's.
+template <typename OutT, bool VEC>
+__global__ void __launch_bounds__(256)
+token_dequantize_azp(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, ScaleArgs sa,
+                     const unsigned* __restrict__ words, const int* __restrict__ zp_words) {
+    if constexpr (VEC) {
+        const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+        if (row >= rows) return;
+        const int c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+        const i64 w = word_index(sa, row, 0);
+        const float s = __uint_as_float(__ldg(words + w));
+        const int z = __ldg(zp_words + w);
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(q + row * (i64)K + c));
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            f[i] = mul_rn(minus_zero_point((unsigned char)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu), z), s);
+        OutT* yp = y + row * (i64)K + c;
+        if constexpr (sizeof(OutT) == 4) {
+            st16(yp, pack16<OutT>(f));
+            st16(yp + 4, pack16<OutT>(f + 4));
+        } else {
+            st16(yp, pack16<OutT>(f));
+        }
+    } else {
+        const i64 n = rows * K;
+        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+            const i64 row = i / K;
+            const i64 w = word_index(sa, row, 0);
+            const float s = __uint_as_float(__ldg(words + w));
+            y[i] = from_float<OutT>(mul_rn(minus_zero_point(q[i], __ldg(zp_words + w)), s));
+        }
+    }
+}
+

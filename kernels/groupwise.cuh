@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "int8.cuh"
 
 using namespace cq;
 
@@ -15,12 +16,7 @@ template <> struct QRange<I8> {
     static constexpr float lo = -128.0f, hi = 127.0f;
 };
 
-// Round half to even with saturation to [-128, 127]; NaN gives 0 (cvt.rni.sat.s8.f32).
-__device__ __forceinline__ unsigned char to_int8_rn(float v) {
-    int r;
-    asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return (unsigned char)(r & 0xff);
-}
+// INT8 codes: to_int8_rn (cvt.rni.sat.s8.f32, NaN -> 0) and the zero-point helpers are in int8.cuh.
 
 template <class F> __device__ __forceinline__ float from_q(unsigned char b) { return fp8_to_float<F>(b); }
 template <> __device__ __forceinline__ float from_q<I8>(unsigned char b) { return (float)(signed char)b; }
@@ -59,6 +55,24 @@ __device__ __forceinline__ float load_ub(const ScaleArgs& a) { return a.ub_ptr ?
 __device__ __forceinline__ void split_row(const ScaleArgs& a, i64 row, i64& b, i64& m) {
     b = row < 0x80000000LL ? (i64)(((unsigned long long)row * a.m_magic) >> a.m_shift) : row / a.M;
     m = row - b * a.M;
+}
+
+// The word of (row, group g) of an unpacked array (float32 or int32 words) in the scales' layout.
+__device__ __forceinline__ i64 word_index(const ScaleArgs& a, i64 row, int g) {
+    i64 b = 0, m = row;
+    if (a.col) split_row(a, row, b, m);
+    return b * a.sb + m * a.sm + (i64)g * a.sg;
+}
+
+// Store v as the word of (row, group g) of `words`, an unpacked array laid out like the scales (the
+// zero points of asymmetric INT8), zeroing the "col" padding words of its column as store_scale does.
+__device__ __forceinline__ void store_word(const ScaleArgs& a, unsigned* __restrict__ words, i64 row, int g,
+                                           unsigned v) {
+    i64 b = 0, m = row;
+    if (a.col) split_row(a, row, b, m);
+    words[b * a.sb + m * a.sm + (i64)g * a.sg] = v;
+    if (a.col && m == a.M - 1)
+        for (i64 p = a.M; p < a.M_pad; ++p) words[b * a.sb + p * a.sm + (i64)g * a.sg] = 0u;
 }
 
 // Store the scale of (row, group g) and zero the padding this group is responsible for.
@@ -275,4 +289,22 @@ template <int WARPS> __device__ __forceinline__ unsigned team_max(unsigned v) {
         for (int w = 0; w < WARPS; ++w) v = max(v, team[w]);
     }
     return v;
+}
+
+// team_max of two values at once (one exchange through shared memory for both; two team_max calls
+// would share one buffer between them). team_max2<TOKEN_BLOCK / 32> is the max over a whole block.
+template <int WARPS> __device__ __forceinline__ void team_max2(unsigned& a, unsigned& b) {
+    a = warp_max(a);
+    b = warp_max(b);
+    if constexpr (WARPS > 1) {
+        __shared__ uint2 warp_pairs[TokenTeam<WARPS>::BLOCK / 32];
+        if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = make_uint2(a, b);
+        __syncthreads();
+        const uint2* team = warp_pairs + (threadIdx.x / TokenTeam<WARPS>::THREADS) * WARPS;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            a = max(a, team[w].x);
+            b = max(b, team[w].y);
+        }
+    }
 }

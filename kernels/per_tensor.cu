@@ -1,4 +1,5 @@
-// per_tensor.cu: per-tensor FP8 (E4M3, E5M2) quantization and dequantization.
+// per_tensor.cu: per-tensor FP8 (E4M3, E5M2) quantization and dequantization, and static per-tensor
+// INT8 (with or without a zero point) and its dequantization.
 //
 // What it computes (TransformerEngine's "current scaling"; reference: cupyquant.reference
 // .amax / .compute_scale / .quantize_fp8 / .dequantize_fp8, which these kernels match bit for bit):
@@ -11,6 +12,14 @@
 //                  product an IEEE float32 multiply; block 0 stores scale_inv = 1 / scale (dynamic)
 //                  or s (static), so no host round trip is ever needed.
 //   fp8_dequantize y = round_rn(float(q) * scale_inv) in float32, then to the output type.
+//   int8_quantize  vLLM static_scaled_int8_quant (reference: cupyquant.reference.quantize_int8), the
+//                  caller's decode scale s (x ~ (q - z) * s) and zero point z, int8.cuh's conversions:
+//                  without a zero point (AZP = false) q = to_int8_rn(x / s), IEEE division (vLLM's
+//                  float_to_int8_rn(x / scale)); with one, inv = 1 / s once and
+//                  q = int32_to_int8(to_int32_rn(x * inv) + z) (vLLM's azp kernel multiplies by
+//                  the inverse). Thread 0 stores s and z into the tensor's (1,) arrays.
+//   int8_dequantize y = round_rn(float(q) * s), or round_rn(float32(q - z) * s) with a zero point
+//                  (q - z exact, rounded once to float32: int8.cuh's minus_zero_point).
 // Layout: flat C-contiguous arrays; q is one byte per element (the fp8 bit pattern).
 // Vector path (VEC = true; x, q and y 16-byte aligned): a flat grid (3.05 TB/s for a 2:1 read:write
 // stream on H100, against 2.88 with a grid-stride loop). The quantizer gives each thread 16
@@ -20,6 +29,7 @@
 // Indexing is 64-bit throughout.
 
 #include "common.cuh"
+#include "int8.cuh"
 
 using namespace cq;
 
@@ -161,5 +171,143 @@ fp8_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 n,
     } else {
         const i64 stride = (i64)gridDim.x * blockDim.x;
         for (i64 j = t; j < n; j += stride) y[j] = from_float<OutT>(mul_rn(fp8_to_float<F>(q[j]), scale_inv));
+    }
+}
+
+// ---------------------------------------------------------------- static per-tensor INT8
+// x / s for an INT8 code: div_by (the hoisted reciprocal r = 1 / s and one FMA correction) where it
+// equals the IEEE quotient in every place an 8-bit code can see: s in [2^-60, 2^60] and |x| <= 2^60
+// (no overflow; where the code depends on the last place, |x / s| in [2^-2, 2^9], every operand and
+// remainder is normal, the range of scripts/verify_fast_division.py). Otherwise, and for inf and
+// NaN, div_rn. The check is per 16 elements, so that a thread takes one branch.
+static constexpr unsigned DIV_BY_LIMIT = 0x5d800000u;  // 2^60
+static constexpr unsigned DIV_BY_FLOOR = 0x21800000u;  // 2^-60
+
+__device__ __forceinline__ bool div_by_safe_scale(float s) {
+    const unsigned b = __float_as_uint(s);  // negative, 0, inf and NaN all fall outside
+    return b >= DIV_BY_FLOOR && b <= DIV_BY_LIMIT;
+}
+
+// Eight INT8 codes (element 0 in the low byte) of f, by the rule AZP selects (see the top).
+template <bool AZP>
+__device__ __forceinline__ uint2 int8_codes8(const float* f, float s, float r, int z, bool fast) {
+    unsigned w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        unsigned char c;
+        if constexpr (AZP) c = azp_code(mul_rn(f[i], r), z);
+        else c = to_int8_rn(fast ? div_by(f[i], s, r) : div_rn(f[i], s));
+        w[i >> 2] |= (unsigned)c << (8 * (i & 3));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+template <bool AZP> __device__ __forceinline__ unsigned char int8_code1(float x, float s, float r, int z) {
+    if constexpr (AZP) return azp_code(mul_rn(x, r), z);
+    else return to_int8_rn(div_rn(x, s));
+}
+
+// s from scale_src (a device array) or scale_arg where scale_src is null; z likewise from zp_src
+// or zp_arg (AZP only). Layout and grids as fp8_quantize: a flat grid of 16 elements per thread
+// (VEC) plus the tail thread, or a grid-stride loop.
+template <typename T, bool AZP, bool VEC>
+__global__ void __launch_bounds__(256)
+int8_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, i64 n, const float* __restrict__ scale_src,
+              float scale_arg, const int* __restrict__ zp_src, int zp_arg, float* __restrict__ scale_out,
+              int* __restrict__ zp_out) {
+    const float s = scale_src ? *scale_src : scale_arg;
+    const int z = AZP ? (zp_src ? *zp_src : zp_arg) : 0;
+    const float r = rcp_rn(s);  // AZP: vLLM's inv_s = 1 / scale; otherwise div_by's reciprocal
+    const bool s_ok = div_by_safe_scale(s);
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t == 0) {
+        *scale_out = s;
+        if (AZP) *zp_out = z;
+    }
+    if (VEC) {
+        constexpr int N = Vec16<T>::N;
+        constexpr int LOADS = 16 / N;
+        const i64 nvec = n >> 4;
+        if (t < nvec) {
+            uint4 v[LOADS];
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) v[l] = ld16(x + t * 16 + l * N);
+            float f[16];
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) unpack16<T>(v[l], f + l * N);
+            bool fast = s_ok;
+            if (!AZP) {
+                unsigned m = 0;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) m = max(m, __float_as_uint(f[i]) & 0x7fffffffu);
+                fast = fast && m <= DIV_BY_LIMIT;
+            }
+            uint2 a, b;
+            if (fast) {  // one branch for all 16, the same code in both arms but for the division
+                a = int8_codes8<AZP>(f, s, r, z, true);
+                b = int8_codes8<AZP>(f + 8, s, r, z, true);
+            } else {
+                a = int8_codes8<AZP>(f, s, r, z, false);
+                b = int8_codes8<AZP>(f + 8, s, r, z, false);
+            }
+            st16(q + t * 16, make_uint4(a.x, a.y, b.x, b.y));
+        } else if (t == nvec) {
+            for (i64 j = nvec * 16; j < n; ++j) q[j] = int8_code1<AZP>(to_float(x[j]), s, r, z);
+        }
+    } else {
+        const i64 stride = (i64)gridDim.x * blockDim.x;
+        for (i64 j = t; j < n; j += stride) q[j] = int8_code1<AZP>(to_float(x[j]), s, r, z);
+    }
+}
+
+// float32 of the int8 code in byte b, less the zero point where AZP.
+template <bool AZP> __device__ __forceinline__ float int8_value(unsigned char b, int z) {
+    if constexpr (AZP) return minus_zero_point(b, z);
+    else return (float)(signed char)b;
+}
+
+// As fp8_dequantize (two units of 16 / sizeof(OutT) elements per thread, a unit's bytes one load).
+template <typename OutT, bool AZP>
+__device__ __forceinline__ void int8_dequant_unit(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 unit,
+                                                  float s, int z) {
+    constexpr int E = Vec16<OutT>::N;
+    unsigned w[E / 4];
+    if constexpr (E == 8) {
+        const uint2 b = __ldg(reinterpret_cast<const uint2*>(q + unit * 8));
+        w[0] = b.x;
+        w[1] = b.y;
+    } else {
+        w[0] = __ldg(reinterpret_cast<const unsigned*>(q + unit * 4));
+    }
+    float f[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i)
+        f[i] = mul_rn(int8_value<AZP>((unsigned char)((w[i >> 2] >> (8 * (i & 3))) & 0xffu), z), s);
+    st16(y + unit * E, pack16<OutT>(f));
+}
+
+template <typename OutT, bool AZP, bool VEC>
+__global__ void __launch_bounds__(256)
+int8_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 n, const float* __restrict__ scale_src,
+                const int* __restrict__ zp_src) {
+    const float s = *scale_src;
+    const int z = AZP ? *zp_src : 0;
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (VEC) {
+        constexpr int E = Vec16<OutT>::N;
+        const i64 nunits = n / E;
+        const i64 first = (t >> 5) * 64 + (t & 31);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const i64 unit = first + u * 32;
+            if (unit < nunits) {
+                int8_dequant_unit<OutT, AZP>(q, y, unit, s, z);
+            } else if (unit == nunits) {
+                for (i64 j = nunits * E; j < n; ++j) y[j] = from_float<OutT>(mul_rn(int8_value<AZP>(q[j], z), s));
+            }
+        }
+    } else {
+        const i64 stride = (i64)gridDim.x * blockDim.x;
+        for (i64 j = t; j < n; j += stride) y[j] = from_float<OutT>(mul_rn(int8_value<AZP>(q[j], z), s));
     }
 }

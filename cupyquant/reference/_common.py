@@ -1,5 +1,6 @@
-"""What every family of the reference shares: float32 conversion of inputs, the FP8 casts, rounding
-to the output dtype with CUDA's canonical NaNs, UE8M0 decoding and zero-padded blocks."""
+"""What every family of the reference shares: float32 conversion of inputs, the FP8 casts, the INT8
+conversions of vLLM's int8 kernels, rounding to the output dtype with CUDA's canonical NaNs, UE8M0
+decoding and zero-padded blocks."""
 
 from __future__ import annotations
 
@@ -59,6 +60,40 @@ def round_to(v, out_dtype) -> np.ndarray:
     uint = _UINT_OF[out_dtype.itemsize]
     bits = np.where(np.isnan(v), _CANONICAL_NAN[out_dtype], y.view(uint)).astype(uint)
     return bits.view(out_dtype)
+
+
+def int8_rn(v) -> np.ndarray:
+    """float32 -> int8 codes as ``cvt.rni.sat.s8.f32`` (vLLM ``float_to_int8_rn``): round half to
+    even, saturate to [-128, 127] (infinities included), NaN -> 0."""
+    v = np.asarray(v, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        r = np.clip(np.rint(np.nan_to_num(v, nan=0.0, posinf=127.0, neginf=-128.0)), -128, 127)
+    return r.astype(np.int8)
+
+
+def int32_rn(v) -> np.ndarray:
+    """float32 -> int32 as ``cvt.rni.sat.s32.f32`` (vLLM ``float_to_int32_rn``): round half to even,
+    saturate to [-2^31, 2^31 - 1], NaN -> 0. Returned as int64 (the values are int32's)."""
+    v = np.asarray(v, dtype=np.float32).astype(np.float64)  # exact
+    with np.errstate(invalid="ignore"):
+        r = np.clip(np.rint(np.nan_to_num(v, nan=0.0, posinf=2.0**31, neginf=-(2.0**31))), -(2.0**31), 2.0**31 - 1)
+    return r.astype(np.int64)
+
+
+def azp_codes(v, z) -> np.ndarray:
+    """vLLM's ``int32_to_int8(float_to_int32_rn(v) + azp)``: :func:`int32_rn` of float32 ``v``, plus
+    the int32 zero point ``z`` with int32 wraparound (two's complement), saturated to [-128, 127]
+    (``cvt.sat.s8.s32``). int8."""
+    s = int32_rn(v) + np.asarray(z, dtype=np.int64)
+    s = (s + 2**31) % 2**32 - 2**31  # the int32 add wraps
+    return np.clip(s, -128, 127).astype(np.int8)
+
+
+def minus_zero_point(q, z) -> np.ndarray:
+    """``float32(q - z)`` for int8 codes ``q`` and int32 zero points ``z`` (broadcast): the difference
+    exact (64-bit), rounded once to float32, to nearest even (exact for ``|q - z| <= 2^24``)."""
+    d = np.asarray(q, dtype=np.int64) - np.asarray(z, dtype=np.int64)
+    return d.astype(np.float64).astype(np.float32)  # |d| < 2^33: exact in float64, one rounding
 
 
 def e8m0_to_float(e) -> np.ndarray:

@@ -6,10 +6,22 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _dtypes
-from ._common import _as_f32, _given_scale, cast_fp8, e8m0_to_float, fp8_to_float, round_to
+from ._common import (
+    _as_f32,
+    _given_scale,
+    azp_codes,
+    cast_fp8,
+    e8m0_to_float,
+    fp8_to_float,
+    int8_rn,
+    int32_rn,
+    minus_zero_point,
+    round_to,
+)
 
 GROUP_EPS = np.float32(1e-10)  # vLLM's default eps, the floor of a group's amax
 FLT_EPSILON = np.float32(2.0**-23)
+_CUDA_NAN = np.uint32(0x7FFFFFFF)  # the NaN that float32 arithmetic on the GPU produces
 _QRANGE = {"float8_e4m3fn": (-448.0, 448.0), "float8_e5m2": (-57344.0, 57344.0), "int8": (-128.0, 127.0)}
 
 
@@ -30,10 +42,48 @@ def _to_codes(v, fmt) -> np.ndarray:
     """Already clamped float32 -> FP8 bit patterns (uint8) or INT8 codes (int8, half to even;
     NaN -> 0, saturating, as cvt.rni.sat.s8.f32)."""
     if fmt.name == "int8":
-        with np.errstate(invalid="ignore"):
-            r = np.clip(np.rint(np.nan_to_num(v, nan=0.0, posinf=127.0, neginf=-128.0)), -128, 127)
-        return r.astype(np.int8)
+        return int8_rn(v)
     return cast_fp8(v, fmt.name)
+
+
+def int8_azp_params(lo, hi):
+    """The scale and zero point of asymmetric per-token INT8 for rows with min ``lo`` and max ``hi``
+    (float32, NaN already ignored; 0 and 0 for a row with no other value). Returns ``(s, z, flat)``:
+    float32 ``s``, int32 ``z`` and where the row is flat.
+
+    vLLM ``dynamic_scaled_int8_azp_quant``, each step IEEE float32:
+    ``s = (hi - lo) / 255``; ``z = int32_rn(-128 - lo / s)`` (vLLM: ``nearbyintf`` then the
+    conversion to int32, which saturates and takes NaN to 0: the same value). Flat rows, where that
+    ``s`` is 0 (vLLM would divide by it): ``s = max(|lo|, |hi|)``, ``z = 0``. A NaN ``s`` (``lo``
+    and ``hi`` the same infinity) is the GPU's canonical NaN ``0x7fffffff``."""
+    lo = np.asarray(lo, dtype=np.float32)
+    hi = np.asarray(hi, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        s = ((hi - lo).astype(np.float32) / np.float32(255)).astype(np.float32)
+        flat = s == 0
+        z = int32_rn((np.float32(-128) - (lo / s).astype(np.float32)).astype(np.float32))
+    s = np.where(flat, np.fmax(np.abs(lo), np.abs(hi)), s).astype(np.float32)
+    s = np.where(np.isnan(s), _CUDA_NAN, s.view(np.uint32)).astype(np.uint32).view(np.float32)
+    z = np.where(flat, 0, z).astype(np.int32)
+    return s, z, flat
+
+
+def _quantize_azp(xf):
+    """The asymmetric per-token INT8 of quantize_groupwise(symmetric=False), on float32 ``xf``."""
+    g = xf.reshape(xf.shape[:-1] + (1, xf.shape[-1]))
+    nan = np.isnan(g)
+    some = ~nan.all(axis=-1)  # a row with a value that is not NaN (an empty row has none)
+    lo = np.min(np.where(nan, np.float32(np.inf), g), axis=-1, initial=np.float32(np.inf))
+    hi = np.max(np.where(nan, np.float32(-np.inf), g), axis=-1, initial=np.float32(-np.inf))
+    lo = np.where(some, lo, 0).astype(np.float32)
+    hi = np.where(some, hi, 0).astype(np.float32)
+    s, z, flat = int8_azp_params(lo, hi)
+    with np.errstate(all="ignore"):
+        inv = (np.float32(1) / s).astype(np.float32)
+        regular = azp_codes((g * inv[..., None]).astype(np.float32), z[..., None])
+        flat_codes = int8_rn((g / s[..., None]).astype(np.float32))
+    q = np.where(flat[..., None], flat_codes, regular).reshape(xf.shape)
+    return q.astype(np.int8), s, z
 
 
 def _ub_value(scale_ub):
@@ -41,9 +91,17 @@ def _ub_value(scale_ub):
 
 
 def quantize_groupwise(
-    x, dtype="float8_e4m3fn", *, group_size=128, scale_pow2=False, scale_dtype="float32", scale_ub=None
+    x,
+    dtype="float8_e4m3fn",
+    *,
+    group_size=128,
+    scale_pow2=False,
+    scale_dtype="float32",
+    scale_ub=None,
+    symmetric=True,
 ):
-    """Per-group or per-token quantization (vLLM's formulas); returns ``(q, scale)``.
+    """Per-group or per-token quantization (vLLM's formulas); returns ``(q, scale)``, or
+    ``(q, scale, zero_point)`` with ``symmetric=False``.
 
     ``q`` has ``x.shape``: uint8 FP8 bit patterns, or int8 codes. ``scale`` has shape
     ``x.shape[:-1] + (K // group_size,)`` (one column per token when ``group_size`` is None): the
@@ -63,12 +121,37 @@ def quantize_groupwise(
     (a NaN element becomes +qmax). INT8, vLLM ``dynamic_scaled_int8_quant``: ``s = amax / 127``,
     ``q = rne_sat(x * (127 / amax))`` (0 when amax is 0). With pow2 both use ``s = pow2_ceil(s)``
     and ``q = cvt(clamp(x / s))`` (INT8: ``rne_sat(x / s)``).
+
+    Asymmetric per-token INT8 (``symmetric=False``: ``dtype="int8"``, ``group_size=None``, float32
+    scales, no ``scale_pow2`` or ``scale_ub``), vLLM ``dynamic_scaled_int8_azp_quant``
+    (csrc/quantization/compressed_tensors/int8_quant_kernels.cu), ``x ~ (q - z) * s``:
+
+    - ``lo``, ``hi``: the row's min and max, NaN ignored (vLLM's ``fminf``/``fmaxf``); 0 and 0 for
+      a row with no value that is not NaN (empty or all NaN; vLLM starts from FLT_MAX and
+      -FLT_MAX and would give ``s = -inf``).
+    - ``s, z = int8_azp_params(lo, hi)``: ``s = (hi - lo) / 255``,
+      ``z = int32_rn(-128 - lo / s)`` (vLLM ``nearbyintf`` and the saturating conversion).
+    - ``q = int32_to_int8(int32_rn(x * inv) + z)`` with ``inv = 1 / s`` (vLLM multiplies by the
+      inverse), the int32 sum wrapping, ``int32_to_int8`` saturating to [-128, 127]: a NaN element
+      gives ``sat(z)``.
+    - Flat rows (``s`` is 0: all values equal, or ``(hi - lo) / 255`` underflows; vLLM divides by
+      zero there): ``s = max(|lo|, |hi|)``, ``z = 0``, ``q = rne_sat(x / s)`` in {-1, 0, 1}, so a
+      constant row ``c`` gives ``q = sign(c)`` and dequantizes to ``c`` exactly; an all-zero row
+      gives ``s = 0, z = 0, q = 0`` (vLLM's result too).
+    - Rows that hold an inf, or finite values more than FLT_MAX apart, get ``s = inf`` (``NaN``
+      for a row of one infinity) by the same arithmetic, as in vLLM; they dequantize to NaN.
+      Where ``s`` is below 2^-128, ``1 / s`` is inf and the codes saturate, as in vLLM.
+
+    Returns int8 ``q``, float32 ``s`` and int32 ``z``, both ``x.shape[:-1] + (1,)``.
     """
     fmt = _dtypes.element_format(dtype, allowed=_checks.GROUPWISE_FORMATS)
     sdt = _dtypes.scale_dtype(scale_dtype, allowed=("float32", "float8_e8m0fnu"))
     pow2 = scale_pow2 or sdt == "float8_e8m0fnu"
     xf = _as_f32(x)
     _checks.at_least_1d(xf.ndim)
+    if not symmetric:
+        _asymmetric_args(fmt.name, group_size, pow2, scale_ub)
+        return _quantize_azp(xf)
     K = xf.shape[-1]
     # per token: one group of K, even when K = 0 (the scale of an all-zero row)
     g = xf.reshape(xf.shape[:-1] + (_checks.group_count(K, group_size), K if group_size is None else group_size))
@@ -99,6 +182,19 @@ def quantize_groupwise(
             v = np.fmin(np.fmax(g / se, lo), hi)
         q = _to_codes(v.astype(np.float32), fmt).reshape(xf.shape)
     return q, (ue8m0(s) if sdt == "float8_e8m0fnu" else s.astype(np.float32))
+
+
+def _asymmetric_args(fmt_name, group_size, pow2, scale_ub) -> None:
+    """symmetric=False goes with int8 per token, float32 scales, no bound (ValueError naming the
+    argument that does not), as cupyquant.quantize_groupwise checks it."""
+    if fmt_name != "int8":
+        raise ValueError(f"dtype={fmt_name!r} has no zero points: symmetric=False is for dtype='int8'")
+    if group_size is not None:
+        raise ValueError(f"group_size={group_size!r} with symmetric=False: zero points are per token, group_size=None")
+    if pow2:
+        raise ValueError("scale_pow2 / scale_dtype='float8_e8m0fnu' are not supported with symmetric=False")
+    if scale_ub is not None:
+        raise ValueError("scale_ub is not supported with symmetric=False")
 
 
 def silu_mul_from_exp(gate, up, e) -> np.ndarray:
@@ -158,10 +254,12 @@ def silu_mul_quantize(x, dtype="float8_e4m3fn", *, group_size=128, scale_ub=None
     return quantize_silu_intermediate(silu_mul(x), dtype, group_size=group_size, scale_ub=scale_ub)
 
 
-def dequantize_groupwise(q, scale, dtype="float8_e4m3fn", out_dtype=np.float32, *, group_size=None):
+def dequantize_groupwise(q, scale, dtype="float8_e4m3fn", out_dtype=np.float32, *, group_size=None, zero_point=None):
     """``y = round_to(float(q) * s, out_dtype)`` with ``s`` the scale of q's group (float32 scales,
     or UE8M0 bytes given as uint8), the product in IEEE float32. ``group_size`` None means one scale
-    per row."""
+    per row. INT8 with zero points (int32, the shape of ``scale``):
+    ``y = round_to(minus_zero_point(q, z) * s, out_dtype)``, ``float32(q - z)`` rounded once from the
+    exact difference."""
     fmt = _dtypes.element_format(dtype, allowed=_checks.GROUPWISE_FORMATS)
     q = np.asarray(q)
     scale = np.asarray(scale)
@@ -170,7 +268,15 @@ def dequantize_groupwise(q, scale, dtype="float8_e4m3fn", out_dtype=np.float32, 
     ng = _checks.group_count(K, group_size)
     _checks.shape_of(scale, "scale", q.shape[:-1] + (ng,))
     s = e8m0_to_float(scale) if scale.dtype == np.uint8 else scale.astype(np.float32)
-    v = q.astype(np.float32) if fmt.name == "int8" else fp8_to_float(q, fmt.name)
+    if zero_point is not None:
+        if fmt.name != "int8":
+            raise ValueError(f"zero_point is for dtype 'int8', got {fmt.name!r}")
+        zero_point = np.asarray(zero_point)
+        _checks.shape_of(zero_point, "zero_point", scale.shape)
+        z = zero_point.reshape(q.shape[:-1] + (ng, 1))
+        v = minus_zero_point(q.reshape(q.shape[:-1] + (ng, K // ng if ng else 0)), z).reshape(q.shape)
+    else:
+        v = q.astype(np.float32) if fmt.name == "int8" else fp8_to_float(q, fmt.name)
     with np.errstate(all="ignore"):
         prod = v.reshape(q.shape[:-1] + (ng, K if group_size is None else group_size)) * s[..., None]
     return round_to(prod.reshape(q.shape), out_dtype)

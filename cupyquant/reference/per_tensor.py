@@ -1,11 +1,24 @@
-"""Per-tensor FP8: TransformerEngine's current scaling, static scales, dequantization."""
+"""Per-tensor FP8: TransformerEngine's current scaling, static scales, dequantization; static
+per-tensor INT8 with or without a zero point (vLLM ``static_scaled_int8_quant``)."""
 
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 
 from .. import _checks, _dtypes
-from ._common import FLT_MAX, _as_f32, _given_scale, cast_fp8, fp8_to_float, round_to
+from ._common import (
+    FLT_MAX,
+    _as_f32,
+    _given_scale,
+    azp_codes,
+    cast_fp8,
+    fp8_to_float,
+    int8_rn,
+    minus_zero_point,
+    round_to,
+)
 
 
 def amax(x) -> np.float32:
@@ -64,3 +77,68 @@ def dequantize_fp8(q, scale_inv, dtype="float8_e4m3fn", out_dtype=np.float32) ->
     with np.errstate(over="ignore", invalid="ignore"):
         v = fp8_to_float(q, dtype) * s
     return round_to(v, out_dtype)
+
+
+def _given_zero_point(v) -> np.int32:
+    """A zero point as the op takes it: a NumPy int32 array of one element (standing where the op
+    takes a CuPy one) or an integer in the int32 range."""
+    if isinstance(v, np.ndarray):
+        if v.dtype != np.int32:
+            raise TypeError(f"zero_point must be an int32 array of one element, got {v.dtype} {v.shape}")
+        if v.size != 1:
+            raise ValueError(f"zero_point must be an int32 array of one element, got {v.dtype} {v.shape}")
+        return np.int32(v.reshape(-1)[0])
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"zero_point must be an int, an array or None, got {type(v).__name__}")
+    if not -(2**31) <= int(v) < 2**31:
+        raise ValueError(f"zero_point must be in the int32 range, got {v!r}")
+    return np.int32(int(v))
+
+
+def quantize_int8(x, scale, zero_point=None):
+    """Static per-tensor INT8, vLLM ``static_scaled_int8_quant``
+    (csrc/quantization/compressed_tensors/int8_quant_kernels.cu); returns ``(q, scale, zero_point)``:
+    int8 codes in ``x.shape``, float32 (1,) and int32 (1,) or None. ``x ~ (q - z) * s``.
+
+    ``scale`` is the decode scale ``s``: a positive finite real, or a float32 one-element array
+    whose value is used as it is (as the op reads a device array). ``zero_point``: None, an integer
+    in the int32 range or an int32 one-element array.
+
+    - Without a zero point (vLLM ``static_scaled_int8_quant_kernel``):
+      ``q = int8_rn(float32(x) / s)``, the IEEE float32 quotient rounded half to even and saturated
+      (inf to +-127/-128, NaN to 0).
+    - With one (vLLM ``static_scaled_int8_azp_quant_kernel``): ``inv = 1 / s`` in float32 once,
+      ``q = azp_codes(float32(x) * inv, z)``: ``int32_rn`` of the product (saturating, NaN to 0),
+      plus ``z`` wrapping in int32, saturated to [-128, 127]. vLLM multiplies by the inverse here
+      and divides in the symmetric kernel; both are copied as they are.
+    """
+    s = _given_scale(scale, "scale")
+    z = None if zero_point is None else _given_zero_point(zero_point)
+    xf = _as_f32(x)
+    with np.errstate(all="ignore"):
+        if z is None:
+            q = int8_rn((xf / s).astype(np.float32))
+        else:
+            inv = np.float32(np.float32(1) / s)
+            q = azp_codes((xf * inv).astype(np.float32), z)
+    return q, np.array([s], np.float32), None if z is None else np.array([z], np.int32)
+
+
+def dequantize_int8(q, scale, zero_point=None, out_dtype=np.float32) -> np.ndarray:
+    """Per-tensor INT8: ``y = round_to(float32(q) * s, out_dtype)``, or with a zero point
+    ``y = round_to(minus_zero_point(q, z) * s, out_dtype)`` (``float32(q - z)``: the exact
+    difference rounded once), the product in IEEE float32. ``scale`` and ``zero_point`` are
+    scalars or one-element arrays."""
+    q = np.asarray(q, dtype=np.int8)
+    scale = np.asarray(scale, dtype=np.float32)
+    _checks.shape_of(scale.reshape(-1), "scale", (1,))
+    s = np.float32(scale.reshape(-1)[0])
+    if zero_point is None:
+        v = q.astype(np.float32)
+    else:
+        zero_point = np.asarray(zero_point, dtype=np.int32)
+        _checks.shape_of(zero_point.reshape(-1), "zero_point", (1,))
+        v = minus_zero_point(q, zero_point.reshape(-1)[0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (v * s).astype(np.float32)
+    return round_to(y, out_dtype)
