@@ -1,28 +1,39 @@
 // weight_quant.cu: weight-only quantization (INT4 symmetric uint4b8 as GPTQ/Marlin, INT4 asymmetric with
 // zero points as AWQ, FP8 E4M3 for W8A16), FP8 E4M3 in 2-D blocks of 128 x 128 with float32 scales
-// (DeepSeek-V3's weights, for W8A8), and their dequantization.
+// (DeepSeek-V3's weights, for W8A8), symmetric INT8 per output channel with code sums (SmoothQuant /
+// compressed-tensors W8A8 INT8), and their dequantization.
 //
 // What it computes (reference: cupyquant.reference.quantize_weight / dequantize_weight; every float
 // step IEEE float32, T the weight's dtype, G the group size):
 //   weight_quantize   per (row n, group of G along K): int4 s = T(amax / 7), q = clamp(rne(w / s),
 //                     -8, 7) + 8; uint4 s = T(max(max - min, 1e-5) / 15), z = clamp(rne(-min / s),
 //                     0, 15), q = clamp(rne(w / s) + z, 0, 15); fp8 s = T(amax / 448),
-//                     q = e4m3_satfinite(w / s). Maxima over the finite weights, NaN -> the zero
-//                     code (rne(NaN) = 0), +-inf clamps, a zero scale gives the zero code.
-//   weight_dequantize y = round(float(q - z) * float(s)) (z = 8 for int4), or fp8(q) * s.
+//                     q = e4m3_satfinite(w / s); int8 (G = K) s = T(amax / 127),
+//                     q = clamp(rne(w / s), -128, 127) and sums[n] = sum_k q (exact, int32).
+//                     Maxima over the finite weights, NaN -> the zero code (rne(NaN) = 0), +-inf
+//                     clamps, a zero scale gives the zero code (reference: quantize_weight_int8,
+//                     weight_code_sum for int8).
+//   weight_code_sum   sums[n] = sum_k q[n, k] of int8 codes given as they are (weight_code_sum).
+//   weight_dequantize y = round(float(q - z) * float(s)) (z = 8 for int4), fp8(q) * s, or
+//                     float(q) * s for int8 (dequantize_weight_int8).
 //   weight_quantize_block   per 128 x 128 block (partial at the bottom and right edges): amax over
 //                     the block's finite weights, s = amax / 448 kept in float32,
 //                     q = e4m3_satfinite(w / s); NaN and a zero s give 0x00, +-inf clamps to +-448
 //                     (reference: cupyquant.reference.quantize_weight_blocks).
 //   weight_dequantize_block y = round(fp8(q) * s), the product float32 (dequantize_weight_blocks).
 // Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
-// (N, K); scales (N, K / G) of T; uint4 zero codes unpacked (N, K / G) bytes here (the wrapper
-// packs them two per byte). Blocks: data (N, K), scales float32 (ceil(N / 128), ceil(K / 128)).
+// (N, K); INT8 data (N, K) signed bytes (any K), sums int32 (N,); scales (N, K / G) of T; uint4
+// zero codes unpacked (N, K / G) bytes here (the wrapper packs them two per byte). Blocks: data
+// (N, K), scales float32 (ceil(N / 128), ceil(K / 128)).
 
 #include "common.cuh"
 #include "weight_mma.cuh"
 
 using namespace cq;
+
+// INT8 weights (W8A8) exist only here: the weight-only matmul kernels take W_INT4, W_UINT4, W_FP8.
+#define W_INT8 3
+static_assert(W_INT8 != W_INT4 && W_INT8 != W_UINT4 && W_INT8 != W_FP8, "weight scheme ids must differ");
 
 // rne(v) as an integer clamped to [lo, hi]; NaN -> 0 (cvt.rni gives 0 for NaN and saturates inf).
 __device__ __forceinline__ int rne_clamp(float v, int lo, int hi) {
@@ -37,10 +48,11 @@ struct WQuantArgs {
 };
 
 // One warp per (row, group): lanes stride over the group for the maxima (shuffle reduction), then
-// over element pairs (INT4: one byte each) or elements (FP8) to write the codes.
+// over element pairs (INT4: one byte each) or elements (FP8, INT8) to write the codes. INT8 (one
+// group per row) also adds the row's codes (shuffle reduction) into sums[n]; sums is unused else.
 template <typename T, int S>
 __global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, unsigned char* __restrict__ q, T* __restrict__ scales,
-                                                       unsigned char* __restrict__ zeros, WQuantArgs a) {
+                                                       unsigned char* __restrict__ zeros, int* __restrict__ sums, WQuantArgs a) {
     const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (gw >= a.N * a.ng) return;
@@ -67,7 +79,7 @@ __global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, 
 
     float s32;
     if constexpr (S == W_UINT4) s32 = div_rn(fmax_ieee(add_rn(mx, -mn), 1e-5f), 15.0f);
-    else s32 = div_rn(__uint_as_float(key), S == W_INT4 ? 7.0f : 448.0f);
+    else s32 = div_rn(__uint_as_float(key), S == W_INT4 ? 7.0f : S == W_INT8 ? 127.0f : 448.0f);
     const T st = from_float<T>(s32);
     const float sf = to_float(st);
     const bool zero_scale = (__float_as_uint(sf) & 0x7fffffffu) == 0u;  // on bits: -ftz would flush a compare
@@ -84,6 +96,17 @@ __global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, 
             const bool nan = (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
             dst[i] = zero_scale || nan ? 0 : (unsigned char)(to_fp8x2<E4M3>(div_rn(v, sf), 0.0f) & 0xffu);
         }
+    } else if constexpr (S == W_INT8) {
+        signed char* dst = reinterpret_cast<signed char*>(q) + n * a.K + g * a.G;
+        int sum = 0;  // |sum| <= 128 K: exact in int32 for K <= 2^24 (the wrappers' limit)
+        for (int i = lane; i < a.G; i += 32) {
+            const int c = zero_scale ? 0 : rne_clamp(div_rn(to_float(src[i]), sf), -128, 127);
+            dst[i] = (signed char)c;
+            sum += c;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) sums[n] = sum;
     } else {
         unsigned char* dst = q + n * (a.K / 2) + g * (a.G / 2);
         for (int i = lane; i < a.G / 2; i += 32) {
@@ -99,6 +122,24 @@ __global__ void __launch_bounds__(256) weight_quantize(const T* __restrict__ w, 
     }
 }
 
+// ---------------------------------------------------------------- INT8 code sums
+// sums[n] = sum_k q[n, k] of int8 codes (N, K), exact in int32 (K <= 2^24): the code sums of a
+// weight given as codes (from a checkpoint), equal to what weight_quantize<T, W_INT8> writes.
+// One warp per row, as weight_quantize. S is W_INT8, the scheme whose codes it sums.
+template <int S>
+__global__ void __launch_bounds__(256) weight_code_sum(const signed char* __restrict__ q, int* __restrict__ sums, WQuantArgs a) {
+    static_assert(S == W_INT8, "code sums are of int8 codes");
+    const i64 n = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (n >= a.N) return;
+    const signed char* src = q + n * a.K;
+    int sum = 0;
+    for (i64 i = lane; i < a.K; i += 32) sum += (int)src[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) sums[n] = sum;
+}
+
 // ---------------------------------------------------------------- dequantize
 struct WDequantArgs {
     i64 N, K;
@@ -106,7 +147,8 @@ struct WDequantArgs {
     int G;
 };
 
-// Grid (ceil(K / 2 / 256), rows): one thread per element pair of a row.
+// Grid (ceil(ceil(K / 2) / 256), rows): one thread per element pair of a row (INT8: K may be odd,
+// the last pair then has one element).
 template <typename T, typename O, int S>
 __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __restrict__ q, const T* __restrict__ scales,
                                                          const unsigned char* __restrict__ zeros, O* __restrict__ y, WDequantArgs a) {
@@ -118,6 +160,10 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
         float v[2];
         if constexpr (S == W_FP8) {
             fp8x2_to_float2<E4M3>(*reinterpret_cast<const unsigned short*>(q + n * a.K + 2 * p), v[0], v[1]);
+        } else if constexpr (S == W_INT8) {
+            const signed char* c = reinterpret_cast<const signed char*>(q) + n * a.K + 2 * p;
+            v[0] = (float)c[0];
+            v[1] = 2 * p + 1 < a.K ? (float)c[1] : 0.0f;
         } else {
             const unsigned b = q[n * (a.K / 2) + p];
             const int z = S == W_UINT4 ? (int)((zeros[n * ((a.ng + 1) / 2) + g / 2] >> (4 * (g % 2))) & 15u) : 8;
@@ -126,7 +172,7 @@ __global__ void __launch_bounds__(256) weight_dequantize(const unsigned char* __
         }
         O* d = y + n * a.K + 2 * p;
         d[0] = from_float<O>(mul_rn(v[0], s));
-        d[1] = from_float<O>(mul_rn(v[1], s));
+        if (S != W_INT8 || 2 * p + 1 < a.K) d[1] = from_float<O>(mul_rn(v[1], s));
     }
 }
 

@@ -239,7 +239,8 @@ def test_float16_scale_underflow(scheme):
 
 W, W96, W0 = (np.ones((4, k), np.float32) for k in (64, 96, 0))
 ERRORS = {  # id: (call, exception, message fragment naming the argument)
-    "scheme-int8": (lambda: ref.weight_scheme("int8"), ValueError, "dtype"),
+    "scheme-int8-asym": (lambda: ref.weight_scheme("int8", False), ValueError, "symmetric"),
+    "scheme-int16": (lambda: ref.weight_scheme(np.int16), ValueError, "dtype"),
     "scheme-type": (lambda: ref.weight_scheme(np.float16), ValueError, "dtype"),
     "scheme-e5m2": (lambda: ref.weight_scheme(ml_dtypes.float8_e5m2), ValueError, "dtype"),
     "scheme-object": (lambda: ref.weight_scheme(object()), TypeError, "dtype"),

@@ -1,12 +1,13 @@
 """Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16), FP8 weights in 128 x 128 blocks
-(DeepSeek-V3, for W8A8), and the prepared layout of the matmul kernels."""
+(DeepSeek-V3, for W8A8), INT8 weights per output channel (SmoothQuant / compressed-tensors W8A8
+INT8) with their code sums, and the prepared layout of the matmul kernels."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _checks, _dtypes
-from .._checks import DEFAULT_GROUP_SIZE, weight_block_size, weight_scheme
+from .._checks import DEFAULT_GROUP_SIZE, weight_block_size, weight_int8_k, weight_int8_options, weight_scheme
 from .._layouts import pack_fp4, unpack_fp4
 from ._common import cast_fp8, fp8_to_float, round_to
 
@@ -33,8 +34,9 @@ def quantize_weight(w, dtype="int4", *, group_size=DEFAULT_GROUP_SIZE, symmetric
     """Weight-only quantization of ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``), groups of
     ``group_size`` along K (``None``: one group per output channel), or FP8 in 2-D blocks
     (``block_size=(128, 128)``, see :func:`quantize_weight_blocks`; ``group_size`` must then be
-    left at its default). Returns ``(data, scales, zeros)``; every float step is IEEE float32 and
-    ``T`` is w's dtype:
+    left at its default), or INT8 per output channel (``dtype="int8"``, ``group_size=None``, see
+    :func:`quantize_weight_int8`). Returns ``(data, scales, zeros)``; every float step is IEEE
+    float32 and ``T`` is w's dtype:
 
     - ``"int4"`` (GPTQ/Marlin uint4b8): ``s = T(amax / 7)``, ``q = clamp(rne(w / s), -8, 7) + 8``.
     - ``"uint4"`` (AWQ): ``s = T(max(max - min, 1e-5) / 15)``, ``z = clamp(rne(-min / s), 0, 15)``,
@@ -49,6 +51,9 @@ def quantize_weight(w, dtype="int4", *, group_size=DEFAULT_GROUP_SIZE, symmetric
     the low nibble; FP8 data ``(N, K)`` uint8; scales ``(N, K / G)`` of w's dtype; zeros (uint4
     only) ``(N, ceil(K / G / 2))`` uint8 packed like the data, else None."""
     scheme = weight_scheme(dtype, symmetric)
+    if scheme == "int8":
+        weight_int8_options(group_size, block_size)
+        return quantize_weight_int8(w)
     if weight_block_size(scheme, block_size, group_size) is not None:
         return quantize_weight_blocks(w)
     t, g, G = _weight_groups(w, group_size)
@@ -88,8 +93,12 @@ def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float
     ``round_to(fp8_to_float(q) * float(s), out_dtype)`` for FP8, the product in IEEE float32 (exact:
     a 4-bit integer or an E4M3 value times a float16/bfloat16 scale). ``K`` defaults to the full
     width of the data. ``block_size=(128, 128)``: FP8 in 2-D blocks, see
-    :func:`dequantize_weight_blocks`."""
+    :func:`dequantize_weight_blocks`. ``dtype="int8"``: see :func:`dequantize_weight_int8`."""
     scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
+    if scheme == "int8":
+        if zeros is not None or K is not None or block_size is not None:
+            raise ValueError("int8 weights take neither zeros, K nor block_size")
+        return dequantize_weight_int8(data, scales, out_dtype)
     if weight_block_size(scheme, block_size, DEFAULT_GROUP_SIZE) is not None:
         if zeros is not None or K is not None:
             raise ValueError("block-scaled FP8 weights take neither zeros nor K")
@@ -180,6 +189,75 @@ def dequantize_weight_blocks(data, scales, out_dtype=np.float32):
     sf = np.repeat(np.repeat(s, BLOCK, axis=0), BLOCK, axis=1)[:N, :K]
     with np.errstate(over="ignore", invalid="ignore"):
         y = (fp8_to_float(data, "float8_e4m3fn") * sf).astype(np.float32)
+    return round_to(y, out_dtype)
+
+
+INT8_QMAX = np.float32(127)  # s = amax / 127: vLLM's int8 kernels and SmoothQuant's per-channel weights
+INT8_CODES = (-128, 127)  # the int8 range, compressed-tensors calculate_range and cvt.rni.sat.s8.f32
+
+
+def quantize_weight_int8(w):
+    """Symmetric INT8 weights, one scale per output channel (SmoothQuant, compressed-tensors W8A8
+    INT8: the weights vLLM's ``cutlass_scaled_mm`` multiplies). Per row ``n`` of ``w`` ``(N, K)``,
+    every float step IEEE float32, ``T`` w's dtype:
+
+    - ``amax = max |w[n, :]|`` over the row's finite weights (0 if none), in float32;
+    - ``s = T(amax / 127)``: the IEEE float32 quotient rounded to ``T`` (to nearest even), as the
+      FP8 per-channel weights round theirs, so that dequantization inverts what was stored;
+    - ``q = clamp(rne(w / s), -128, 127)``, the division by the stored scale in float32, round half
+      to even, the int8 range (compressed-tensors' ``calculate_range`` and vLLM's
+      ``float_to_int8_rn``, ``cvt.rni.sat.s8.f32``).
+
+    A NaN weight gives the code 0 (rne(NaN) is taken as 0), +-inf clamps to 127 / -128; every weight
+    of a row whose stored scale is 0 (all zeros, no finite weight, or an amax whose quotient
+    underflows ``T``) gives 0. Finite weights give codes in -127..127 except where rounding the
+    scale to ``T`` lowers it enough (``T``'s subnormals), when the codes saturate at -128 and 127.
+
+    Returns ``(data, scales, None)``: data int8 ``(N, K)``, scales ``(N, 1)`` of w's dtype,
+    ``w ~ q * s``. Any N >= 0, any 0 < K <= 2^24. The code sums that the W8A8 GEMM needs are
+    :func:`weight_code_sum` of the data."""
+    w = np.asarray(w)
+    t = _dtypes.input_type(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
+    weight_int8_k(w.shape[1])
+    g = w.astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        amax = np.where(np.isfinite(g), np.abs(g), np.float32(0)).max(axis=1).astype(np.float32)
+        s = (amax / INT8_QMAX).astype(np.float32).astype(t.dtype)[:, None]
+        sf = s.astype(np.float32)
+        v = (g / sf).astype(np.float32)
+        q = np.where(sf == 0, 0, _rne_clamp(v, *INT8_CODES))
+    return q.astype(np.int8), s, None
+
+
+def weight_code_sum(data):
+    """The code sums of INT8 weights: ``sum_k q[n, k]`` per row of ``data`` (int8 ``(N, K)``), exact,
+    as int32 ``(N,)`` (``|sum| <= 128 K`` fits for K up to 2^24). The W8A8 GEMM removes an
+    activation zero point ``z(m)`` with ``acc - z(m) * code_sum(n)`` (vLLM's ``azp_adj``)."""
+    q = np.asarray(data)
+    if q.dtype != np.int8 or q.ndim != 2:
+        raise ValueError(f"data must be int8 (N, K), got {q.dtype} {q.shape}")
+    weight_int8_k(q.shape[1], "data")
+    return q.astype(np.int64).sum(axis=1).astype(np.int32)
+
+
+def dequantize_weight_int8(data, scales, out_dtype=np.float32):
+    """``y = round_to(float32(q) * float32(s), out_dtype)`` of INT8 weights: ``q`` int8 ``(N, K)``,
+    ``s`` the row's scale, ``(N, 1)`` or ``(N,)`` of float32, float16 or bfloat16. The product is an
+    IEEE float32 multiplication (exact for float16 and bfloat16 scales: 8 by 11 significant bits;
+    rounded for float32 ones), then rounded to ``out_dtype`` (NaN as CUDA's canonical NaN), the FP8
+    per-channel weights' formula."""
+    q = np.asarray(data)
+    s = np.asarray(scales)
+    if q.dtype != np.int8 or q.ndim != 2:
+        raise ValueError(f"data must be int8 (N, K), got {q.dtype} {q.shape}")
+    N = q.shape[0]
+    if s.shape not in ((N,), (N, 1)):
+        raise ValueError(f"scales must have shape ({N}, 1) or ({N},) for data {q.shape}, got {s.shape}")
+    _dtypes.input_type(s.dtype, "scales")
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (q.astype(np.float32) * s.reshape(N, 1).astype(np.float32)).astype(np.float32)
     return round_to(y, out_dtype)
 
 

@@ -1,5 +1,7 @@
 """Weight-only quantization (INT4 as GPTQ/Marlin and AWQ, FP8 for W8A16) and the matmul that
-dequantizes the weights in registers.
+dequantizes the weights in registers; also the weights of the W8A8 matmul
+(:func:`cupyquant.scaled_matmul`): FP8 in 128 x 128 blocks and INT8 per output channel (with their
+code sums), which the weight-only matmul does not take.
 
 Kernels: ``kernels/weight_quant.cu`` (quantize, dequantize), ``kernels/weight_decode.cu`` (the
 matmul for few rows of activations), ``kernels/weight_sm80_gemm.cu`` and
@@ -15,7 +17,7 @@ whose rows are their template arguments), ``launch`` (one launcher per kernel) a
 Layouts. The plain layout is the interchange format (what :func:`quantize_weight` returns, what
 :meth:`QuantizedWeight.to_host` gives, what to store): ``w`` is ``(N, K)`` in PyTorch Linear's
 ``[out, in]`` order; INT4 data ``(N, K / 2)`` uint8 with element 0 in the low nibble, FP8 data
-``(N, K)`` uint8; scales ``(N, K / G)`` (``G`` the group size) in the weight's dtype, by which ``q - z`` is multiplied; uint4 zero points
+``(N, K)`` uint8, INT8 data ``(N, K)`` int8 (with int32 code sums ``(N,)``); scales ``(N, K / G)`` (``G`` the group size) in the weight's dtype, by which ``q - z`` is multiplied; uint4 zero points
 ``(N, ceil(K / G / 2))`` uint8, packed like the data.
 
 The matmul kernels read the prepared layout that :func:`prepare_weight` makes on the GPU (once, at

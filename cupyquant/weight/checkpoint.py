@@ -1,6 +1,7 @@
 """Weights from checkpoint bytes (:meth:`QuantizedWeight.from_checkpoint`): FP8 E4M3 codes and their
 scales as a checkpoint stores them (DeepSeek-V3's ``weight`` and ``weight_scale_inv``, FP8 models'
-per-channel ``weight_scale``), wrapped without quantizing again."""
+per-channel ``weight_scale``), and INT8 codes with per-channel scales (compressed-tensors W8A8 INT8
+``weight`` and ``weight_scale``), wrapped without quantizing again (INT8: the code sums computed)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 from .. import _checks, _dtypes, _validate
 from . import configs as C
 from .container import QuantizedWeight, weight_scheme
+from .quantize import code_sums
 
 #: The formats from_checkpoint takes, and those it names as not yet supported.
-CHECKPOINT_FORMATS = ("float8_e4m3fn",)
+CHECKPOINT_FORMATS = ("float8_e4m3fn", "int8")
 _LATER_FORMATS = ("nvfp4", "mxfp4")
 _GROUPS = tuple(g for g in _checks.WEIGHT_GROUP_SIZES if g is not None)
 _SCALE_DTYPES = ("float32", "float16", "bfloat16")
@@ -27,7 +29,7 @@ def _format_name(format) -> str:
         try:
             name = np.dtype(format).name
         except TypeError:
-            raise TypeError(f"format must be a str such as 'float8_e4m3fn', got {format!r}") from None
+            raise TypeError(f"format must be a str such as 'float8_e4m3fn' or 'int8', got {format!r}") from None
     if name in _LATER_FORMATS:
         raise ValueError(f"format {name!r} is not supported by from_checkpoint yet; supported: {CHECKPOINT_FORMATS}")
     if name not in CHECKPOINT_FORMATS:
@@ -35,8 +37,11 @@ def _format_name(format) -> str:
     return name
 
 
-def _granularity(block_size, N: int, K: int):
+def _granularity(block_size, N: int, K: int, fmt: str):
     """(kind, G, scale shapes accepted): kind "block", "group" or "channel"."""
+    if fmt == "int8":  # one scale per channel (block_size None, checked before), any K
+        _checks.weight_int8_k(K, "data")
+        return "channel", None, ((N,), (N, 1))
     if block_size is None:
         if K % 2:
             raise ValueError(f"data's K = {K} must be even for one scale per channel (as quantize_weight's)")
@@ -79,9 +84,16 @@ def _exact_scale(scale, to) -> cupy.ndarray:
 def from_checkpoint(data, scale, *, format="float8_e4m3fn", block_size=(128, 128), dtype="bfloat16") -> QuantizedWeight:
     """:meth:`QuantizedWeight.from_checkpoint` (its docstring says what it takes and checks)."""
     fmt = _format_name(format)
+    if fmt == "int8" and block_size is not None:
+        raise ValueError(
+            f"block_size={block_size!r} is not supported for format 'int8': INT8 checkpoints have one scale per "
+            "output channel, pass block_size=None"
+        )
     out_t = _dtypes.input_type(dtype, "dtype")
     _validate.cupy_array(data, "data")
-    if data.dtype != np.uint8:
+    if fmt == "int8" and data.dtype != np.int8:
+        raise TypeError(f"data must be int8 (the INT8 codes) for format 'int8', got {data.dtype}")
+    if fmt != "int8" and data.dtype != np.uint8:
         raise TypeError(f"data must be uint8 (the FP8 codes; view a float8 tensor as uint8), got {data.dtype}")
     if data.ndim != 2:
         raise ValueError(f"data must be 2-D (N, K), got shape {data.shape}")
@@ -89,7 +101,7 @@ def from_checkpoint(data, scale, *, format="float8_e4m3fn", block_size=(128, 128
     N, K = data.shape
     if K == 0:
         raise ValueError(f"data's K must be nonzero, got shape {data.shape}")
-    kind, G, shapes = _granularity(block_size, N, K)
+    kind, G, shapes = _granularity(block_size, N, K, fmt)
     _validate.cupy_array(scale, "scale")
     if scale.dtype.name not in _SCALE_DTYPES + ("float64",):
         raise TypeError(f"scale must be float32, float16, bfloat16 or float64, got {scale.dtype}")
@@ -104,8 +116,9 @@ def from_checkpoint(data, scale, *, format="float8_e4m3fn", block_size=(128, 128
         s = cupy.ascontiguousarray(_exact_scale(scale, np.dtype(to)))
         if kind == "channel":
             s = s.reshape(N, 1)
+        sums = code_sums(data) if fmt == "int8" else None
     if kind == "block":
         scheme = weight_scheme(fmt, None, K, np.float32, block=(C.BLOCK, C.BLOCK))
     else:
         scheme = weight_scheme(fmt, G, K, s.dtype)
-    return QuantizedWeight(data, s, None, scheme, (N, K), out_t.dtype)
+    return QuantizedWeight(data, s, None, scheme, (N, K), out_t.dtype, code_sum=sums)

@@ -16,9 +16,12 @@ from .. import _dtypes, _jit
 
 _BOOLS = (False, True)
 
-# Weight schemes of the kernels (kernels/common.cuh W_INT4, W_UINT4, W_FP8).
-WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8 = 0, 1, 2
+# Weight schemes of the kernels (kernels/weight_mma.cuh W_INT4, W_UINT4, W_FP8; weight_quant.cu
+# W_INT8). SCHEME_IDS: the matmul kernels' schemes; QUANT_SCHEME_IDS: weight_quant.cu's, which
+# also quantizes and dequantizes INT8 (W8A8) weights, which no weight-only matmul takes.
+WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8, WEIGHT_INT8 = 0, 1, 2, 3
 SCHEME_IDS = {"int4": WEIGHT_INT4, "uint4": WEIGHT_UINT4, "float8_e4m3fn": WEIGHT_FP8}
+QUANT_SCHEME_IDS = {**SCHEME_IDS, "int8": WEIGHT_INT8}
 INT4_IDS = (WEIGHT_INT4, WEIGHT_UINT4)
 
 #: K of one chunk of the prepared layout: 64 bytes of a weight row (the decode kernel's K step).
@@ -194,8 +197,9 @@ SM90_GEMM_ARGS = np.dtype(
 # types only, scale_after_sum (the last template argument) as in each table.
 QUANT_FAMILY = _jit.register(
     "weight_quant",
-    _jit.product("weight_quantize", _dtypes.INPUT_CTYPES, SCHEME_IDS.values())
-    + _jit.product("weight_dequantize", _dtypes.INPUT_CTYPES, _dtypes.INPUT_CTYPES, SCHEME_IDS.values())
+    _jit.product("weight_quantize", _dtypes.INPUT_CTYPES, QUANT_SCHEME_IDS.values())
+    + _jit.product("weight_dequantize", _dtypes.INPUT_CTYPES, _dtypes.INPUT_CTYPES, QUANT_SCHEME_IDS.values())
+    + _jit.product("weight_code_sum", (WEIGHT_INT8,))
     + _jit.product("weight_quantize_block", _dtypes.INPUT_CTYPES)
     + _jit.product("weight_dequantize_block", _dtypes.INPUT_CTYPES),
 )

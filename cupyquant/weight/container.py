@@ -32,7 +32,7 @@ class _WeightScheme(Scheme):
 
 
 def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain", *, block=None) -> Scheme:
-    """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"`` or ``"float8_e4m3fn"``, groups of
+    """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"``, ``"float8_e4m3fn"`` or ``"int8"``, groups of
     ``group_size`` along K (None: one scale per output channel), scales in ``dtype``; or, with
     ``block`` ``(rows, columns)``, FP8 in 2-D blocks (granularity ``"block"``, ``group_size``
     ignored)."""
@@ -66,8 +66,8 @@ class QuantizedWeight:
     ----------
     data : cupy.ndarray
         The codes ``q``, uint8 ``(N, K / 2)`` (INT4, element 0 in the low nibble) or ``(N, K)``
-        (FP8 bytes); prepared: ``(ceil(N / 16), K / 128, 2, 32, 16)`` (INT4) or
-        ``(ceil(N / 16), K / 64, 16, 64)`` (FP8) (the module's docstring).
+        (FP8 bytes), or int8 ``(N, K)`` (INT8 codes, any K); prepared: ``(ceil(N / 16), K / 128,
+        2, 32, 16)`` (INT4) or ``(ceil(N / 16), K / 64, 16, 64)`` (FP8) (the module's docstring).
     scale : cupy.ndarray
         Dequantization scales, multiplied into ``q - zero_point``: ``(N, K / group_size)`` in the
         original weight's dtype (from a checkpoint: the checkpoint's dtype); prepared:
@@ -77,10 +77,19 @@ class QuantizedWeight:
     zero_point : cupy.ndarray or None
         uint4 only: the codes of zero, uint8 ``(N, ceil(K / group_size / 2))``, packed like the
         data; prepared: ``(ceil(N / 16), K / group_size, 8)``. int4 has the implicit zero point 8,
-        FP8 none.
+        FP8 and INT8 none.
+    code_sum : cupy.ndarray or None
+        INT8 weights only: ``sum_k q[n, k]`` per output channel, int32 ``(N,)``, exact, on the
+        data's device; None for every other format. Computed once when the weight is made
+        (:func:`quantize_weight`, :meth:`from_checkpoint`, or the constructor when not given), so
+        that a W8A8 GEMM with asymmetric INT8 activations can remove their zero points as
+        ``acc - z(m) * code_sum(n)`` (vLLM's ``azp_adj``) without reading the weight again. Kept
+        with the weight by :meth:`copy` and :meth:`to_host`; if you write into ``data``, rebuild
+        the weight (or its ``code_sum``).
     scheme : Scheme
-        ``format`` ``"int4"`` (symmetric, codes ``q - 8``), ``"uint4"`` (asymmetric, ``q - z``) or
-        ``"float8_e4m3fn"``; ``granularity`` ``"group"``, ``"channel"`` (one scale per output
+        ``format`` ``"int4"`` (symmetric, codes ``q - 8``), ``"uint4"`` (asymmetric, ``q - z``),
+        ``"float8_e4m3fn"`` or ``"int8"`` (symmetric, W8A8 INT8: one scale per output channel, plain
+        layout only); ``granularity`` ``"group"``, ``"channel"`` (one scale per output
         channel) or ``"block"`` (FP8 in 2-D blocks); ``block`` ``(group_size,)`` (``(K,)`` per
         channel, ``(128, 128)`` for blocks); ``scale_dtype`` the scales' dtype name (the weight's,
         float32 for blocks); ``scale_layout`` ``"plain"`` (from :func:`quantize_weight`) or
@@ -98,12 +107,14 @@ class QuantizedWeight:
 
     Notes
     -----
-    ``QuantizedWeight(data, scale, zero_point, scheme, shape, dtype)`` takes a :class:`Scheme`; the
-    older ``QuantizedWeight(data, scales, zeros, "int4", group_size, shape, dtype, layout)`` is
-    accepted too (deprecated).
+    ``QuantizedWeight(data, scale, zero_point, scheme, shape, dtype, code_sum=None)`` takes a
+    :class:`Scheme`; the older ``QuantizedWeight(data, scales, zeros, "int4", group_size, shape,
+    dtype, layout)`` is accepted too (deprecated). An INT8 weight made without ``code_sum`` gets
+    it computed from ``data`` (a CuPy int8 ``(N, K)`` C-contiguous array; otherwise it stays None
+    and the ops name what is wrong).
     """
 
-    def __init__(self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None):
+    def __init__(self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None, code_sum=None):
         if isinstance(scheme, str):  # the older form: (..., format, group_size, shape, dtype[, layout])
             if len(deprecated) not in (1, 2) or len(deprecated) == 2 and layout is not None:
                 raise TypeError(
@@ -124,6 +135,11 @@ class QuantizedWeight:
         self.data, self.scale, self.zero_point = data, scale, zero_point
         self.scheme = scheme
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        if code_sum is None and scheme.format == "int8":
+            from .quantize import code_sums
+
+            code_sum = code_sums(data)
+        self.code_sum = code_sum
         # the arrays a matmul has read (dispatch.arrays_key): later calls with the same arrays may
         # read them before the kernel before them completes (dispatch.early_ok)
         self._read_key = None
@@ -138,39 +154,46 @@ class QuantizedWeight:
         ----------
         data : cupy.ndarray
             uint8 ``(N, K)``, the E4M3 codes (a checkpoint's ``float8_e4m3fn`` tensor viewed as uint8),
-            C-contiguous. Used as it is (not copied).
+            or for ``format="int8"`` int8 ``(N, K)`` (compressed-tensors W8A8 INT8 ``weight``, any
+            K up to 2^24); C-contiguous. Used as it is (not copied).
         scale : cupy.ndarray
-            The decode scales, ``w ~ fp8(q) * scale`` (DeepSeek-V3's ``weight_scale_inv``), on
+            The decode scales, ``w ~ fp8(q) * scale`` (DeepSeek-V3's ``weight_scale_inv``) or
+            ``w ~ q * scale`` (INT8: compressed-tensors' per-channel ``weight_scale``), on
             ``data``'s device: for ``block_size=(128, 128)`` ``(ceil(N / 128), ceil(K / 128))``; for
             ``(1, G)`` ``(N, K / G)``; for None ``(N,)`` or ``(N, 1)``. float32, float16 or bfloat16
             (float64 where every value is a float32). Block weights keep float32 scales (float16 and
             bfloat16 convert exactly); group and channel weights keep the scales' dtype (float64 becomes
             float32). A conversion that would round raises instead. Their values are not checked.
         format : str
-            ``"float8_e4m3fn"``. ``"nvfp4"`` and ``"mxfp4"`` are not supported yet (ValueError).
+            ``"float8_e4m3fn"`` or ``"int8"`` (with ``block_size=None``). ``"nvfp4"`` and ``"mxfp4"``
+            are not supported yet (ValueError).
         block_size : (128, 128), (1, G) or None
             ``(128, 128)``: 2-D blocks (any N and K; the weight of :func:`quantize_weight` with
             ``block_size=(128, 128)``); ``(1, G)``, G in 32, 64, 128 dividing K: groups of G along K
-            (``group_size=G``); None: one scale per output channel (``group_size=None``).
+            (``group_size=G``); None: one scale per output channel (``group_size=None``), the only
+            choice for ``"int8"`` (pass it: the default ``(128, 128)`` is a ValueError there).
         dtype : {"bfloat16", "float16", "float32"}
             The dtype :meth:`QuantizedWeight.dequantize` returns by default (the weight's ``dtype``).
 
         Returns
         -------
         QuantizedWeight
-            Plain layout, ``zero_point`` None, ``scheme.format`` ``"float8_e4m3fn"``; granularity
+            Plain layout, ``zero_point`` None, ``scheme.format`` ``format``; granularity
             ``"block"`` (``block_size`` ``(128, 128)``), ``"group"`` or ``"channel"``; a per-channel
             ``scale`` of shape ``(N,)`` is held as ``(N, 1)``, a non-contiguous one as a contiguous copy.
+            INT8: ``code_sum`` computed from ``data`` (int32 ``(N,)``, one launch); other formats None.
 
         Raises
         ------
         TypeError
-            ``data`` or ``scale`` is not a CuPy array; ``data`` not uint8; ``scale`` not of a float
-            dtype above; ``dtype`` not float32, float16 or bfloat16; ``format`` not a str.
+            ``data`` or ``scale`` is not a CuPy array; ``data`` not uint8 (int8 for ``"int8"``);
+            ``scale`` not of a float dtype above; ``dtype`` not float32, float16 or bfloat16;
+            ``format`` not a str.
         ValueError
-            An unsupported ``format`` or ``block_size``; ``data`` not 2-D, not C-contiguous, with K = 0
-            (or, for groups and channels, an odd K); ``scale`` of the wrong shape, on another device,
-            or (float64) not exactly float32.
+            An unsupported ``format`` or ``block_size`` (for ``"int8"`` anything but None); ``data``
+            not 2-D, not C-contiguous, with K = 0 (or, for FP8 groups and channels, an odd K; for
+            INT8 a K above 2^24); ``scale`` of the wrong shape, on another device, or (float64) not
+            exactly float32.
         """
         from .checkpoint import from_checkpoint
 
@@ -230,14 +253,17 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes on the device: data, scales and zero points."""
-        return self.data.nbytes + self.scale.nbytes + (0 if self.zero_point is None else self.zero_point.nbytes)
+        """Bytes on the device: data, scales, zero points and code sums."""
+        extra = sum(0 if a is None else a.nbytes for a in (self.zero_point, self.code_sum))
+        return self.data.nbytes + self.scale.nbytes + extra
 
-    def _with(self, data, scale, zero_point, layout: str) -> "QuantizedWeight":
+    def _with(self, data, scale, zero_point, layout: str, code_sum=None) -> "QuantizedWeight":
+        """A weight of this one's scheme in ``layout``, with these arrays (an INT8 weight given no
+        ``code_sum`` computes it from ``data``)."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
         scheme = dataclasses.replace(self.scheme, scale_layout=layout)
-        return QuantizedWeight(data, scale, zero_point, scheme, self.shape, self.dtype)
+        return QuantizedWeight(data, scale, zero_point, scheme, self.shape, self.dtype, code_sum=code_sum)
 
     def dequantize(self, dtype=None, *, out=None):
         """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
@@ -247,9 +273,10 @@ class QuantizedWeight:
         return dequantize_weight(self, dtype, out=out)
 
     def copy(self) -> "QuantizedWeight":
-        """A copy with its own device arrays (same layout)."""
+        """A copy with its own device arrays (same layout), ``code_sum`` included."""
         z = None if self.zero_point is None else self.zero_point.copy()
-        return self._with(self.data.copy(), self.scale.copy(), z, self.scheme.scale_layout)
+        cs = None if self.code_sum is None else self.code_sum.copy()
+        return self._with(self.data.copy(), self.scale.copy(), z, self.scheme.scale_layout, cs)
 
     def prepare(self) -> "QuantizedWeight":
         """:func:`prepare_weight` of this weight."""
@@ -265,9 +292,10 @@ class QuantizedWeight:
 
     def to_host(self) -> dict:
         """NumPy copies in the plain layout (a prepared weight is converted first): ``data``
-        (packed), ``codes`` (INT4 unpacked, one per byte, or FP8 as ``ml_dtypes.float8_e4m3fn``),
-        ``scale``, ``zero_point`` (unpacked codes, or None); ``scales`` and ``zeros`` are the same
-        arrays under their deprecated names."""
+        (packed), ``codes`` (INT4 unpacked, one per byte, FP8 as ``ml_dtypes.float8_e4m3fn``, INT8
+        as they are, int8), ``scale``, ``zero_point`` (unpacked codes, or None), ``code_sum`` (int32
+        ``(N,)`` for INT8, else None); ``scales`` and ``zeros`` are the same arrays under their
+        deprecated names."""
         import cupy
         import ml_dtypes
 
@@ -279,18 +307,30 @@ class QuantizedWeight:
         ng = K // w._group
         if w._format == "float8_e4m3fn":
             codes = data.view(ml_dtypes.float8_e4m3fn)
+        elif w._format == "int8":
+            codes = data
         else:
             codes = _layouts.unpack_fp4(data, K)
         zeros = None if w.zero_point is None else _layouts.unpack_fp4(cupy.asnumpy(w.zero_point), ng)
         scale = cupy.asnumpy(w.scale)
-        return {"data": data, "codes": codes, "scale": scale, "zero_point": zeros, "scales": scale, "zeros": zeros}
+        code_sum = None if w.code_sum is None else cupy.asnumpy(w.code_sum)
+        return {
+            "data": data,
+            "codes": codes,
+            "scale": scale,
+            "zero_point": zeros,
+            "code_sum": code_sum,
+            "scales": scale,
+            "zeros": zeros,
+        }
 
     def __repr__(self) -> str:
         g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
         if self.block_size is not None:
             g = f"block_size={self.block_size}"
         lay = "" if not self._prepared else ", prepared"
+        sums = "" if self.code_sum is None else ", code sums int32"
         return (
-            f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.scheme.scale_dtype}{lay}, "
+            f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.scheme.scale_dtype}{lay}{sums}, "
             f"{self.nbytes} bytes)"
         )

@@ -46,9 +46,9 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     ``arch`` is the compute capability as CuPy spells it (``"90"``) and ``sms`` the GPU's
     multiprocessor count; by default the current device's, or (no GPU) none, which gives
     ``"sm80_gemm"`` for the tensor-core path, and 132 (an H100 SXM). The thresholds are
-    ``cupyquant.weight.plan.PATHS``. Block weights (``w.block_size``) have no path: a ValueError,
-    as in :func:`matmul`."""
-    _no_blocks(w)
+    ``cupyquant.weight.plan.PATHS``. Block weights (``w.block_size``) and int8 weights have no
+    path: a ValueError, as in :func:`matmul`."""
+    _weight_only_format(w)
     fp8 = w.scheme.format == "float8_e4m3fn"
     if _FORCED is not None and (not fp8 or _FORCED == "decode"):
         return _FORCED
@@ -60,8 +60,16 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     return plan.choose_path(M, N, K, fp8, arch, sms)
 
 
-def _no_blocks(w) -> None:
-    if isinstance(w, QuantizedWeight) and w.block_size is not None:
+def _weight_only_format(w) -> None:
+    """Refuse the W8A8 weights (FP8 in 128 x 128 blocks, INT8), which the weight-only matmul does not take."""
+    if not isinstance(w, QuantizedWeight):
+        return
+    if w.scheme.format == "int8":
+        raise ValueError(
+            "w is an int8 (W8A8) weight, which the weight-only matmul does not take: use cupyquant.scaled_matmul "
+            "with INT8 activations, or w.dequantize() and a float matmul"
+        )
+    if w.block_size is not None:
         raise ValueError(
             f"w is an FP8 weight in {w.block_size} blocks, which the weight-only matmul does not take: "
             "use cupyquant.scaled_matmul (FP8 activations), or w.dequantize() and a float matmul"
@@ -145,11 +153,11 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
         ``w``'s scales are not in ``a``'s dtype; ``out`` has the wrong dtype.
     ValueError
         ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4) or 64 (FP8); ``w`` in
-        128 x 128 blocks (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
+        128 x 128 blocks or int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
         overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """
     check_weight(w)
-    _no_blocks(w)
+    _weight_only_format(w)
     t = _validate.float_input(a, "a")
     if t.name not in ("float16", "bfloat16"):
         raise TypeError(f"a must be float16 or bfloat16 (the tensor-core input types), got {a.dtype}")

@@ -1,6 +1,7 @@
 """Weight quantization and dequantization, and the prepared (tile-major) layout the matmul reads:
 :func:`quantize_weight`, :func:`dequantize_weight`, :func:`prepare_weight` and the permutations
-between the two layouts (the package's docstring describes both)."""
+between the two layouts (the package's docstring describes both); INT8 (W8A8) weights and their
+code sums (:func:`code_sums`)."""
 
 from __future__ import annotations
 
@@ -22,18 +23,25 @@ def quantize_weight(
     ----------
     w : cupy.ndarray
         float32, float16 or bfloat16, 2-D, C-contiguous.
-    dtype : {"int4", "uint4", "float8_e4m3fn"}
+    dtype : {"int4", "uint4", "float8_e4m3fn", "int8"}
         ``"int4"`` with ``symmetric=True``: GPTQ/Marlin uint4b8, ``s = amax / 7``,
         ``q = clamp(rne(w / s), -8, 7) + 8``. ``"uint4"`` (or ``"int4"`` with ``symmetric=False``):
         AWQ-style asymmetric with integer zero points, ``s = max(max - min, 1e-5) / 15``,
         ``z = clamp(rne(-min / s), 0, 15)``, ``q = clamp(rne(w / s) + z, 0, 15)``.
         ``"float8_e4m3fn"``: W8A16, ``s = amax / 448``, ``q = e4m3(w / s)`` saturating.
+        ``"int8"`` (``numpy.int8`` too; with ``group_size=None`` only): W8A8 INT8 weights
+        (SmoothQuant, compressed-tensors, for :func:`cupyquant.scaled_matmul` with INT8
+        activations), one scale per output channel, ``s = amax / 127``,
+        ``q = clamp(rne(w / s), -128, 127)``, data int8 ``(N, K)`` (any K), and the weight's
+        ``code_sum`` ``sum_k q`` (int32 ``(N,)``, exact) computed by the same kernel.
         Scales are rounded to w's dtype before the division, so that dequantization inverts exactly
         what was stored; the weight's ``scale`` is ``s`` and its ``zero_point`` ``z``:
-        ``w ~ (q - z) * s``.
+        ``w ~ (q - z) * s``. The maxima are over the finite weights; a NaN weight gives the zero
+        code, +-inf the extreme codes, a group whose stored scale is 0 the zero code.
     group_size : {32, 64, 128, None}
         Elements of K per scale; ``None``: one scale per output channel. Must divide K. Leave it
-        at its default with ``block_size`` (giving both is a ``ValueError``).
+        at its default with ``block_size`` (giving both is a ``ValueError``). ``"int8"`` needs
+        ``None`` (its default 128 is a ``ValueError`` there).
     symmetric : bool
         ``False`` selects zero points (INT4 only).
     block_size : {None, (128, 128)}
@@ -53,23 +61,32 @@ def quantize_weight(
     Returns
     -------
     QuantizedWeight
-        In the plain layout.
+        In the plain layout. ``"int8"``: ``data`` int8 ``(N, K)``, ``scale`` ``(N, 1)`` of w's
+        dtype, ``code_sum`` int32 ``(N,)``, ``scheme.granularity`` ``"channel"``; bit-exact with
+        :func:`cupyquant.reference.quantize_weight_int8` and ``weight_code_sum``. It has no
+        prepared layout and no weight-only :func:`matmul`.
 
     Raises
     ------
     TypeError
         ``w`` is not a CuPy array of float32, float16 or bfloat16; ``dtype`` names no dtype.
     ValueError
-        ``w`` not 2-D, not C-contiguous or with an odd K (a zero K with ``block_size``); an
-        unsupported ``dtype``, ``group_size`` or ``block_size``, or a group size that does not
-        divide K; ``symmetric=False`` with FP8; ``block_size`` with INT4 or with ``group_size``.
+        ``w`` not 2-D, not C-contiguous or with an odd K (a zero K with ``block_size``; for
+        ``"int8"`` a zero K or one above 2^24); an unsupported ``dtype``, ``group_size`` or
+        ``block_size``, or a group size that does not divide K; ``symmetric=False`` with FP8 or
+        INT8; ``block_size`` with INT4 or INT8 or with ``group_size``; ``"int8"`` without
+        ``group_size=None``.
     """
     scheme = _checks.weight_scheme(dtype, symmetric)
+    if scheme == "int8":
+        _checks.weight_int8_options(group_size, block_size)
     block = _checks.weight_block_size(scheme, block_size, group_size)
     t = _validate.float_input(w, "w")
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     _validate.c_contiguous(w, "w")
+    if scheme == "int8":
+        return _quantize_int8(w, t)
     if block is not None:
         return _quantize_blocks(w, t, block)
     N, K = w.shape
@@ -82,9 +99,9 @@ def quantize_weight(
         if N:
             a = np.zeros((), dtype=C.QUANT_ARGS)
             a["N"], a["K"], a["ng"], a["G"] = N, K, ng, G
-            k = _jit.kernel(w.data.device_id, C.QUANT_FAMILY, "weight_quantize", t.ctype, C.SCHEME_IDS[scheme])
+            k = _jit.kernel(w.data.device_id, C.QUANT_FAMILY, "weight_quantize", t.ctype, C.QUANT_SCHEME_IDS[scheme])
             warps = N * ng
-            k((-(-warps // 8),), (256,), (w, data, scales, zcodes if zcodes is not None else 0, a[()]))
+            k((-(-warps // 8),), (256,), (w, data, scales, zcodes if zcodes is not None else 0, 0, a[()]))
         zeros = None
         if zcodes is not None:
             temps = [zcodes]
@@ -97,6 +114,45 @@ def quantize_weight(
             zeros = packed.astype(np.uint8)
             _validate.keep_if_capturing(*temps, hi, packed)
     return QuantizedWeight(data, scales, zeros, weight_scheme(scheme, group_size, K, w.dtype), (N, K), w.dtype)
+
+
+def _quantize_int8(w, t) -> QuantizedWeight:
+    """quantize_weight for "int8": weight_quantize<T, W_INT8>, one warp per row, which writes the
+    codes, the scale and the row's code sum."""
+    N, K = w.shape
+    _checks.weight_int8_k(K)
+    with _validate.on_device_of(w):
+        data = cupy.empty((N, K), dtype=np.int8)
+        scales = cupy.empty((N, 1), dtype=w.dtype)
+        sums = cupy.empty((N,), dtype=np.int32)
+        if N:
+            a = np.zeros((), dtype=C.QUANT_ARGS)
+            a["N"], a["K"], a["ng"], a["G"] = N, K, 1, K
+            k = _jit.kernel(w.data.device_id, C.QUANT_FAMILY, "weight_quantize", t.ctype, C.WEIGHT_INT8)
+            k((-(-N // 8),), (256,), (w, data, scales, 0, sums, a[()]))
+    scheme = weight_scheme("int8", None, K, w.dtype)
+    return QuantizedWeight(data, scales, None, scheme, (N, K), w.dtype, code_sum=sums)
+
+
+def code_sums(data):
+    """``sum_k data[n, k]`` per row of int8 codes (a C-contiguous CuPy int8 ``(N, K)`` array, K up
+    to 2^24), int32 ``(N,)``, exact (integer sums), on data's device and current stream, no host
+    synchronization: one launch of ``weight_code_sum`` (one warp per row). None for anything else
+    (``check_weight`` then names what is wrong). Bit-exact with
+    :func:`cupyquant.reference.weight_code_sum`."""
+    if not isinstance(data, cupy.ndarray) or data.dtype != np.int8 or data.ndim != 2 or not data.flags.c_contiguous:
+        return None
+    N, K = data.shape
+    if K > _checks.INT8_WEIGHT_MAX_K:
+        return None
+    with _validate.on_device_of(data):
+        sums = cupy.empty((N,), dtype=np.int32)
+        if N:
+            a = np.zeros((), dtype=C.QUANT_ARGS)
+            a["N"], a["K"], a["ng"], a["G"] = N, K, 1, K
+            k = _jit.kernel(data.data.device_id, C.QUANT_FAMILY, "weight_code_sum", C.WEIGHT_INT8)
+            k((-(-N // 8),), (256,), (data, sums, a[()]))
+    return sums
 
 
 def _block_grid(N: int, K: int) -> tuple[int, int]:
@@ -147,6 +203,35 @@ def _check_block_weight(w) -> None:
         )
 
 
+def _check_int8_weight(w) -> None:
+    """check_weight's rules for an int8 weight: plain, per channel, int8 data, int32 code sums."""
+    N, K = w.shape
+    if w.scheme.granularity != "channel" or w.scheme.block != (K,):
+        raise ValueError(
+            f"int8 weights have one scale per output channel (granularity 'channel', block ({K},)), "
+            f"got granularity {w.scheme.granularity!r}, block {w.scheme.block}"
+        )
+    if w._prepared:
+        raise ValueError("int8 weights have only the plain layout (scheme.scale_layout 'plain')")
+    _checks.weight_int8_k(K, "w.shape")
+    if w.zero_point is not None:
+        raise ValueError("w.zero_point must be None for int8 weights (symmetric)")
+    if w.data.shape != (N, K) or w.data.dtype != np.int8:
+        raise ValueError(
+            f"w.data must be int8 of shape {(N, K)} for an int8 weight of shape {w.shape}, "
+            f"got {w.data.dtype} {w.data.shape}"
+        )
+    if w.scale.shape != (N, 1):
+        raise ValueError(f"w.scale must have shape {(N, 1)}, got {w.scale.shape}")
+    if w.code_sum is None:
+        raise ValueError("w.code_sum must be the int32 code sums of an int8 weight, got None")
+    _validate.cupy_array(w.code_sum, "w.code_sum")
+    _validate.c_contiguous(w.code_sum, "w.code_sum")
+    if w.code_sum.shape != (N,) or w.code_sum.dtype != np.int32:
+        raise ValueError(f"w.code_sum must be int32 of shape {(N,)}, got {w.code_sum.dtype} {w.code_sum.shape}")
+    _validate.same_device(w.code_sum, "w.code_sum", w.data.data.device_id, "w.data")
+
+
 def check_weight(w) -> None:
     """Raise TypeError or ValueError unless ``w`` is a QuantizedWeight whose arrays are CuPy arrays
     of the shapes its scheme and shape say."""
@@ -162,6 +247,11 @@ def check_weight(w) -> None:
     N, K = w.shape
     if K <= 0 or N < 0:
         raise ValueError(f"w.shape must be (N >= 0, K > 0), got {w.shape}")
+    if fmt == "int8":
+        _check_int8_weight(w)
+        return
+    if getattr(w, "code_sum", None) is not None:
+        raise ValueError(f"w.code_sum must be None for {fmt} weights (only int8 weights have code sums)")
     if w.scheme.granularity == "block":
         _check_block_weight(w)
         return
@@ -206,9 +296,15 @@ def prepare_weight(w: QuantizedWeight) -> QuantizedWeight:
     ValueError
         K is not a multiple of 128 (INT4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
         match its shape; ``w`` is a block weight (128 x 128 blocks have no prepared layout: they
-        are for :func:`cupyquant.scaled_matmul`, which reads the plain layout).
+        are for :func:`cupyquant.scaled_matmul`, which reads the plain layout) or an int8 weight
+        (likewise, with INT8 activations).
     """
     check_weight(w)
+    if w._format == "int8":
+        raise ValueError(
+            "w is an int8 (W8A8) weight, which has no prepared layout and no weight-only matmul: pass it as it "
+            "is to cupyquant.scaled_matmul with INT8 activations, or dequantize it (w.dequantize())"
+        )
     if w.block_size is not None:
         raise ValueError(
             f"w is a weight in {w.block_size} blocks, which has no prepared layout: pass it to "
@@ -334,8 +430,10 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
     (``s = w.scale``, ``z = w.zero_point``, 8 for int4) or ``round(fp8(q) * s)``, the product in
     float32 (exact for scales of float16 or bfloat16; a float32 scale, as block weights have, makes
     it an IEEE float32 product rounded once more to ``dtype``, as ``(fp8(q) * s).to(dtype)`` does
-    in PyTorch). Block weights: ``s = w.scale[n // 128, k // 128]``. Bit-exact with
-    :func:`cupyquant.reference.dequantize_weight` (``dequantize_weight_blocks``).
+    in PyTorch). Block weights: ``s = w.scale[n // 128, k // 128]``. INT8 weights:
+    ``round(float32(q) * s)`` with the row's scale, likewise (exact for float16 and bfloat16
+    scales). Bit-exact with :func:`cupyquant.reference.dequantize_weight`
+    (``dequantize_weight_blocks``, ``dequantize_weight_int8``).
 
     Raises
     ------
@@ -365,8 +463,10 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
             a = np.zeros((), dtype=C.QUANT_ARGS)
             a["N"], a["K"], a["ng"], a["G"] = N, K, K // w._group, w._group
             st = _dtypes.input_type(w.scale.dtype, "w.scale")
-            k = _jit.kernel(device, C.QUANT_FAMILY, "weight_dequantize", st.ctype, out_t.ctype, C.SCHEME_IDS[w._format])
-            grid = (-(-(K // 2) // 256), min(N, C.MAX_GRID_Y))
+            k = _jit.kernel(
+                device, C.QUANT_FAMILY, "weight_dequantize", st.ctype, out_t.ctype, C.QUANT_SCHEME_IDS[w._format]
+            )
+            grid = (-(-((K + 1) // 2) // 256), min(N, C.MAX_GRID_Y))  # element pairs (an int8 K may be odd)
             zeros = w.zero_point if w.zero_point is not None else 0
             k(grid, (256,), (w.data, w.scale, zeros, y, a[()]))
     return y
