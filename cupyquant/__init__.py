@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "quantize_fp8": "per_tensor",
     "amax": "per_tensor",
+    "quantize_int8": "per_tensor",
     "quantize_groupwise": "groupwise",
     "silu_mul_quantize": "groupwise",
     "empty_scales": "groupwise",
@@ -29,6 +30,7 @@ _EXPORTS = {
     "QuantizedWeight": "weight",
     "scaled_matmul": "w8a8",
     "scaled_mm": "w8a8",
+    "scaled_mm_azp": "w8a8",
     "quantize_kv_cache": "kv_cache",
     "dequantize_kv_cache": "kv_cache",
     "empty_kv_scale_cache": "kv_cache",

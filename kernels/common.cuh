@@ -24,6 +24,9 @@ typedef unsigned long long u64;
 // same_type<A, B>::value: whether two types are the same (NVRTC has no <type_traits>).
 template <class A, class B> struct same_type { static constexpr bool value = false; };
 template <class A> struct same_type<A, A> { static constexpr bool value = true; };
+// cond_type<C, A, B>::type: A where C holds, else B (std::conditional)
+template <bool C, class A, class B> struct cond_type { using type = A; };
+template <class A, class B> struct cond_type<false, A, B> { using type = B; };
 
 // Where a kernel takes a scale from (cupyquant._validate.ScaleSource mirrors these numbers).
 enum ScaleSource : int {

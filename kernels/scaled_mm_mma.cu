@@ -1,9 +1,10 @@
-// scaled_mm_mma.cu: the W8A8 FP8 matmul on the mma.sync tensor cores of compute capability 8.9 and
-// newer (Ada, Blackwell, and Hopper when forced): y = dequant(a) @ dequant(b).T (+ bias) with the
-// scales, block sums and rounding of scaled_mm.cuh, which states the numerics and the scale
-// addressing (cupyquant/w8a8/mma.py launches it; cupyquant/reference/w8a8.py is the oracle).
+// scaled_mm_mma.cu: the W8A8 matmul on the mma.sync tensor cores: FP8 on compute capability 8.9
+// and newer (Ada, Blackwell, and Hopper when forced), INT8 on 8.0 and newer: y = dequant(a) @
+// dequant(b).T (+ bias) with the scales, sums and rounding of scaled_mm.cuh, which states the
+// numerics and the scale addressing (cupyquant/w8a8/mma.py launches it; cupyquant/reference/w8a8.py
+// is the oracle).
 //
-// Layout. a: M x K FP8 codes, rows lda bytes apart; b: N x K FP8 codes, rows ldb bytes apart (the
+// Layout. a: M x K FP8 or INT8 codes, rows lda bytes apart; b: N x K FP8 codes, rows ldb bytes apart (the
 // weight row-major, i.e. the mma's column-major B); both 16-byte aligned with K % 16 == 0 (the host
 // copies other operands). A block of 256 threads (8 warps) computes a BM x BN tile of y (BN = 128;
 // BM = 16, 64 or 128 by M: mma.py), grid (M tiles x N tiles, 1, K parts), the tiles in groups of
@@ -12,6 +13,7 @@
 // (1 x 8 for BM = 16), each a (BM / WM) x (BN / WN) piece of the tile as MT m16 by NT n8 tiles of
 // mma.sync.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32: one QMMA.16832 on sm_89 and sm_120;
 // sm_90 and sm_100 (ptxas 13.0) run it as two f16 HMMA.16816 after e4m3 -> f16 conversions (exact).
+// INT8: mma.sync.m16n8k32.row.col.s32.s8.s8.s32 (IMMA), the same fragments, int32 sums.
 //
 // Pipeline. K is read in stages of 128 (one scale block): per stage BM rows of a and BN rows of b,
 // 128 bytes each, copied with 16-byte cp.async (rows >= M or >= N and chunks at k >= K zero-filled,
@@ -33,7 +35,7 @@
 // (rows 0-7, chunk 2s), (rows 8-15, 2s), (rows 0-7, 2s + 1), (rows 8-15, 2s + 1) of k32 step s; for
 // B (columns 0-7, 2s), (0-7, 2s + 1), (8-15, 2s), (8-15, 2s + 1): two n8 tiles a load.
 //
-// Block sums. Each 128-k block is summed by the tensor cores into fresh float32 accumulators P
+// Block sums (FP8). Each 128-k block is summed by the tensor cores into fresh float32 accumulators P
 // (zeroed, then 4 k32 steps), then added to acc by the contract's rule: MODE_END acc += P;
 // MODE_K_TILE one scale product a row (a's scale from the stage, b's read once a block for the
 // tile, issued before the block's mma so that its latency hides behind it); MODE_K_COL one product
@@ -43,6 +45,8 @@
 // operation outside the tensor cores is explicit IEEE PTX (.rn, no flush). MODE_END scales acc once
 // at the end (v = acc * (sa * sb)); finish_tile (scaled_mm.cuh) adds the bias, rounds and stores,
 // or with a K split stores the part's v and lets the tile's last part sum the parts in order.
+// INT8 accumulates every block into the same int32 acc (exact), and finish_tile's final step does
+// scaled_mm.cuh's integer epilogue (zero point, conversion, scales) after any K split's integer sum.
 //
 // Sizes. STAGES x (BM + BN) x 128 bytes (+ BM scale words a stage in the K modes, + 2 BN column
 // scales in MODE_K_COL; cupyquant/w8a8/mma.py smem_bytes) stay within the 99 KB a block of sm_89 /
@@ -75,23 +79,33 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned (&r)[4]) {
                  : "memory");
 }
 
-// d = a (16 x 32, row) @ b (32 x 8, col) + c in float32; FA, FB the formats of a and b (Fp8Id)
+// d += a (16 x 32, row) @ b (32 x 8, col): float32 sums of FP8 codes (FA, FB the formats of a and b,
+// MmFormat; compute capability 8.9), or int32 sums of INT8 codes (FA = FB = S8; 8.0)
 #define CQ_MMA_FP8(TA, TB)                                                                                     \
     asm("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, " \
-        "{%10, %11, %12, %13};"                                                                                \
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                       \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3))
-template <int FA, int FB>
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, float c0, float c1, float c2,
-                                    float c3) {
-    if constexpr (FA == FP8_E4M3 && FB == FP8_E4M3) {
-        CQ_MMA_FP8("e4m3", "e4m3");
-    } else if constexpr (FA == FP8_E4M3) {
-        CQ_MMA_FP8("e4m3", "e5m2");
-    } else if constexpr (FB == FP8_E4M3) {
-        CQ_MMA_FP8("e5m2", "e4m3");
+        "{%0, %1, %2, %3};"                                                                                    \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                       \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <int FA, int FB, typename Acc>
+__device__ __forceinline__ void mma(Acc (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (FA == S8) {
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     } else {
-        CQ_MMA_FP8("e5m2", "e5m2");
+#if __CUDA_ARCH__ >= 890
+        if constexpr (FA == FP8_E4M3 && FB == FP8_E4M3) {
+            CQ_MMA_FP8("e4m3", "e4m3");
+        } else if constexpr (FA == FP8_E4M3) {
+            CQ_MMA_FP8("e4m3", "e5m2");
+        } else if constexpr (FB == FP8_E4M3) {
+            CQ_MMA_FP8("e5m2", "e4m3");
+        } else {
+            CQ_MMA_FP8("e5m2", "e5m2");
+        }
+#else
+        __trap();  // FP8 mma.sync needs compute capability 8.9 (mma.py launches FP8 only there)
+#endif
     }
 }
 #undef CQ_MMA_FP8
@@ -101,10 +115,13 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
 template <int FA, int FB, typename TY, int MODE, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__(256, 1)
     scaled_mm_mma(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b, const void* __restrict__ sa,
-                  const float* __restrict__ sb, const TY* __restrict__ bias, TY* __restrict__ y, float* __restrict__ ws,
-                  int* __restrict__ counters, MmArgs p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+                  const float* __restrict__ sb, const int* __restrict__ azp, const int* __restrict__ adj, const TY* __restrict__ bias,
+                  TY* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters, MmArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using namespace mma_fp8;
+    constexpr bool INT = FA == S8;
+    static_assert(!INT || (FB == S8 && MODE == MODE_END), "INT8 takes INT8 b and scales that do not vary along K");
+    using Acc = typename cond_type<INT, int, float>::type;
     constexpr int WM = BM >= 32 ? 2 : 1, WN = 8 / WM;  // warps along M and N
     constexpr int WTM = BM / WM, WTN = BN / WN;        // a warp's rows and columns
     constexpr int MT = WTM / 16, NT = WTN / 8;         // its m16 and n8 tiles
@@ -175,11 +192,11 @@ __global__ void __launch_bounds__(256, 1)
     const unsigned a_ld = (wm * WTM + (lane & 15)) * BK + ((((lane >> 4) ^ lane) & 7) << 4);
     const unsigned b_ld = A_BYTES + (wn * WTN + ((lane >> 4) << 3) + (lane & 7)) * BK + (((((lane >> 3) & 1) ^ lane) & 7) << 4);
 
-    float acc[MT][NT][4];
+    Acc acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+        for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = Acc(0);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -203,86 +220,72 @@ __global__ void __launch_bounds__(256, 1)
         if (sb_ld && i + 1 < niter) sb_next = b_scale(p, sb, sb_n, kb + 1);
 
         const unsigned st = smem + slot * STAGE_BYTES;
-        float P[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) P[mt][j][0] = P[mt][j][1] = P[mt][j][2] = P[mt][j][3] = 0.0f;
-        // the k32 steps rolled: on sm_90, which runs FP8 mma.sync as f16 HMMA after conversions, the
-        // unrolled steps of the 128-row tile spill (255 registers); two warps a scheduler cover one
-        // step's ldmatrix latency with the other's mma
+        // the block's four k32 steps into D, rolled: on sm_90, which runs FP8 mma.sync as f16 HMMA
+        // after conversions, the unrolled steps of the 128-row tile spill (255 registers); two warps
+        // a scheduler cover one step's ldmatrix latency with the other's mma
+        auto mma_block = [&](Acc (&D)[MT][NT][4]) {
 #pragma unroll 1
-        for (int s = 0; s < BK / 32; ++s) {
-            unsigned af[MT][4], bf[NT / 2][4];
+            for (int s = 0; s < BK / 32; ++s) {
+                unsigned af[MT][4], bf[NT / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(st + ((a_ld + mt * 16 * BK) ^ (32 * s)), af[mt]);
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(st + ((a_ld + mt * 16 * BK) ^ (32 * s)), af[mt]);
 #pragma unroll
-            for (int jp = 0; jp < NT / 2; ++jp) ldmatrix_x4(st + ((b_ld + jp * 16 * BK) ^ (32 * s)), bf[jp]);
+                for (int jp = 0; jp < NT / 2; ++jp) ldmatrix_x4(st + ((b_ld + jp * 16 * BK) ^ (32 * s)), bf[jp]);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned b0 = bf[j >> 1][2 * (j & 1)], b1 = bf[j >> 1][2 * (j & 1) + 1];
-                    mma<FA, FB>(P[mt][j], af[mt], b0, b1, P[mt][j][0], P[mt][j][1], P[mt][j][2], P[mt][j][3]);
-                }
-        }
-
-        if constexpr (MODE == MODE_END) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[mt][j][r] = add_rn(acc[mt][j][r], P[mt][j][r]);
-        } else {
-            const unsigned* s_sa = reinterpret_cast<const unsigned*>(smem_g + slot * STAGE_BYTES + A_BYTES + B_BYTES);
-            float2 sbc[NT];
-            if constexpr (MODE == MODE_K_COL) {
-#pragma unroll
-                for (int j = 0; j < NT; ++j) sbc[j] = *reinterpret_cast<const float2*>(s_sb + (i & 1) * BN + wn * WTN + 8 * j + 2 * t);
+                    for (int j = 0; j < NT; ++j) mma<FA, FB>(D[mt][j], af[mt], bf[j >> 1][2 * (j & 1)], bf[j >> 1][2 * (j & 1) + 1]);
             }
+        };
+        if constexpr (INT) {  // exact: every block into acc
+            mma_block(acc);
+        } else {
+            Acc P[MT][NT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const unsigned w = s_sa[wm * WTM + 16 * mt + 8 * h + g];
-                    const float sa_v = p.sa_packed ? e8m0_to_float((w >> (8 * (kb & 3))) & 0xffu) : __uint_as_float(w);
-                    const float st_row = MODE == MODE_K_TILE ? mul_rn(sa_v, sbt) : 0.0f;
+                for (int j = 0; j < NT; ++j) P[mt][j][0] = P[mt][j][1] = P[mt][j][2] = P[mt][j][3] = 0.0f;
+            mma_block(P);
+
+            if constexpr (MODE == MODE_END) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int j = 0; j < NT; ++j)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float s = MODE == MODE_K_TILE ? st_row : mul_rn(sa_v, e ? sbc[j].y : sbc[j].x);
-                            acc[mt][j][2 * h + e] = fma_rn(P[mt][j][2 * h + e], s, acc[mt][j][2 * h + e]);
-                        }
+                        for (int r = 0; r < 4; ++r) acc[mt][j][r] = add_rn(acc[mt][j][r], P[mt][j][r]);
+            } else {
+                const unsigned* s_sa = reinterpret_cast<const unsigned*>(smem_g + slot * STAGE_BYTES + A_BYTES + B_BYTES);
+                float2 sbc[NT];
+                if constexpr (MODE == MODE_K_COL) {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) sbc[j] = *reinterpret_cast<const float2*>(s_sb + (i & 1) * BN + wn * WTN + 8 * j + 2 * t);
                 }
-            // slot (i + 1) % 2 was last read in block i - 1, before this block's barrier
-            if (sb_ld && i + 1 < niter) s_sb[((i + 1) & 1) * BN + sb_col] = sb_next;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const unsigned w = s_sa[wm * WTM + 16 * mt + 8 * h + g];
+                        const float sa_v = p.sa_packed ? e8m0_to_float((w >> (8 * (kb & 3))) & 0xffu) : __uint_as_float(w);
+                        const float st_row = MODE == MODE_K_TILE ? mul_rn(sa_v, sbt) : 0.0f;
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const float s = MODE == MODE_K_TILE ? st_row : mul_rn(sa_v, e ? sbc[j].y : sbc[j].x);
+                                acc[mt][j][2 * h + e] = fma_rn(P[mt][j][2 * h + e], s, acc[mt][j][2 * h + e]);
+                            }
+                    }
+                // slot (i + 1) % 2 was last read in block i - 1, before this block's barrier
+                if (sb_ld && i + 1 < niter) s_sb[((i + 1) & 1) * BN + sb_col] = sb_next;
+            }
         }
     }
     cp_async_wait<0>();
 
-    if constexpr (MODE == MODE_END) {  // v = acc * (sa(m) * sb(n)); rows and columns past the ends read the last ones
-        float sbe[NT][2];
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) sbe[j][e] = b_scale(p, sb, min(n0 + wn * WTN + 8 * j + 2 * t + e, p.N - 1), 0);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float sa_v = a_scale(p, sa, a_scale_row(p, min(m0 + wm * WTM + 16 * mt + 8 * h + g, p.M - 1)), 0);
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) acc[mt][j][2 * h + e] = mul_rn(acc[mt][j][2 * h + e], mul_rn(sa_v, sbe[j][e]));
-            }
-    }
-
-    // this thread's pairs: rows wm WTM + 16 mt + 8 h + g, columns wn WTN + 8 j + 2 t (+ 1)
-    finish_tile<TY, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid,
-                                                 [&](auto f) {
+    // this thread's pairs: rows wm WTM + 16 mt + 8 h + g, columns wn WTN + 8 j + 2 t (+ 1); pair i of
+    // row (mt, h) and column j is i = (mt * 2 + h) * NT + j
+    auto visit = [&](auto f) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -290,8 +293,71 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
                     f((mt * 2 + h) * NT + j, wm * WTM + 16 * mt + 8 * h + g, wn * WTN + 8 * j + 2 * t, acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
-    });
+    };
+    // rows and columns past the ends read the last one's scales (never stored)
+    auto row_of = [&](int mt, int h) { return min(m0 + wm * WTM + 16 * mt + 8 * h + g, p.M - 1); };
+    auto col_of = [&](int j, int e) { return min(n0 + wn * WTN + 8 * j + 2 * t + e, p.N - 1); };
+    if constexpr (INT) {  // scaled_mm.cuh's integer epilogue, after any K split's integer sum
+        float sa_r[MT * 2];
+        int z_r[MT * 2];
+#pragma unroll
+        for (int r = 0; r < MT * 2; ++r) {
+            sa_r[r] = a_scale(p, sa, a_scale_row(p, row_of(r >> 1, r & 1)), 0);
+            z_r[r] = a_zero(p, azp, a_zero_row(p, row_of(r >> 1, r & 1)));
+        }
+        if (p.splits == 1) {  // in place, a column's scale and adj loaded once for the thread's rows
+            float v[MT][NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const i64 c = col_of(j, e);
+                    const float sbc = b_scale(p, sb, c, 0);
+#pragma unroll
+                    for (int r = 0; r < MT * 2; ++r)
+                        v[r >> 1][j][2 * (r & 1) + e] = int_epilogue(adj, c, acc[r >> 1][j][2 * (r & 1) + e], z_r[r], mul_rn(sa_r[r], sbc));
+                }
+            finish_tile<TY, float, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid,
+                                                                 [&](auto f) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            f((mt * 2 + h) * NT + j, wm * WTM + 16 * mt + 8 * h + g, wn * WTN + 8 * j + 2 * t, v[mt][j][2 * h], v[mt][j][2 * h + 1]);
+            }, [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+        } else {  // the parts' integer sums first
+            finish_tile<TY, int, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid, visit,
+                                                               [&](int i, int, int n, int v0, int v1) {
+                const int r = i / NT;
+                const i64 c0 = n0 + n, c1 = min(c0 + 1, p.N - 1);
+                return make_float2(int_epilogue(adj, c0, v0, z_r[r], mul_rn(sa_r[r], b_scale(p, sb, c0, 0))),
+                                   int_epilogue(adj, c1, v1, z_r[r], mul_rn(sa_r[r], b_scale(p, sb, c1, 0))));
+            });
+        }
+    } else {
+        if constexpr (MODE == MODE_END) {  // v = acc * (sa(m) * sb(n))
+            float sbe[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) sbe[j][e] = b_scale(p, sb, col_of(j, e), 0);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float sa_v = a_scale(p, sa, a_scale_row(p, row_of(mt, h)), 0);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) acc[mt][j][2 * h + e] = mul_rn(acc[mt][j][2 * h + e], mul_rn(sa_v, sbe[j][e]));
+                }
+        }
+        finish_tile<TY, float, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid, visit,
+                                                             [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+    }
 #else
-    __trap();  // FP8 mma.sync needs compute capability 8.9 (mma.py launches this only there)
+    __trap();  // mma.sync of 8-bit operands needs compute capability 8.0 (mma.py launches it only there)
 #endif
 }

@@ -1,4 +1,4 @@
-// scaled_mm_sm90.cu: the W8A8 FP8 matmul y = dequant(a) @ dequant(b).T (+ bias) on Hopper's
+// scaled_mm_sm90.cu: the W8A8 FP8 and INT8 matmul y = dequant(a) @ dequant(b).T (+ bias) on Hopper's
 // warpgroup tensor-core instructions (wgmma, sm_90a only). What it computes, the scale addressing
 // and the epilogue are kernels/scaled_mm.cuh's (cupyquant/reference/w8a8.py is the oracle); this file
 // is the pipeline. Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every other
@@ -24,6 +24,13 @@
 // tensor cores, whose FP8 accumulation keeps about 14 bits; across blocks it is IEEE float32. With
 // two consumer warpgroups one promotes while the other's wgmmas run. The scales of 128 x 128 blocks
 // are loaded a block ahead, so their latency hides behind a block's work.
+//
+// INT8 (FA = FB = S8) sums exactly in int32, so there is no promotion: every block's wgmmas (m64nBNk32
+// .s32.s8.s8) add into the same accumulators, the block's group is committed, and the consumer waits
+// only for the block before it (wgmma.wait_group 1) before it releases that block's slot, so that the
+// tensor cores always have the next block queued. After the item's last block it waits for all, and
+// finish_tile does scaled_mm.cuh's integer epilogue after any K split's integer sum. Without the
+// second accumulator set, a 128 x 256 tile fits (128 int32 accumulators a thread).
 //
 // Lane (g, t) of warp q of a warpgroup holds, in accumulator 4 j + r, row 16 q + g + 8 (r >> 1) of
 // the warpgroup's rows and column 8 j + 2 t + (r & 1) of the tile: column pairs (r = 0, 1 and
@@ -51,11 +58,13 @@ struct alignas(64) TmaMap {
 template <int FA, int FB, typename TY, int MODE, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__(BM * 2 + 128, 1)
     scaled_mm_sm90(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const void* __restrict__ sa,
-                   const float* __restrict__ sb, const TY* __restrict__ bias, TY* __restrict__ y, float* __restrict__ ws,
-                   int* __restrict__ counters, MmArgs p) {
+                   const float* __restrict__ sb, const int* __restrict__ azp, const int* __restrict__ adj, const TY* __restrict__ bias,
+                   TY* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters, MmArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool INT = FA == S8;
+    static_assert(!INT || (FB == S8 && MODE == MODE_END), "INT8 takes INT8 b and scales that do not vary along K");
     static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
-    static_assert(BN == 64 || BN == 128, "wgmma widths of sm90_wgmma.cuh's FP8 wrappers; MODE_K_TILE needs BN | 128");
+    static_assert(BN == 64 || BN == 128 || (INT && BN == 256), "wgmma widths of sm90_wgmma.cuh's wrappers; MODE_K_TILE needs BN | 128");
     constexpr int CW = BM / 64;                        // consumer warpgroups
     constexpr int CT = CW * 128;                       // consumer threads
     constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;  // a multiple of 1024: every slot stays 1024-aligned
@@ -124,7 +133,9 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     const unsigned bdesc0 = (unsigned)DESC_HI | ((sbase + (unsigned)A_BYTES) >> 4);
     auto desc = [](unsigned lo) { return (DESC_HI & 0xffffffff00000000ull) | lo; };
 
-    float acc[ND], tmp[ND];
+    using Acc = typename cond_type<INT, int, float>::type;
+    Acc acc[ND];
+    float tmp[INT ? 1 : ND];
     int it = 0;  // the ring's position, across tiles (as the producer's)
 #pragma unroll 1
     for (i64 w = blockIdx.x; w < work; w += gridDim.x) {
@@ -137,7 +148,9 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
         // tmp too: the first wgmma of a block ignores it (scale-d = 0) but names it as an input, and
         // without this write it would stay live through the epilogue, whose K-split sums need the registers
 #pragma unroll
-        for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
+        for (int i = 0; i < ND; ++i) acc[i] = Acc(0);
+#pragma unroll
+        for (int i = 0; i < (INT ? 1 : ND); ++i) tmp[i] = 0.0f;
 
         // K_TILE: a block's scales (a's two rows, b's tile) are loaded SA blocks ahead, since an L2
         // round trip is longer than a block's wgmmas, into a ring of SA + 1 register sets taken in
@@ -188,22 +201,31 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             mbar_wait(full0 + 8 * slot, (unsigned)((it / STAGES) & 1));
             const unsigned off = (unsigned)(slot * (STAGE >> 4));
             wg_fence();
+            if constexpr (INT) {  // into acc (zeroed by the item's first step); the previous block's slot is released once it retires
 #pragma unroll
-            for (int s = 0; s < 4; ++s) WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
-            wg_commit();
-            wg_wait<0>();
-            __syncwarp();  // every lane's wgmmas of the slot are retired
-            if (lane == 0) mbar_arrive(empty0 + 8 * slot);
-            if constexpr (MODE == MODE_END) {
-#pragma unroll
-                for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
-            } else if constexpr (MODE == MODE_K_TILE) {
-                const float s0 = mul_rn(cur[0], cur[2]), s1 = mul_rn(cur[1], cur[2]);
-#pragma unroll
-                for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
+                for (int s = 0; s < 4; ++s) WgmmaS8<BN>::mma(acc, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), i > 0 || s > 0);
+                wg_commit();
+                wg_wait<1>();
+                __syncwarp();
+                if (lane == 0 && i > 0) mbar_arrive(empty0 + 8 * ((it + STAGES - 1) % STAGES));
             } else {
 #pragma unroll
-                for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
+                for (int s = 0; s < 4; ++s) WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
+                wg_commit();
+                wg_wait<0>();
+                __syncwarp();  // every lane's wgmmas of the slot are retired
+                if (lane == 0) mbar_arrive(empty0 + 8 * slot);
+                if constexpr (MODE == MODE_END) {
+#pragma unroll
+                    for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
+                } else if constexpr (MODE == MODE_K_TILE) {
+                    const float s0 = mul_rn(cur[0], cur[2]), s1 = mul_rn(cur[1], cur[2]);
+#pragma unroll
+                    for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
+                } else {
+#pragma unroll
+                    for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
+                }
             }
             ++it;
         };
@@ -213,22 +235,62 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             for (int j = 0; j <= SA; ++j)
                 if (i + j < niter) block(i + j, sc[j], sc[(j + SA) % (SA + 1)]);
         }
-        if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
-            const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
-#pragma unroll
-            for (int j = 0; j < ND / 4; ++j) {
-                const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
-                acc[4 * j] = mul_rn(acc[4 * j], mul_rn(sa0, sb0)), acc[4 * j + 1] = mul_rn(acc[4 * j + 1], mul_rn(sa0, sb1));
-                acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
-            }
-        }
-        finish_tile<TY, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, [&](auto f) {
+        // this thread's pairs: pair 2 j is row row0, 2 j + 1 row row0 + 8, both columns 8 j + 2 t (+ 1)
+        auto visit = [&](auto f) {
 #pragma unroll
             for (int j = 0; j < ND / 4; ++j) {
                 f(2 * j, row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
                 f(2 * j + 1, row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
             }
-        });
+        };
+        if constexpr (INT) {  // the last block retires, its slot is released; then scaled_mm.cuh's integer epilogue
+            wg_wait<0>();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * ((it + STAGES - 1) % STAGES));
+            const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
+            const int z0 = a_zero(p, azp, a_zero_row(p, min(m0 + row0, p.M - 1))), z1 = a_zero(p, azp, a_zero_row(p, min(m0 + row0 + 8, p.M - 1)));
+            if (p.splits == 1) {  // in place, a column pair's scales and adj loaded once for both rows
+                float v[ND];
+#pragma unroll
+                for (int j = 0; j < ND / 4; ++j) {
+                    const i64 c0 = col(j, 0), c1 = col(j, 1);
+                    const float sb0 = b_scale(p, sb, c0, 0), sb1 = b_scale(p, sb, c1, 0);
+                    v[4 * j] = int_epilogue(adj, c0, acc[4 * j], z0, mul_rn(sa0, sb0));
+                    v[4 * j + 1] = int_epilogue(adj, c1, acc[4 * j + 1], z0, mul_rn(sa0, sb1));
+                    v[4 * j + 2] = int_epilogue(adj, c0, acc[4 * j + 2], z1, mul_rn(sa1, sb0));
+                    v[4 * j + 3] = int_epilogue(adj, c1, acc[4 * j + 3], z1, mul_rn(sa1, sb1));
+                }
+                finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid,
+                                                           [&](auto f) {
+#pragma unroll
+                    for (int j = 0; j < ND / 4; ++j) {
+                        f(2 * j, row0, 8 * j + 2 * t, v[4 * j], v[4 * j + 1]);
+                        f(2 * j + 1, row0 + 8, 8 * j + 2 * t, v[4 * j + 2], v[4 * j + 3]);
+                    }
+                }, [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+            } else {  // the parts' integer sums first
+                finish_tile<TY, int, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
+                                                         [&](int i, int, int n, int v0, int v1) {
+                    const float s_a = (i & 1) ? sa1 : sa0;
+                    const int z = (i & 1) ? z1 : z0;
+                    const i64 c0 = n0 + n, c1 = min(c0 + 1, p.N - 1);
+                    return make_float2(int_epilogue(adj, c0, v0, z, mul_rn(s_a, b_scale(p, sb, c0, 0))),
+                                       int_epilogue(adj, c1, v1, z, mul_rn(s_a, b_scale(p, sb, c1, 0))));
+                });
+            }
+        } else {
+            if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
+                const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
+#pragma unroll
+                for (int j = 0; j < ND / 4; ++j) {
+                    const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
+                    acc[4 * j] = mul_rn(acc[4 * j], mul_rn(sa0, sb0)), acc[4 * j + 1] = mul_rn(acc[4 * j + 1], mul_rn(sa0, sb1));
+                    acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
+                }
+            }
+            finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
+                                                       [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+        }
     }
 #else
     __trap();  // built only for sm_90a; the host never launches this stub

@@ -1,5 +1,6 @@
-"""The W8A8 FP8 matmul table of ``scripts/bench.py --w8a8``: :func:`cupyquant.scaled_matmul` against
-cuBLASLt (``torch._scaled_mm``) with the same scaling, and against cuBLAS bf16, on the same bytes.
+"""The W8A8 matmul table of ``scripts/bench.py --w8a8``: :func:`cupyquant.scaled_matmul` against
+cuBLASLt (``torch._scaled_mm``) with the same scaling, ``torch._int_mm`` for INT8, and cuBLAS bf16,
+on the same bytes.
 
     python scripts/bench.py --w8a8                                   # every M, shape and scaling
     python scripts/bench.py --w8a8 --w8a8-ms 1,16 --w8a8-shapes 4096x4096,14336x4096
@@ -17,6 +18,11 @@ Scalings (``--w8a8-scalings``), each timed with its ``torch._scaled_mm`` counter
   (cuBLASLt, CUDA 12.9+ on compute capability 9.0): scale_a (M, ceil(K/128)) outer-dim-major
   (strides (1, M)), scale_b (ceil(K/128), ceil(N/128)), the transpose of b's row-major
   (ceil(N/128), ceil(K/128)) block scales. A torch that refuses a cell prints "refused" there.
+- ``int8``: a = ``quantize_groupwise(x, "int8", group_size=None)`` (per token), b =
+  ``quantize_weight(w, "int8", group_size=None)`` (per channel); torch: ``torch._int_mm`` (cuBLAS,
+  int32 out) followed by the scaling a user writes, ``(acc.float() * scale_a * scale_b).to(bf16)``
+  (``_int_mm`` refuses M <= 16). The ``int8 x token`` column is our FP8 per-token time over our
+  INT8 time.
 
 Protocol: each contender's calls captured in one CUDA graph over enough weight copies to span 4x the
 L2 (bf16 weights for cuBLAS rotate over their own copies), replayed a few times (``--w8a8-budget``
@@ -58,6 +64,7 @@ SCALINGS = {
     "tensor": Scaling("tensor", "per-tensor x per-tensor"),
     "token": Scaling("token", "per-token x per-channel"),
     "block": Scaling("block", "1x128 groups x 128x128 blocks"),
+    "int8": Scaling("int8", "INT8 per-token x per-channel"),
 }
 
 
@@ -109,6 +116,8 @@ def columns(scalings) -> list[str]:
             f"{t} weight GB/s",
             f"{t} % copy",
         ]
+        if t == "int8" and "token" in scalings:
+            cols.append("int8 x token")
     return cols + ["notes"]
 
 
@@ -152,8 +161,8 @@ def quantize_a(x, tag):
 
     if tag == "tensor":
         return cq.quantize_fp8(x)
-    if tag == "token":
-        return cq.quantize_groupwise(x, "float8_e4m3fn", group_size=None)
+    if tag in ("token", "int8"):
+        return cq.quantize_groupwise(x, "int8" if tag == "int8" else "float8_e4m3fn", group_size=None)
     return cq.quantize_groupwise(x, "float8_e4m3fn", group_size=128, scale_layout="col")
 
 
@@ -162,8 +171,8 @@ def quantize_b(w, tag):
 
     if tag == "tensor":
         return cq.quantize_fp8(w)
-    if tag == "token":
-        return cq.quantize_weight(w, "float8_e4m3fn", group_size=None)
+    if tag in ("token", "int8"):
+        return cq.quantize_weight(w, "int8" if tag == "int8" else "float8_e4m3fn", group_size=None)
     return cq.quantize_weight(w, "float8_e4m3fn", block_size=(128, 128))
 
 
@@ -173,9 +182,10 @@ def _torch_fp8(torch, codes):
 
 
 def torch_a(torch, qa, tag):
-    """(mat1, scale_a) for ``torch._scaled_mm`` from our quantized activations, the same bytes and
-    scale values; the 1 x 128 scales are re-laid out to torch's (1, M) strides where ours pad M to 4."""
-    ta = _torch_fp8(torch, qa.data)
+    """(mat1, scale_a) for ``torch._scaled_mm`` (INT8: ``torch._int_mm``) from our quantized
+    activations, the same bytes and scale values; the 1 x 128 scales are re-laid out to torch's (1, M)
+    strides where ours pad M to 4."""
+    ta = torch.from_dlpack(qa.data) if tag == "int8" else _torch_fp8(torch, qa.data)
     sa = torch.from_dlpack(qa.scale).float()
     if tag == "block" and sa.dim() == 2 and sa.stride() != (1, sa.shape[0]):
         sa = sa.t().contiguous().t()
@@ -187,12 +197,12 @@ def torch_b(torch, qb, tag):
     the block scales are offered as the transposed (ceil(N/128), ceil(K/128)) array and, where
     ceil(K/128) is not a multiple of 4, with its rows padded to a multiple of 4 (the two stride
     rules torch versions have checked)."""
-    tb = _torch_fp8(torch, qb.data).t()
+    tb = (torch.from_dlpack(qb.data) if tag == "int8" else _torch_fp8(torch, qb.data)).t()
     s = torch.from_dlpack(qb.scale).float()
     N = qb.shape[0]
     if tag == "tensor":
         return tb, [s.reshape(-1)[:1]]
-    if tag == "token":
+    if tag in ("token", "int8"):
         return tb, [s.reshape(1, N).contiguous()]
     nb, kb = s.shape
     out = [s.contiguous().t()]
@@ -205,6 +215,8 @@ def torch_b(torch, qb, tag):
 
 def _scaled_mm(torch, fast_accum):
     def mm(ta, sa, tb, sb):
+        if ta.dtype == torch.int8:  # cuBLAS's int32 product, then the scaling as a user writes it
+            return (torch._int_mm(ta, tb).float() * sa.reshape(-1, 1) * sb).to(torch.bfloat16)
         return torch._scaled_mm(ta, tb, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
 
     return mm
@@ -359,6 +371,13 @@ def _cell(t, x, y, qs, tbs, t16, ctx, row, notes):
     row[f"{t} x torch"] = tp / tt
 
 
+def _int8_vs_token(row):
+    """Our FP8 per-token time over our INT8 time, where the row has both."""
+    tok, i8 = row.get("token us"), row.get("int8 us")
+    if isinstance(tok, float) and isinstance(i8, float):
+        row["int8 x token"] = tok / i8
+
+
 def bench_w8a8(
     torch, shapes, ms, scalings, copy_bw, print_row, settle=DEFAULT_SETTLE, budget=DEFAULT_BUDGET, fast_accum=False
 ):
@@ -398,6 +417,7 @@ def bench_w8a8(
             for t in scalings:
                 qs, tbs = weights[t]
                 _cell(t, x, y, qs, tbs, t16, ctx, row, notes)
+            _int8_vs_token(row)
             if notes:
                 row["notes"] = "; ".join(notes)
             rows.append(row)
@@ -413,13 +433,13 @@ def bench_w8a8(
 def header(device, torch, scalings, settle, fast_accum, copy_bw) -> str:
     peers = (
         f"peers: cuBLAS bf16 (torch.matmul, CUDA graph) and torch {torch.__version__} _scaled_mm "
-        f"(cuBLASLt, use_fast_accum={fast_accum})"
+        f"(cuBLASLt, use_fast_accum={fast_accum}) and _int_mm (cuBLAS, INT8, then torch's scaling)"
         if torch is not None
         else "peers: cuBLAS bf16 (cupy.matmul, a loop of calls); torch not available"
     )
     what = "; ".join(f"{t}: {SCALINGS[t].what}" for t in scalings)
     return (
-        f"{device}, {datetime.date.today().isoformat()}; W8A8 FP8 e4m3 matmul y = a @ b.T, bf16 out; {what}; "
+        f"{device}, {datetime.date.today().isoformat()}; W8A8 matmul y = a @ b.T (FP8 e4m3, INT8), bf16 out; {what}; "
         f"{peers}; CUDA-graph replay; {settle:g} s idle before each timing; copy bandwidth {copy_bw / 1e9:.0f} GB/s"
     )
 

@@ -16,6 +16,8 @@ TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 # FP8 (both operands from shared memory, K-major): widths and formats (kernels/scaled_mm.cuh Fp8Id)
 FP8_WIDTHS = (64, 128)
 FP8_TYPES = ((0, "e4m3"), (1, "e5m2"))
+# INT8 (both operands from shared memory, K-major, int32 accumulators): widths
+S8_WIDTHS = (64, 128, 256)
 FILE = Path(__file__).resolve().parent.parent / "kernels" / "sm90_wgmma.cuh"
 
 HEADER = """\
@@ -31,6 +33,9 @@ HEADER = """\
 // WgmmaFp8<FA, FB, N>::mma(d, da, db, scale_d) issues one wgmma.mma_async m64nNk32 of FP8 operands
 // (FA, FB: 0 e4m3, 1 e5m2), both K-major in shared memory (descriptors da: 64 x 32, db: N x 32),
 // into float32 accumulators d[N / 2]: d = A B + (scale_d ? d : 0). N one of {fp8_widths}.
+// WgmmaS8<N>::mma(d, da, db, scale_d) issues one wgmma.mma_async m64nNk32 of signed 8-bit operands
+// laid out as the FP8 ones, into int32 accumulators d[N / 2] (exact, wrapping): d = A B + (scale_d ?
+// d : 0). N one of {s8_widths}.
 #pragma once
 
 #include "common.cuh"
@@ -85,9 +90,32 @@ def fp8_wrapper(n: int, fa: int, pa: str, fb: int, pb: str) -> str:
     return "\n".join(lines)
 
 
+def s8_wrapper(n: int) -> str:
+    nd = n // 2
+    dlist = ",".join(f"%{i}" for i in range(nd))
+    lines = [
+        "template <> struct WgmmaS8<%d> {" % n,
+        "    static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {",
+        "        asm volatile(",
+        '            "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (nd + 2),
+        '            "wgmma.mma_async.sync.aligned.m64n%dk32.s32.s8.s8 "' % n,
+        '            "{%s}, %%%d, %%%d, p;\\n}"' % (dlist, nd, nd + 1),
+    ]
+    douts = ", ".join(f'"+r"(d[{i}])' for i in range(nd))
+    lines.append(f"            : {douts}")
+    lines.append('            : "l"(da), "l"(db), "r"(scale_d));')
+    lines.append("    }")
+    lines.append("};")
+    return "\n".join(lines)
+
+
 def generated() -> str:
     """The whole text of kernels/sm90_wgmma.cuh."""
-    header = HEADER.format(widths=", ".join(str(n) for n in WIDTHS), fp8_widths=", ".join(str(n) for n in FP8_WIDTHS))
+    header = HEADER.format(
+        widths=", ".join(str(n) for n in WIDTHS),
+        fp8_widths=", ".join(str(n) for n in FP8_WIDTHS),
+        s8_widths=", ".join(str(n) for n in S8_WIDTHS),
+    )
     parts = [header, "template <typename T, int N> struct Wgmma;"]
     for n in WIDTHS:
         for ctype, ptype in TYPES:
@@ -97,6 +125,9 @@ def generated() -> str:
         for fa, pa in FP8_TYPES:
             for fb, pb in FP8_TYPES:
                 parts.append(fp8_wrapper(n, fa, pa, fb, pb))
+    parts.append("template <int N> struct WgmmaS8;")
+    for n in S8_WIDTHS:
+        parts.append(s8_wrapper(n))
     parts.append(FOOTER)
     return "\n".join(parts)
 

@@ -37,7 +37,7 @@ def test_defaults_are_the_agreed_cells(w8):
         (2112, 7168),
         (8192, 8192),
     ]
-    assert w8.parse_scalings(None) == w8.parse_scalings("all") == ["tensor", "token", "block"]
+    assert w8.parse_scalings(None) == w8.parse_scalings("all") == ["tensor", "token", "block", "int8"]
     assert len(w8.cells(w8.SHAPES, w8.MS)) == 56
     # every default K is a multiple of 16 (the kernels' requirement) and of 4 * 128 (torch's block scales)
     assert all(k % 512 == 0 for _, k in w8.SHAPES)
@@ -77,7 +77,7 @@ def test_list_prints_the_cells_without_a_gpu(bench, capsys):
         "N x K 2112x7168  M 1",
         "N x K 2112x7168  M 4096",
     ]
-    assert out[4] == "4 cells x 7 timings (scalings: tensor, token, block)"
+    assert out[4] == "4 cells x 9 timings (scalings: tensor, token, block, int8)"
     bench.main(["--w8a8", "--list", "--no-torch", "--w8a8-scalings", "token"])
     assert capsys.readouterr().out.splitlines()[-1] == "56 cells x 2 timings (scalings: token)"
 
@@ -119,6 +119,15 @@ def test_table_from_fake_timings(bench, w8):
     assert cell["block us"] == "-" and cell["notes"] == "-"
     second = dict(zip(cols, (c.strip() for c in lines[3].strip("|").split("|"))))
     assert second["block us"] == "205.3" and second["block vs torch"] == "DIFF 2.5e-01"
+    # INT8 adds its speed against our FP8 per-token kernel where both ran
+    cols8 = w8.columns(["token", "int8"])
+    assert cols8[-2:] == ["int8 x token", "notes"] and "int8 x token" not in w8.columns(["int8"])
+    row = {"token us": 100.0, "int8 us": 80.0}
+    w8._int8_vs_token(row)
+    assert row["int8 x token"] == 1.25
+    row = {"token us": "error", "int8 us": 80.0}
+    w8._int8_vs_token(row)
+    assert "int8 x token" not in row
 
 
 def test_agreement_mark(w8):

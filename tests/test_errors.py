@@ -533,10 +533,92 @@ cpu(f, "option_a_format", lambda w: SMM(None, None, None, None, a_format="int8")
 row(
     f,
     "a_dtype",
-    lambda w: SMM(w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), U8)), _x((1,)), _x((1,))),
+    lambda w: SMM(w(cupy.zeros((4, 256), cupy.int16)), w(cupy.zeros((64, 256), U8)), _x((1,)), _x((1,))),
     TypeError,
     "a",
 )
+row(
+    f,
+    "b_dtype_int8_a",
+    lambda w: SMM(w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), U8)), _x((1,)), _x((1,))),
+    TypeError,
+    "b",
+)
+row(
+    f,
+    "a_scale_int8_groups",
+    lambda w: SMM(w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), I8)), _x((4, 2)), _x((1,))),
+    ValueError,
+    "a_scale",
+)
+
+f = "quantize_int8"
+cpu(f, "numpy", lambda w: cq.quantize_int8(w(_h((64,))), 0.5), TypeError, "x")
+row(f, "dtype_int32", lambda w: cq.quantize_int8(w(cupy.arange(64, dtype=np.int32)), 0.5), TypeError, "x")
+row(f, "noncontig", lambda w: cq.quantize_int8(w(_x((128,)))[::2], 0.5), ValueError, "x")
+row(f, "option_scale_none", lambda w: cq.quantize_int8(w(_x((64,))), None), TypeError, "scale")
+row(f, "option_scale_negative", lambda w: cq.quantize_int8(w(_x((64,))), -1.0), ValueError, "scale")
+row(f, "option_zero_point_float", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, 1.5), TypeError, "zero_point")
+row(f, "option_zero_point_range", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, 2**31), ValueError, "zero_point")
+row(f, "out_dtype", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, out=w(_P((64,), U8))), TypeError, "out")
+
+f = "scaled_mm_azp"
+SMA = cq.scaled_mm_azp
+_I32 = np.int32
+cpu(f, "a_numpy", lambda w: SMA(w(np.zeros((4, 256), I8)), None, None, None, None), TypeError, "a")
+row(
+    f,
+    "a_dtype",
+    lambda w: SMA(w(cupy.zeros((4, 256), U8)), w(cupy.zeros((64, 256), I8)), _x((1,)), _x((1,)), cupy.zeros(64, _I32)),
+    TypeError,
+    "a",
+)
+row(
+    f,
+    "azp_adj_dtype",
+    lambda w: SMA(w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), I8)), _x((1,)), _x((1,)), w(_x((64,)))),
+    TypeError,
+    "azp_adj",
+)
+row(
+    f,
+    "azp_adj_shape",
+    lambda w: SMA(
+        w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), I8)), _x((1,)), _x((1,)), w(cupy.zeros(63, _I32))
+    ),
+    ValueError,
+    "azp_adj",
+)
+row(
+    f,
+    "azp_shape",
+    lambda w: SMA(
+        w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), I8)), _x((4,)), _x((1,)), cupy.zeros(64, _I32),
+        azp=w(cupy.zeros(3, _I32)),
+    ),
+    ValueError,
+    "azp",
+)  # fmt: skip
+row(
+    f,
+    "azp_dtype",
+    lambda w: SMA(
+        w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), I8)), _x((4,)), _x((1,)), cupy.zeros(64, _I32),
+        azp=w(cupy.zeros(4, np.int64)),
+    ),
+    TypeError,
+    "azp",
+)  # fmt: skip
+row(
+    f,
+    "out_shape",
+    lambda w: SMA(
+        w(cupy.zeros((4, 256), I8)), w(cupy.zeros((64, 256), I8)), _x((4,)), _x((1,)), cupy.zeros(64, _I32),
+        out=w(_P((4, 65), BF16)),
+    ),
+    ValueError,
+    "out",
+)  # fmt: skip
 row(
     f,
     "a_scale_shape",

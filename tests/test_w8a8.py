@@ -246,11 +246,15 @@ def test_argument_types_without_gpu_arrays():
     )
     with pytest.raises(TypeError, match="a.data must be a cupy.ndarray"):
         cq.scaled_matmul(qa, qa)
-    qa8 = QuantizedTensor(
-        host, np.float32([1]), Scheme("int8", "token", (16,), "float32", "row", "groupwise"), (4, 16), np.float32
+    qa4 = QuantizedTensor(
+        host,
+        np.float32([1]),
+        Scheme("float4_e2m1fn", "block", (32,), "float8_e8m0fnu", "dense", "mx"),
+        (4, 16),
+        np.float32,
     )
     with pytest.raises(ValueError, match="a.scheme.format"):
-        cq.scaled_matmul(qa8, qa)
+        cq.scaled_matmul(qa4, qa)
 
 
 def test_unsupported_gpu_message(monkeypatch):

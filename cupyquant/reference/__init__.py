@@ -21,11 +21,22 @@ from __future__ import annotations
 
 from .._checks import WEIGHT_DTYPES, WEIGHT_GROUP_SIZES, weight_scheme
 from .._layouts import pack_fp4, swizzle_offsets, swizzle_scales, swizzled_shape, unpack_fp4, unswizzle_scales
-from ._common import FLT_MAX, cast_fp8, e8m0_to_float, fp8_to_float, round_to
+from ._common import (
+    FLT_MAX,
+    azp_codes,
+    cast_fp8,
+    e8m0_to_float,
+    fp8_to_float,
+    int8_rn,
+    int32_rn,
+    minus_zero_point,
+    round_to,
+)
 from .groupwise import (
     FLT_EPSILON,
     GROUP_EPS,
     dequantize_groupwise,
+    int8_azp_params,
     pow2_ceil,
     quantize_groupwise,
     quantize_silu_intermediate,
@@ -53,7 +64,7 @@ from .mx import (
 )
 from .norm import NORM_SCHEMES, NORM_UNIT, rms_norm, rms_norm_quantize, sum_of_squares
 from .nvfp4 import NVFP4_BLOCK, NVFP4_RANGE, dequantize_nvfp4, nvfp4_global_scale, quantize_nvfp4
-from .per_tensor import amax, compute_scale, dequantize_fp8, quantize_fp8
+from .per_tensor import amax, compute_scale, dequantize_fp8, dequantize_int8, quantize_fp8, quantize_int8
 from .w8a8 import (
     W8A8_BLOCK,
     W8A8_REL_ERROR,
@@ -61,17 +72,22 @@ from .w8a8 import (
     b_block_scales,
     dequantize_operands,
     error_bound,
+    int8_accumulate,
     round_result,
     scaled_mm,
+    scaled_mm_int8,
     unpack_ue8m0_words,
 )
 from .weight import (
     AWQ_RANGE_FLOOR,
     dequantize_weight,
     dequantize_weight_blocks,
+    dequantize_weight_int8,
     prepare_weight,
     quantize_weight,
     quantize_weight_blocks,
+    quantize_weight_int8,
+    weight_code_sum,
 )
 
 # Family by family, each op's helpers before it (docs/api.md lists the functions in this order).
@@ -86,12 +102,20 @@ __all__ = [
     "compute_scale",
     "quantize_fp8",
     "dequantize_fp8",
+    # INT8 conversions (vLLM's int8 kernels), static per-tensor INT8
+    "int8_rn",
+    "int32_rn",
+    "azp_codes",
+    "minus_zero_point",
+    "quantize_int8",
+    "dequantize_int8",
     # per token, per group, SiLU*Mul
     "GROUP_EPS",
     "FLT_EPSILON",
     "ue8m0",
     "pow2_ceil",
     "e8m0_to_float",
+    "int8_azp_params",
     "quantize_groupwise",
     "silu_mul_from_exp",
     "silu_mul",
@@ -134,6 +158,9 @@ __all__ = [
     "dequantize_weight",
     "quantize_weight_blocks",
     "dequantize_weight_blocks",
+    "quantize_weight_int8",
+    "weight_code_sum",
+    "dequantize_weight_int8",
     "prepare_weight",
     # the W8A8 FP8 matmul
     "W8A8_BLOCK",
@@ -143,6 +170,8 @@ __all__ = [
     "b_block_scales",
     "dequantize_operands",
     "scaled_mm",
+    "scaled_mm_int8",
+    "int8_accumulate",
     "round_result",
     "error_bound",
     # the FP8 paged KV cache

@@ -1,8 +1,10 @@
-"""The W8A8 FP8 matmul's reference: the float64 value of ``dequant(a) @ dequant(b).T + bias``, its
-rounding to the output dtype, and the element-wise error bound the kernels meet.
+"""The W8A8 matmul's reference. FP8: the float64 value of ``dequant(a) @ dequant(b).T + bias``, its
+rounding to the output dtype, and the element-wise error bound the kernels meet. INT8: the kernels'
+result itself, bit for bit (:func:`scaled_mm_int8`; the integer sum is exact and the epilogue is a
+fixed sequence of float32 roundings).
 
-The kernels (kernels/scaled_mm.cuh) compute, per output element (m, n), with K cut into blocks of
-128 (the last one shorter where 128 does not divide K):
+For FP8 the kernels (kernels/scaled_mm.cuh) compute, per output element (m, n), with K cut into
+blocks of 128 (the last one shorter where 128 does not divide K):
 
 - ``P(kb)``: the tensor cores' float32 sum of the exact products ``qa(m, k) * qb(n, k)`` of block kb;
 - no scale varies along K: ``acc = P(0) + P(1) + ...`` (float32), ``v = acc * (sa(m) * sb(n))``;
@@ -160,3 +162,53 @@ def error_bound(ref, S, out_dtype) -> np.ndarray:
     if out_dtype == np.float32:
         bound = bound + 2 * _half_ulp(mag, np.float32)
     return bound
+
+
+# ------------------------------------------------------------------ INT8
+_INT32_WRAP = 2**32
+
+
+def int8_accumulate(a, b, *, azp=None, azp_adj=None) -> np.ndarray:
+    """int32 ``(M, N)``: ``I = sum_k a[m, k] * b[n, k] - z(m) * azp_adj(n)`` computed exactly and
+    wrapped to int32 (two's complement), as the kernels' int32 arithmetic gives it: exact wherever
+    the true value lies in the int32 range. ``a`` int8 ``(M, K)``, ``b`` int8 ``(N, K)``;
+    ``azp_adj`` int32 ``(N,)`` (None: no zero-point term); ``azp`` int32 ``(M,)`` or ``(M, 1)``,
+    or one element (a per-tensor zero point), or None (z = 1: ``azp_adj`` holds the product)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != np.int8 or b.dtype != np.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(
+            f"a (M, K) and b (N, K) must be int8 and share K, got {a.dtype} {a.shape}, {b.dtype} {b.shape}"
+        )
+    # float64 sums of integer products below 2^53 are exact (K < 2^39): BLAS speed, integer result
+    acc = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.int64)
+    if azp_adj is not None:
+        adj = np.asarray(azp_adj, dtype=np.int64).reshape(1, -1)
+        z = np.int64(1) if azp is None else np.asarray(azp, dtype=np.int64).reshape(-1, 1)
+        acc = acc - z * adj
+    return ((acc + 2**31) % _INT32_WRAP - 2**31).astype(np.int32)
+
+
+def _f32_column(s, n: int, arg: str) -> np.ndarray:
+    s = np.asarray(s)
+    if s.size == 1 and s.ndim <= 2:
+        return np.full(n, _scale_f64(s).reshape(-1)[0], dtype=np.float32)
+    if s.shape in ((n,), (n, 1)):
+        return s.reshape(n).astype(np.float32)
+    raise ValueError(f"{arg} of shape {s.shape} must have one element or {n} (INT8 scales do not vary along K)")
+
+
+def scaled_mm_int8(a, b, a_scale, b_scale, *, azp=None, azp_adj=None, bias=None, out_dtype="bfloat16") -> np.ndarray:
+    """The INT8 W8A8 matmul's result, bit for bit: ``I`` = :func:`int8_accumulate`, ``v =
+    float32(I) * (sa(m) * sb(n))`` and ``y = round(v + bias(n))`` in ``out_dtype``, every float32
+    operation rounded to nearest even. ``a_scale``: one element or ``(M,)``/``(M, 1)``; ``b_scale``:
+    one element or ``(N,)``/``(N, 1)`` (float32, or a 16-bit weight's scales, exact in float32);
+    ``bias`` ``(N,)`` in ``out_dtype``."""
+    Iq = int8_accumulate(a, b, azp=azp, azp_adj=azp_adj)
+    M, N = Iq.shape
+    sa = _f32_column(a_scale, M, "a_scale").reshape(M, 1)
+    sb = _f32_column(b_scale, N, "b_scale").reshape(1, N)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = Iq.astype(np.float32) * (sa * sb)
+        if bias is not None:
+            v = v + np.asarray(bias).astype(np.float32).reshape(1, N)
+    return round_to(v, out_dtype)

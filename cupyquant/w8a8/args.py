@@ -1,6 +1,6 @@
 """What the W8A8 matmul's Python modules and kernels agree on: the kernels' argument struct
-(``kernels/scaled_mm.cuh`` MmArgs), the FP8 format and scaling-mode numbers, and
-:class:`Operands`, the validated description of one call that the launchers read."""
+(``kernels/scaled_mm.cuh`` MmArgs), the format and scaling-mode numbers, and :class:`Operands`,
+the validated description of one call that the launchers read."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import numpy as np
 if TYPE_CHECKING:
     import cupy
 
-#: FP8 element formats and their template numbers (kernels/scaled_mm.cuh Fp8Id)
-FP8_IDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}
+#: element formats and their template numbers (kernels/scaled_mm.cuh MmFormat); INT8 pairs only with INT8
+FORMAT_IDS = {"float8_e4m3fn": 0, "float8_e5m2": 1, "int8": 2}
+FP8_IDS = {k: v for k, v in FORMAT_IDS.items() if k != "int8"}
+INT8_ID = FORMAT_IDS["int8"]
 
 #: How block sums are scaled (kernels/scaled_mm.cuh MmMode): no scale varies along K; one does and
 #: b's is the same across a tile's columns (per tensor, or 128 x 128 blocks); one does, per column.
@@ -38,12 +40,15 @@ MM_ARGS = np.dtype(
         ("sa_k", np.int64),
         ("sb_n", np.int64),
         ("sb_k", np.int64),
+        ("zp_rows", np.int64),
+        ("zp_batch", np.int64),
+        ("zp_m", np.int64),
         ("sb_shift", np.int32),
         ("sa_packed", np.int32),
         ("has_bias", np.int32),
         ("splits", np.int32),
         ("kb_per_split", np.int32),
-        ("pad_", np.int32),
+        ("has_adj", np.int32),
     ],
     align=True,
 )
@@ -54,11 +59,14 @@ class Operands:
     """One validated call of :func:`cupyquant.scaled_matmul` / :func:`cupyquant.scaled_mm`, as the
     kernels read it (kernels/scaled_mm.cuh states the formula and the scale addressing).
 
-    ``a`` (M, K) and ``b`` (N, K) are uint8 views of the FP8 codes (rows may be ``lda`` / ``ldb``
-    bytes apart, the last axis contiguous); ``sa`` holds a's scale words (float32, or int32 words of
-    packed UE8M0 bytes when ``sa_packed``), ``sb`` b's float32 scales, both addressed through the
-    strides below (in words); ``out2`` is the (M, N) view the kernel writes (rows ``ldy`` elements
-    apart) and ``result`` what the call returns (``[..., N]``, a view of the same memory)."""
+    ``a`` (M, K) and ``b`` (N, K) are uint8 views of the FP8 codes or int8 views of the INT8 codes
+    (rows may be ``lda`` / ``ldb`` bytes apart, the last axis contiguous); ``sa`` holds a's scale
+    words (float32, or int32 words of packed UE8M0 bytes when ``sa_packed``), ``sb`` b's float32
+    scales, both addressed through the strides below (in words); INT8 only: ``adj`` the int32 (N,)
+    column term subtracted as ``z(m) * adj(n)`` (None: none), ``azp`` a's int32 zero points (None
+    with ``adj``: z = 1), addressed by ``zp_rows``, ``zp_batch``, ``zp_m``; ``out2`` is the (M, N)
+    view the kernel writes (rows ``ldy`` elements apart) and ``result`` what the call returns
+    (``[..., N]``, a view of the same memory)."""
 
     a: cupy.ndarray
     b: cupy.ndarray
@@ -75,6 +83,11 @@ class Operands:
     sb_k: int
     sb_shift: int
     mode: int
+    azp: cupy.ndarray | None
+    adj: cupy.ndarray | None
+    zp_rows: int
+    zp_batch: int
+    zp_m: int
     bias: cupy.ndarray | None
     out2: cupy.ndarray
     result: cupy.ndarray
@@ -103,6 +116,8 @@ def mm_args(ops: Operands, splits: int = 1, kb_per_split: int | None = None) -> 
     p["ldy"] = ops.out2.strides[0] // ops.out2.itemsize
     p["sa_rows"], p["sa_batch"], p["sa_m"], p["sa_k"] = max(ops.sa_rows, 1), ops.sa_batch, ops.sa_m, ops.sa_k
     p["sb_n"], p["sb_k"], p["sb_shift"] = ops.sb_n, ops.sb_k, ops.sb_shift
+    p["zp_rows"], p["zp_batch"], p["zp_m"] = max(ops.zp_rows, 1), ops.zp_batch, ops.zp_m
+    p["has_adj"] = int(ops.adj is not None)
     p["sa_packed"] = int(ops.sa_packed)
     p["has_bias"] = int(ops.bias is not None)
     p["splits"] = splits

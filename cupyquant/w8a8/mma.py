@@ -1,5 +1,5 @@
-"""The W8A8 matmul on the mma.sync FP8 tensor cores (kernels/scaled_mm_mma.cu, compute capability
-8.9 and newer): its kernel family, tile configurations, K split and launch."""
+"""The W8A8 matmul on the mma.sync tensor cores (kernels/scaled_mm_mma.cu: FP8 on compute capability
+8.9 and newer, INT8 on 8.0 and newer): its kernel family, tile configurations, K split and launch."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ class Config(NamedTuple):
 #: within the 99 KB a block may have on sm_89 and sm_120.
 CONFIGS = (Config(16, 128, 4), Config(64, 128, 4), Config(128, 128, 3))
 THREADS = 256
-#: b's formats the family is built for (FP8_IDS numbers): the weights are e4m3, scaled_mm takes e5m2 too
-B_FORMATS = tuple(_args.FP8_IDS.values())
+#: FP8 formats the family is built for (FP8_IDS numbers), for a and b: the weights are e4m3,
+#: scaled_mm takes e5m2 too
+FP8_FORMATS = tuple(_args.FP8_IDS.values())
 #: the least number of 128-k blocks in one part of a K split (the fix-up costs a partial tile's
 #: round trip through L2 per part)
 MIN_BLOCKS_PER_SPLIT = 4
@@ -37,10 +38,15 @@ FAMILY = _jit.register(
     "scaled_mm_mma",
     [
         _jit.expr("scaled_mm_mma", fa, fb, ty, mode, *cfg)
-        for fa in _args.FP8_IDS.values()
-        for fb in B_FORMATS
+        for fa in FP8_FORMATS
+        for fb in FP8_FORMATS
         for ty in _dtypes.INPUT_CTYPES
         for mode in MODES
+        for cfg in CONFIGS
+    ]
+    + [
+        _jit.expr("scaled_mm_mma", _args.INT8_ID, _args.INT8_ID, ty, MODE_END, *cfg)
+        for ty in _dtypes.INPUT_CTYPES
         for cfg in CONFIGS
     ],
 )
@@ -102,6 +108,8 @@ def launch(ops: Operands) -> None:
         ops.b,
         ops.sa,
         ops.sb,
+        0 if ops.azp is None else ops.azp,
+        0 if ops.adj is None else ops.adj,
         0 if ops.bias is None else ops.bias,
         ops.out2,
         ws,

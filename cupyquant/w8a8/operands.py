@@ -6,7 +6,8 @@ stored, the output) and returns the Operands.
 
 Scale addressing (kernels/scaled_mm.cuh): a's scale of row m and 128-k block kb is word
 ``(m / sa_rows) * sa_batch + (m % sa_rows) * sa_m + kb * sa_k`` (or byte ``kb % 4`` of the word at
-``(kb / 4) * sa_k`` when packed UE8M0); b's is ``sb[(n >> sb_shift) * sb_n + kb * sb_k]``. The
+``(kb / 4) * sa_k`` when packed UE8M0); b's is ``sb[(n >> sb_shift) * sb_n + kb * sb_k]``; an INT8
+a's zero point is word ``(m / zp_rows) * zp_batch + (m % zp_rows) * zp_m``. The
 pure functions here (:func:`a_scale_addressing`, :func:`infer_a_scale`, :func:`infer_b_scale`,
 :func:`mode_of`) work on shapes and strides only, so they are tested without a GPU.
 """
@@ -22,14 +23,17 @@ import numpy as np
 from .. import _dtypes, _validate
 from ..quantized import QuantizedTensor
 from ..weight.container import QuantizedWeight
-from .args import BLOCK_K, FP8_IDS, MODE_END, MODE_K_COL, MODE_K_TILE, Operands
+from .args import BLOCK_K, FORMAT_IDS, MODE_END, MODE_K_COL, MODE_K_TILE, Operands
 
-#: K must be a multiple of this: TMA boxes and the 16-byte rows of the FP8 operands
+#: K must be a multiple of this: TMA boxes and the 16-byte rows of the 8-bit operands
 K_MULTIPLE = 16
 #: rows of operands are copied unless their start and stride are multiples of this (bytes)
 ROW_ALIGN = 16
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 _E4M3 = "float8_e4m3fn"
+_INT8 = "int8"
+#: what a's scales may be for INT8 operands (the integer sum runs over all of K: no scale varies along it)
+_INT8_A_SCALES = ("tensor", "token")
 
 
 # ------------------------------------------------------------------ shape and stride rules (no GPU)
@@ -138,7 +142,9 @@ class Plan:
     """A validated call, nothing allocated: the (M, K) / (N, K) uint8 views, the scale arrays and
     their addressing, and what :func:`build` must make (``sa_unpack``: packed per-token UE8M0
     words to expand into float32; ``sb_convert``: ``"bits16"`` (bfloat16), ``"half"`` or
-    ``"e8m0"`` to turn into float32; ``b_plain``: a prepared weight to convert)."""
+    ``"e8m0"`` to turn into float32; ``b_plain``: a prepared weight to convert; INT8 with zero
+    points: ``azp`` (None where ``adj`` already holds a per-tensor zero point's product) and its
+    addressing, ``adj`` the int32 (N,) column term, or ``"sum"``: b's code sums, made by build)."""
 
     a: cupy.ndarray
     b: cupy.ndarray | None
@@ -158,6 +164,11 @@ class Plan:
     sb_convert: str | None
     weight: QuantizedWeight | None
     b_plain: bool
+    azp: cupy.ndarray | None
+    zp_rows: int
+    zp_batch: int
+    zp_m: int
+    adj: cupy.ndarray | str | None
     bias: cupy.ndarray | None
     out: cupy.ndarray | None
     out_dtype: np.dtype
@@ -177,36 +188,58 @@ def check_k(K: int, Kb: int, a_arg: str = "a", b_arg: str = "b") -> None:
     if K <= 0 or K % K_MULTIPLE:
         raise ValueError(
             f"{a_arg}'s K = {K} (the last axis of {a_arg} and {b_arg}) must be a positive multiple of {K_MULTIPLE}: "
-            "the FP8 tensor cores and the TMA copies "
+            "the 8-bit tensor-core operands and the TMA copies "
             f"read rows of 16-byte pieces (pad K with zero codes to a multiple of {K_MULTIPLE})"
         )
 
 
-def _matrix(data: cupy.ndarray, arg: str) -> cupy.ndarray:
-    """The (rows, K) uint8 view of FP8 codes ``data`` (``[..., K]``, contiguous last axis, leading
-    axes that collapse into one row stride)."""
+def _matrix(data: cupy.ndarray, arg: str, fmt: str = _E4M3) -> cupy.ndarray:
+    """The (rows, K) view of the codes ``data`` (``[..., K]``, contiguous last axis, leading axes
+    that collapse into one row stride): uint8 for FP8 ``fmt``, int8 for ``"int8"``."""
     _validate.cupy_array(data, arg)
-    if data.dtype != np.uint8:
-        raise TypeError(f"{arg} must hold FP8 codes as uint8, got {data.dtype}")
+    dtype = np.dtype(np.int8 if fmt == _INT8 else np.uint8)
+    if data.dtype != dtype:
+        what = "INT8 codes as int8" if fmt == _INT8 else "FP8 codes as uint8"
+        raise TypeError(f"{arg} must hold {what}, got {data.dtype}")
     rows, K, row_stride = _validate.rows_view(data, arg)
-    return cupy.ndarray((rows, K), dtype=np.uint8, memptr=data.data, strides=(row_stride, 1))
+    return cupy.ndarray((rows, K), dtype=dtype, memptr=data.data, strides=(row_stride, 1))
 
 
 def _fp8(name, arg: str, allowed=_dtypes.FP8_NAMES) -> str:
     return _dtypes.element_format(name, arg, allowed=allowed).name
 
 
+def _int8_zero_point(zp, scale, lead: tuple, granularity: str, device: int, arg: str) -> dict:
+    """The addressing of an INT8 activation's int32 zero points ``zp`` (per token: the shape and
+    strides of ``scale``; per tensor: one element)."""
+    _validate.cupy_array(zp, arg)
+    _validate.same_device(zp, arg, device, "a.data")
+    if zp.dtype != np.int32:
+        raise TypeError(f"{arg} must be int32, got {zp.dtype}")
+    if granularity == "tensor":
+        if zp.size != 1:
+            raise ValueError(f"{arg} must have one element for a per-tensor a, got shape {zp.shape}")
+        return {"azp": zp, "zp_rows": 1, "zp_batch": 0, "zp_m": 0}
+    if tuple(zp.shape) != tuple(scale.shape):
+        raise ValueError(f"{arg} must have a.scale's shape {tuple(scale.shape)}, got {tuple(zp.shape)}")
+    rows, batch, zp_m, _ = a_scale_addressing(lead, tuple(zp.shape), tuple(zp.strides), True)
+    return {"azp": zp, "zp_rows": rows, "zp_batch": batch, "zp_m": zp_m}
+
+
+_NO_ZP = {"azp": None, "zp_rows": 1, "zp_batch": 0, "zp_m": 0, "adj": None}
+
+
 def _a_of_tensor(a) -> dict:
     if not isinstance(a, QuantizedTensor):
         raise TypeError(
-            f"a must be a cupyquant.QuantizedTensor of FP8 activations (quantize_fp8, quantize_groupwise), "
-            f"got {type(a).__name__}; raw arrays go to cupyquant.scaled_mm"
+            f"a must be a cupyquant.QuantizedTensor of FP8 or INT8 activations (quantize_fp8, quantize_groupwise, "
+            f"quantize_int8), got {type(a).__name__}; raw arrays go to cupyquant.scaled_mm"
         )
-    fmt = _fp8(a.scheme.format, "a.scheme.format")
+    fmt = _fp8(a.scheme.format, "a.scheme.format", allowed=_dtypes.FP8_NAMES + (_INT8,))
     _validate.cupy_array(a.data, "a.data")
     if tuple(a.data.shape) != tuple(a.shape) or not a.shape:
         raise ValueError(f"a.data must have a's shape {a.shape} (at least 1-D), got {a.data.shape}")
-    mat = _matrix(a.data, "a.data")
+    mat = _matrix(a.data, "a.data", fmt)
     lead, K = tuple(a.shape[:-1]), a.shape[-1]
     device = a.data.data.device_id
     s, sc = a.scheme, a.scale
@@ -214,6 +247,20 @@ def _a_of_tensor(a) -> dict:
     _validate.same_device(sc, "a.scale", device, "a.data")
     out = {"a": mat, "a_format": fmt, "sa": sc, "sa_packed": False, "sa_unpack": False, "lead": lead}
     g = s.granularity
+    zp = getattr(a, "zero_point", None)
+    if fmt == _INT8:
+        if g not in _INT8_A_SCALES:
+            raise ValueError(
+                f"a.scheme.granularity={g!r}: INT8 activations must be quantized per tensor (quantize_int8) or per "
+                "token (quantize_groupwise(x, 'int8', group_size=None))"
+            )
+        if s.scale_dtype != "float32":
+            raise ValueError(f"a.scheme.scale_dtype={s.scale_dtype!r}: INT8 activations need float32 scales")
+        out.update(_NO_ZP if zp is None else _int8_zero_point(zp, sc, lead, g, device, "a.zero_point"))
+    elif zp is not None:
+        raise ValueError("a.zero_point must be None for FP8 activations")
+    else:
+        out.update(_NO_ZP)
     if g == "tensor":
         if sc.dtype != np.float32 or sc.size != 1:
             raise ValueError(f"a.scale must be float32 of one element for a per-tensor a, got {sc.dtype} {sc.shape}")
@@ -247,12 +294,18 @@ def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
         _validate.cupy_array(getattr(w, name), f"b.{name}")
         _validate.same_device(getattr(w, name), f"b.{name}", device, "a")
     s = w.scheme
-    if s.format != _E4M3 or w.zero_point is not None:
+    if s.format not in (_E4M3, _INT8) or w.zero_point is not None:
         raise ValueError(
-            f"b must be an FP8 (float8_e4m3fn) weight, got a {s.format} weight; INT4 weights go to cupyquant.matmul"
+            f"b must be an FP8 (float8_e4m3fn) or INT8 weight, got a {s.format} weight; INT4 weights go to "
+            "cupyquant.matmul"
         )
     N, K = w.shape
     g = s.granularity
+    if s.format == _INT8 and (g != "channel" or s.scale_layout != "plain"):
+        raise ValueError(
+            f"b: an INT8 weight must be quantized per output channel in the plain layout "
+            f"(quantize_weight(w, 'int8', group_size=None)), got granularity {g!r}, layout {s.scale_layout!r}"
+        )
     prepared = s.scale_layout == "prepared"
     if prepared:
         if g == "block":
@@ -262,9 +315,9 @@ def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
         check_weight(w)  # the prepared shapes; build() converts it (plain_of)
         data = None
     else:
-        data = _matrix(w.data, "b.data")
+        data = _matrix(w.data, "b.data", s.format)
         if data.shape != (N, K):
-            raise ValueError(f"b.data must be uint8 of shape {(N, K)}, got {w.data.shape}")
+            raise ValueError(f"b.data must be {data.dtype} of shape {(N, K)}, got {w.data.shape}")
     nkb = n_blocks(K)
     if g == "channel":
         want, kind = (N, 1), "channel"
@@ -294,17 +347,24 @@ def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
         raise TypeError(f"b.scale must be float32 (or the 16-bit dtype of a quantized weight), got {sc.dtype}")
     if prepared:
         sb_n, sb_k, shift = b_scale_addressing(kind, (4 * want[1], 4))
-    return {"b": data, "b_format": _E4M3, "sb": sc, "sb_n": sb_n, "sb_k": sb_k, "sb_shift": shift,
+    return {"b": data, "b_format": s.format, "sb": sc, "sb_n": sb_n, "sb_k": sb_k, "sb_shift": shift,
             "sb_convert": convert, "weight": w, "b_plain": prepared, "N": N, "Kb": K}  # fmt: skip
 
 
 def _b_of_tensor(b: QuantizedTensor, device: int) -> dict:
-    fmt = _fp8(b.scheme.format, "b.scheme.format", allowed=(_E4M3,))
+    fmt = _fp8(b.scheme.format, "b.scheme.format", allowed=(_E4M3, _INT8))
     _validate.cupy_array(b.data, "b.data")
     _validate.same_device(b.data, "b.data", device, "a")
     if len(b.shape) != 2 or tuple(b.data.shape) != tuple(b.shape):
         raise ValueError(f"b must be 2-D (N, K) with b.data of that shape, got shape {b.shape}, data {b.data.shape}")
-    data = _matrix(b.data, "b.data")
+    if getattr(b, "zero_point", None) is not None:
+        raise ValueError("b.zero_point must be None: weights are symmetric")
+    if fmt == _INT8 and b.scheme.granularity not in _INT8_A_SCALES:
+        raise ValueError(
+            f"b.scheme.granularity={b.scheme.granularity!r}: an INT8 QuantizedTensor weight must be quantized per "
+            "tensor or per token (one scale per output channel)"
+        )
+    data = _matrix(b.data, "b.data", fmt)
     N, K = b.shape
     s, sc = b.scheme, b.scale
     _validate.cupy_array(sc, "b.scale")
@@ -371,21 +431,52 @@ def for_matmul(a, b, out_dtype, bias, out) -> Plan:
             f"of FP8 weights, got {type(b).__name__}; raw arrays go to cupyquant.scaled_mm"
         )
     check_k(A["a"].shape[1], B.pop("Kb"))
+    check_pair(A["a_format"], B["b_format"])
+    if A["azp"] is not None:  # b's code sums: kept with an INT8 QuantizedWeight, else made by build()
+        A["adj"] = getattr(b, "code_sum", None) if isinstance(b, QuantizedWeight) else None
+        if A["adj"] is None:
+            A["adj"] = "sum"
+        else:
+            _check_adj(A["adj"], B["N"], device, "b.code_sum")
     od = out_dtype_of(out_dtype)
     inputs = [("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale)]
     bias, out = _bias_and_out(bias, out, od, A["lead"], B["N"], device, inputs)
     return Plan(**A, **B, bias=bias, out=out, out_dtype=od, device=device)
 
 
-def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format) -> Plan:
-    """Validate :func:`cupyquant.scaled_mm`'s arguments (nothing allocated or launched)."""
-    af = _fp8(a_format, "a_format")
-    bf = _fp8(b_format, "b_format")
+def check_pair(a_format: str, b_format: str, a_arg: str = "a", b_arg: str = "b") -> None:
+    """FP8 with FP8 or INT8 with INT8."""
+    if (a_format == _INT8) != (b_format == _INT8):
+        raise ValueError(f"{a_arg} and {b_arg} must both be FP8 or both INT8, got {a_format} and {b_format}")
+
+
+def _check_adj(adj, N: int, device: int, arg: str) -> None:
+    _validate.cupy_array(adj, arg)
+    if adj.dtype != np.int32:
+        raise TypeError(f"{arg} must be int32, got {adj.dtype}")
+    if adj.shape not in ((N,), (1, N), (N, 1)):
+        raise ValueError(f"{arg} must have shape ({N},), got {adj.shape}")
+    _validate.c_contiguous(adj, arg)
+    _validate.same_device(adj, arg, device, "a")
+
+
+def _raw_format(x, fmt, arg: str) -> str:
+    """The format of raw codes ``x``: ``"int8"`` for int8 arrays, else the FP8 format named by ``fmt``."""
+    if isinstance(x, cupy.ndarray) and x.dtype == np.int8:
+        return _INT8
+    return _fp8(fmt, f"{arg}_format")
+
+
+def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format, azp_adj=None, azp=None) -> Plan:
+    """Validate :func:`cupyquant.scaled_mm`'s (and with ``azp_adj``, :func:`cupyquant.scaled_mm_azp`'s)
+    arguments (nothing allocated or launched)."""
+    af = _raw_format(a, a_format, "a")
+    bf = _INT8 if af == _INT8 else _fp8(b_format, "b_format")  # int8 a takes int8 b (checked by _matrix)
     for x, arg in ((a, "a"), (b, "b"), (a_scale, "a_scale"), (b_scale, "b_scale")):
         _validate.cupy_array(x, arg)
         if arg in ("a", "b") and x.ndim != 2:
             raise ValueError(f"{arg} must be 2-D ({'M' if arg == 'a' else 'N'}, K), got shape {x.shape}")
-    am, bm = _matrix(a, "a"), _matrix(b, "b")
+    am, bm = _matrix(a, "a", af), _matrix(b, "b", bf)
     device = a.data.device_id
     for x, arg in ((b, "b"), (a_scale, "a_scale"), (b_scale, "b_scale")):
         _validate.same_device(x, arg, device, "a")
@@ -393,6 +484,26 @@ def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format) -> 
     check_k(K, Kb)
     ka = infer_a_scale(a_scale.shape, a_scale.dtype, M, K)
     kb = infer_b_scale(b_scale.shape, b_scale.dtype, N, K)
+    zp = dict(_NO_ZP)
+    if af == _INT8:
+        if ka not in _INT8_A_SCALES or kb not in ("tensor", "channel"):
+            raise ValueError(
+                f"INT8 operands take a_scale per tensor or per token and b_scale per tensor or per channel "
+                f"(the integer sum runs over all of K), got a_scale {tuple(a_scale.shape)}, b_scale {tuple(b_scale.shape)}"
+            )
+        if azp_adj is not None:
+            _check_adj(azp_adj, N, device, "azp_adj")
+            zp["adj"] = azp_adj
+        if azp is not None:
+            _validate.cupy_array(azp, "azp")
+            if azp.dtype != np.int32:
+                raise TypeError(f"azp must be int32, got {azp.dtype}")
+            if tuple(azp.shape) not in ((M,), (M, 1)):
+                raise ValueError(f"azp must have shape ({M},) (one zero point per token), got {tuple(azp.shape)}")
+            _validate.same_device(azp, "azp", device, "a")
+            zp.update(azp=azp, zp_rows=max(M, 1), zp_batch=0, zp_m=azp.strides[0] // 4)
+    elif azp_adj is not None or azp is not None:
+        raise ValueError("azp_adj and azp take INT8 operands (int8 a and b)")
     if ka == "tensor":
         sa = (1, 0, 0, 0)
     else:
@@ -401,12 +512,13 @@ def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format) -> 
         sa = a_scale_addressing((M,), shape, tuple(st), ka == "token")
     sb = b_scale_addressing(kb, tuple(b_scale.strides) if b_scale.ndim == 2 else tuple(b_scale.strides) + (4,))
     od = out_dtype_of(out_dtype)
-    inputs = [("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)]
-    bias, out = _bias_and_out(bias, out, od, (M,), N, device, inputs)
+    inputs = [("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("azp_adj", azp_adj), ("azp", azp)]
+    bias, out = _bias_and_out(bias, out, od, (M,), N, device, [(n, x) for n, x in inputs if x is not None])
     return Plan(
         a=am, b=bm, a_format=af, b_format=bf, sa=a_scale, sa_rows=sa[0], sa_batch=sa[1], sa_m=sa[2], sa_k=sa[3],
         sa_packed=ka == "packed", sa_unpack=False, sb=b_scale, sb_n=sb[0], sb_k=sb[1], sb_shift=sb[2],
-        sb_convert=None, weight=None, b_plain=False, bias=bias, out=out, out_dtype=od, lead=(M,), N=N, device=device,
+        sb_convert=None, weight=None, b_plain=False, **zp, bias=bias, out=out, out_dtype=od, lead=(M,), N=N,
+        device=device,
     )  # fmt: skip
 
 
@@ -492,6 +604,10 @@ def build(p: Plan) -> Operands:
     elif p.sb_convert is not None:
         sb = _weight_scale_f32(p.weight, sb, p.sb_convert, keep)
     b = _aligned(b, keep)
+    adj = p.adj
+    if isinstance(adj, str):  # b's code sums (a QuantizedTensor weight, or a weight made without them)
+        adj = b.sum(axis=1, dtype=np.int32)
+        keep.append(adj)
     M, N = a.shape[0], p.N
     if p.out is None:
         result = cupy.empty(p.lead + (N,), dtype=p.out_dtype)
@@ -504,8 +620,9 @@ def build(p: Plan) -> Operands:
         )
     _validate.keep_if_capturing(*keep)
     return Operands(
-        a=a, b=b, a_format=FP8_IDS[p.a_format], b_format=FP8_IDS[p.b_format], sa=sa, sb=sb,
+        a=a, b=b, a_format=FORMAT_IDS[p.a_format], b_format=FORMAT_IDS[p.b_format], sa=sa, sb=sb,
         sa_rows=rows, sa_batch=batch, sa_m=sa_m, sa_k=sa_k, sa_packed=p.sa_packed,
         sb_n=p.sb_n, sb_k=p.sb_k, sb_shift=p.sb_shift, mode=mode_of(sa_k, p.sb_n, p.sb_k, p.sb_shift),
+        azp=p.azp, adj=adj, zp_rows=p.zp_rows, zp_batch=p.zp_batch, zp_m=p.zp_m,
         bias=p.bias, out2=out2, result=result, device=p.device,
     )  # fmt: skip

@@ -35,15 +35,18 @@ class Sm90Config:
         return (self.bm, self.bn, self.stages)
 
 
-#: 128 x 128 tiles for large M; 64 x 64 tiles (one consumer warpgroup) for small M (config), where
+#: FP8: 128 x 128 tiles for large M; 64 x 64 tiles (one consumer warpgroup) for small M (config), where
 #: 128 rows would multiply zeros and narrow tiles give more of them to stream the weights with
 #: (4096 x 4096 M = 16 on an H100: 11.7 us against 15.7 for 64 x 128). Rings of 192 KB, the most
 #: one block a SM holds with its epilogue.
 LARGE = Sm90Config(128, 128, 6)
 SMALL = Sm90Config(64, 64, 12)
 CONFIGS = (LARGE, SMALL)
+#: INT8, which keeps one accumulator set (no promotion): 128 x 256 tiles for large M, and the FP8 ones
+INT8_WIDE = Sm90Config(128, 256, 4)
+INT8_CONFIGS = (INT8_WIDE, LARGE, SMALL)
 
-#: formats of a and b the kernel is built for (the weights are e4m3; scaled_mm takes e5m2 b too)
+#: FP8 formats of a and b the kernel is built for (the weights are e4m3; scaled_mm takes e5m2 b too)
 A_FORMATS = B_FORMATS = tuple(A.FP8_IDS.values())
 
 FAMILY = _jit.register(
@@ -54,6 +57,11 @@ FAMILY = _jit.register(
         for e in _jit.product(
             "scaled_mm_sm90", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, *[(v,) for v in cfg.targs]
         )
+    ]
+    + [
+        _jit.expr("scaled_mm_sm90", A.INT8_ID, A.INT8_ID, ty, A.MODE_END, *cfg.targs)
+        for cfg in INT8_CONFIGS
+        for ty in _dtypes.INPUT_CTYPES
     ],
     specific_targets=("90",),
     specific_required=True,
@@ -63,21 +71,31 @@ FAMILY = _jit.register(
 MIN_KB_PER_SPLIT = 4
 
 
-def config(M: int, N: int, K: int, sms: int) -> Sm90Config:
+def config(M: int, N: int, K: int, sms: int, int8: bool = False) -> Sm90Config:
     """The tile for an (M, N, K) matmul on ``sms`` SMs: 64 x 64 up to M = 64; up to M = 128 also
     where 128 x 128 tiles would leave half the SMs idle (and need a K split), unless the 64 x 64
     tiles take more than one wave over a long K; 128 x 128 otherwise. On an H100 at M = 128:
     7168 x 2048 13.6 against 18.4 us, 2112 x 7168 12.8 against 24.3; at M = 65, 8192 x 8192 46.1
-    against 35.9 (the exception)."""
+    against 35.9 (the exception). INT8 above M = 128 takes the 128 x 256 tile unless its last round
+    of tiles is emptier than the 128 x 128 tiles' (their waves, at half the work each, take less): on
+    an H100, 8192^3 894 against 979 us; 2048 x 7168 x 2048 (4 rounds of wide tiles against 7 of
+    narrow ones) 128.5 against 101.9."""
     if M <= 64:
         return SMALL
     if M > 128:
+        if int8 and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
+            return INT8_WIDE
         return LARGE
     tiles_large = -(-M // LARGE.bm) * -(-N // LARGE.bn)
     tiles_small = -(-M // SMALL.bm) * -(-N // SMALL.bn)
     if 2 * tiles_large <= sms and (tiles_small <= sms or K < 8192):
         return SMALL
     return LARGE
+
+
+def _waves(M: int, N: int, cfg: Sm90Config, sms: int) -> int:
+    """Rounds of one tile per SM that an (M, N) output takes in ``cfg``'s tiles."""
+    return -(-(-(-M // cfg.bm) * -(-N // cfg.bn)) // sms)
 
 
 def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
@@ -103,7 +121,7 @@ def launch(ops: A.Operands, cfg: Sm90Config | None = None, parts: int | None = N
     device = ops.device
     M, N, K = ops.M, ops.N, ops.K
     sms = _device.sm_count(device)
-    cfg = config(M, N, K, sms) if cfg is None else cfg
+    cfg = config(M, N, K, sms, ops.a_format == A.INT8_ID) if cfg is None else cfg
     tiles_n, tiles_m = -(-N // cfg.bn), -(-M // cfg.bm)
     nkb = -(-K // A.BLOCK_K)
     if parts is None:
@@ -127,7 +145,19 @@ def launch(ops: A.Operands, cfg: Sm90Config | None = None, parts: int | None = N
         k,
         (min(work, sms),),
         (cfg.threads,),
-        (tma, tmb, ops.sa, ops.sb, bias, ops.out2, ws, counters, p),
+        (
+            tma,
+            tmb,
+            ops.sa,
+            ops.sb,
+            0 if ops.azp is None else ops.azp,
+            0 if ops.adj is None else ops.adj,
+            bias,
+            ops.out2,
+            ws,
+            counters,
+            p,
+        ),
         cfg.smem,
         pdl=False,
     )
