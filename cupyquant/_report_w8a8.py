@@ -1,13 +1,15 @@
 """The W8A8 section of ``python -m cupyquant``: :func:`cupyquant.scaled_matmul` on the built-in
 tensor as FP8 activations times a Gaussian FP8 weight, per-token x per-channel and 1 x 128 groups x
-128 x 128 blocks.
+128 x 128 blocks, and as INT8 activations (per token, symmetric and with zero points) times the
+weight in per-channel INT8.
 
 Per scheme: the SNR of the bf16 result against the float64 product of the unquantized bf16
 operands (what quantizing both sides costs); the kernels' error bound (docs/w8a8.md) checked on
-every element against the float64 product of the dequantized operands; the time of a 4096 x 4096 x
-4096 call (the tensor and the weight tiled 2 x 2) by CUDA-graph replay, its TFLOP/s and its speed
-against cuBLAS bf16 (``cupy.matmul`` of the bf16 operands). On a GPU without FP8 tensor cores the
-section prints one line saying so.
+every element against the float64 product of the dequantized operands (INT8: also the result of
+:func:`cupyquant.reference.scaled_mm_int8`, bit for bit); the time of a 4096 x 4096 x 4096 call (the
+tensor and the weight tiled 2 x 2) by CUDA-graph replay, its TFLOP/s and its speed against cuBLAS
+bf16 (``cupy.matmul`` of the bf16 operands). A row the GPU has no tensor cores for (FP8 below
+compute capability 8.9, INT8 below 8.0) prints one line saying so.
 
 The helpers that need no GPU (:func:`expand_scale`, :func:`dequantize64`, :func:`bf16_half_ulp`,
 :func:`bound_ratio`, :func:`snr_db`) take NumPy or CuPy arrays (``xp``)."""
@@ -27,6 +29,8 @@ TIME_TILE = (2, 2)
 SCHEMES = (
     ("FP8 per-token x per-channel", "token"),
     ("FP8 1x128 x 128x128 blocks", "block"),
+    ("INT8 per-token x per-channel", "int8"),
+    ("INT8 per-token+zp x per-channel", "int8-zp"),
 )
 
 
@@ -38,10 +42,16 @@ def builtin_weight(shape) -> np.ndarray:
 
 def quantize_pair(x, w, kind):
     """(a, b) for :func:`cupyquant.scaled_matmul`: ``kind`` ``"token"`` (per-token activations,
-    per-channel weight) or ``"block"`` (1 x 128 activation groups in the "col" layout, 128 x 128
-    weight blocks)."""
+    per-channel weight), ``"block"`` (1 x 128 activation groups in the "col" layout, 128 x 128
+    weight blocks), ``"int8"`` / ``"int8-zp"`` (INT8 per-token activations, symmetric or with zero
+    points, and the per-channel INT8 weight)."""
     import cupyquant as cq
 
+    if kind.startswith("int8"):
+        return (
+            cq.quantize_groupwise(x, "int8", group_size=None, symmetric=kind == "int8"),
+            cq.quantize_weight(w, "int8", group_size=None),
+        )
     if kind == "token":
         return (
             cq.quantize_groupwise(x, "float8_e4m3fn", group_size=None),
@@ -76,12 +86,16 @@ def expand_scale(s, rows: int, cols: int, xp=np):
     return xp.repeat(xp.repeat(s, r, axis=0), c, axis=1)[:rows, :cols]
 
 
-def dequantize64(codes, scale, xp=np):
-    """float64 values ``code * scale`` of FP8 e4m3 ``codes`` (host uint8 bytes, (rows, cols)) and
-    their scales (any shape :func:`expand_scale` takes), on ``xp``."""
+def dequantize64(codes, scale, xp=np, zero_point=None):
+    """float64 values ``(code - zero_point) * scale`` of FP8 e4m3 ``codes`` (host uint8 bytes) or INT8
+    codes (host int8), (rows, cols), and their scales (any shape :func:`expand_scale` takes) and
+    zero points (one per row, or one), on ``xp``."""
     import ml_dtypes
 
-    v = np.ascontiguousarray(codes).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    codes = np.ascontiguousarray(codes)
+    v = codes.astype(np.float64) if codes.dtype == np.int8 else codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    if zero_point is not None:
+        v = v - np.asarray(zero_point, dtype=np.float64).reshape(-1, 1)
     rows, cols = v.shape
     s = scale if xp is np else xp.asarray(np.asarray(scale).astype(np.float64))
     return xp.asarray(v) * expand_scale(s, rows, cols, xp)
@@ -106,6 +120,27 @@ def bound_ratio(y, ref, S, xp=np) -> float:
 def snr_db(y, target, xp=np) -> float:
     err = y.astype(xp.float64) - target
     return float(10 * np.log10(float((target**2).sum()) / max(float((err**2).sum()), 1e-300)))
+
+
+def _int8_exact(y, ha, hb) -> bool:
+    """Whether ``y`` equals the INT8 reference on the operands' host copies (to_host()), bit for bit."""
+    import cupy
+
+    from .reference import scaled_mm_int8
+
+    a = ha["data"].reshape(-1, ha["data"].shape[-1]).view(np.int8)
+    b = hb["data"].view(np.int8)
+    zp = ha.get("zero_point")
+    want = scaled_mm_int8(
+        a,
+        b,
+        ha["scale"].reshape(-1),
+        hb["scale"].reshape(-1),
+        azp=None if zp is None else zp.reshape(-1),
+        azp_adj=None if zp is None else hb["code_sum"],
+        out_dtype=y.dtype,
+    )
+    return bool((cupy.asnumpy(y).reshape(want.shape).view(np.uint16) == want.view(np.uint16)).all())
 
 
 def _time_ours(fn, calls=3):
@@ -157,7 +192,7 @@ def w8a8_report(xh, x) -> bool:
 
     print()
     try:
-        dispatch.check_arch(cupy.cuda.Device().id)
+        dispatch.check_arch(cupy.cuda.Device().id, int8=True)
     except dispatch.UnsupportedGPUError as e:
         print(f"W8A8 matmul: skipped ({e})")
         return True
@@ -172,23 +207,31 @@ def w8a8_report(xh, x) -> bool:
     flop = 2.0 * Mb * Nb * Kb
     t_cublas, label = _cublas(big_a, big_w)
     print(
-        f"W8A8 matmul: y = a @ w.T, a the tensor ({M}, {K}) in FP8 e4m3, w a Gaussian ({N}, {K}) weight in FP8 "
-        f"e4m3, bf16 out; timed at {Mb}x{Nb}x{Kb} (both tiled 2 x 2) vs cuBLAS {label} ({t_cublas * 1e6:.1f} us, "
-        f"{flop / t_cublas / 1e12:.0f} TFLOP/s)"
+        f"W8A8 matmul: y = a @ w.T, a the tensor ({M}, {K}) in FP8 e4m3 or INT8, w a Gaussian ({N}, {K}) weight "
+        f"in the same format, bf16 out; timed at {Mb}x{Nb}x{Kb} (both tiled 2 x 2) vs cuBLAS {label} "
+        f"({t_cublas * 1e6:.1f} us, {flop / t_cublas / 1e12:.0f} TFLOP/s)"
     )
     cols = ("scheme", "SNR dB", "bound*", "within", "matmul us", "TFLOP/s", "x cuBLAS")
-    widths = (28, 7, 6, 6, 9, 7, 8)
+    widths = (31, 7, 6, 6, 9, 7, 8)
     print("  ".join(c.ljust(wd) for c, wd in zip(cols, widths)))
     ok_all = True
     for name, kind in SCHEMES:
+        try:
+            dispatch.check_arch(cupy.cuda.Device().id, int8=kind.startswith("int8"))
+        except dispatch.UnsupportedGPUError as e:
+            print(f"{name.ljust(widths[0])}  skipped ({e})")
+            continue
         qa, qb = quantize_pair(x, w, kind)
         y = cq.scaled_matmul(qa, qb)
-        A = dequantize64(cupy.asnumpy(qa.data), cupy.asnumpy(qa.scale), cupy)
-        B = dequantize64(cupy.asnumpy(qb.data), cupy.asnumpy(qb.scale), cupy)
+        ha, hb = qa.to_host(), qb.to_host()
+        zp = ha.get("zero_point")
+        A = dequantize64(ha["data"], ha["scale"], cupy, zp)
+        B = dequantize64(hb["data"], hb["scale"], cupy)
         ref = A @ B.T
         S = cupy.abs(A) @ cupy.abs(B).T
         ratio = bound_ratio(y, ref, S, cupy)
-        ok_all &= ratio <= 1.0
+        within = ratio <= 1.0 and (not kind.startswith("int8") or _int8_exact(y, ha, hb))
+        ok_all &= within
         snr = snr_db(y, target, cupy)
         del A, B, ref, S
         t = _time_scheme(big_a, big_w, kind)
@@ -196,7 +239,7 @@ def w8a8_report(xh, x) -> bool:
             name,
             f"{snr:.2f}",
             f"{ratio:.3f}",
-            "yes" if ratio <= 1.0 else "NO",
+            "yes" if within else "NO",
             f"{t * 1e6:.1f}",
             f"{flop / t / 1e12:.0f}",
             f"{t_cublas / t:.2f}",
@@ -204,6 +247,7 @@ def w8a8_report(xh, x) -> bool:
         print("  ".join(c.ljust(wd) for c, wd in zip(row, widths)))
     print("* SNR of y against the float64 product of the unquantized bf16 operands; bound: the largest")
     print("  |y - ref| / (2^-9 sum_k |a_k b_k| + half a bf16 ulp) over all elements, ref the float64")
-    print("  product of the dequantized operands; the kernels keep it at most 1 (docs/w8a8.md).")
+    print("  product of the dequantized operands; the kernels keep it at most 1 (docs/w8a8.md). INT8 rows")
+    print("  are within only if y also equals cupyquant.reference.scaled_mm_int8 bit for bit.")
     cupy.get_default_memory_pool().free_all_blocks()
     return ok_all

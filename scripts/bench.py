@@ -200,6 +200,21 @@ def _torch_group(torch, fmt, group_size, pow2=False, col=False):
     return per_token if group_size is None else grouped
 
 
+def _torch_int8_azp(torch, _fmt):
+    """vLLM's dynamic per-token INT8 with zero points (cupyquant.reference.int8_azp_params) in torch
+    ops: the row's min and max, s = (max - min) / 255, z = round(-128 - min / s), q = round(x / s) + z."""
+
+    def azp(x):
+        xf = x.float()
+        lo, hi = xf.amin(-1, keepdim=True), xf.amax(-1, keepdim=True)
+        s = (hi - lo) / 255.0
+        z = torch.round(-128.0 - lo / s).to(torch.int32)
+        q = (torch.round(xf * (1.0 / s)).to(torch.int32) + z).clamp(-128, 127).to(torch.int8)
+        return q, s, z
+
+    return azp
+
+
 def _torch_group_dequant(torch, group_size):
     """Per-group (per-token for None) dequantization: q times its row's scale, to out_dtype."""
 
@@ -260,6 +275,14 @@ def _group_ops():
         "group128_int8": entry("int8", 128, GROUP_SHAPES),
         "token_fp8": entry("float8_e4m3fn", None, GROUP_SHAPES),
         "token_int8": entry("int8", None, GROUP_SHAPES),
+        "token_int8_azp": Op(
+            shapes=GROUP_SHAPES,
+            make=g_make,
+            ours=lambda x: cq.quantize_groupwise(x, "int8", group_size=None, symmetric=False),
+            torch_fn=_torch_int8_azp,
+            io_bytes=lambda shape, b: _group_bytes(shape, b, True) + 4 * shape[0],
+            bound_bytes=lambda shape, b: _group_bytes(shape, b, True) + 4 * shape[0],
+        ),
         "silu_group128": Op(
             shapes=SILU_SHAPES,
             make=silu_make,

@@ -285,6 +285,24 @@ def run_group(run: Run):
                     ref.scale_buffer(es, oshape, layout),
                 )
 
+    # INT8 with zero points: per token (both layouts, poisoned zero_point_out) and static per tensor
+    for shape in ((1, 1), (3, 33), (130, 48), (2, 3, 96), (7, 2048)):
+        for layout in ("row", "col"):
+            xh = host_data(shape, IN_DTYPES[len(shape) % 3], seed_of("azp", shape, layout), specials=True)
+            x = cupy.asarray(xh)
+            zbuf = cq.empty_scales(shape, None, layout).view(cupy.int32)
+            zbuf[...] = -1
+            q = run.op(cq.quantize_groupwise(x, "int8", group_size=None, scale_layout=layout, symmetric=False,
+                                             out=poison(shape, np.int8), zero_point_out=zbuf))  # fmt: skip
+            eq, es, ez = ref.quantize_groupwise(xh, "int8", group_size=None, symmetric=False)
+            tag = f"int8 azp {shape} {layout}"
+            run.same(f"{tag} q", q.data, eq)
+            run.same(f"{tag} scale", np.ascontiguousarray(q.scale.get()), es)
+            run.same(f"{tag} zero point", np.ascontiguousarray(q.zero_point.get()), ez)
+        for zp in (None, 3):
+            q = run.op(cq.quantize_int8(x, 0.05, zero_point=zp, out=poison(shape, np.int8)))
+            run.same(f"int8 static {shape} zp {zp}", q.data, ref.quantize_int8(xh, 0.05, zp)[0])
+
 
 # ------------------------------------------------------------------ MXFP8 / MXFP4 / NVFP4
 MX_SHAPES = [(1, 1), (1, 32), (3, 33), (5, 17), (130, 48), (2, 3, 96), (7, 288), (129, 1000)]
@@ -515,7 +533,8 @@ def run_wgmma(run: Run):
 def run_w8a8(run: Run):
     """scaled_mm on both kernels (the Hopper one where the GPU has it): every scaling mode, M, N and
     K tails, a K split, packed UE8M0 and column-major activation scales, bias, a poisoned out=.
-    Small integer codes and power-of-two scales: every sum is exact, so y equals the reference."""
+    Small integer codes and power-of-two scales: every sum is exact, so y equals the reference. INT8
+    (scaled_mm_azp, zero points per token) equals its reference bit for bit on any codes."""
     from cupyquant.w8a8 import dispatch
 
     E4 = ml_dtypes.float8_e4m3fn
@@ -550,6 +569,18 @@ def run_w8a8(run: Run):
                                         out_dtype="float16", bias=cupy.asarray(bias), out=out))  # fmt: skip
                 r, _ = ref.scaled_mm(qa, qb, sa, sb, bias)
                 run.same(f"w8a8 {path} {M}x{N}x{K} {ak} x {bk}", out, ref.round_result(r, np.float16))
+        # INT8: full-range codes, per-token scales and zero points (the K split sums integers)
+        a8, b8 = rng.integers(-128, 128, (M, K)).astype(np.int8), rng.integers(-128, 128, (N, K)).astype(np.int8)
+        sa8, sb8 = rng.uniform(1e-3, 1e-2, M).astype(np.float32), rng.uniform(1e-3, 1e-2, N).astype(np.float32)
+        z8, adj = rng.integers(-128, 128, M).astype(np.int32), b8.astype(np.int32).sum(axis=1)
+        for path in paths:
+            out = poison((M, N), np.float16)
+            with dispatch._forced_path(path):
+                run.op(cq.scaled_mm_azp(cupy.asarray(a8), cupy.asarray(b8), cupy.asarray(sa8), cupy.asarray(sb8),
+                                        cupy.asarray(adj), azp=cupy.asarray(z8), out_dtype="float16",
+                                        bias=cupy.asarray(bias), out=out))  # fmt: skip
+            want = ref.scaled_mm_int8(a8, b8, sa8, sb8, azp=z8, azp_adj=adj, bias=bias, out_dtype=np.float16)
+            run.same(f"w8a8 int8 {path} {M}x{N}x{K}", out, want)
 
 
 RUNNERS = {

@@ -40,6 +40,13 @@ def test_dequantize64_is_code_times_scale():
     assert out.dtype == np.float64 and out.tolist() == [[0.25, -0.25, 0.0, 112.0]]
 
 
+def test_dequantize64_int8_with_zero_points():
+    codes = np.array([[-128, 0, 127], [5, -5, 1]], np.int8)
+    v = rw.dequantize64(codes, np.float32([[0.5], [2.0]]), zero_point=np.int32([[-128], [1]]))
+    np.testing.assert_array_equal(v, [[0.0, 64.0, 127.5], [8.0, -12.0, 0.0]])
+    np.testing.assert_array_equal(rw.dequantize64(codes, np.float32([0.25])), codes * 0.25)
+
+
 def test_bf16_half_ulp_matches_ml_dtypes_spacing():
     bf16 = ml_dtypes.bfloat16
     for v in (1.0, 1.5, 3.0, 1000.0, 2.0**-126, 2.0**-130, 7e30):
@@ -62,7 +69,7 @@ def test_bound_ratio_and_snr():
     assert rw.snr_db(t * 1.01, t) == pytest.approx(40.0)
 
 
-def test_section_skips_without_fp8_tensor_cores(monkeypatch, capsys):
+def test_section_skips_without_int8_tensor_cores(monkeypatch, capsys):
     pytest.importorskip("cupy")
     import cupy
 
@@ -71,11 +78,15 @@ def test_section_skips_without_fp8_tensor_cores(monkeypatch, capsys):
     class _Dev:
         id = 0
 
-    def no_fp8(device):
-        raise dispatch.UnsupportedGPUError("scaled_matmul needs FP8 tensor cores; device 0 has compute capability 8.6")
+    def old_gpu(device, int8=False):
+        raise dispatch.UnsupportedGPUError(
+            "scaled_matmul of INT8 operands needs compute capability 8.0; device 0 has 7.5"
+        )
 
     monkeypatch.setattr(cupy.cuda, "Device", lambda *a: _Dev())
-    monkeypatch.setattr(dispatch, "check_arch", no_fp8)
+    monkeypatch.setattr(dispatch, "check_arch", old_gpu)
     assert rw.w8a8_report(None, None) is True
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["W8A8 matmul: skipped (scaled_matmul needs FP8 tensor cores; device 0 has compute capability 8.6)"]
+    assert out == [
+        "W8A8 matmul: skipped (scaled_matmul of INT8 operands needs compute capability 8.0; device 0 has 7.5)"
+    ]
