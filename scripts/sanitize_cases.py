@@ -572,7 +572,7 @@ def run_w8a8(run: Run):
         # INT8: full-range codes, per-token scales and zero points (the K split sums integers)
         a8, b8 = rng.integers(-128, 128, (M, K)).astype(np.int8), rng.integers(-128, 128, (N, K)).astype(np.int8)
         sa8, sb8 = rng.uniform(1e-3, 1e-2, M).astype(np.float32), rng.uniform(1e-3, 1e-2, N).astype(np.float32)
-        z8, adj = rng.integers(-128, 128, M).astype(np.int32), b8.astype(np.int32).sum(axis=1)
+        z8, adj = rng.integers(-128, 128, M).astype(np.int32), b8.sum(axis=1, dtype=np.int32)
         for path in paths:
             out = poison((M, N), np.float16)
             with dispatch._forced_path(path):

@@ -46,7 +46,7 @@ def test_int8_accumulate_hand_worked():
     b = np.array([[3, 4], [-128, -128]], np.int8)
     np.testing.assert_array_equal(ref.int8_accumulate(a, b), [[-5, 128], [-131, 128]])
     # vLLM's azp_adj form: I = acc - z(m) * sum_k b[n, k]; column sums 7 and -256
-    adj = b.astype(np.int32).sum(axis=1)
+    adj = b.sum(axis=1, dtype=np.int32)
     np.testing.assert_array_equal(
         ref.int8_accumulate(a, b, azp=np.int32([1, 2]), azp_adj=adj), [[-12, 384], [-145, 640]]
     )
@@ -182,7 +182,7 @@ def _b_tensor(b, sb):
 
 
 def _want(a, b, sa, sb, azp, out_dtype, bias=None):
-    adj = None if azp is None else b.astype(np.int32).sum(axis=1)
+    adj = None if azp is None else b.sum(axis=1, dtype=np.int32)
     return ref.scaled_mm_int8(a, b, sa, sb, azp=azp, azp_adj=adj, bias=bias, out_dtype=out_dtype)
 
 
@@ -266,10 +266,10 @@ def test_every_scaling_exact_and_within_bound(path, a_kind, b_kind):
             if azp is None:
                 y = cq.scaled_mm(A, B, SA, SB, out_dtype=out_dtype, bias=bias)
             elif a_kind == "tensor-zp":
-                adj = cupy.asarray(b.astype(np.int32).sum(axis=1) * azp[0])
+                adj = cupy.asarray(b.sum(axis=1, dtype=np.int32) * azp[0])
                 y = cq.scaled_mm_azp(A, B, SA, SB, adj, out_dtype=out_dtype, bias=bias)
             else:
-                adj = cupy.asarray(b.astype(np.int32).sum(axis=1))
+                adj = cupy.asarray(b.sum(axis=1, dtype=np.int32))
                 y = cq.scaled_mm_azp(A, B, SA, SB, adj, azp=cupy.asarray(np.broadcast_to(azp, (M,)).copy()),
                                      out_dtype=out_dtype, bias=bias)  # fmt: skip
             assert_bits_equal(y, want, what + " raw")
@@ -374,7 +374,7 @@ def test_out_stream_graph_and_misaligned(path):
         assert y is out
         assert_bits_equal(y.reshape(M, N), want, "out=, 3-D a")
         wide = poisoned((M, N + 8), np.float16)
-        adj = cupy.asarray(b.astype(np.int32).sum(axis=1))
+        adj = cupy.asarray(b.sum(axis=1, dtype=np.int32))
         A, B, SA, SB, Z = (cupy.asarray(v) for v in (a, b, sa, sb, azp))
         y = cq.scaled_mm_azp(A, B, SA, SB, adj, azp=Z, out_dtype=np.float16, bias=bias, out=wide[:, :N])
         assert_bits_equal(y, want, "strided out")
@@ -414,7 +414,7 @@ def test_int8_validation_errors_leave_buffers_untouched():
     M, N, K = 4, 24, 32
     a, b, sa, sb, azp = _raw_operands(rng, M, N, K, "token-zp", "channel")
     A, B, SA, SB, Z = (cupy.asarray(v) for v in (a, b, sa, sb, azp))
-    adj = cupy.asarray(b.astype(np.int32).sum(axis=1))
+    adj = cupy.asarray(b.sum(axis=1, dtype=np.int32))
     out = poisoned((M, N), BF16)
     fp8_b = cupy.zeros((N, K), np.uint8)
     A256 = cupy.asarray(rng.integers(-8, 8, (M, 256)).astype(np.int8))
@@ -426,7 +426,7 @@ def test_int8_validation_errors_leave_buffers_untouched():
         (ValueError, "azp_adj must have shape", lambda: cq.scaled_mm_azp(A, B, SA, SB, adj[:3], out=out)),
         (TypeError, "b must hold INT8 codes", lambda: cq.scaled_mm_azp(A, fp8_b, SA, SB, adj, out=out)),
         (TypeError, "b must hold INT8 codes as int8", lambda: cq.scaled_mm(A, fp8_b, SA, SB, out=out)),
-        (ValueError, "INT8 operands take a_scale per tensor or per token",
+        (ValueError, r"a_scale of shape \(4, 2\) scales group: INT8 operands take",
          lambda: cq.scaled_mm(A256, B256, cupy.ones((M, 2), np.float32), SB, out=out)),
         (ValueError, "azp_adj and azp take INT8 operands",
          lambda: operands.for_mm(A.view(np.uint8), fp8_b, SA, SB, "bfloat16", None, out, "float8_e4m3fn",

@@ -486,11 +486,15 @@ def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format, azp
     kb = infer_b_scale(b_scale.shape, b_scale.dtype, N, K)
     zp = dict(_NO_ZP)
     if af == _INT8:
-        if ka not in _INT8_A_SCALES or kb not in ("tensor", "channel"):
-            raise ValueError(
-                f"INT8 operands take a_scale per tensor or per token and b_scale per tensor or per channel "
-                f"(the integer sum runs over all of K), got a_scale {tuple(a_scale.shape)}, b_scale {tuple(b_scale.shape)}"
-            )
+        for kind, allowed, arg, x in (
+            (ka, _INT8_A_SCALES, "a_scale", a_scale),
+            (kb, ("tensor", "channel"), "b_scale", b_scale),
+        ):
+            if kind not in allowed:
+                raise ValueError(
+                    f"{arg} of shape {tuple(x.shape)} scales {kind}: INT8 operands take a_scale per tensor or per token "
+                    "and b_scale per tensor or per channel (the integer sum runs over all of K)"
+                )
         if azp_adj is not None:
             _check_adj(azp_adj, N, device, "azp_adj")
             zp["adj"] = azp_adj
