@@ -116,10 +116,11 @@ def test_int8_runs_from_ampere(monkeypatch):
 
 def test_sm90_int8_tile_choice():
     # 128 x 256 tiles where they still give every SM one; the FP8 tiles otherwise
-    assert sm90.config(4096, 4096, 4096, 132, int8=True) == sm90.INT8_WIDE
-    assert sm90.config(4096, 4096, 4096, 132) == sm90.LARGE
-    assert sm90.config(1024, 2048, 4096, 132, int8=True) == sm90.LARGE  # 8 x 8 wide tiles < 132
-    assert sm90.config(2048, 7168, 2048, 132, int8=True) == sm90.LARGE  # 4 rounds of wide, 7 of narrow tiles
+    assert sm90.config(4096, 4096, 8192, 132, int8=True) == sm90.INT8_WIDE
+    assert sm90.config(4096, 4096, 8192, 132) == sm90.LARGE
+    assert sm90.config(4096, 4096, 4096, 132, int8=True) == sm90.LARGE  # K below INT8_WIDE_MIN_K
+    assert sm90.config(1024, 2048, 8192, 132, int8=True) == sm90.LARGE  # 8 x 8 wide tiles < 132
+    assert sm90.config(2048, 7168, 8192, 132, int8=True) == sm90.LARGE  # 4 rounds of wide, 7 of narrow tiles
     assert sm90.config(16, 4096, 4096, 132, int8=True) == sm90.SMALL
     assert sm90.INT8_WIDE.smem <= 227 * 1024
 

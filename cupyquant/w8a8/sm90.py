@@ -45,6 +45,10 @@ CONFIGS = (LARGE, SMALL)
 #: INT8, which keeps one accumulator set (no promotion): 128 x 256 tiles for large M, and the FP8 ones
 INT8_WIDE = Sm90Config(128, 256, 4)
 INT8_CONFIGS = (INT8_WIDE, LARGE, SMALL)
+#: K from which the 128 x 256 INT8 tile beats the 128 x 128 one. On an H100 (us, wide / narrow):
+#: 8192 x 8192 x 8192 838 / 1014, 8192 x 4096 x 14336 654 / 847; at K = 4096 and below the narrow
+#: tile is as fast or faster: 2048 x 4096 x 4096 84.4 / 73.1, 8192 x 24576 x 1536 955 / 892.
+INT8_WIDE_MIN_K = 8192
 
 #: FP8 formats of a and b the kernel is built for (the weights are e4m3; scaled_mm takes e5m2 b too)
 A_FORMATS = B_FORMATS = tuple(A.FP8_IDS.values())
@@ -76,14 +80,13 @@ def config(M: int, N: int, K: int, sms: int, int8: bool = False) -> Sm90Config:
     where 128 x 128 tiles would leave half the SMs idle (and need a K split), unless the 64 x 64
     tiles take more than one wave over a long K; 128 x 128 otherwise. On an H100 at M = 128:
     7168 x 2048 13.6 against 18.4 us, 2112 x 7168 12.8 against 24.3; at M = 65, 8192 x 8192 46.1
-    against 35.9 (the exception). INT8 above M = 128 takes the 128 x 256 tile unless its last round
-    of tiles is emptier than the 128 x 128 tiles' (their waves, at half the work each, take less): on
-    an H100, 8192^3 894 against 979 us; 2048 x 7168 x 2048 (4 rounds of wide tiles against 7 of
-    narrow ones) 128.5 against 101.9."""
+    against 35.9 (the exception). INT8 above M = 128 takes the 128 x 256 tile over a long K (at least
+    INT8_WIDE_MIN_K) unless its last round of tiles is emptier than the 128 x 128 tiles' (their
+    waves, at half the work each, take less)."""
     if M <= 64:
         return SMALL
     if M > 128:
-        if int8 and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
+        if int8 and K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
             return INT8_WIDE
         return LARGE
     tiles_large = -(-M // LARGE.bm) * -(-N // LARGE.bn)
