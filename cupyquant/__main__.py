@@ -10,11 +10,12 @@ once + output written once, on the tensor tiled to 256M elements so that the L2 
 overhead do not flatter it) with its percentage of the device's copy bandwidth measured in the same
 run. A second table reads the tensor as a (2048, 2048) weight for the weight-only schemes: bits per
 weight, SNR, bytes = reference, and the M = 1 matmul time against cuBLAS fp16 on the tensor tiled to
-8192 x 8192. A third reads the tensor as FP8 activations of the W8A8 matmul (scaled_matmul) against a
-Gaussian FP8 weight, per-token x per-channel and in 1x128 x 128x128 blocks: SNR against the float64
-product of the bf16 operands, the kernels' error bound checked on every element, and the time of a
-4096 x 4096 x 4096 call against cuBLAS bf16 (skipped, with one line saying why, on GPUs without FP8
-tensor cores). Exit status: 0 when every scheme matches the reference and every W8A8 element is
+8192 x 8192. A third reads the tensor as the activations of the W8A8 matmul (scaled_matmul) against a
+Gaussian weight: FP8 per-token x per-channel and in 1x128 x 128x128 blocks, INT8 per-token (with and
+without zero points) x per-channel: SNR against the float64 product of the bf16 operands, the
+kernels' error bound checked on every element (INT8: the reference's result bit for bit), and the
+time of a 4096 x 4096 x 4096 call against cuBLAS bf16 (a row the GPU has no tensor cores for says
+so in one line). Exit status: 0 when every scheme matches the reference and every W8A8 element is
 within its bound, 2 when one is not, 1 with no GPU.
 """
 

@@ -5,7 +5,7 @@
     python scripts/bench.py --ops quant_dynamic,group128 --markdown out.md
     python scripts/bench.py --list               # the ops and their shapes
     python scripts/bench.py --matmul             # the weight-only matmul against cuBLAS
-    python scripts/bench.py --w8a8               # the W8A8 FP8 matmul (scripts/bench_w8a8.py)
+    python scripts/bench.py --w8a8               # the W8A8 FP8 and INT8 matmul (scripts/bench_w8a8.py)
     python scripts/bench.py --kv-cache           # the FP8 KV-cache write (scripts/bench_kv_cache.py)
     python scripts/bench.py --norm               # fused RMSNorm + quantization (scripts/bench_norm.py)
     python scripts/bench.py --sweep --json sweep.json --plot sweep.png
@@ -634,7 +634,7 @@ def build_parser():
         "--from-json", help="--sweep: tabulate (and --plot) saved runs (comma-separated) instead of measuring"
     )
     s.add_argument("--plot", help="--sweep: draw GB/s against bytes moved to this image (needs matplotlib)")
-    w = p.add_argument_group("W8A8 FP8 matmul (scripts/bench_w8a8.py)")
+    w = p.add_argument_group("W8A8 FP8 and INT8 matmul (scripts/bench_w8a8.py)")
     w.add_argument("--w8a8", action="store_true", help="the W8A8 matmul table against cuBLASLt and cuBLAS bf16")
     w.add_argument("--w8a8-ms", default=None, help=f"rows of a (default {','.join(map(str, bench_w8a8.MS))})")
     w.add_argument(

@@ -33,7 +33,7 @@ MODULES = [
     ("norm", "Fused (residual add +) RMSNorm + quantization"),
     ("kv_cache", "Quantized KV-cache writes"),
     ("weight", "Weight-only INT4/FP8 and the matmul"),
-    ("w8a8", "W8A8 FP8 matmul"),
+    ("w8a8", "W8A8 FP8 and INT8 matmul"),
     ("_jit", "Errors"),
 ]
 

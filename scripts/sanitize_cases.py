@@ -529,7 +529,7 @@ def run_wgmma(run: Run):
         )
 
 
-# ------------------------------------------------------------------ W8A8 FP8 matmul
+# ------------------------------------------------------------------ W8A8 FP8 and INT8 matmul
 def run_w8a8(run: Run):
     """scaled_mm on both kernels (the Hopper one where the GPU has it): every scaling mode, M, N and
     K tails, a K split, packed UE8M0 and column-major activation scales, bias, a poisoned out=.

@@ -162,7 +162,7 @@ __all__ = [
     "weight_code_sum",
     "dequantize_weight_int8",
     "prepare_weight",
-    # the W8A8 FP8 matmul
+    # the W8A8 matmul (FP8 and INT8)
     "W8A8_BLOCK",
     "W8A8_REL_ERROR",
     "unpack_ue8m0_words",
