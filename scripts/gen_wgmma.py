@@ -71,42 +71,36 @@ def wrapper(n: int, ctype: str, ptype: str) -> str:
     return "\n".join(lines)
 
 
-def fp8_wrapper(n: int, fa: int, pa: str, fb: int, pb: str) -> str:
+def smem_wrapper(name: str, n: int, acc: str, ptx_types: str, extra: str) -> str:
+    """``template <> struct {name}`` whose mma issues one m64nNk32 wgmma with both operands in shared
+    memory: ``acc`` the accumulators' C type (float: "+f", int: "+r"), ``ptx_types`` the instruction's
+    type suffixes, ``extra`` what follows the scale-d predicate (the FP8 forms' imm-scale-a/b)."""
     nd = n // 2
     dlist = ",".join(f"%{i}" for i in range(nd))
     lines = [
-        "template <> struct WgmmaFp8<%d, %d, %d> {" % (fa, fb, n),
-        "    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {",
+        "template <> struct %s {" % name,
+        "    static __device__ __forceinline__ void mma(%s* d, unsigned long long da, unsigned long long db, int scale_d) {"
+        % acc,
         "        asm volatile(",
         '            "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (nd + 2),
-        '            "wgmma.mma_async.sync.aligned.m64n%dk32.f32.%s.%s "' % (n, pa, pb),
-        '            "{%s}, %%%d, %%%d, p, 1, 1;\\n}"' % (dlist, nd, nd + 1),
+        '            "wgmma.mma_async.sync.aligned.m64n%dk32.%s "' % (n, ptx_types),
+        '            "{%s}, %%%d, %%%d, p%s;\\n}"' % (dlist, nd, nd + 1, extra),
     ]
-    douts = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+    constraint = "+f" if acc == "float" else "+r"
+    douts = ", ".join(f'"{constraint}"(d[{i}])' for i in range(nd))
     lines.append(f"            : {douts}")
     lines.append('            : "l"(da), "l"(db), "r"(scale_d));')
     lines.append("    }")
     lines.append("};")
     return "\n".join(lines)
+
+
+def fp8_wrapper(n: int, fa: int, pa: str, fb: int, pb: str) -> str:
+    return smem_wrapper("WgmmaFp8<%d, %d, %d>" % (fa, fb, n), n, "float", f"f32.{pa}.{pb}", ", 1, 1")
 
 
 def s8_wrapper(n: int) -> str:
-    nd = n // 2
-    dlist = ",".join(f"%{i}" for i in range(nd))
-    lines = [
-        "template <> struct WgmmaS8<%d> {" % n,
-        "    static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {",
-        "        asm volatile(",
-        '            "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (nd + 2),
-        '            "wgmma.mma_async.sync.aligned.m64n%dk32.s32.s8.s8 "' % n,
-        '            "{%s}, %%%d, %%%d, p;\\n}"' % (dlist, nd, nd + 1),
-    ]
-    douts = ", ".join(f'"+r"(d[{i}])' for i in range(nd))
-    lines.append(f"            : {douts}")
-    lines.append('            : "l"(da), "l"(db), "r"(scale_d));')
-    lines.append("    }")
-    lines.append("};")
-    return "\n".join(lines)
+    return smem_wrapper("WgmmaS8<%d>" % n, n, "int", "s32.s8.s8", "")
 
 
 def generated() -> str:
