@@ -156,6 +156,17 @@ template <> __device__ __forceinline__ uint4 pack16<float>(const float* f) {
 
 // 16-byte global load through the read-only path; streaming store that does not linger in L1.
 __device__ __forceinline__ uint4 ld16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// 16 consecutive elements of T from p (16-byte aligned) as floats: every 16-byte load issued before
+// any is unpacked.
+template <typename T> __device__ __forceinline__ void load16_floats(const T* p, float (&f)[16]) {
+    constexpr int N = Vec16<T>::N, LOADS = 16 / N;
+    uint4 v[LOADS];
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) v[l] = ld16(p + l * N);
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) unpack16<T>(v[l], f + l * N);
+}
 __device__ __forceinline__ void st16(void* p, const uint4& v) { __stcs(reinterpret_cast<uint4*>(p), v); }
 
 // ---------------------------------------------------------------- |x| maxima on bit patterns

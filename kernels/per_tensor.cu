@@ -91,16 +91,10 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, i64 n,
     if (t == 0) *scale_inv_out = scale_inv;
 
     if (VEC) {
-        constexpr int N = Vec16<T>::N;
-        constexpr int LOADS = 16 / N;
         const i64 nvec = n >> 4;
         if (t < nvec) {
-            uint4 v[LOADS];
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) v[l] = ld16(x + t * 16 + l * N);
             float f[16];
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) unpack16<T>(v[l], f + l * N);
+            load16_floats(x + t * 16, f);
             unsigned w[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -225,16 +219,10 @@ int8_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, i64 n, con
         if (AZP) *zp_out = z;
     }
     if (VEC) {
-        constexpr int N = Vec16<T>::N;
-        constexpr int LOADS = 16 / N;
         const i64 nvec = n >> 4;
         if (t < nvec) {
-            uint4 v[LOADS];
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) v[l] = ld16(x + t * 16 + l * N);
             float f[16];
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) unpack16<T>(v[l], f + l * N);
+            load16_floats(x + t * 16, f);
             bool fast = s_ok;
             if (!AZP) {
                 unsigned m = 0;

@@ -153,6 +153,11 @@ __device__ __forceinline__ void named_sync(int threads) { asm volatile("bar.sync
 __device__ __forceinline__ float to_bits(float v) { return v; }
 __device__ __forceinline__ float to_bits(int v) { return __int_as_float(v); }
 
+// finish_tile's final step where the pairs already hold v (FP8, and INT8 converted in place)
+struct AsScaled {
+    __device__ __forceinline__ float2 operator()(int, int, int, float v0, float v1) const { return make_float2(v0, v1); }
+};
+
 template <typename TY, typename V, int BM, int BN, int THREADS, int NP, typename Visit, typename Final>
 __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
                                             const MmArgs& p, i64 m0, i64 n0, i64 tile, i64 tiles, int part, int tid, Visit visit, Final final) {

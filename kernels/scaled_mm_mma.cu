@@ -283,17 +283,18 @@ __global__ void __launch_bounds__(256, 1)
     }
     cp_async_wait<0>();
 
-    // this thread's pairs: rows wm WTM + 16 mt + 8 h + g, columns wn WTN + 8 j + 2 t (+ 1); pair i of
-    // row (mt, h) and column j is i = (mt * 2 + h) * NT + j
-    auto visit = [&](auto f) {
+    // this thread's pairs of vals (acc, or its values converted in place): rows wm WTM + 16 mt + 8 h + g,
+    // columns wn WTN + 8 j + 2 t (+ 1); pair i of row (mt, h) and column j is i = (mt * 2 + h) * NT + j
+    auto pairs = [&](auto& vals, auto f) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
-                    f((mt * 2 + h) * NT + j, wm * WTM + 16 * mt + 8 * h + g, wn * WTN + 8 * j + 2 * t, acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+                    f((mt * 2 + h) * NT + j, wm * WTM + 16 * mt + 8 * h + g, wn * WTN + 8 * j + 2 * t, vals[mt][j][2 * h], vals[mt][j][2 * h + 1]);
     };
+    auto visit = [&](auto f) { pairs(acc, f); };
     // rows and columns past the ends read the last one's scales (never stored)
     auto row_of = [&](int mt, int h) { return min(m0 + wm * WTM + 16 * mt + 8 * h + g, p.M - 1); };
     auto col_of = [&](int j, int e) { return min(n0 + wn * WTN + 8 * j + 2 * t + e, p.N - 1); };
@@ -318,15 +319,7 @@ __global__ void __launch_bounds__(256, 1)
                         v[r >> 1][j][2 * (r & 1) + e] = int_epilogue(adj, c, acc[r >> 1][j][2 * (r & 1) + e], z_r[r], mul_rn(sa_r[r], sbc));
                 }
             finish_tile<TY, float, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid,
-                                                                 [&](auto f) {
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-#pragma unroll
-                        for (int j = 0; j < NT; ++j)
-                            f((mt * 2 + h) * NT + j, wm * WTM + 16 * mt + 8 * h + g, wn * WTN + 8 * j + 2 * t, v[mt][j][2 * h], v[mt][j][2 * h + 1]);
-            }, [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+                                                                 [&](auto f) { pairs(v, f); }, AsScaled());
         } else {  // the parts' integer sums first
             finish_tile<TY, int, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid, visit,
                                                                [&](int i, int, int n, int v0, int v1) {
@@ -355,7 +348,7 @@ __global__ void __launch_bounds__(256, 1)
                 }
         }
         finish_tile<TY, float, BM, BN, THREADS, MT * 2 * NT>(y, bias, ws, counters, p, m0, n0, (i64)blockIdx.x, (i64)gridDim.x, (int)blockIdx.z, tid, visit,
-                                                             [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+                                                             AsScaled());
     }
 #else
     __trap();  // mma.sync of 8-bit operands needs compute capability 8.0 (mma.py launches it only there)

@@ -235,14 +235,16 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             for (int j = 0; j <= SA; ++j)
                 if (i + j < niter) block(i + j, sc[j], sc[(j + SA) % (SA + 1)]);
         }
-        // this thread's pairs: pair 2 j is row row0, 2 j + 1 row row0 + 8, both columns 8 j + 2 t (+ 1)
-        auto visit = [&](auto f) {
+        // this thread's pairs: pair 2 j is row row0, 2 j + 1 row row0 + 8, both columns 8 j + 2 t (+ 1), of
+        // acc or of its values converted in place
+        auto pairs = [&](auto& vals, auto f) {
 #pragma unroll
             for (int j = 0; j < ND / 4; ++j) {
-                f(2 * j, row0, 8 * j + 2 * t, acc[4 * j], acc[4 * j + 1]);
-                f(2 * j + 1, row0 + 8, 8 * j + 2 * t, acc[4 * j + 2], acc[4 * j + 3]);
+                f(2 * j, row0, 8 * j + 2 * t, vals[4 * j], vals[4 * j + 1]);
+                f(2 * j + 1, row0 + 8, 8 * j + 2 * t, vals[4 * j + 2], vals[4 * j + 3]);
             }
         };
+        auto visit = [&](auto f) { pairs(acc, f); };
         if constexpr (INT) {  // the last block retires, its slot is released; then scaled_mm.cuh's integer epilogue
             wg_wait<0>();
             __syncwarp();
@@ -261,13 +263,7 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
                     v[4 * j + 3] = int_epilogue(adj, c1, acc[4 * j + 3], z1, mul_rn(sa1, sb1));
                 }
                 finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid,
-                                                           [&](auto f) {
-#pragma unroll
-                    for (int j = 0; j < ND / 4; ++j) {
-                        f(2 * j, row0, 8 * j + 2 * t, v[4 * j], v[4 * j + 1]);
-                        f(2 * j + 1, row0 + 8, 8 * j + 2 * t, v[4 * j + 2], v[4 * j + 3]);
-                    }
-                }, [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+                                                           [&](auto f) { pairs(v, f); }, AsScaled());
             } else {  // the parts' integer sums first
                 finish_tile<TY, int, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
                                                          [&](int i, int, int n, int v0, int v1) {
@@ -289,7 +285,7 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
                 }
             }
             finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
-                                                       [](int, int, int, float v0, float v1) { return make_float2(v0, v1); });
+                                                       AsScaled());
         }
     }
 #else
