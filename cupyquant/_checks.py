@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _dtypes
 
-WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn", "int8")
+WEIGHT_DTYPES = ("int4", "uint4", "float8_e4m3fn", "int8", "nvfp4", "mxfp4")
 WEIGHT_GROUP_SIZES = (32, 64, 128, None)
 #: The 2-D blocks (rows, columns) of block-scaled FP8 weights: DeepSeek-V3's 128 x 128.
 WEIGHT_BLOCK_SIZES = ((128, 128),)
@@ -31,7 +31,7 @@ DEFAULT_GROUP_SIZE = _DefaultGroupSize(128)
 def weight_scheme(dtype, symmetric=True) -> str:
     """The weight scheme a ``(dtype, symmetric)`` pair names: ``"int4"`` (symmetric, uint4b8),
     ``"uint4"`` (asymmetric with zero points: ``dtype="uint4"``, or ``"int4"`` with
-    ``symmetric=False``), ``"float8_e4m3fn"`` or ``"int8"`` (both symmetric only)."""
+    ``symmetric=False``), ``"float8_e4m3fn"``, ``"int8"``, ``"nvfp4"`` or ``"mxfp4"`` (symmetric only)."""
     if not isinstance(dtype, str):
         # ml_dtypes.float8_e4m3fn and numpy.int8 (the types or their np.dtype) name the FP8 and INT8
         # schemes, as they do for quantize_fp8 and quantize_groupwise; int4/uint4 have names only
@@ -45,7 +45,7 @@ def weight_scheme(dtype, symmetric=True) -> str:
         dtype = name if name in ("float8_e4m3fn", "int8") else dtype
     if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
-    if dtype in ("float8_e4m3fn", "int8"):
+    if dtype in ("float8_e4m3fn", "int8", "nvfp4", "mxfp4"):
         if not symmetric:
             raise ValueError(f"symmetric=False: {dtype} weights have no zero points")
         return dtype

@@ -127,8 +127,10 @@ template <typename T, int S, int WARPS, int BLOCKS_PER_SM, int ROW_TILES, int SC
           bool SCALE_AFTER_SUM>
 __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                          const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
-                                                                         T* __restrict__ y, MatmulArgs a) {
+                                                                         const float* __restrict__ scale_2, T* __restrict__ y, MatmulArgs a) {
     constexpr bool FP8 = S == W_FP8;
+    constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
+    constexpr int NB = S == W_NVFP4 ? 8 : 4;  // FP4: scale bytes of a weight row per chunk
     constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
     constexpr int CHUNK = 4 * VALS;      // k per chunk
     constexpr int CBYTES = 64;           // bytes of a weight row per chunk
@@ -163,6 +165,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     const unsigned char* wsrc[RT][2];
     const unsigned short* srow[RT][2];
     const unsigned char* zrow[RT][2];
+    const unsigned char* s8row[RT][2];  // FP4: the row's NB scale bytes of chunk 0 ([n16][chunk][16][NB])
     const i64 ntiles = (a.N + 15) / 16;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -172,13 +175,15 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
             wsrc[r][h] = wq + (tile * nchunks * 16 + 8 * h + g) * CBYTES + t * 16;
             srow[r][h] = sc16 + tile * a.ng * 16 + 8 * h + g;
             zrow[r][h] = S == W_UINT4 ? zeros + tile * a.ng * 8 + 4 * h + g / 2 : zeros;
+            s8row[r][h] = reinterpret_cast<const unsigned char*>(scales) + ((tile * nchunks) * 16 + 8 * h + g) * NB;
         }
     const T* arow[MT];
 #pragma unroll
     // K_PERMUTED (SCALE_AFTER_SUM: whole-chunk groups): the prepared chunk's 4 x 4 blocks of 8 k are transposed
     // (weight/quantize.py k_permuted), so this lane's k 32 t + 8 q + r (of the layout) are the chunk's k
     // 32 q + 8 t + r, and quarter q of the four lanes t is one 64-byte piece of an activation row
-    constexpr bool K_PERMUTED = SCALE_AFTER_SUM && !FP8;
+    // (FP4 weights are always in this order)
+    constexpr bool K_PERMUTED = (SCALE_AFTER_SUM && !FP8) || FP4;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) arow[mt] = act + min(m0 + 8 * mt + g, a.M - 1) * a.lda + t * (K_PERMUTED ? 8 : VALS);
 
@@ -205,7 +210,24 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     };
     // the scale bits of this lane's rows for chunk c (the zero code in the high half for uint4); past
     // the last chunk, the last chunk's again (never used)
+    // FP4: the row's four scale bytes of this lane's quarters q = 0..3 of chunk c (chunk k 32 q + 8 t ..
+    // 32 q + 8 t + 7, K_PERMUTED), byte q: MXFP4 group q, NVFP4 group 2 q + t / 2 (of the chunk's 8)
     auto load_groups = [&](int c, unsigned (&gd)[RT][2]) {
+        if constexpr (FP4) {
+            const i64 off = (i64)min(c, nchunks - 1) * (16 * NB);
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if constexpr (S == W_NVFP4) {
+                        const uint2 v = __ldg(reinterpret_cast<const uint2*>(s8row[r][h] + off));
+                        gd[r][h] = __byte_perm(v.x, v.y, t >= 2 ? 0x7531 : 0x6420);
+                    } else {
+                        gd[r][h] = __ldg(reinterpret_cast<const unsigned*>(s8row[r][h] + off));
+                    }
+                }
+            return;
+        }
         const i64 grp = ((i64)min(c, nchunks - 1) * CHUNK + t * VALS) >> a.gshift;
 #pragma unroll
         for (int r = 0; r < RT; ++r)
@@ -260,7 +282,8 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 keep_reg(wsrc[r][h]);
-                keep_reg(srow[r][h]);
+                if constexpr (FP4) keep_reg(s8row[r][h]);
+                else keep_reg(srow[r][h]);
                 if constexpr (S == W_UINT4) keep_reg(zrow[r][h]);
             }
 #pragma unroll
@@ -292,10 +315,16 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
         // per row: the scale pair (and float scale), -(bias + z) in each half
         unsigned s2[RT][2], zb[RT][2];
         float sf[RT][2];
+        unsigned sq[FP4 ? RT : 1][2][4];  // FP4: the scale pair of each row and quarter (fp4_scale2)
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+                if constexpr (FP4) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) sq[r][h][q] = fp4_scale2<T, S>((gd[r][h] >> (8 * q)) & 0xffu);
+                    continue;
+                }
                 const unsigned sb = gd[r][h] & 0xffffu;
                 const unsigned z = S == W_UINT4 ? gd[r][h] >> 16 : 8u;
                 s2[r][h] = sb * 0x10001u;
@@ -315,10 +344,15 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
                     for (int mt = 0; mt < MT; ++mt) part[ch][r][mt][0] = part[ch][r][mt][1] = part[ch][r][mt][2] = part[ch][r][mt][3] = 0.0f;
         }
         // INT4: word of tile r -> its four A registers (rows g, g + 8, g, g + 8): q - z exactly
-        // (SCALE_AFTER_SUM), else the dequantized weights
-        auto dq_word = [&](unsigned word, int r, unsigned (&d)[4]) {
+        // (SCALE_AFTER_SUM), else the dequantized weights. FP4: w' (fp4_frag times the scale of the
+        // register's row and quarter: word (sl, tp) register j is row j % 2 at quarter 2 sl + j / 2)
+        auto dq_word = [&](unsigned word, int r, int sl, unsigned (&d)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
+                if constexpr (FP4) {
+                    d[j] = H::fma2(fp4_frag<T>(word, j), sq[r][j & 1][2 * sl + (j >> 1)], 0x80008000u);
+                    continue;
+                }
                 unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact
                 if constexpr (!SCALE_AFTER_SUM) b = H::fma2(b, s2[r][j & 1], 0x80008000u);
                 d[j] = b;
@@ -364,7 +398,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
                     for (int r = 0; r < RT; ++r) {
                         unsigned d[2][4];  // words tp and tp + 1
 #pragma unroll
-                        for (int u = 0; u < 2; ++u) dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp + u], r, d[u]);
+                        for (int u = 0; u < 2; ++u) dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp + u], r, sl, d[u]);
 #pragma unroll
                         for (int hl = 0; hl < 2; ++hl) {  // the low k pairs, then the high ones
                             const unsigned af[4] = {d[0][2 * hl], d[0][2 * hl + 1], d[1][2 * hl], d[1][2 * hl + 1]};
@@ -390,7 +424,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
                         unsigned af[4];  // a0..a3
-                        dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp], r, af);
+                        dq_word(reinterpret_cast<const unsigned*>(&wv[r][sl])[tp], r, sl, af);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) mma16816<T>(SCALE_AFTER_SUM ? part[(4 * sl + tp) % NCH][r][mt] : acc[r][mt], af, bf[mt][0], bf[mt][1]);
                     }
@@ -428,6 +462,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     float* red = reinterpret_cast<float*>(mm_smem);  // [WARPS][RT][MT][4][32]
     float* fin = red + WARPS * OUTS;                 // [RT][MT][4][32] (within the rings' half)
     const int splits = (int)gridDim.z;
+    const float osc = FP4 ? fp4_out_scale<S>(scale_2) : 1.0f;  // FP4: the sums times 2^FP4_SHIFT (and scale_2)
     // output o of the block's tile: (row of a, weight row), relative to (m0, n0)
     auto out_mn = [](int o, int& m, int& n) {
         const int l = o & 31, q = (o >> 5) & 3, mt = (o >> 7) % MT, r = (o >> 7) / MT;
@@ -453,7 +488,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
         int dm, dn;
         out_mn(o, dm, dn);
         const i64 m = m0 + dm, n = n0 + dn;
-        if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(sum);
+        if (m < a.M && n < a.N) y[m * a.N + n] = from_float<T>(FP4 ? mul_rn(sum, osc) : sum);
     }
     if (splits == 1) return;
     // The cluster's blocks add their sums through distributed shared memory, block r the r-th share
@@ -477,7 +512,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
 #pragma unroll
         for (int r = 1; r < DECODE_MAX_SPLITS; ++r)
             if (r < splits) sum = add_rn(sum, v[r]);
-        y[m * a.N + n] = from_float<T>(sum);
+        y[m * a.N + n] = from_float<T>(FP4 ? mul_rn(sum, osc) : sum);
     }
     cluster_sync_exit();
 #else

@@ -7,6 +7,8 @@
 #define W_INT4 0   // symmetric, codes q - 8
 #define W_UINT4 1  // asymmetric, codes q - z
 #define W_FP8 2    // E4M3 values
+#define W_NVFP4 4  // E2M1 values, an E4M3 scale per 16 k and a float32 scale_2 per weight
+#define W_MXFP4 5  // E2M1 values, an E8M0 scale per 32 k (3 is weight_quant.cu's W_INT8)
 
 
 template <typename T> struct HalfOps;
@@ -68,6 +70,52 @@ template <typename T> __host__ __device__ constexpr unsigned frag_mul(int row) {
 // bits of 1024 + z are 0x6400 + z, of 64 + z 0x5400 + 16 z, of 128 + z 0x4300 + z
 template <typename T> __host__ __device__ constexpr unsigned frag_zero_bias(unsigned z, int row) {
     return ((cq::same_type<T, __half>::value ? (row ? 0x5400u + 16u * z : 0x6400u + z) : 0x4300u + z) | 0x8000u) * 0x10001u;
+}
+
+// FP4 weights (W_NVFP4, W_MXFP4) in the fragment order of INT4 (the chunks' 4 x 4 blocks of 8 k
+// transposed). The tensor cores take w' = e2m1(q) * s * 2^-FP4_SHIFT, s the block scale, which is
+// exact in fp16 and in bf16 for every E4M3 scale (|e2m1 * s| is a multiple of 2^-10 with at most 6
+// significant bits, at most 2688), and for E8M0 scales 2^e with -16 <= e <= 8 (fp16) or
+// -125 <= e <= 8 (bf16); the sums are multiplied by 2^FP4_SHIFT (and NVFP4's scale_2) in float32
+// at the end (fp4_out_scale).
+#define FP4_SHIFT 7
+template <typename T> struct Fp4Bits;
+template <> struct Fp4Bits<__half> {
+    static constexpr int SHIFT = 3, BIAS = 14;  // 2-bit exponent and mantissa bit to fp16 bits 11..9: e2m1 * 2^-14
+    static constexpr unsigned MAG = 0x0e000e00u;
+};
+template <> struct Fp4Bits<__nv_bfloat16> {
+    static constexpr int SHIFT = 6, BIAS = 126;  // to bf16 bits 8..6: e2m1 * 2^-126
+    static constexpr unsigned MAG = 0x01c001c0u;
+};
+// Register j of a fragment-ordered word of E2M1 codes (nibble j in half 0 and j + 4 in half 1, as
+// frag_codes): each half e2m1 * 2^-BIAS exactly. The sign goes to bit 15, the two exponent bits
+// and the mantissa bit to the 16-bit type's low exponent bits and top mantissa bit; a zero
+// exponent (0 and 0.5) becomes the type's subnormal of the same scale.
+template <typename T> __device__ __forceinline__ unsigned fp4_frag(unsigned word, int j) {
+    const unsigned x = word << (4 * (3 - j));  // nibble j at bits 12..15, nibble j + 4 at bits 28..31
+    return (x & 0x80008000u) | ((x >> Fp4Bits<T>::SHIFT) & Fp4Bits<T>::MAG);
+}
+// The block scale of scale byte b (NVFP4: E4M3; MXFP4: E8M0, 2^(b - 127)) times 2^(BIAS - FP4_SHIFT)
+// in both halves of a T pair, so that fp4_frag * fp4_scale2 = e2m1 * s * 2^-FP4_SHIFT. E4M3:
+// |s| = v * 2^-9 with the integer v = (8 + m) << (e - 1), or m when e = 0 (exact in float32).
+template <typename T, int S> __device__ __forceinline__ unsigned fp4_scale2(unsigned b) {
+    constexpr int P = Fp4Bits<T>::BIAS - FP4_SHIFT;  // 7 (fp16) or 119 (bf16)
+    float f;
+    if constexpr (S == W_NVFP4) {
+        const unsigned m = b & 7u, e = (b >> 3) & 15u;
+        const unsigned v = e ? (8u + m) << (e - 1) : m;
+        f = cq::mul_rn((float)v, P == 7 ? 0x1p-2f : 0x1p110f);  // 2^(P - 9)
+        if (b & 0x80u) f = -f;
+    } else {
+        const float e = __uint_as_float(b ? (b & 0xffu) << 23 : 0x00400000u);  // 2^(b - 127); 2^-127 is subnormal
+        f = cq::mul_rn(e, P == 7 ? 0x1p7f : 0x1p119f);
+    }
+    return (unsigned)cq::bits16_rn<T>(f) * 0x10001u;
+}
+// 2^FP4_SHIFT, times NVFP4's float32 scale_2: what the float32 sums of w' are multiplied by.
+template <int S> __device__ __forceinline__ float fp4_out_scale(const float* scale_2) {
+    return S == W_NVFP4 ? cq::mul_rn(0x1p7f, __ldg(scale_2)) : 0x1p7f;
 }
 
 template <typename T>

@@ -63,7 +63,7 @@ __device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) 
 template <typename T, int S, int MT, int WM, int STAGES, bool SCALE_AFTER_SUM>
 __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                               const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
-                                                              T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
+                                                              const float* __restrict__ scale_2, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
                                                               GemmArgs a) {
     constexpr int THREADS = 32 * GM_WN * WM;
     constexpr int BM = 16 * MT * WM;

@@ -832,7 +832,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
 template <typename T, int S, int BMA, int STAGES, int HALVES, bool K_PERMUTED>
 __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)
     sm90_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq, const T* __restrict__ scales,
-                const unsigned char* __restrict__ zeros, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
+                const unsigned char* __restrict__ zeros, const float* __restrict__ scale_2, T* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
                 WgArgs a, const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(HALVES == 1 || HALVES == 2, "a stage is 64 or 128 k");

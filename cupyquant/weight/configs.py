@@ -16,16 +16,26 @@ from .. import _dtypes, _jit
 
 _BOOLS = (False, True)
 
-# Weight schemes of the kernels (kernels/weight_mma.cuh W_INT4, W_UINT4, W_FP8; weight_quant.cu
-# W_INT8). SCHEME_IDS: the matmul kernels' schemes; QUANT_SCHEME_IDS: weight_quant.cu's, which
-# also quantizes and dequantizes INT8 (W8A8) weights, which no weight-only matmul takes.
-WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8, WEIGHT_INT8 = 0, 1, 2, 3
-SCHEME_IDS = {"int4": WEIGHT_INT4, "uint4": WEIGHT_UINT4, "float8_e4m3fn": WEIGHT_FP8}
-QUANT_SCHEME_IDS = {**SCHEME_IDS, "int8": WEIGHT_INT8}
+# Weight schemes of the kernels (kernels/weight_mma.cuh W_INT4, W_UINT4, W_FP8, W_NVFP4, W_MXFP4;
+# weight_quant.cu W_INT8). SCHEME_IDS: the matmul kernels' schemes; QUANT_SCHEME_IDS:
+# weight_quant.cu's, which also quantizes and dequantizes INT8 (W8A8) weights, which no weight-only
+# matmul takes.
+WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8, WEIGHT_INT8, WEIGHT_NVFP4, WEIGHT_MXFP4 = 0, 1, 2, 3, 4, 5
+SCHEME_IDS = {
+    "int4": WEIGHT_INT4,
+    "uint4": WEIGHT_UINT4,
+    "float8_e4m3fn": WEIGHT_FP8,
+    "nvfp4": WEIGHT_NVFP4,
+    "mxfp4": WEIGHT_MXFP4,
+}
+QUANT_SCHEME_IDS = {n: i for n, i in SCHEME_IDS.items() if n not in ("nvfp4", "mxfp4")} | {"int8": WEIGHT_INT8}
 INT4_IDS = (WEIGHT_INT4, WEIGHT_UINT4)
+FP4_IDS = (WEIGHT_NVFP4, WEIGHT_MXFP4)
+#: The FP4 formats: E2M1 codes with a scale byte per block of ``block`` k (E4M3 or E8M0).
+FP4_BLOCK = {"nvfp4": 16, "mxfp4": 32}
 
 #: K of one chunk of the prepared layout: 64 bytes of a weight row (the decode kernel's K step).
-CHUNK = {"int4": 128, "uint4": 128, "float8_e4m3fn": 64}
+CHUNK = {"int4": 128, "uint4": 128, "float8_e4m3fn": 64, "nvfp4": 128, "mxfp4": 128}
 #: The largest grid y; launches with more row tiles than this are cut into several.
 MAX_GRID_Y = 65535
 
@@ -203,14 +213,26 @@ QUANT_FAMILY = _jit.register(
     + _jit.product("weight_quantize_block", _dtypes.INPUT_CTYPES)
     + _jit.product("weight_dequantize_block", _dtypes.INPUT_CTYPES),
 )
+# FP4 weights are dequantized before the mma (no scale_after_sum), and not offered the even/odd
+# configuration, which serves scale_after_sum only.
 DECODE_FAMILY = _jit.register(
     "weight_decode",
     [
         e
         for cfg in DECODE_CONFIGS
         for e in _jit.product(
-            "w16_decode", _dtypes.HALF_CTYPES, SCHEME_IDS.values(), *[(v,) for v in cfg.targs], _BOOLS
+            "w16_decode",
+            _dtypes.HALF_CTYPES,
+            (WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8),
+            *[(v,) for v in cfg.targs],
+            _BOOLS,
         )
+    ]
+    + [
+        e
+        for cfg in DECODE_CONFIGS
+        if not cfg.even_odd_sums
+        for e in _jit.product("w16_decode", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg.targs], (False,))
     ],
 )
 SM80_GEMM_FAMILY = _jit.register(

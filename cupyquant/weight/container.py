@@ -31,9 +31,14 @@ class _WeightScheme(Scheme):
     __hash__ = Scheme.__hash__
 
 
+#: The scale bytes' dtype of the FP4 formats.
+FP4_SCALE_DTYPES = {"nvfp4": "float8_e4m3fn", "mxfp4": "float8_e8m0fnu"}
+
+
 def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain", *, block=None) -> Scheme:
-    """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"``, ``"float8_e4m3fn"`` or ``"int8"``, groups of
-    ``group_size`` along K (None: one scale per output channel), scales in ``dtype``; or, with
+    """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"``, ``"float8_e4m3fn"``, ``"int8"``,
+    ``"nvfp4"`` or ``"mxfp4"``, groups of ``group_size`` along K (None: one scale per output
+    channel), scales in ``dtype`` (FP4: the scale bytes' E4M3 or E8M0); or, with
     ``block`` ``(rows, columns)``, FP8 in 2-D blocks (granularity ``"block"``, ``group_size``
     ignored)."""
     if layout not in _LAYOUTS:
@@ -52,7 +57,7 @@ def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain", *,
         format=fmt,
         granularity="channel" if channel else "group",
         block=(int(K) if channel else int(group_size),),
-        scale_dtype=np.dtype(dtype).name,
+        scale_dtype=FP4_SCALE_DTYPES.get(fmt) or np.dtype(dtype).name,
         scale_layout=layout,
         family=FAMILY,
     )
@@ -86,6 +91,11 @@ class QuantizedWeight:
         ``acc - z(m) * code_sum(n)`` (vLLM's ``azp_adj``) without reading the weight again. Kept
         with the weight by :meth:`copy` and :meth:`to_host`; if you write into ``data``, rebuild
         the weight (or its ``code_sum``).
+    scale_2 : cupy.ndarray or None
+        NVFP4 only: the float32 ``(1,)`` decode scale of the whole weight (ModelOpt's
+        ``weight_scale_2``), ``w ~ e2m1(q) * (e4m3(scale) * scale_2)``; from :func:`quantize_weight`
+        ``float32(1 / S_enc)``, ``S_enc`` the global scale of :func:`cupyquant.quantize_nvfp4`. None
+        for every other format.
     scheme : Scheme
         ``format`` ``"int4"`` (symmetric, codes ``q - 8``), ``"uint4"`` (asymmetric, ``q - z``),
         ``"float8_e4m3fn"`` or ``"int8"`` (symmetric, W8A8 INT8: one scale per output channel, plain
@@ -114,7 +124,9 @@ class QuantizedWeight:
     and the ops name what is wrong).
     """
 
-    def __init__(self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None, code_sum=None):
+    def __init__(
+        self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None, code_sum=None, scale_2=None
+    ):
         if isinstance(scheme, str):  # the older form: (..., format, group_size, shape, dtype[, layout])
             if len(deprecated) not in (1, 2) or len(deprecated) == 2 and layout is not None:
                 raise TypeError(
@@ -140,6 +152,7 @@ class QuantizedWeight:
 
             code_sum = code_sums(data)
         self.code_sum = code_sum
+        self.scale_2 = scale_2
         # the arrays a matmul has read (dispatch.arrays_key): later calls with the same arrays may
         # read them before the kernel before them completes (dispatch.early_ok)
         self._read_key = None
@@ -254,7 +267,7 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes on the device: data, scales, zero points and code sums."""
-        extra = sum(0 if a is None else a.nbytes for a in (self.zero_point, self.code_sum))
+        extra = sum(0 if a is None else a.nbytes for a in (self.zero_point, self.code_sum, self.scale_2))
         return self.data.nbytes + self.scale.nbytes + extra
 
     def _with(self, data, scale, zero_point, layout: str, code_sum=None) -> "QuantizedWeight":
@@ -263,7 +276,9 @@ class QuantizedWeight:
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
         scheme = dataclasses.replace(self.scheme, scale_layout=layout)
-        return QuantizedWeight(data, scale, zero_point, scheme, self.shape, self.dtype, code_sum=code_sum)
+        return QuantizedWeight(
+            data, scale, zero_point, scheme, self.shape, self.dtype, code_sum=code_sum, scale_2=self.scale_2
+        )
 
     def dequantize(self, dtype=None, *, out=None):
         """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
@@ -276,7 +291,10 @@ class QuantizedWeight:
         """A copy with its own device arrays (same layout), ``code_sum`` included."""
         z = None if self.zero_point is None else self.zero_point.copy()
         cs = None if self.code_sum is None else self.code_sum.copy()
-        return self._with(self.data.copy(), self.scale.copy(), z, self.scheme.scale_layout, cs)
+        w = self._with(self.data.copy(), self.scale.copy(), z, self.scheme.scale_layout, cs)
+        if self.scale_2 is not None:
+            w.scale_2 = self.scale_2.copy()
+        return w
 
     def prepare(self) -> "QuantizedWeight":
         """:func:`prepare_weight` of this weight."""

@@ -164,7 +164,7 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     N, K = w.shape
     if a.ndim == 0 or a.shape[-1] != K:
         raise ValueError(f"a.shape[-1] must equal w's K = {K}, got a.shape {a.shape}")
-    if w.scale.dtype != a.dtype:
+    if w.scheme.format not in C.FP4_BLOCK and w.scale.dtype != a.dtype:
         raise TypeError(
             f"w's scales are {w.scale.dtype} but a is {a.dtype}: the kernel dequantizes in a's dtype, "
             f"so quantize a weight of dtype {a.dtype} (or pass a as {w.scale.dtype})"
@@ -236,4 +236,5 @@ def early_ok(w: QuantizedWeight, pdl: bool) -> bool:
 def arrays_key(w: QuantizedWeight) -> tuple:
     """The device buffers of ``w`` (address and size of data, scales and zero points): a weight whose
     arrays were replaced, or a ``copy.deepcopy`` of one (new buffers), counts as not yet read."""
-    return tuple(None if x is None else (x.data.ptr, x.nbytes) for x in (w.data, w.scale, w.zero_point))
+    arrays = (w.data, w.scale, w.zero_point, getattr(w, "scale_2", None))
+    return tuple(None if x is None else (x.data.ptr, x.nbytes) for x in arrays)

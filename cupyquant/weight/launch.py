@@ -33,6 +33,11 @@ class Problem(NamedTuple):
         return self.w.zero_point if self.w.zero_point is not None else 0
 
     @property
+    def scale_2(self):
+        """NVFP4's float32 scale_2 (1,), or a null pointer."""
+        return self.w.scale_2 if getattr(self.w, "scale_2", None) is not None else 0
+
+    @property
     def sms(self) -> int:
         return _device.sm_count(self.device)
 
@@ -79,8 +84,9 @@ def decode(p: Problem) -> None:
     args["N"], args["K"], args["lda"] = p.N, p.K, p.a2.strides[0] // p.a2.itemsize
     args["ng"], args["gshift"], args["early"] = p.K // w._group, gshift(w), int(p.early)
     # INT4 with whole-chunk groups: scales applied to each chunk's float32 partial sums, and the
-    # chunks' blocks of 8 k transposed (the kernel reads the activations that way)
-    scale_after_sum = k_permuted(w)
+    # chunks' blocks of 8 k transposed (the kernel reads the activations that way; FP4 weights
+    # are in that order too, dequantized before the mma)
+    scale_after_sum = k_permuted(w) and C.SCHEME_IDS[fmt] in C.INT4_IDS
     rows_per_launch = 16 * C.MAX_GRID_Y
     for m0 in range(0, p.M, rows_per_launch):
         mrows = min(rows_per_launch, p.M - m0)
@@ -108,7 +114,7 @@ def decode(p: Problem) -> None:
             k,
             grid + (splits,),
             (32 * cfg.warps,),
-            (p.a2[m0:], w.data, w.scale, p.zero_point, p.y2[m0:], args),
+            (p.a2[m0:], w.data, w.scale, p.zero_point, p.scale_2, p.y2[m0:], args),
             smem,
             p.pdl,
             (1, 1, splits) if splits > 1 else None,
@@ -213,7 +219,7 @@ def tiled(p: Problem, L: TiledLaunch) -> None:
             _validate.keep_if_capturing(ws)
         else:
             ws = counters = 0
-        kargs = (p.a2[m0:], w.data, w.scale, p.zero_point, p.y2[m0:], ws, counters, args)
+        kargs = (p.a2[m0:], w.data, w.scale, p.zero_point, p.scale_2, p.y2[m0:], ws, counters, args)
         cluster = (1, 1, splits) if in_cluster else None
         if L.sm90:
             tmaps = (_cache.NO_TENSOR_MAP, _cache.NO_TENSOR_MAP)

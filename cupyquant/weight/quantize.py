@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _checks, _dtypes, _jit, _validate
 from . import configs as C
+from . import fp4
 from .container import QuantizedWeight, weight_scheme
 
 
@@ -81,10 +82,14 @@ def quantize_weight(
     if scheme == "int8":
         _checks.weight_int8_options(group_size, block_size)
     block = _checks.weight_block_size(scheme, block_size, group_size)
+    if scheme in fp4.FORMATS:
+        fp4.group_size_of(scheme, group_size)
     t = _validate.float_input(w, "w")
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
     _validate.c_contiguous(w, "w")
+    if scheme in fp4.FORMATS:
+        return fp4.quantize(w, scheme)
     if scheme == "int8":
         return _quantize_int8(w, t)
     if block is not None:
@@ -252,6 +257,11 @@ def check_weight(w) -> None:
         return
     if getattr(w, "code_sum", None) is not None:
         raise ValueError(f"w.code_sum must be None for {fmt} weights (only int8 weights have code sums)")
+    if fmt in fp4.FORMATS:
+        fp4.check(w)
+        return
+    if getattr(w, "scale_2", None) is not None:
+        raise ValueError(f"w.scale_2 must be None for {fmt} weights (only nvfp4 weights have a second scale)")
     if w.scheme.granularity == "block":
         _check_block_weight(w)
         return
@@ -369,9 +379,9 @@ _PLAIN, _PLAIN_K_PERMUTED = (0, 9, 3, 1, 4, 5, 2, 8, 6, 7), (0, 9, 3, 1, 2, 8, 4
 
 def k_permuted(w) -> bool:
     """Whether w's prepared INT4 chunks have their 4 x 4 blocks of 8 k transposed
-    (reference.prepare_weight): INT4 weights whose groups are whole 128-k chunks. The matmul kernels
-    then scale each chunk's float32 partial sums (scale_after_sum)."""
-    return w._format != "float8_e4m3fn" and w._group % 128 == 0
+    (reference.prepare_weight): INT4 weights whose groups are whole 128-k chunks (the matmul kernels
+    then scale each chunk's float32 partial sums: scale_after_sum), and FP4 weights, always."""
+    return w._format in fp4.FORMATS or w._format != "float8_e4m3fn" and w._group % 128 == 0
 
 
 def prepared_of(w: QuantizedWeight) -> QuantizedWeight:
@@ -390,7 +400,11 @@ def prepared_of(w: QuantizedWeight) -> QuantizedWeight:
         # (h, u1, u0, kb): k = 32 a + 8 b + r goes where 32 b + 8 a + r would
         frag = keep(cupy.ascontiguousarray(codes.transpose(_FRAG_K_PERMUTED if k_permuted(w) else _FRAG)))
         data = _pack_pairs(frag.reshape(n16, K // 128, 2, 32, 32), keep)
-    scales = cupy.ascontiguousarray(_pad_rows(w.scale, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
+    if w._format in fp4.FORMATS:
+        scales, padded = fp4.prepared_scales(w)
+        keep(padded)
+    else:
+        scales = cupy.ascontiguousarray(_pad_rows(w.scale, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
     zeros = None
     if w.zero_point is not None:
         codes = _nibbles(w.zero_point, keep)[:, :ng]
@@ -414,7 +428,11 @@ def plain_of(w: QuantizedWeight) -> QuantizedWeight:
         inv = _PLAIN_K_PERMUTED if k_permuted(w) else _PLAIN
         codes = keep(cupy.ascontiguousarray(frag.transpose(inv)).reshape(16 * n16, K)[:N])
         data = _pack_pairs(codes, keep)
-    scales = cupy.ascontiguousarray(keep(w.scale.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
+    if w._format in fp4.FORMATS:
+        scales, t = fp4.plain_scales(w)
+        keep(t)
+    else:
+        scales = cupy.ascontiguousarray(keep(w.scale.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
     zeros = None
     if w.zero_point is not None:
         codes = keep(_nibbles(w.zero_point, keep).transpose(0, 2, 1).reshape(16 * n16, ng))[:N]
@@ -454,7 +472,9 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
             w = plain_of(w)
             _validate.keep_if_capturing(w.data, w.scale, w.zero_point)
         y = cupy.empty((N, K), dtype=out_t.dtype) if out is None else out
-        if N and w.block_size is not None:
+        if N and w._format in fp4.FORMATS:
+            fp4.dequantize(w, out_t, y)
+        elif N and w.block_size is not None:
             a = np.zeros((), dtype=C.BLOCK_ARGS)
             a["N"], a["K"], a["kb"] = N, K, w.scale.shape[1]
             k = _jit.kernel(device, C.QUANT_FAMILY, "weight_dequantize_block", out_t.ctype)
