@@ -500,19 +500,24 @@ MATMUL_SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (819
 MATMUL_MS = [1, 2, 4, 8, 16]
 PREFILL_MS = [16, 32, 64, 128, 256, 1024, 4096]
 MATMUL_SETTLE = 0.5
+# The column tag of each weight scheme in the --matmul table (INT4 g128 is W4A16).
+_MATMUL_TAGS = {"float8_e4m3fn": "W8A16", "nvfp4": "NVFP4", "mxfp4": "MXFP4"}
+_FP4_WEIGHTS = ("nvfp4", "mxfp4")
 
 
 _settle = _bench.settle
 
 
 def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settle=0.5):
-    """W4A16 / W8A16 decode matmul (cupyquant.matmul, bf16 activations, group 128) against cuBLAS
+    """W4A16 / W8A16 / FP4 decode matmul (cupyquant.matmul, bf16 activations, INT4 and FP8 in groups
+    of 128, NVFP4 and MXFP4 in their blocks of 16 and 32; "x INT4" the FP4 time against INT4's when
+    both are timed) against cuBLAS
     fp16 (cupy.matmul) and torch bf16 matmul, every call replayed from a CUDA graph (a single
     4096 x 4096 call lasts a few microseconds, less than a Python launch), the weights rotated over
     enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points);
     TFLOP/s is 2 M N K / t. On GPUs with programmatic dependent launch (9.0+) matmul uses it by
     default, so that each call of the graph overlaps its launch with the call before; the "no-PDL"
-    columns time the same calls with ``pdl=False``. ``paths``: INT4 is also timed on each kernel forced (decode, sm80_gemm,
+    columns time the same calls with ``pdl=False``. ``paths``: INT4 (and FP4) is also timed on each kernel forced (decode, sm80_gemm,
     and sm90_gemm on compute capability 9.0), whatever matmul_path would pick. Every timing (each
     contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_bench.settle), so that
     none runs at a clock that the previous cell's heavy calls pulled down: each is a burst from the
@@ -527,7 +532,8 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
         qws = {}
         for scheme in schemes:
             wb = w16.astype(ml_dtypes.bfloat16)
-            q = cq.prepare_weight(cq.quantize_weight(wb, scheme, group_size=128))  # once, as at load time
+            kw = {} if scheme in _FP4_WEIGHTS else {"group_size": 128}  # FP4: blocks of 16 or 32, fixed
+            q = cq.prepare_weight(cq.quantize_weight(wb, scheme, **kw))  # once, as at load time
             qws[scheme] = [q] + [q.copy() for _ in range(ncopy - 1)]
             del wb
         w16s = [w16] + [w16.copy() for _ in range(max(0, _bench.copies_for(N * K * 2) - 1))]
@@ -565,12 +571,14 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
                 qs = qws[scheme]
                 _settle(settle)
                 t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
-                tag = "W4A16" if scheme != "float8_e4m3fn" else "W8A16"
+                tag = _MATMUL_TAGS.get(scheme, "W4A16")
                 row[f"{tag} us"] = t * 1e6
                 row[f"{tag} path"] = _weight.matmul_path(M, qs[0])
                 row[f"{tag} weight GB/s"] = qs[0].nbytes / t / 1e9
                 row[f"{tag} TFLOP/s"] = flop / t / 1e12
                 row[f"{tag} x cuBLAS"] = t_cublas / t
+                if scheme in _FP4_WEIGHTS and "W4A16 us" in row:
+                    row[f"{tag} x INT4"] = row["W4A16 us"] / (t * 1e6)
                 if pdl_col:  # the same calls without programmatic dependent launch
                     _settle(settle)
                     tn = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb, pdl=False), [(q,) for q in qs], reps)
