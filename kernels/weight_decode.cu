@@ -315,14 +315,13 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
         // per row: the scale pair (and float scale), -(bias + z) in each half
         unsigned s2[RT][2], zb[RT][2];
         float sf[RT][2];
-        unsigned sq[FP4 ? RT : 1][2][4];  // FP4: the scale pair of each row and quarter (fp4_scale2)
+        unsigned sq[FP4 ? RT : 1][2][2];  // FP4: the scales of each row's quarters (0, 1) and (2, 3) (fp4_scale_pairs)
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if constexpr (FP4) {
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) sq[r][h][q] = fp4_scale2<T, S>((gd[r][h] >> (8 * q)) & 0xffu);
+                    fp4_scale_pairs<T, S>(gd[r][h], sq[r][h]);
                     continue;
                 }
                 const unsigned sb = gd[r][h] & 0xffffu;
@@ -350,7 +349,8 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if constexpr (FP4) {
-                    d[j] = H::fma2(fp4_frag<T>(word, j), sq[r][j & 1][2 * sl + (j >> 1)], 0x80008000u);
+                    const unsigned x = fp4_frag<T>(word, j), s = sq[r][j & 1][sl];
+                    d[j] = j >> 1 ? H::fma2_hi(x, s, 0x80008000u) : H::fma2_lo(x, s, 0x80008000u);
                     continue;
                 }
                 unsigned b = H::fma2(frag_codes<T>(word, j), frag_mul<T>(j & 1), zb[r][j & 1]);  // q - z, exact

@@ -26,6 +26,13 @@ template <> struct HalfOps<__half> {
             : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
+    // the same with b's high half (SASS .H1_H1)
+    static __device__ __forceinline__ unsigned fma2_hi(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("{.reg .b16 l, h; .reg .b32 bb; mov.b32 {l, h}, %2; mov.b32 bb, {h, h}; fma.rn.f16x2 %0, %1, bb, %3;}"
+            : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
 };
 template <> struct HalfOps<__nv_bfloat16> {
     static constexpr unsigned MAGIC = 0x43004300u;  // 128.0 in each half
@@ -37,6 +44,12 @@ template <> struct HalfOps<__nv_bfloat16> {
     static __device__ __forceinline__ unsigned fma2_lo(unsigned a, unsigned b, unsigned c) {
         unsigned d;
         asm("{.reg .b16 l, h; .reg .b32 bb; mov.b32 {l, h}, %2; mov.b32 bb, {l, l}; fma.rn.bf16x2 %0, %1, bb, %3;}"
+            : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static __device__ __forceinline__ unsigned fma2_hi(unsigned a, unsigned b, unsigned c) {
+        unsigned d;
+        asm("{.reg .b16 l, h; .reg .b32 bb; mov.b32 {l, h}, %2; mov.b32 bb, {h, h}; fma.rn.bf16x2 %0, %1, bb, %3;}"
             : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
@@ -112,6 +125,38 @@ template <typename T, int S> __device__ __forceinline__ unsigned fp4_scale2(unsi
         f = cq::mul_rn(e, P == 7 ? 0x1p7f : 0x1p119f);
     }
     return (unsigned)cq::bits16_rn<T>(f) * 0x10001u;
+}
+// Four scale bytes (byte i the scale of slot i) -> sc[0] = slots (0, 1), sc[1] = slots (2, 3), each
+// half s * 2^(BIAS - FP4_SHIFT) as fp4_scale2 gives it (a register's multiplier is then one half,
+// read by fma2_lo / fma2_hi). NVFP4: the E4M3 pairs by the fp8 -> f16x2 conversion (one
+// instruction on sm_89+; every E4M3 value is an fp16 normal or zero), then times 2^7 (fp16), or
+// through float32 times 2^119 (bf16). MXFP4: the exponent field of 2^(b - 127 + BIAS - 7), b - 105
+// (fp16) or b + 119 (bf16), in each 16-bit half, clamped so that a scale past the type's range is
+// 0 or inf (fp16 holds 2^-21..2^8 for scales, bf16 2^-127..2^8; an E8M0 NaN acts as inf).
+template <typename T, int S> __device__ __forceinline__ void fp4_scale_pairs(unsigned bytes, unsigned (&sc)[2]) {
+    constexpr bool F16 = cq::same_type<T, __half>::value;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const unsigned two = bytes >> (16 * i);  // slots 2 i, 2 i + 1 in the low 16 bits
+        if constexpr (S == W_NVFP4) {
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+            const unsigned hh = (unsigned)h.x | ((unsigned)h.y << 16);
+            if constexpr (F16) {
+                sc[i] = HalfOps<__half>::fma2(hh, 0x58005800u, 0x80008000u);  // times 128, exact
+            } else {
+                const float lo = cq::mul_rn(__half2float(__ushort_as_half(h.x)), 0x1p119f);
+                const float hi = cq::mul_rn(__half2float(__ushort_as_half(h.y)), 0x1p119f);
+                sc[i] = (unsigned)cq::bits16_rn<__nv_bfloat16>(lo) | ((unsigned)cq::bits16_rn<__nv_bfloat16>(hi) << 16);
+            }
+        } else {
+            const unsigned p = __byte_perm(two, 0u, 0x4140);  // b(2 i) in the low half, b(2 i + 1) in the high
+            if constexpr (F16) {
+                sc[i] = __vmins2(__vmaxs2(__vsub2(p, 0x00690069u), 0u), 0x001f001fu) << 10;
+            } else {
+                sc[i] = __vminu2(p + 0x00770077u, 0x00ff00ffu) << 7;
+            }
+        }
+    }
 }
 // 2^FP4_SHIFT, times NVFP4's float32 scale_2: what the float32 sums of w' are multiplied by.
 template <int S> __device__ __forceinline__ float fp4_out_scale(const float* scale_2) {

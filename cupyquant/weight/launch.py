@@ -93,7 +93,8 @@ def decode(p: Problem) -> None:
         args["M"] = mrows
         two = mrows > 8
         mtiles = -(-mrows // 16)
-        four_blocks = -(-p.N // 64) * mtiles if two and fmt != "float8_e4m3fn" else 0
+        # the 64-row blocks for INT4 only (plan.DecodeCosts: FP8 and FP4 are faster without them)
+        four_blocks = -(-p.N // 64) * mtiles if two and C.SCHEME_IDS[fmt] in C.INT4_IDS else 0
         cfg = plan.decode_config(
             -(-p.N // (32 if two else 16)) * mtiles,
             p.sms,

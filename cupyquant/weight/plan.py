@@ -80,7 +80,10 @@ class DecodeCosts:
 
     The 64-row blocks (R64_*) are not in the wave model. With more blocks than SMs, R64_W4_B2 is
     the fastest on all 19 such cases measured (by 4-20%: 14336 x 4096 M = 16 15.3 against 18.2);
-    with fewer it is slower on 20 of 21. FP8 is not offered them (12-156% slower). R64_W8_B1 (one
+    with fewer it is slower on 20 of 21. FP8 is not offered them (12-156% slower), nor FP4, whose
+    dequantization costs more instructions than INT4's: at M = 16 the wave model's 32-row pick is
+    faster on 3 of 4 shapes measured (MXFP4 28672 x 8192: R32_W4_B4 54.7 us against R64_W4_B2
+    64.6) and 1-3% slower on the fourth (14336 x 4096). R64_W8_B1 (one
     block of 8 warps a SM) is taken where those blocks fill between half the SMs and all of them,
     or, its K split 2 ways as a cluster, between a quarter and a half, while each of the cluster's
     16 warps keeps ``four_wide_min_chunks`` chunks: faster in 45 of the 48 cases where this rule
