@@ -149,7 +149,8 @@ def fp4_weight_group_size(fmt: str, block: int, group_size) -> int:
         isinstance(group_size, (bool, float, np.floating)) or group_size != block
     ):
         raise ValueError(
-            f"{fmt} weights have blocks of {block} along K: leave group_size at its default, got {group_size!r}"
+            f"group_size={group_size!r} is not supported for {fmt} weights, which have blocks of {block} along K: "
+            f"leave group_size at its default (or pass {block})"
         )
     return block
 
