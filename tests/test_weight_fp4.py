@@ -284,6 +284,16 @@ def test_from_checkpoint(fmt, dtype):
         for t in W_DTYPES:
             assert_bits_equal(cw.dequantize(t), want[t], f"dequantized to {_id(t)} ({what})")
         assert_bits_equal(cw.prepare().data, qw.prepare().data, f"prepared ({what})")
+    # codes and scale bytes that start at an odd address (a checkpoint's tensors inside one buffer)
+    buf = cupy.zeros(qw.data.size + qw.scale.size + 1, np.uint8)
+    odd_d = buf[1 : 1 + qw.data.size].reshape(qw.data.shape)
+    odd_s = buf[1 + qw.data.size :].reshape(qw.scale.shape)
+    odd_d[...] = qw.data
+    odd_s[...] = qw.scale
+    cw = f(odd_d, odd_s, format=fmt, dtype=dtype, **s2kw)
+    assert cw.data is odd_d and cw.data.data.ptr % 2 == 1
+    for t in W_DTYPES:
+        assert_bits_equal(cw.dequantize(t), want[t], f"dequantized to {_id(t)} (data at an odd address)")
     empty = f(cupy.zeros((0, BLOCK[fmt]), np.uint8), cupy.zeros((0, 2), np.uint8), format=fmt, **s2kw)
     assert empty.shape == (0, 2 * BLOCK[fmt]) and empty.dequantize().shape == (0, 2 * BLOCK[fmt])
 
@@ -355,12 +365,12 @@ def test_from_checkpoint_errors(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FP4)
 def test_container(fmt):
-    shape = (37, 4 * BLOCK[fmt])
+    shape = (37, 256)  # whole 128-k chunks: the prepared weight's to_host too
     wh = heavy_tailed(shape, 5, np.float16)
     qw = cq.quantize_weight(cupy.asarray(wh), fmt)
     d, s, s2 = ref.quantize_weight(wh, fmt)
     extra = 4 if fmt == "nvfp4" else 0
-    assert qw.nbytes == 37 * shape[1] // 2 + 37 * 4 + extra
+    assert qw.nbytes == 37 * 128 + 37 * 256 // BLOCK[fmt] + extra
     r = repr(qw)
     assert fmt in r and f"group_size={BLOCK[fmt]}" in r and SCALE_TYPE[fmt].name in r and f"{qw.nbytes} bytes" in r
     assert ("scale_2 float32" in r) == (fmt == "nvfp4")
@@ -535,7 +545,7 @@ def test_empty(fmt):
 def test_cuda_graph_capture():
     """quantize_weight("nvfp4"), from_checkpoint with a device global_scale and dequantize_weight
     captured once and replayed on new inputs: the same bytes as eager calls."""
-    w = cupy.asarray(heavy_tailed((67, 320), 8, np.float16))
+    w = cupy.asarray(heavy_tailed((67, 384), 8, np.float16))
     stream = cupy.cuda.Stream(non_blocking=True)
 
     def op():
@@ -550,7 +560,7 @@ def test_cuda_graph_capture():
         stream.begin_capture()
         qw, cw, q, y, y_cw = op()
         graph = stream.end_capture()
-        w[...] = cupy.asarray(heavy_tailed((67, 320), 9, np.float16))
+        w[...] = cupy.asarray(heavy_tailed((67, 384), 9, np.float16))
         for a in (qw.data, qw.scale, qw.scale_2, cw.scale_2, y, y_cw):
             a.fill(0)
         graph.launch(stream)
