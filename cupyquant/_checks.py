@@ -142,6 +142,25 @@ def weight_group_size(K: int, group_size) -> int:
     return G
 
 
+def fp4_weight_group_size(fmt: str, block: int, group_size) -> int:
+    """The block of an FP4 weight format (``"nvfp4"``: 16, ``"mxfp4"``: 32, given as ``block``):
+    ``group_size`` must be left at its default or be that block."""
+    if group_size is not DEFAULT_GROUP_SIZE and (
+        isinstance(group_size, (bool, float, np.floating)) or group_size != block
+    ):
+        raise ValueError(
+            f"group_size={group_size!r} is not supported for {fmt} weights, which have blocks of {block} along K: "
+            f"leave group_size at its default (or pass {block})"
+        )
+    return block
+
+
+def fp4_weight_k(fmt: str, block: int, K: int, arg: str = "w") -> None:
+    """K of an FP4 weight: a nonzero multiple of its block."""
+    if K == 0 or K % block:
+        raise ValueError(f"{arg}'s K = {K} must be a nonzero multiple of {block} for {fmt} weights")
+
+
 def weight_block_size(scheme: str, block_size, group_size):
     """The block ``(rows, columns)`` of a block-scaled weight, or None for ``block_size`` None.
     Given, it must be in :data:`WEIGHT_BLOCK_SIZES`, the scheme FP8, and ``group_size`` left at its

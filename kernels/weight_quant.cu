@@ -1,7 +1,8 @@
 // weight_quant.cu: weight-only quantization (INT4 symmetric uint4b8 as GPTQ/Marlin, INT4 asymmetric with
 // zero points as AWQ, FP8 E4M3 for W8A16), FP8 E4M3 in 2-D blocks of 128 x 128 with float32 scales
 // (DeepSeek-V3's weights, for W8A8), symmetric INT8 per output channel with code sums (SmoothQuant /
-// compressed-tensors W8A8 INT8), and their dequantization.
+// compressed-tensors W8A8 INT8), and their dequantization; the dequantization of NVFP4 and MXFP4
+// weights (made by nvfp4.cu / mx.cu) and NVFP4's decode scale_2.
 //
 // What it computes (reference: cupyquant.reference.quantize_weight / dequantize_weight; every float
 // step IEEE float32, T the weight's dtype, G the group size):
@@ -21,17 +22,26 @@
 //                     q = e4m3_satfinite(w / s); NaN and a zero s give 0x00, +-inf clamps to +-448
 //                     (reference: cupyquant.reference.quantize_weight_blocks).
 //   weight_dequantize_block y = round(fp8(q) * s), the product float32 (dequantize_weight_blocks).
+//   weight_dequantize_fp4 NVFP4 y = round(e2m1(q) * float32(e4m3(sf) * scale_2)); MXFP4
+//                     y = round(e2m1(q) * 2^(b - 127)) (b = 0: the subnormal 2^-127, b = 255: NaN);
+//                     both products IEEE float32 (dequantize_weight with "nvfp4" / "mxfp4").
+//   weight_scale_2    scale_2 = float32(1 / S_enc), NVFP4's decode scale from its global encode
+//                     scale, correctly rounded with subnormals kept (an ordinary CuPy division
+//                     would flush them: CuPy compiles with -ftz=true).
 // Layout: w (N, K) row-major; INT4 data (N, K / 2) bytes, element 0 in the low nibble; FP8 data
 // (N, K); INT8 data (N, K) signed bytes (any K), sums int32 (N,); scales (N, K / G) of T; uint4
 // zero codes unpacked (N, K / G) bytes here (the wrapper packs them two per byte). Blocks: data
-// (N, K), scales float32 (ceil(N / 128), ceil(K / 128)).
+// (N, K), scales float32 (ceil(N / 128), ceil(K / 128)). FP4: data (N, K / 2) E2M1 codes, element 0
+// in the low nibble; scales (N, K / B) bytes (E4M3 for NVFP4, B = 16; E8M0 for MXFP4, B = 32);
+// NVFP4's scale_2 float32 (1,).
 
 #include "common.cuh"
 #include "weight_mma.cuh"
 
 using namespace cq;
 
-// INT8 weights (W8A8) exist only here: the weight-only matmul kernels take W_INT4, W_UINT4, W_FP8.
+// INT8 weights (W8A8) exist only here: the weight-only matmul kernels take W_INT4, W_UINT4, W_FP8,
+// W_NVFP4 and W_MXFP4.
 #define W_INT8 3
 static_assert(W_INT8 != W_INT4 && W_INT8 != W_UINT4 && W_INT8 != W_FP8, "weight scheme ids must differ");
 
@@ -231,4 +241,46 @@ __global__ void __launch_bounds__(256) weight_dequantize_block(const unsigned ch
         const float s = scales[(n >> 7) * a.kb + (k >> 7)];
         y[n * a.K + k] = from_float<O>(mul_rn(fp8_to_float<E4M3>(q[n * a.K + k]), s));
     }
+}
+
+// ---------------------------------------------------------------- FP4 (NVFP4, MXFP4)
+// E2M1 code (the low nibble of c: sign bit 3, exponent bits 2..1, mantissa bit 0) -> float,
+// exact: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. Codes 1.. as float bits: 0.5 is 0x3f000000, and
+// an exponent e >= 1 gives 2^(e - 1) * (1 + m / 2), exponent field e + 126, mantissa bit 22.
+__device__ __forceinline__ float e2m1_value(unsigned c) {
+    const unsigned m = c & 7u;
+    const unsigned mag = m < 2u ? m * 0x3f000000u : (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
+    return __uint_as_float(mag | ((c & 8u) << 28));
+}
+
+// Grid (ceil(K / 8 / 256), rows): one thread per 8 elements of a row (4 code bytes, inside one
+// scale block: K is a multiple of B). a.ng = K / B. The code bytes are read one at a time: a
+// checkpoint's data may start at any byte.
+template <typename O, int S>
+__global__ void __launch_bounds__(256) weight_dequantize_fp4(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales,
+                                                             const float* __restrict__ scale_2, O* __restrict__ y, WDequantArgs a) {
+    static_assert(S == W_NVFP4 || S == W_MXFP4, "FP4 weight schemes");
+    constexpr int B = S == W_NVFP4 ? 16 : 32;
+    const i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;  // elements 8 p .. 8 p + 7 of a row
+    if (8 * p >= a.K) return;
+    float s2 = 0.0f;
+    if constexpr (S == W_NVFP4) s2 = __ldg(scale_2);
+    for (i64 n = blockIdx.y; n < a.N; n += gridDim.y) {
+        const unsigned b = scales[n * a.ng + 8 * p / B];
+        const float s = S == W_NVFP4 ? mul_rn(fp8_to_float<E4M3>((unsigned char)b), s2) : e8m0_to_float(b);
+        const unsigned char* src = q + n * (a.K / 2) + 4 * p;
+        unsigned w = 0u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w |= (unsigned)src[i] << (8 * i);
+        O* d = y + n * a.K + 8 * p;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[j] = from_float<O>(mul_rn(e2m1_value(w >> (4 * j)), s));
+    }
+}
+
+// One thread: scale_2[0] = rcp.rn(s_enc[0]) (IEEE, no flush). S is W_NVFP4, the scheme it serves.
+template <int S>
+__global__ void weight_scale_2(const float* __restrict__ s_enc, float* __restrict__ scale_2) {
+    static_assert(S == W_NVFP4, "only NVFP4 weights have a second scale");
+    if (threadIdx.x == 0 && blockIdx.x == 0) scale_2[0] = rcp_rn(s_enc[0]);
 }

@@ -442,13 +442,26 @@ row(
     ValueError,
     "symmetric",
 )
+cpu(f, "group_size_nvfp4", lambda w: QW(w(_h((64, 256), BF16)), "nvfp4", group_size=32), ValueError, "group_size")
+row(f, "group_size_mxfp4", lambda w: QW(w(_x((64, 256), BF16)), "mxfp4", group_size=None), ValueError, "group_size")
+row(f, "shape_k_nvfp4", lambda w: QW(w(_x((64, 40), BF16)), "nvfp4"), ValueError, "w")
+row(f, "shape_k_mxfp4", lambda w: QW(w(_x((64, 48), BF16)), "mxfp4"), ValueError, "w")
 
 
 def _watch_qw(w, qw):
-    for a in (qw.data, qw.scales, qw.zeros):
+    for a in (qw.data, qw.scales, qw.zeros, qw.scale_2):
         if a is not None:
             w(a)
     return qw
+
+
+def _nvfp4_in_buffer():
+    """(qw, base): an nvfp4 weight (64, 256) whose scale_2 is element 5 of a float32 (64, 256)
+    buffer, so that the buffer as out overlaps w.scale_2."""
+    q = _qw(scheme="nvfp4", group_size=16)
+    base = _P((64, 256), F32)
+    base.reshape(-1)[5:6] = q.scale_2
+    return QuantizedWeight.from_checkpoint(q.data, q.scale, format="nvfp4", scale_2=base.reshape(-1)[5:6]), base
 
 
 def _with(obj, **attrs):
@@ -490,6 +503,147 @@ row(
     "out",
 )
 row(f, "out_device", lambda w: DW(_watch_qw(w, _qw()), out=w(_dev1(lambda: _P((64, 256), BF16)))), ValueError, "out")
+row(
+    f,
+    "out_alias_scale_2",
+    lambda w: (lambda q, base: DW(_watch_qw(w, q), F32, out=w(base)))(*_nvfp4_in_buffer()),
+    ValueError,
+    "out",
+)
+row(
+    f,
+    "scale_2_missing",
+    lambda w: DW(_with(_watch_qw(w, _qw(scheme="nvfp4", group_size=16)), scale_2=None)),
+    ValueError,
+    "w.scale_2",
+)
+row(
+    f,
+    "scale_2_dtype",
+    lambda w: DW(_with(_watch_qw(w, _qw(scheme="nvfp4", group_size=16)), scale_2=cupy.ones(1, F64))),
+    ValueError,
+    "w.scale_2",
+)
+row(
+    f,
+    "scale_2_mxfp4",
+    lambda w: DW(_with(_watch_qw(w, _qw(scheme="mxfp4", group_size=32)), scale_2=cupy.ones(1, F32))),
+    ValueError,
+    "w.scale_2",
+)
+
+# QuantizedWeight.from_checkpoint(data, scale, *, format, block_size, scale_2, global_scale, dtype): FP4
+# data (64, 128) uint8 (K = 256), scales (64, 16) (nvfp4) or (64, 8) (mxfp4) uint8
+f = "QuantizedWeight.from_checkpoint"
+FC = QuantizedWeight.from_checkpoint
+_FD, _FS = (64, 128), (64, 16)
+cpu(
+    f,
+    "option_scale_2_missing",
+    lambda w: FC(w(np.zeros(_FD, U8)), w(np.zeros(_FS, U8)), format="nvfp4"),
+    ValueError,
+    "scale_2",
+)
+cpu(
+    f,
+    "option_scale_2_and_global_scale",
+    lambda w: FC(w(np.zeros(_FD, U8)), w(np.zeros(_FS, U8)), format="nvfp4", scale_2=1.0, global_scale=1.0),
+    ValueError,
+    "scale_2",
+)
+cpu(
+    f,
+    "option_scale_2_mxfp4",
+    lambda w: FC(w(np.zeros(_FD, U8)), w(np.zeros((64, 8), U8)), format="mxfp4", scale_2=1.0),
+    ValueError,
+    "scale_2",
+)
+cpu(
+    f,
+    "option_global_scale_fp8",
+    lambda w: FC(w(np.zeros((64, 256), U8)), w(np.ones((1, 2), F32)), global_scale=2.0),
+    ValueError,
+    "global_scale",
+)
+cpu(
+    f,
+    "block_size_nvfp4",
+    lambda w: FC(w(np.zeros(_FD, U8)), w(np.zeros(_FS, U8)), format="nvfp4", block_size=(128, 128), scale_2=1.0),
+    ValueError,
+    "block_size",
+)
+cpu(
+    f,
+    "numpy_nvfp4",
+    lambda w: FC(w(np.zeros(_FD, U8)), w(np.zeros(_FS, U8)), format="nvfp4", scale_2=1.0),
+    TypeError,
+    "data",
+)
+row(
+    f,
+    "data_dtype_nvfp4",
+    lambda w: FC(w(cupy.zeros(_FD, I8)), w(cupy.zeros(_FS, U8)), format="nvfp4", scale_2=1.0),
+    TypeError,
+    "data",
+)
+row(
+    f,
+    "shape_k_nvfp4",
+    lambda w: FC(w(cupy.zeros((64, 12), U8)), w(cupy.zeros((64, 1), U8)), format="nvfp4", scale_2=1.0),
+    ValueError,
+    "data",
+)
+row(
+    f,
+    "noncontig_nvfp4",
+    lambda w: FC(w(cupy.zeros((64, 256), U8))[:, ::2], w(cupy.zeros(_FS, U8)), format="nvfp4", scale_2=1.0),
+    ValueError,
+    "data",
+)
+row(
+    f,
+    "scale_dtype_nvfp4",
+    lambda w: FC(w(cupy.zeros(_FD, U8)), w(cupy.ones(_FS, F32)), format="nvfp4", scale_2=1.0),
+    TypeError,
+    "scale",
+)
+row(
+    f,
+    "scale_shape_mxfp4",
+    lambda w: FC(w(cupy.zeros(_FD, U8)), w(cupy.zeros(_FS, U8)), format="mxfp4"),
+    ValueError,
+    "scale",
+)
+row(
+    f,
+    "option_scale_2_zero",
+    lambda w: FC(w(cupy.zeros(_FD, U8)), w(cupy.zeros(_FS, U8)), format="nvfp4", scale_2=0.0),
+    ValueError,
+    "scale_2",
+)
+row(
+    f,
+    "option_scale_2_dtype",
+    lambda w: FC(w(cupy.zeros(_FD, U8)), w(cupy.zeros(_FS, U8)), format="nvfp4", scale_2=w(cupy.ones(1, F64))),
+    TypeError,
+    "scale_2",
+)
+row(
+    f,
+    "option_global_scale_size",
+    lambda w: FC(w(cupy.zeros(_FD, U8)), w(cupy.zeros(_FS, U8)), format="nvfp4", global_scale=w(cupy.ones(2, F32))),
+    ValueError,
+    "global_scale",
+)
+row(
+    f,
+    "scale_2_device",
+    lambda w: FC(
+        w(cupy.zeros(_FD, U8)), w(cupy.zeros(_FS, U8)), format="nvfp4", scale_2=w(_dev1(lambda: cupy.ones(1, F32)))
+    ),
+    ValueError,
+    "scale_2",
+)
 
 
 # scaled_matmul(a, b, *, out_dtype, bias, out) and scaled_mm(a, b, a_scale, b_scale, ...): FP8 codes

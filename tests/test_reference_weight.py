@@ -391,3 +391,211 @@ def test_prepare_weight_rejects_partial_chunks():
         ref.prepare_weight(np.zeros((4, 96), np.uint8), np.zeros((4, 1), np.float16), scheme="int4")
     with pytest.raises(ValueError, match="scheme"):
         ref.prepare_weight(np.zeros((4, 64), np.uint8), np.zeros((4, 1), np.float16), scheme="int8")
+
+
+# ---------------------------------------------------------------- FP4 weights (NVFP4, MXFP4)
+FP4 = ("nvfp4", "mxfp4")
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])  # magnitudes of the codes 0..7 (bit 3 the sign)
+
+
+def test_nvfp4_hand_worked():
+    """amax 6: S_enc = 2688 / 6 = 448, scale_2 = float32(1 / 448), and 448 * scale_2 = 1 exactly."""
+    w = np.zeros((2, 32), np.float32)
+    w[0, :8] = [6, -3, 1.5, 0.5, 0, -6, 4, 2]  # block amax 6: sf = e4m3(6 * 448 / 6) = 448 (0x7e)
+    w[0, 16:24] = [3, 1, -0.25, 0.75, 1.25, -2, 0, 0.5]  # amax 3: sf = 224 (0x76), the values doubled
+    w[1, :4] = [0.25, 0.75, 2.5, 5]  # amax 5: sf = e4m3(373.3) = 384 (0x7c), the values times 448 / 384
+    d, s, s2 = ref.quantize_weight(w, "nvfp4")
+    assert d.dtype == np.uint8 and d.shape == (2, 16) and s.dtype == np.uint8 and s.shape == (2, 2)
+    assert s2.dtype == np.float32 and s2.shape == (1,) and s2[0] == np.float32(1) / np.float32(448)
+    assert s.tolist() == [[0x7E, 0x76], [0x7C, 0x00]]
+    codes = _codes(d, 32)
+    assert codes[0, :8].tolist() == [7, 8 | 5, 3, 1, 0, 8 | 7, 6, 4]
+    # 1.25 * 2 = 2.5 is a tie between 2 and 3: the even code 2 (0x4)
+    assert codes[0, 16:24].tolist() == [7, 4, 8 | 1, 3, 4, 8 | 6, 0, 2]
+    assert codes[1, :4].tolist() == [1, 2, 5, 7] and not codes[1, 4:].any()
+    y = ref.dequantize_weight(d, s, dtype="nvfp4", scale_2=s2)
+    assert y.dtype == np.float32 and y.shape == (2, 32)
+    assert y[0, :8].tolist() == [6, -3, 1.5, 0.5, 0, -6, 4, 2]
+    assert y[0, 16:24].tolist() == [3, 1, -0.25, 0.75, 1, -2, 0, 0.5]
+    sf = np.float32(np.float32(384) * s2[0])  # 384 / 448 rounded to float32
+    assert y[1, :4].tolist() == [np.float32(v * sf) for v in (0.5, 1, 3, 6)]
+    assert ref.quantize_weight_fp4(w, "nvfp4")[2] == s2 and ref.quantize_weight(w, "nvfp4", group_size=16)[2] == s2
+
+
+def test_mxfp4_hand_worked():
+    w = np.zeros((2, 64), np.float32)
+    w[0, :8] = [6, -3, 1.5, 0.5, 0.25, 0.75, 2.5, 5]  # amax 6: b = 127 (2^0); ties to even: 0, 1, 2, 4
+    w[0, 32:36] = [12, -1, 3, 0.5]  # amax 12: b = 128, the values halved (0.25 -> 0)
+    w[1, 0] = 1e-39  # a subnormal amax: b = 0 (2^-127), and 1e-39 * 2^127 = 0.17 gives the code 0
+    d, s, s2 = ref.quantize_weight(w, "mxfp4")
+    assert s2 is None and d.shape == (2, 32) and s.dtype == np.uint8 and s.tolist() == [[127, 128], [0, 0]]
+    codes = _codes(d, 64)
+    assert codes[0, :8].tolist() == [7, 8 | 5, 3, 1, 0, 2, 4, 6] and codes[0, 32:36].tolist() == [7, 8 | 1, 3, 0]
+    assert not codes[1].any()
+    y = ref.dequantize_weight(d, s, dtype="mxfp4")
+    assert y[0, :8].tolist() == [6, -3, 1.5, 0.5, 0, 1, 2, 4] and y[0, 32:36].tolist() == [12, -1, 3, 0]
+    # E8M0 0 is the subnormal 2^-127, 255 NaN (CUDA's canonical NaN in the output)
+    one = ref.pack_fp4(np.full((1, 32), 2, np.uint8))  # every code 1.0
+    y = ref.dequantize_weight(np.concatenate([one, one]), np.array([[0], [255]], np.uint8), dtype="mxfp4")
+    assert (y[0] == np.float32(2.0**-127)).all() and (y[1].view(np.uint32) == 0x7FFFFFFF).all()
+
+
+def _fp4_model(data, scales, fmt, scale_2, out_dtype):
+    """The dequantization written independently of the reference: E2M1 from a table, each float32
+    product done in float64 (exact) and rounded once."""
+    K = 2 * data.shape[1]
+    block = 16 if fmt == "nvfp4" else 32
+    codes = _codes(data, K)
+    v = np.where(codes & 8, -1.0, 1.0) * E2M1[codes & 7]
+    b = np.repeat(np.asarray(scales, np.uint8), block, axis=1).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if fmt == "nvfp4":
+            e4m3 = np.asarray(scales, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+            s = _f32(np.repeat(e4m3, block, axis=1) * np.float64(np.float32(scale_2)))
+        else:
+            s = np.where(b == 255, np.nan, 2.0 ** (b - 127))
+        y = _f32(v * s).astype(np.float32)
+    return ref.round_to(y, out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", FP4)
+def test_fp4_dequantize_every_code_and_scale_byte(fmt, out_dtype):
+    """Row b: scale byte b (every E4M3 / E8M0 byte, NaN included), the codes 0..15 twice per block."""
+    block = 16 if fmt == "nvfp4" else 32
+    data = np.tile(ref.pack_fp4(np.arange(32) % 16), (256, 2 * block // 32))
+    scales = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 2, axis=1)
+    for s2 in (1.0, 0.0123, 2.0**-140, 2.0**100, np.inf, np.nan) if fmt == "nvfp4" else (None,):
+        scale_2 = None if s2 is None else np.array([s2], np.float32)
+        y = ref.dequantize_weight(data, scales, dtype=fmt, scale_2=scale_2, out_dtype=out_dtype)
+        want = _fp4_model(data, scales, fmt, s2, out_dtype)
+        assert y.dtype == np.dtype(out_dtype)
+        np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8), err_msg=f"scale_2 {s2}")
+        direct = ref.dequantize_weight_fp4(data, scales, fmt, scale_2, out_dtype)
+        np.testing.assert_array_equal(direct.view(np.uint8), y.view(np.uint8))
+    if fmt == "mxfp4":  # the numbers of dequantize_mx
+        want = ref.dequantize_mx(data, scales, "float4_e2m1fn", out_dtype)
+        np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))
+    # the scale bytes as the ml_dtypes type
+    typed = scales.view(ml_dtypes.float8_e4m3fn if fmt == "nvfp4" else ml_dtypes.float8_e8m0fnu)
+    again = ref.dequantize_weight(data, typed, dtype=fmt, scale_2=scale_2, out_dtype=out_dtype)
+    np.testing.assert_array_equal(again.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", FP4)
+@pytest.mark.parametrize("N,blocks", [(1, 1), (7, 3), (33, 8)])
+def test_fp4_is_quantize_nvfp4_and_mx(fmt, dtype, N, blocks):
+    block = 16 if fmt == "nvfp4" else 32
+    w = _rand((N, blocks * block), N + blocks, dtype)
+    w[0, 1] = 0
+    if N > 2:
+        w[1, :3] = np.array([np.inf, -np.inf, 0], np.float32).astype(dtype)
+        w[2, -1] = np.array(np.nan, np.float32).astype(dtype)
+    d, s, s2 = ref.quantize_weight(w, fmt)
+    if fmt == "nvfp4":
+        qd, qs, S_enc = ref.quantize_nvfp4(w)
+        assert s2.dtype == np.float32 and s2.tolist() == [np.float32(1) / S_enc]
+    else:
+        (qd, qs), S_enc = ref.quantize_mx(w, "float4_e2m1fn"), None
+        assert s2 is None
+    np.testing.assert_array_equal(d, qd)
+    np.testing.assert_array_equal(s, qs)
+    for out_dtype in DTYPES:
+        y = ref.dequantize_weight(d, s, dtype=fmt, scale_2=s2, out_dtype=out_dtype)
+        np.testing.assert_array_equal(y.view(np.uint8), _fp4_model(d, s, fmt, s2, out_dtype).view(np.uint8))
+        if fmt == "mxfp4":
+            want = ref.dequantize_mx(d, s, "float4_e2m1fn", out_dtype)
+        elif np.float32(1) / (np.float32(1) / S_enc) == S_enc:  # dequantize_nvfp4 takes S_enc, not scale_2
+            want = ref.dequantize_nvfp4(d, s, S_enc, out_dtype)
+        else:
+            continue
+        np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))
+
+
+def test_nvfp4_scale_2_subnormal():
+    """A weight whose amax is below 2688 * 2^-126: S_enc above 2^126, so scale_2 = 1 / S_enc is a
+    float32 subnormal, kept (not flushed)."""
+    for w in (np.full((3, 16), 1e-38, np.float32), np.full((1, 32), 2.0**-125, BF16)):
+        d, s, s2 = ref.quantize_weight(w, "nvfp4")
+        S_enc = ref.quantize_nvfp4(w)[2]
+        assert 0 < s2[0] < np.finfo(np.float32).tiny and s2[0] == np.float32(1) / S_enc
+        y = ref.dequantize_weight(d, s, dtype="nvfp4", scale_2=s2)
+        assert (y > 0).all()
+
+
+def test_fp4_arguments():
+    w = np.ones((4, 64), np.float32)
+    d, s, s2 = ref.quantize_weight(w, "nvfp4")
+    for fmt, gs in (("nvfp4", 32), ("nvfp4", None), ("mxfp4", 16), ("nvfp4", 16.0)):
+        with pytest.raises(ValueError, match=f"^group_size={gs!r} is not supported for {fmt}"):
+            ref.quantize_weight(w, fmt, group_size=gs)
+    ref.quantize_weight(w, "mxfp4", group_size=32)  # the block itself is fine
+    with pytest.raises(ValueError, match="^symmetric=False"):
+        ref.quantize_weight(w, "nvfp4", symmetric=False)
+    with pytest.raises(ValueError, match="^block_size is for float8_e4m3fn"):
+        ref.quantize_weight(w, "mxfp4", block_size=(128, 128))
+    with pytest.raises(ValueError, match="^w's K = 48 must be a nonzero multiple of 32 for mxfp4"):
+        ref.quantize_weight(np.ones((4, 48), np.float32), "mxfp4")
+    with pytest.raises(ValueError, match="^w's K = 0"):
+        ref.quantize_weight(np.ones((4, 0), np.float32), "nvfp4")
+    with pytest.raises(ValueError, match="^w must be 2-D"):
+        ref.quantize_weight(np.ones(64, np.float32), "nvfp4")
+    with pytest.raises(TypeError, match="^w"):
+        ref.quantize_weight(np.ones((4, 64), np.float64), "nvfp4")
+    with pytest.raises(ValueError, match="^fmt must be one of"):
+        ref.quantize_weight_fp4(w, "int4")
+    deq = ref.dequantize_weight
+    with pytest.raises(ValueError, match="^scale_2 must be given for nvfp4"):
+        deq(d, s, dtype="nvfp4")
+    with pytest.raises(TypeError, match="^scale_2 must be a float32 array"):
+        deq(d, s, dtype="nvfp4", scale_2=1.0)
+    with pytest.raises(ValueError, match="^scale_2 must be a float32 array of one element"):
+        deq(d, s, dtype="nvfp4", scale_2=np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="^scale_2 is for nvfp4 weights only"):
+        deq(d, s[:, :2], dtype="mxfp4", scale_2=s2)
+    with pytest.raises(ValueError, match="^scale_2 must be None for mxfp4"):
+        ref.dequantize_weight_fp4(d, s[:, :2], "mxfp4", s2)
+    with pytest.raises(ValueError, match="^scale_2 is for nvfp4 weights only"):
+        deq(d, np.ones((4, 1), np.float16), dtype="int4", scale_2=s2)
+    with pytest.raises(ValueError, match=r"^scales must have shape \(4, 2\)"):
+        deq(d, s, dtype="mxfp4")
+    with pytest.raises(TypeError, match="^scales must be uint8 or float8_e8m0fnu"):
+        deq(d, s[:, :2].view(ml_dtypes.float8_e4m3fn), dtype="mxfp4")
+    with pytest.raises(ValueError, match="^nvfp4 weights take neither zeros nor block_size"):
+        deq(d, s, dtype="nvfp4", scale_2=s2, block_size=(128, 128))
+    with pytest.raises(ValueError, match="^K=63 must be 2"):
+        deq(d, s, dtype="nvfp4", scale_2=s2, K=63)
+    assert deq(d, s, dtype="nvfp4", scale_2=s2, K=64).shape == (4, 64)
+    with pytest.raises(ValueError, match="^data's K = 24 must be a nonzero multiple of 16"):
+        ref.dequantize_weight_fp4(d[:, :12], s[:, :1], "nvfp4", s2)
+
+
+@pytest.mark.parametrize("fmt", FP4)
+@pytest.mark.parametrize("N,B", [(1, 64), (16, 128), (33, 192), (70, 512)])
+def test_prepare_weight_fp4(fmt, N, B):
+    """The data exactly as INT4's with the chunks' k permuted (an INT4 weight of one group a row),
+    the scale bytes of a 16-row tile and a 128-k chunk together, a row's 128 / block bytes
+    contiguous (by hand, and as the transpose of the padded rows)."""
+    block = 16 if fmt == "nvfp4" else 32
+    nb, nch, T = 128 // block, B // 64, -(-N // 16)
+    rng = np.random.default_rng(N + B)
+    data = rng.integers(0, 256, (N, B), dtype=np.uint8)
+    scales = rng.integers(0, 256, (N, 2 * B // block), dtype=np.uint8)
+    d, s, z = ref.prepare_weight(data, scales, scheme=fmt)
+    assert z is None and d.shape == (T, nch, 2, 32, 16) and s.shape == (T, nch, 16, nb) and s.dtype == np.uint8
+    np.testing.assert_array_equal(d, ref.prepare_weight(data, np.ones((N, 1), np.float16), scheme="int4")[0])
+    pad = np.zeros((16 * T, scales.shape[1]), np.uint8)
+    pad[:N] = scales
+    np.testing.assert_array_equal(s, pad.reshape(T, 16, nch, nb).transpose(0, 2, 1, 3))
+    n, j = N - 1, scales.shape[1] - 1  # the last row's last block, by hand
+    assert s[n // 16, j // nb, n % 16, j % nb] == scales[n, j]
+    assert s[0, 0, 0].tolist() == scales[0, :nb].tolist()  # row 0's bytes of chunk 0, contiguous
+    if N % 16:
+        assert not s[-1, :, N % 16 :].any()  # padding rows
+    typed = scales.view(ml_dtypes.float8_e4m3fn if fmt == "nvfp4" else ml_dtypes.float8_e8m0fnu)
+    np.testing.assert_array_equal(ref.prepare_weight(data, typed, scheme=fmt)[1], s)
+    with pytest.raises(ValueError, match="^zeros must be None"):
+        ref.prepare_weight(data, scales, np.zeros((N, 1), np.uint8), scheme=fmt)
+    with pytest.raises(ValueError, match="^scales must have shape"):
+        ref.prepare_weight(data, scales[:, :1], scheme=fmt)

@@ -202,9 +202,10 @@ def test_from_checkpoint_arguments_cpu():
     d = np.zeros((128, 128), np.uint8)
     s = np.ones((1, 1), np.float32)
     f = cq.QuantizedWeight.from_checkpoint
-    for fmt in ("nvfp4", "mxfp4"):
-        with pytest.raises(ValueError, match="not supported by from_checkpoint yet"):
-            f(d, s, format=fmt)
+    with pytest.raises(ValueError, match="scale_2 or global_scale must be given"):
+        f(d, s, format="nvfp4")
+    with pytest.raises(TypeError, match="data must be a cupy.ndarray"):
+        f(d, s, format="mxfp4")
     with pytest.raises(ValueError, match="format must be one of"):
         f(d, s, format="float8_e5m2")
     with pytest.raises(TypeError, match="format"):
@@ -382,8 +383,8 @@ def test_from_checkpoint_errors():
         f(d, cupy.ones((200, 2), np.float32), block_size=None)
     with pytest.raises(ValueError, match="data's K = 3 must be even"):
         f(cupy.zeros((4, 3), np.uint8), cupy.ones(4, np.float32), block_size=None)
-    with pytest.raises(ValueError, match="not supported by from_checkpoint yet"):
-        f(d, s, format="nvfp4")
+    with pytest.raises(TypeError, match="scale must be uint8 or float8_e4m3fn"):
+        f(d, s, format="nvfp4", scale_2=1.0)
     with pytest.raises(TypeError, match="dtype"):
         f(d, s, dtype="int8")
     # a non-contiguous scale is held as a contiguous copy

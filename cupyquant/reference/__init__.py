@@ -80,12 +80,15 @@ from .w8a8 import (
 )
 from .weight import (
     AWQ_RANGE_FLOOR,
+    FP4_WEIGHT_BLOCK,
     dequantize_weight,
     dequantize_weight_blocks,
+    dequantize_weight_fp4,
     dequantize_weight_int8,
     prepare_weight,
     quantize_weight,
     quantize_weight_blocks,
+    quantize_weight_fp4,
     quantize_weight_int8,
     weight_code_sum,
 )
@@ -161,6 +164,9 @@ __all__ = [
     "quantize_weight_int8",
     "weight_code_sum",
     "dequantize_weight_int8",
+    "FP4_WEIGHT_BLOCK",
+    "quantize_weight_fp4",
+    "dequantize_weight_fp4",
     "prepare_weight",
     # the W8A8 matmul (FP8 and INT8)
     "W8A8_BLOCK",

@@ -1,17 +1,24 @@
-"""Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16), FP8 weights in 128 x 128 blocks
-(DeepSeek-V3, for W8A8), INT8 weights per output channel (SmoothQuant / compressed-tensors W8A8
-INT8) with their code sums, and the prepared layout of the matmul kernels."""
+"""Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16, NVFP4 and MXFP4), FP8 weights in
+128 x 128 blocks (DeepSeek-V3, for W8A8), INT8 weights per output channel (SmoothQuant /
+compressed-tensors W8A8 INT8) with their code sums, and the prepared layout of the matmul kernels."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .. import _checks, _dtypes
 from .._checks import DEFAULT_GROUP_SIZE, weight_block_size, weight_int8_k, weight_int8_options, weight_scheme
 from .._layouts import pack_fp4, unpack_fp4
 from ._common import cast_fp8, fp8_to_float, round_to
+from .mx import MX_BLOCK, dequantize_mx, e2m1_to_float, quantize_mx
+from .nvfp4 import NVFP4_BLOCK, quantize_nvfp4
 
 AWQ_RANGE_FLOOR = np.float32(1e-5)  # AWQ's clamp(min=1e-5) on max - min
+#: The FP4 weight formats and their blocks along K (one scale byte per block).
+FP4_WEIGHT_BLOCK = {"nvfp4": NVFP4_BLOCK, "mxfp4": MX_BLOCK}
+#: The FP4 formats' scale bytes, as ml_dtypes types (E4M3 for NVFP4, E8M0 for MXFP4).
+_FP4_SCALE_DTYPES = {"nvfp4": np.dtype(ml_dtypes.float8_e4m3fn), "mxfp4": np.dtype(ml_dtypes.float8_e8m0fnu)}
 
 
 def _rne_clamp(v, lo, hi) -> np.ndarray:
@@ -35,8 +42,9 @@ def quantize_weight(w, dtype="int4", *, group_size=DEFAULT_GROUP_SIZE, symmetric
     ``group_size`` along K (``None``: one group per output channel), or FP8 in 2-D blocks
     (``block_size=(128, 128)``, see :func:`quantize_weight_blocks`; ``group_size`` must then be
     left at its default), or INT8 per output channel (``dtype="int8"``, ``group_size=None``, see
-    :func:`quantize_weight_int8`). Returns ``(data, scales, zeros)``; every float step is IEEE
-    float32 and ``T`` is w's dtype:
+    :func:`quantize_weight_int8`), or FP4 (``dtype="nvfp4"`` or ``"mxfp4"``, see
+    :func:`quantize_weight_fp4`: returns ``(data, scale, scale_2)``). Returns ``(data, scales,
+    zeros)``; every float step is IEEE float32 and ``T`` is w's dtype:
 
     - ``"int4"`` (GPTQ/Marlin uint4b8): ``s = T(amax / 7)``, ``q = clamp(rne(w / s), -8, 7) + 8``.
     - ``"uint4"`` (AWQ): ``s = T(max(max - min, 1e-5) / 15)``, ``z = clamp(rne(-min / s), 0, 15)``,
@@ -56,6 +64,9 @@ def quantize_weight(w, dtype="int4", *, group_size=DEFAULT_GROUP_SIZE, symmetric
         return quantize_weight_int8(w)
     if weight_block_size(scheme, block_size, group_size) is not None:
         return quantize_weight_blocks(w)
+    if scheme in FP4_WEIGHT_BLOCK:
+        _checks.fp4_weight_group_size(scheme, FP4_WEIGHT_BLOCK[scheme], group_size)
+        return quantize_weight_fp4(w, scheme)
     t, g, G = _weight_groups(w, group_size)
     N, ng, _ = g.shape
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -88,12 +99,25 @@ def quantize_weight(w, dtype="int4", *, group_size=DEFAULT_GROUP_SIZE, symmetric
     return data, s, zeros
 
 
-def dequantize_weight(data, scales, zeros=None, dtype="int4", out_dtype=np.float32, *, K=None, block_size=None):
+def dequantize_weight(
+    data, scales, zeros=None, dtype="int4", out_dtype=np.float32, *, K=None, block_size=None, scale_2=None
+):
     """``y = round_to(float(q - z) * float(s), out_dtype)`` (``z = 8`` for int4), or
     ``round_to(fp8_to_float(q) * float(s), out_dtype)`` for FP8, the product in IEEE float32 (exact:
     a 4-bit integer or an E4M3 value times a float16/bfloat16 scale). ``K`` defaults to the full
     width of the data. ``block_size=(128, 128)``: FP8 in 2-D blocks, see
-    :func:`dequantize_weight_blocks`. ``dtype="int8"``: see :func:`dequantize_weight_int8`."""
+    :func:`dequantize_weight_blocks`. ``dtype="int8"``: see :func:`dequantize_weight_int8`.
+    ``dtype="nvfp4"`` (with ``scale_2``, the decode scale) or ``"mxfp4"``: see
+    :func:`dequantize_weight_fp4`."""
+    if scale_2 is not None and dtype != "nvfp4":
+        raise ValueError(f"scale_2 is for nvfp4 weights only, got dtype {dtype!r}")
+    if isinstance(dtype, str) and dtype in FP4_WEIGHT_BLOCK:
+        if zeros is not None or block_size is not None:
+            raise ValueError(f"{dtype} weights take neither zeros nor block_size")
+        data = np.asarray(data, dtype=np.uint8)
+        if K is not None and (data.ndim != 2 or K != 2 * data.shape[1]):
+            raise ValueError(f"K={K!r} must be 2 * data.shape[1] for {dtype} weights (or None), data {data.shape}")
+        return dequantize_weight_fp4(data, scales, dtype, scale_2, out_dtype)
     scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
     if scheme == "int8":
         if zeros is not None or K is not None or block_size is not None:
@@ -261,6 +285,88 @@ def dequantize_weight_int8(data, scales, out_dtype=np.float32):
     return round_to(y, out_dtype)
 
 
+def _fp4_format(fmt) -> str:
+    if not isinstance(fmt, str) or fmt not in FP4_WEIGHT_BLOCK:
+        raise ValueError(f"fmt must be one of {tuple(FP4_WEIGHT_BLOCK)}, got {fmt!r}")
+    return fmt
+
+
+def quantize_weight_fp4(w, fmt="nvfp4"):
+    """FP4 weights ``w`` ``(N, K)``: the bytes of :func:`quantize_nvfp4` (``fmt="nvfp4"``, its global
+    scale from the whole weight) or of :func:`quantize_mx` with ``"float4_e2m1fn"`` and
+    ``rounding="ceil"`` (``fmt="mxfp4"``), dense scales. K must be a nonzero multiple of the block
+    (16 for NVFP4, 32 for MXFP4); any N >= 0. Per block of K along a row:
+
+    - NVFP4: ``S_enc = 2688 / amax(w)`` (:func:`nvfp4_global_scale`), ``sf = e4m3(amax_b * S_enc / 6)``,
+      ``q = e2m1(w / (e4m3(sf) / S_enc))`` as :func:`quantize_nvfp4` computes them; the weight's
+      ``scale_2 = float32(1 / S_enc)`` (IEEE float32 division, subnormals kept), its decode scale:
+      ``w ~ e2m1(q) * (e4m3(sf) * scale_2)`` (ModelOpt's ``weight_scale_2``);
+    - MXFP4: ``b = e8m0_ceil(amax_b * float32(1 / 6))``, ``q = e2m1(w * 2^(127 - b))``:
+      ``w ~ e2m1(q) * 2^(b - 127)``.
+
+    Returns ``(data, scale, scale_2)``: data uint8 ``(N, K / 2)`` (E2M1 codes, element 0 in the low
+    nibble), scale uint8 ``(N, K / block)`` (the E4M3 or E8M0 bytes), and ``scale_2`` a float32
+    ``(1,)`` array (NVFP4) or None (MXFP4): the three parts of a plain FP4
+    :class:`cupyquant.QuantizedWeight` (``data``, ``scale``, ``scale_2``; its ``zero_point`` is
+    None)."""
+    fmt = _fp4_format(fmt)
+    w = np.asarray(w)
+    _dtypes.input_type(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {w.shape}")
+    block = FP4_WEIGHT_BLOCK[fmt]
+    _checks.fp4_weight_k(fmt, block, w.shape[1])
+    if fmt == "mxfp4":
+        data, E = quantize_mx(w, "float4_e2m1fn")
+        return data, E, None
+    data, sf, S_enc = quantize_nvfp4(w)
+    return data, sf, (np.float32(1) / np.array([S_enc], np.float32)).astype(np.float32)
+
+
+def _fp4_scale_bytes(scales, fmt: str, arg: str = "scales") -> np.ndarray:
+    """FP4 scale bytes given as uint8 or as the format's ml_dtypes type (viewed as uint8)."""
+    s = np.asarray(scales)
+    if s.dtype == _FP4_SCALE_DTYPES[fmt]:
+        return s.view(np.uint8)
+    if s.dtype != np.uint8:
+        raise TypeError(f"{arg} must be uint8 or {_FP4_SCALE_DTYPES[fmt].name} (the {fmt} scale bytes), got {s.dtype}")
+    return s
+
+
+def dequantize_weight_fp4(data, scales, fmt="nvfp4", scale_2=None, out_dtype=np.float32):
+    """``y`` ``(N, K)`` of FP4 weights, ``K = 2 * data.shape[1]``, each element's block scale
+    ``scales[n, k // block]`` (uint8 bytes, or the ml_dtypes scale type viewed as bytes):
+
+    - NVFP4: ``y = round_to(e2m1(q) * float32(e4m3(sf) * scale_2), out_dtype)``, both products IEEE
+      float32 (the numbers of :func:`dequantize_nvfp4` with ``S_dec = scale_2``), ``scale_2`` the
+      decode scale, a float32 array of one element (required);
+    - MXFP4: ``y = round_to(e2m1(q) * 2^(b - 127), out_dtype)`` as :func:`dequantize_mx` computes it
+      (``b = 0`` is the subnormal 2^-127, ``b = 255`` NaN); ``scale_2`` must be None.
+
+    An E4M3 NaN byte (0x7f, 0xff) or E8M0 255 gives NaN, as CUDA's canonical NaN."""
+    fmt = _fp4_format(fmt)
+    block = FP4_WEIGHT_BLOCK[fmt]
+    data = np.asarray(data)
+    if data.dtype != np.uint8 or data.ndim != 2:
+        raise ValueError(f"data must be uint8 (N, K / 2), got {data.dtype} {data.shape}")
+    N, K = data.shape[0], 2 * data.shape[1]
+    _checks.fp4_weight_k(fmt, block, K, "data")
+    s = _fp4_scale_bytes(scales, fmt)
+    _checks.shape_of(s, "scales", (N, K // block))
+    if fmt == "mxfp4":
+        if scale_2 is not None:
+            raise ValueError("scale_2 must be None for mxfp4 weights (only nvfp4 has a second scale)")
+        return dequantize_mx(data, s, "float4_e2m1fn", out_dtype)
+    if scale_2 is None:
+        raise ValueError("scale_2 must be given for nvfp4 weights (the float32 decode scale)")
+    s2 = np.float32(_checks.one_element_float32(np.asarray(scale_2), "scale_2").reshape(-1)[0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        sf = (fp8_to_float(s, "float8_e4m3fn") * s2).astype(np.float32)
+        v = e2m1_to_float(unpack_fp4(data, K)).reshape(N, K // block, block)
+        y = (v * sf[..., None]).astype(np.float32).reshape(N, K)
+    return round_to(y, out_dtype)
+
+
 def prepare_weight(data, scales, zeros=None, *, scheme):
     """The prepared (tile-major) layout that the matmul kernels read, from the plain layout of
     :func:`quantize_weight` (``data`` ``(N, B)`` uint8 with B = K / 2 for INT4 or K for FP8, a
@@ -285,18 +391,30 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
     - FP8 data ``(T, C, 16, 64)``: byte b of row n at ``[n // 16, b // 64, n % 16, b % 64]``;
     - scales ``(T, ng, 16)``: the scale of row n, group j at ``[n // 16, j, n % 16]``;
     - zeros ``(T, ng, 8)``: zero code of row n, group j in byte ``[n // 16, j, (n % 16) // 2]``,
-      the low nibble for even ``n % 16``.
+      the low nibble for even ``n % 16``;
+    - FP4 (``"nvfp4"``, ``"mxfp4"``; ``zeros`` None): data as INT4's with the k permuted (always,
+      whatever the block: the same nibbles, E2M1 codes instead of uint4); ``scales`` the uint8
+      (E4M3 or E8M0) bytes ``(N, K / block)``, prepared as ``(T, C, 16, NB)`` with
+      ``NB = 128 / block`` (8 NVFP4, 4 MXFP4): the byte of row n, block j (natural k order, chunk
+      ``j // NB``) at ``[n // 16, j // NB, n % 16, j % NB]``, so that a row's NB bytes of a chunk
+      are contiguous. NVFP4's ``scale_2`` has one layout (unchanged).
 
     Written as the scatter of each element to its flat offset, not as the reshape and transpose of
     ``cupyquant.weight``, so that the two are independent checks of each other."""
-    if scheme not in ("int4", "uint4", "float8_e4m3fn"):
-        raise ValueError(f"scheme must be 'int4', 'uint4' or 'float8_e4m3fn', got {scheme!r}")
+    schemes = ("int4", "uint4", "float8_e4m3fn") + tuple(FP4_WEIGHT_BLOCK)
+    if scheme not in schemes:
+        raise ValueError(f"scheme must be one of {schemes}, got {scheme!r}")
+    fp4 = scheme in FP4_WEIGHT_BLOCK
     data = np.asarray(data, dtype=np.uint8)
-    scales = np.asarray(scales)
+    scales = _fp4_scale_bytes(scales, scheme) if fp4 else np.asarray(scales)
     N, B = data.shape
     ng = scales.shape[1]
     if B % 64:
         raise ValueError(f"the data's row of {B} bytes must be a multiple of 64 (128 INT4 or 64 FP8 elements)")
+    if fp4:
+        if zeros is not None:
+            raise ValueError(f"zeros must be None for {scheme} weights")
+        _checks.shape_of(scales, "scales", (N, 2 * B // FP4_WEIGHT_BLOCK[scheme]))
     T, nch = -(-N // 16), B // 64
     flat = np.zeros(T * nch * 1024, np.uint8)
     if scheme == "float8_e4m3fn":
@@ -307,7 +425,7 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
         n, k = np.indices((N, 2 * B), dtype=np.int64)
         codes = unpack_fp4(data, 2 * B).astype(np.uint8)
         r, kk = n % 16, k % 128
-        if (2 * B // ng) % 128 == 0:  # whole-chunk groups: the 4 x 4 blocks of 8 k transposed
+        if fp4 or (2 * B // ng) % 128 == 0:  # FP4 or whole-chunk groups: the 4 x 4 blocks of 8 k transposed
             kk = 32 * (kk % 32 // 8) + 8 * (kk // 32) + kk % 8
         st, kb, t, e = kk // 16, kk % 16 // 8, kk % 8 // 2, kk % 2
         at = ((n // 16) * nch + k // 128) * 1024 + (st % 2) * 512 + (4 * (r % 8) + st // 2) * 16 + 4 * t + kb + 2 * e
@@ -316,6 +434,11 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
         flat[at[~lo]] |= codes[~lo] << 4
         d = flat.reshape(T, nch, 2, 32, 16)
     n, j = np.indices((N, ng), dtype=np.int64)
+    if fp4:  # a row's NB bytes of a chunk contiguous
+        nb = 128 // FP4_WEIGHT_BLOCK[scheme]
+        s = np.zeros(T * nch * 16 * nb, np.uint8)
+        s[(((n // 16) * nch + j // nb) * 16 + n % 16) * nb + j % nb] = scales
+        return d, s.reshape(T, nch, 16, nb), None
     at = ((n // 16) * ng + j) * 16 + n % 16
     s = np.zeros(T * ng * 16, scales.dtype)
     s[at] = scales

@@ -1,24 +1,31 @@
-"""Weight-only quantization (INT4 as GPTQ/Marlin and AWQ, FP8 for W8A16) and the matmul that
-dequantizes the weights in registers; also the weights of the W8A8 matmul
+"""Weight-only quantization (INT4 as GPTQ/Marlin and AWQ, FP8 for W8A16, NVFP4 and MXFP4) and the
+matmul that dequantizes the weights in registers; also the weights of the W8A8 matmul
 (:func:`cupyquant.scaled_matmul`): FP8 in 128 x 128 blocks and INT8 per output channel (with their
 code sums), which the weight-only matmul does not take.
 
 Kernels: ``kernels/weight_quant.cu`` (quantize, dequantize), ``kernels/weight_decode.cu`` (the
 matmul for few rows of activations), ``kernels/weight_sm80_gemm.cu`` and
-``kernels/weight_sm90_gemm.cu`` (the matmul for more rows). Reference:
+``kernels/weight_sm90_gemm.cu`` (the matmul for more rows); FP4 weights are quantized by the
+NVFP4 and MX kernels (``kernels/nvfp4.cu``, ``kernels/mx.cu``). Reference:
 :func:`cupyquant.reference.quantize_weight` and :func:`cupyquant.reference.dequantize_weight`.
 
 Modules: ``container`` (:class:`QuantizedWeight`), ``quantize`` (quantize, dequantize and the two
-layouts), ``dispatch`` (:func:`matmul`, :func:`matmul_path`), ``plan`` (which kernel and
-configuration a call takes, with every fitted cost), ``configs`` (the kernels' configuration tables,
-whose rows are their template arguments), ``launch`` (one launcher per kernel) and ``_cache``
-(per-device buffers and kernel attributes). Only the names exported here are public.
+layouts), ``fp4`` (the FP4 formats' quantization, checks, scale layouts and dequantization),
+``checkpoint`` (:meth:`QuantizedWeight.from_checkpoint`), ``dispatch`` (:func:`matmul`,
+:func:`matmul_path`), ``plan`` (which kernel and configuration a call takes, with every fitted
+cost), ``configs`` (the kernels' configuration tables, whose rows are their template arguments),
+``launch`` (one launcher per kernel) and ``_cache`` (per-device buffers and kernel attributes).
+Only the names exported here are public.
 
 Layouts. The plain layout is the interchange format (what :func:`quantize_weight` returns, what
 :meth:`QuantizedWeight.to_host` gives, what to store): ``w`` is ``(N, K)`` in PyTorch Linear's
 ``[out, in]`` order; INT4 data ``(N, K / 2)`` uint8 with element 0 in the low nibble, FP8 data
-``(N, K)`` uint8, INT8 data ``(N, K)`` int8 (with int32 code sums ``(N,)``); scales ``(N, K / G)`` (``G`` the group size) in the weight's dtype, by which ``q - z`` is multiplied; uint4 zero points
-``(N, ceil(K / G / 2))`` uint8, packed like the data.
+``(N, K)`` uint8, INT8 data ``(N, K)`` int8 (with int32 code sums ``(N,)``); scales ``(N, K / G)``
+(``G`` the group size) in the weight's dtype, by which ``q - z`` is multiplied; uint4 zero points
+``(N, ceil(K / G / 2))`` uint8, packed like the data. FP4: data ``(N, K / 2)`` uint8 of E2M1 codes
+(packed as INT4's), scales ``(N, K / B)`` uint8, the E4M3 (NVFP4, ``B = 16``) or E8M0 (MXFP4,
+``B = 32``) byte of each block of B along K, and NVFP4's float32 ``scale_2`` ``(1,)``:
+``w ~ e2m1(q) * e4m3(s) * scale_2`` or ``w ~ e2m1(q) * 2^(s - 127)``.
 
 The matmul kernels read the prepared layout that :func:`prepare_weight` makes on the GPU (once, at
 load time, as Marlin's repacking): the rows in tiles of 16 (the last padded with zero rows), each
@@ -35,7 +42,10 @@ decode kernel that share a row read its activations 64 contiguous bytes at a tim
 data ``(ceil(N / 16), K / 64, 16, 64)``: the 16 rows x 64 bytes of a chunk. Scales
 ``(ceil(N / 16), K / G, 16)`` (a tile's 16 scales of a group together); uint4 zero points
 ``(ceil(N / 16), K / G, 8)`` uint8 (row ``i`` of the tile in the low nibble of byte ``i / 2`` when
-``i`` is even, the high one when odd). It is private to the kernels and may change between
+``i`` is even, the high one when odd). FP4 data: INT4's fragment order, always with the chunks'
+4 x 4 blocks of 8 k transposed; FP4 scales ``(ceil(N / 16), K / 128, 16, 128 / B)`` uint8: each
+tile's bytes of a chunk together, a row's ``128 / B`` bytes (the chunk's blocks in k order)
+contiguous; ``scale_2`` unchanged. It is private to the kernels and may change between
 versions; :func:`matmul` takes a plain weight too, converting it on every call (a copy of the
 weight: prepare once instead).
 """

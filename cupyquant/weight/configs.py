@@ -211,7 +211,9 @@ QUANT_FAMILY = _jit.register(
     + _jit.product("weight_dequantize", _dtypes.INPUT_CTYPES, _dtypes.INPUT_CTYPES, QUANT_SCHEME_IDS.values())
     + _jit.product("weight_code_sum", (WEIGHT_INT8,))
     + _jit.product("weight_quantize_block", _dtypes.INPUT_CTYPES)
-    + _jit.product("weight_dequantize_block", _dtypes.INPUT_CTYPES),
+    + _jit.product("weight_dequantize_block", _dtypes.INPUT_CTYPES)
+    + _jit.product("weight_dequantize_fp4", _dtypes.INPUT_CTYPES, FP4_IDS)
+    + _jit.product("weight_scale_2", (WEIGHT_NVFP4,)),
 )
 # FP4 weights are dequantized before the mma (no scale_after_sum), and not offered the even/odd
 # configuration, which serves scale_after_sum only.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from .. import _validate
+from .. import _jit, _validate
 from . import configs as C
 from .container import QuantizedWeight, weight_scheme
 
@@ -25,28 +25,34 @@ def group_size_of(fmt: str, group_size) -> int:
     """The block of an FP4 format; ``group_size`` must be left at its default or be that block."""
     from .. import _checks
 
-    block = C.FP4_BLOCK[fmt]
-    if group_size is not _checks.DEFAULT_GROUP_SIZE and group_size != block:
-        raise ValueError(
-            f"{fmt} weights have blocks of {block} along K: leave group_size at its default, got {group_size!r}"
-        )
-    return block
+    return _checks.fp4_weight_group_size(fmt, C.FP4_BLOCK[fmt], group_size)
+
+
+def scale_2_of(global_scale) -> cupy.ndarray:
+    """NVFP4's decode scale ``float32(1 / S_enc)`` (a new float32 (1,) array) from the encode scale
+    ``global_scale`` (a float32 device array of one element, on the current device), correctly
+    rounded with subnormals kept: one launch of ``weight_scale_2`` (a CuPy division would flush a
+    subnormal quotient, ``-ftz=true``), no host synchronization."""
+    s2 = cupy.empty((1,), np.float32)
+    k = _jit.kernel(global_scale.data.device_id, C.QUANT_FAMILY, "weight_scale_2", C.WEIGHT_NVFP4)
+    k((1,), (32,), (global_scale, s2))
+    return s2
 
 
 def quantize(w, fmt: str) -> QuantizedWeight:
     """quantize_weight for "nvfp4" and "mxfp4" (w checked: a 2-D C-contiguous float CuPy array):
     the bytes of quantize_nvfp4 (the global scale reduced on the device) or quantize_mx (rounding
     "ceil"), with dense scales."""
-    from .. import mx, nvfp4
+    from .. import _checks, mx, nvfp4
 
     N, K = w.shape
     block = C.FP4_BLOCK[fmt]
-    if K == 0 or K % block:
-        raise ValueError(f"w's K = {K} must be a nonzero multiple of {block} for {fmt} weights")
+    _checks.fp4_weight_k(fmt, block, K)
     with _validate.on_device_of(w):
         if fmt == "nvfp4":
             q = nvfp4.quantize_nvfp4(w, scale_layout="dense")
-            scale_2 = cupy.float32(1) / q.global_scale  # the decode scale, as dequantize_nvfp4 takes it
+            scale_2 = scale_2_of(q.global_scale)  # the decode scale, as dequantize_nvfp4 takes it
+            _validate.keep_if_capturing(q.global_scale)
         else:
             q = mx.quantize_mx(w, "float4_e2m1fn", scale_layout="dense")
             scale_2 = None
@@ -118,5 +124,15 @@ def plain_scales(w) -> cupy.ndarray:
 
 
 def dequantize(w, out_t, y) -> None:
-    """dequantize_weight of plain FP4 ``w`` into ``y`` (N, K) of ``out_t``."""
-    raise NotImplementedError("FP4 dequantization")
+    """dequantize_weight of plain FP4 ``w`` (N > 0) into ``y`` (N, K) of ``out_t`` (checked by
+    dequantize_weight; here also that ``y`` does not overlap NVFP4's scale_2): one launch of
+    ``weight_dequantize_fp4<O, S>``, one thread per 8 elements of a row."""
+    _validate.disjoint(y, "out", (("w.scale_2", w.scale_2),))
+    N, K = w.shape
+    a = np.zeros((), dtype=C.QUANT_ARGS)
+    a["N"], a["K"], a["ng"], a["G"] = N, K, K // C.FP4_BLOCK[w._format], C.FP4_BLOCK[w._format]
+    k = _jit.kernel(
+        w.data.data.device_id, C.QUANT_FAMILY, "weight_dequantize_fp4", out_t.ctype, C.SCHEME_IDS[w._format]
+    )
+    grid = (-(-(K // 8) // 256), min(N, C.MAX_GRID_Y))
+    k(grid, (256,), (w.data, w.scale, w.scale_2 if w.scale_2 is not None else 0, y, a[()]))

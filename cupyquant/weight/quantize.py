@@ -18,13 +18,13 @@ def quantize_weight(
     w, dtype="int4", *, group_size=_checks.DEFAULT_GROUP_SIZE, symmetric=True, block_size=None
 ) -> QuantizedWeight:
     """Quantize a weight ``w`` ``(N, K)`` (PyTorch Linear's ``[out, in]``) along K in groups, or
-    (FP8) in 2-D blocks of 128 x 128.
+    (FP8) in 2-D blocks of 128 x 128, or to NVFP4 / MXFP4.
 
     Parameters
     ----------
     w : cupy.ndarray
         float32, float16 or bfloat16, 2-D, C-contiguous.
-    dtype : {"int4", "uint4", "float8_e4m3fn", "int8"}
+    dtype : {"int4", "uint4", "float8_e4m3fn", "int8", "nvfp4", "mxfp4"}
         ``"int4"`` with ``symmetric=True``: GPTQ/Marlin uint4b8, ``s = amax / 7``,
         ``q = clamp(rne(w / s), -8, 7) + 8``. ``"uint4"`` (or ``"int4"`` with ``symmetric=False``):
         AWQ-style asymmetric with integer zero points, ``s = max(max - min, 1e-5) / 15``,
@@ -35,6 +35,17 @@ def quantize_weight(
         activations), one scale per output channel, ``s = amax / 127``,
         ``q = clamp(rne(w / s), -128, 127)``, data int8 ``(N, K)`` (any K), and the weight's
         ``code_sum`` ``sum_k q`` (int32 ``(N,)``, exact) computed by the same kernel.
+        ``"nvfp4"``: the bytes of :func:`cupyquant.quantize_nvfp4` (dense scales; its global scale
+        from the whole weight, ``S_enc = 2688 / amax``): per block of 16 along K
+        ``sf = e4m3(amax_b * S_enc / 6)``, ``q = e2m1(w / (e4m3(sf) / S_enc))``, and the weight's
+        ``scale_2 = float32(1 / S_enc)`` (float32 ``(1,)``, subnormals kept), its decode scale:
+        ``w ~ e2m1(q) * (e4m3(sf) * scale_2)``. ``"mxfp4"``: the bytes of
+        :func:`cupyquant.quantize_mx` with ``"float4_e2m1fn"`` (rounding ``"ceil"``, dense scales):
+        per block of 32, ``b = e8m0_ceil(amax_b / 6)``, ``q = e2m1(w * 2^(127 - b))``,
+        ``w ~ e2m1(q) * 2^(b - 127)``. Both: K a nonzero multiple of the block (16, 32), any N;
+        data uint8 ``(N, K / 2)`` (E2M1 codes, element 0 in the low nibble), ``scale`` uint8
+        ``(N, K / block)`` (the E4M3 or E8M0 bytes), ``scheme.block`` ``(block,)``; bit-exact with
+        :func:`cupyquant.reference.quantize_weight_fp4`.
         Scales are rounded to w's dtype before the division, so that dequantization inverts exactly
         what was stored; the weight's ``scale`` is ``s`` and its ``zero_point`` ``z``:
         ``w ~ (q - z) * s``. The maxima are over the finite weights; a NaN weight gives the zero
@@ -42,7 +53,8 @@ def quantize_weight(
     group_size : {32, 64, 128, None}
         Elements of K per scale; ``None``: one scale per output channel. Must divide K. Leave it
         at its default with ``block_size`` (giving both is a ``ValueError``). ``"int8"`` needs
-        ``None`` (its default 128 is a ``ValueError`` there).
+        ``None`` (its default 128 is a ``ValueError`` there). ``"nvfp4"`` and ``"mxfp4"`` have
+        their own blocks: leave it at its default, or give the block (16, 32).
     symmetric : bool
         ``False`` selects zero points (INT4 only).
     block_size : {None, (128, 128)}
@@ -73,10 +85,12 @@ def quantize_weight(
         ``w`` is not a CuPy array of float32, float16 or bfloat16; ``dtype`` names no dtype.
     ValueError
         ``w`` not 2-D, not C-contiguous or with an odd K (a zero K with ``block_size``; for
-        ``"int8"`` a zero K or one above 2^24); an unsupported ``dtype``, ``group_size`` or
+        ``"int8"`` a zero K or one above 2^24; for FP4 a K that is not a nonzero multiple of the
+        block); an unsupported ``dtype``, ``group_size`` or
         ``block_size``, or a group size that does not divide K; ``symmetric=False`` with FP8 or
         INT8; ``block_size`` with INT4 or INT8 or with ``group_size``; ``"int8"`` without
-        ``group_size=None``.
+        ``group_size=None``; FP4 with another ``group_size`` than the block, or with
+        ``symmetric=False`` or ``block_size``.
     """
     scheme = _checks.weight_scheme(dtype, symmetric)
     if scheme == "int8":
@@ -298,13 +312,15 @@ def prepare_weight(w: QuantizedWeight) -> QuantizedWeight:
     :class:`QuantizedWeight` with ``scheme.scale_layout == "prepared"``, made on the GPU by copies, bit-exact with
     :func:`cupyquant.reference.prepare_weight`; a prepared ``w`` is returned as is. Prepare a weight
     once and pass the result to every :func:`matmul`; :meth:`QuantizedWeight.plain` goes back.
+    FP4 weights: the data in INT4's fragment order with the k permuted, the scale bytes
+    ``(ceil(N / 16), K / 128, 16, 128 / block)``, ``scale_2`` as it is (the package's docstring).
 
     Raises
     ------
     TypeError
         ``w`` is not a :class:`QuantizedWeight` on the GPU.
     ValueError
-        K is not a multiple of 128 (INT4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
+        K is not a multiple of 128 (INT4, NVFP4, MXFP4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
         match its shape; ``w`` is a block weight (128 x 128 blocks have no prepared layout: they
         are for :func:`cupyquant.scaled_matmul`, which reads the plain layout) or an int8 weight
         (likewise, with INT8 activations).
@@ -450,8 +466,11 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
     it an IEEE float32 product rounded once more to ``dtype``, as ``(fp8(q) * s).to(dtype)`` does
     in PyTorch). Block weights: ``s = w.scale[n // 128, k // 128]``. INT8 weights:
     ``round(float32(q) * s)`` with the row's scale, likewise (exact for float16 and bfloat16
-    scales). Bit-exact with :func:`cupyquant.reference.dequantize_weight`
-    (``dequantize_weight_blocks``, ``dequantize_weight_int8``).
+    scales). NVFP4: ``round(e2m1(q) * float32(e4m3(s) * scale_2))``, MXFP4:
+    ``round(e2m1(q) * 2^(b - 127))`` (the byte ``b`` 0 is the subnormal 2^-127, 255 NaN), both
+    products IEEE float32; an E4M3 NaN scale byte gives NaN. Bit-exact with
+    :func:`cupyquant.reference.dequantize_weight` (``dequantize_weight_blocks``,
+    ``dequantize_weight_int8``, ``dequantize_weight_fp4``).
 
     Raises
     ------
@@ -459,7 +478,8 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
         ``w`` is not a :class:`QuantizedWeight` on the GPU; ``dtype`` is not float32, float16 or
         bfloat16; ``out`` is not a CuPy array of that dtype.
     ValueError
-        ``out`` of the wrong shape or device, not C-contiguous, or overlapping ``w``'s buffers.
+        ``out`` of the wrong shape or device, not C-contiguous, or overlapping ``w``'s buffers
+        (NVFP4's ``scale_2`` included); ``w``'s arrays do not match its shape and format.
     """
     check_weight(w)
     out_t = _dtypes.input_type(w.dtype if dtype is None else dtype, "dtype")
