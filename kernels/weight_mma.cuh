@@ -264,7 +264,8 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
 // (through L2; rows and columns past M and N included, so every tile is whole and 16-byte aligned);
 // the last block of tile (x, y) to arrive (a per-tile counter) reads the tile back in 16-byte
 // pieces, adds the splits' partials in split order 0, 1, ... (so the sum does not depend on which
-// block finishes first), rounds once to T and writes y. visit(f) calls f(m, n, v) for each output
+// block finishes first), rounds once to T (SCALE_OUT: each sum multiplied by out_scale first, the
+// FP4 weights' fp4_out_scale) and writes y. visit(f) calls f(m, n, v) for each output
 // (m, n) of this thread's accumulators (v its value), m and n relative to the tile.
 // The read-back is coalesced and branch-free, each round's loads in flight together (a read-back
 // one output at a time, each load under its own bounds branch, takes as long as the main loop of a
@@ -289,9 +290,9 @@ __device__ __forceinline__ void store_rounded4(T* __restrict__ y, i64 M, i64 N, 
     }
 }
 
-template <typename T, int BM, int BN, int THREADS, typename Visit>
+template <typename T, int BM, int BN, int THREADS, bool SCALE_OUT = false, typename Visit>
 __device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __restrict__ counters, T* __restrict__ y, i64 M, i64 N,
-                                               i64 m0, i64 n0, int splits, int& s_last, Visit visit) {
+                                               i64 m0, i64 n0, int splits, int& s_last, Visit visit, float out_scale = 1.0f) {
     constexpr int V = BM * BN / 4;  // float4 pieces of a tile
     static_assert(V % THREADS == 0, "a tile is a whole number of float4 pieces per thread");
     constexpr int PER = V / THREADS, CH = PER < 8 ? PER : 8;
@@ -334,6 +335,10 @@ __device__ __forceinline__ void split_k_finish(float* __restrict__ ws, int* __re
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
             const int idx = (c0 + j) * THREADS + threadIdx.x;
+            if constexpr (SCALE_OUT) {
+                s[j].x = mul_rn(s[j].x, out_scale), s[j].y = mul_rn(s[j].y, out_scale);
+                s[j].z = mul_rn(s[j].z, out_scale), s[j].w = mul_rn(s[j].w, out_scale);
+            }
             store_rounded4(y, M, N, m0 + idx / (BN / 4), n0 + (idx % (BN / 4)) * 4, s[j]);
         }
     }

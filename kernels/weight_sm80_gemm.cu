@@ -1,7 +1,8 @@
-// weight_sm80_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 weights (prefill
-// sizes of M), reading the prepared layout of weight_decode.cu's matmul (tiles of 16 weight rows by 128 k
-// stored as 1 KB each, scales and zero codes per tile and group: see weight/quantize.py prepare_weight).
-// Numerics as weight_decode.cu's decode matmul: each product exact, float32 sums (see sm80_w16_gemm).
+// weight_sm80_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 and FP4 weights
+// (prefill sizes of M), reading the prepared layout of weight_decode.cu's matmul (tiles of 16 weight rows
+// by 128 k stored as 1 KB each, scales and zero codes per tile and group: see weight/quantize.py
+// prepare_weight; FP4 scale bytes per tile and chunk: weight/fp4.py). Numerics as weight_decode.cu's
+// decode matmul: each product exact, float32 sums (see sm80_w16_gemm).
 
 #include "common.cuh"
 #include "weight_mma.cuh"
@@ -9,7 +10,7 @@
 using namespace cq;
 
 // ---------------------------------------------------------------- pipelined tensor-core matmul
-// The same y = a @ dequant(w).T for INT4 weights at any M, built for prefill: a block computes a
+// The same y = a @ dequant(w).T for INT4 and FP4 weights at any M, built for prefill: a block computes a
 // BM x 128 tile of y (BM = 16 * MT * WM rows, 4 x WM warps, each warp MT m16 tiles by 4 n8 tiles),
 // streaming K in stages of 128 through shared memory with cp.async, STAGES deep, so the loads of
 // stage i + STAGES - 1 are in flight while stage i is multiplied. Each weight byte is read once per
@@ -22,7 +23,9 @@ using namespace cq;
 // 64 bytes of each of its activation rows (the A operand) and the codes of its weight rows (the B
 // operand) at those k. (Where the layout's chunks have their 4 x 4 blocks of 8 k transposed,
 // GemmArgs.kperm, the lane's sub-block i below is the stage's k 32 i + 8 t .. + 7: only which
-// 16 bytes of the activation row it reads changes.)
+// 16 bytes of the activation row it reads changes. FP4 weights are always in that order, and all k
+// of sub-block i, the chunk's natural k 32 i + 8 t .. + 7, lie in one scale group: NVFP4 group
+// 2 i + t / 2, MXFP4 group i of the chunk.)
 // Sub-block i (k = 32t + 8i .. + 7) gives two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and
 // (2t + 8, 2t + 9) take k pairs 4h, 4h + 1 and 4h + 2, 4h + 3 of the sub-block, so the activation
 // registers go to the mma as loaded. The weights are in fragment order (weight/quantize.py prepare_weight),
@@ -47,7 +50,7 @@ struct GemmArgs {
     int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
-    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight/quantize.py k_permuted; whole-chunk groups)
+    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight/quantize.py k_permuted; whole-chunk groups, FP4)
 };
 
 // Position of 16-byte chunk c of activation row r within the row. Lanes (g, t), g = 0, 1, of a
@@ -60,6 +63,9 @@ __device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) 
 // true = (groups of 128, or per-channel) the mma takes the exact q - z and each stage's float32
 // partial sums are multiplied by the stage's scale (one FMA per output per stage). MT = 4 is built
 // without SCALE_AFTER_SUM: the second set of accumulators would not fit in the registers.
+// FP4 (S = W_NVFP4, W_MXFP4; never SCALE_AFTER_SUM): the mma takes w' = e2m1 * s * 2^-FP4_SHIFT, exact
+// in T (weight_mma.cuh fp4_frag, fp4_scale2), and the float32 sums are multiplied by fp4_out_scale
+// before they are rounded to T.
 template <typename T, int S, int MT, int WM, int STAGES, bool SCALE_AFTER_SUM>
 __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                               const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
@@ -70,6 +76,9 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     constexpr int A_BYTES = BM * GM_BK * 2;
     constexpr int STAGE_BYTES = A_BYTES + GM_BN * GM_BK / 2;
     using H = HalfOps<T>;
+    constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
+    static_assert(!(FP4 && SCALE_AFTER_SUM), "FP4 weights are dequantized before the mma");
+    constexpr int NB = S == W_NVFP4 ? 8 : 4;  // FP4: scale bytes of a weight row per chunk
     extern __shared__ uint4 gm_smem[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(gm_smem);
     __shared__ int s_last;
@@ -110,7 +119,9 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         }
     };
 
-    // scales (as T pairs, without SCALE_AFTER_SUM), zero biases, and the accumulator columns' scales (SCALE_AFTER_SUM)
+    // scales (as T pairs, without SCALE_AFTER_SUM), zero biases, and the accumulator columns' scales
+    // (SCALE_AFTER_SUM). FP4: s2[j] holds the four scale bytes of B column nb + 8 j for this lane's
+    // sub-blocks, byte i that of sub-block i (fp4_scale2 turns each into a T pair when it is used)
     struct SZ {
         unsigned s2[GM_NT], zb[GM_NT];
         float cs[GM_NT][2];
@@ -124,8 +135,30 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     const unsigned short* s_b = reinterpret_cast<const unsigned short*>(scales) + (nb >> 4) * tstep + g;
     const T* s_c = scales + (nc >> 4) * tstep + 2 * t;
     const unsigned char* z_b = zeros + (nb >> 4) * a.ng * 8 + g / 2;
+    // FP4 scale bytes [N / 16][chunk][16][NB]: row g of tile nb >> 4 at chunk 0
+    const unsigned char* s8_b = reinterpret_cast<const unsigned char*>(scales) + ((nb >> 4) * nchunks * 16 + g) * NB;
     auto load_sz = [&](i64 it) {
         SZ r;
+        if constexpr (FP4) {
+            // NVFP4: bytes 2 i + t / 2 of the row's 8; MXFP4: its 4 bytes as they are
+#pragma unroll
+            for (int j = 0; j < GM_NT; ++j) {
+                const unsigned char* p = s8_b + (((j >> 1) * nchunks + it) * 16 + 8 * (j & 1)) * NB;
+                unsigned v = 0;
+                if (nb + 8 * j < a.N) {
+                    if constexpr (S == W_NVFP4) {
+                        const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+                        v = __byte_perm(u.x, u.y, t >= 2 ? 0x7531 : 0x6420);
+                    } else {
+                        v = __ldg(reinterpret_cast<const unsigned*>(p));
+                    }
+                }
+                r.s2[j] = v;
+                r.zb[j] = 0u;
+                r.cs[j][0] = r.cs[j][1] = 0.0f;
+            }
+            return r;
+        }
         const i64 grp = (it * GM_BK + (SCALE_AFTER_SUM ? 0 : 32 * t)) >> a.gshift;
 #pragma unroll
         for (int j = 0; j < GM_NT; ++j) {
@@ -199,6 +232,11 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                     const uint4 v = *reinterpret_cast<const uint4*>(sa + r * 256 + a_off[sub]);
                     ar[mt][hr][0] = v.x; ar[mt][hr][1] = v.y; ar[mt][hr][2] = v.z; ar[mt][hr][3] = v.w;
                 }
+            unsigned sq[FP4 ? GM_NT : 1];  // FP4: the scale pair of B column nb + 8 j in this sub-block
+            if constexpr (FP4) {
+#pragma unroll
+                for (int j = 0; j < GM_NT; ++j) sq[j] = fp4_scale2<T, S>((cur.s2[j] >> (8 * sub)) & 0xffu);
+            }
             // the mma wants each A fragment in 4 consecutive registers, rows g and g + 8 interleaved:
             // build each once per k16 step and use it for every n8 tile
 #pragma unroll
@@ -212,9 +250,13 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const unsigned word = reinterpret_cast<const unsigned*>(&wv[j >> 1][sub >> 1])[2 * h + e];
-                        const unsigned x = frag_codes<T>(word, 2 * (sub & 1) + (j & 1));
-                        bw[j][e] = H::fma2(x, frag_mul<T>(j & 1), cur.zb[j]);  // q - z, exact
-                        if constexpr (!SCALE_AFTER_SUM) bw[j][e] = H::fma2(bw[j][e], cur.s2[j], 0x80008000u);
+                        if constexpr (FP4) {
+                            bw[j][e] = H::fma2(fp4_frag<T>(word, 2 * (sub & 1) + (j & 1)), sq[j], 0x80008000u);  // w', exact
+                        } else {
+                            const unsigned x = frag_codes<T>(word, 2 * (sub & 1) + (j & 1));
+                            bw[j][e] = H::fma2(x, frag_mul<T>(j & 1), cur.zb[j]);  // q - z, exact
+                            if constexpr (!SCALE_AFTER_SUM) bw[j][e] = H::fma2(bw[j][e], cur.s2[j], 0x80008000u);
+                        }
                     }
                 }
 #pragma unroll
@@ -238,8 +280,10 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     cp_async_wait<0>();
 
     // this thread's outputs: rows arow + 16 mt + 8 hr, columns n0 + wn * 32 + 8 j + 2 t + {0, 1}
+    // (FP4: each float32 sum times osc, then rounded to T)
+    const float osc = FP4 ? fp4_out_scale<S>(scale_2) : 1.0f;
     if (a.splits > 1) {
-        split_k_finish<T, BM, GM_BN, THREADS>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
+        split_k_finish<T, BM, GM_BN, THREADS, FP4>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -249,7 +293,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 #pragma unroll
                         for (int e = 0; e < 2; ++e)
                             f(arow + 16 * mt + 8 * hr, wn * 32 + 8 * j + 2 * t + e, acc[mt][j][2 * hr + e]);
-        });
+        }, osc);
         return;
     }
 #pragma unroll
@@ -261,7 +305,9 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 #pragma unroll
             for (int j = 0; j < GM_NT; ++j) {
                 const i64 n = n0 + wn * 32 + 8 * j + 2 * t;
-                const unsigned short lo = bits16_rn<T>(acc[mt][j][2 * hr]), hi = bits16_rn<T>(acc[mt][j][2 * hr + 1]);
+                float v0 = acc[mt][j][2 * hr], v1 = acc[mt][j][2 * hr + 1];
+                if constexpr (FP4) v0 = mul_rn(v0, osc), v1 = mul_rn(v1, osc);
+                const unsigned short lo = bits16_rn<T>(v0), hi = bits16_rn<T>(v1);
                 unsigned short* p = reinterpret_cast<unsigned short*>(y + m * a.N + n);
                 if (n + 1 < a.N && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {  // out= may be misaligned
                     *reinterpret_cast<unsigned*>(p) = (unsigned)lo | ((unsigned)hi << 16);

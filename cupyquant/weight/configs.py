@@ -243,6 +243,11 @@ SM80_GEMM_FAMILY = _jit.register(
         e
         for cfg, scale_after_sum in SM80_GEMM_CONFIGS.items()
         for e in _jit.product("sm80_w16_gemm", _dtypes.HALF_CTYPES, INT4_IDS, *[(v,) for v in cfg], scale_after_sum)
+    ]
+    + [
+        e
+        for cfg in SM80_GEMM_CONFIGS
+        for e in _jit.product("sm80_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg], (False,))
     ],
 )
 # wgmma exists only on sm_90a, and the kernel has no portable build (it traps elsewhere).
