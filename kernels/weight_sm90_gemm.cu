@@ -1,7 +1,7 @@
-// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4 weights on Hopper's warpgroup tensor-core
+// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4 and FP4 (NVFP4, MXFP4) weights on Hopper's warpgroup tensor-core
 // instructions (wgmma, sm_90a only), reading the prepared layout of weight_decode.cu's matmul (tiles of 16
 // weight rows by 128 k stored as 1 KB each, scales and zero codes per tile and group: see
-// weight/quantize.py prepare_weight). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
+// weight/quantize.py prepare_weight; FP4: weight/fp4.py). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
 // other target the kernel is an empty stub that traps, and the host never launches it there.
 //
 // Organisation. sm90_wgmma.cuh holds the generated wgmma wrappers (Wgmma<T, N>::mma, wg_fence,
@@ -58,6 +58,13 @@
 // pick its own with a prmt: 4x the shared-memory reads, and 3 integer instructions a register
 // instead of 1.25 or 1.75.) Products are exact in the tensor cores
 // and summed in float32, as on the other paths.
+// FP4 weights (always K_PERMUTED: the same bytes as INT4's, E2M1 codes) become w' = e2m1 * s * 2^-7
+// exactly in T (weight_mma.cuh fp4_frag times fp4_scale2 of the register's scale byte, one FMA a
+// register), the scale that of the group of the register's natural k, which is what the real step
+// s of a half counts in (the wgmma B operand is in natural k order): natural chunk k16 step
+// 4 hh + s, so NVFP4 group 4 hh + s (rows g and g + 8 of the lane: two scales a step) and MXFP4
+// group 2 hh + s / 2. The scale bytes travel in the scale ring (copies_init); the float32 sums are
+// multiplied by fp4_out_scale before they are rounded, in every epilogue (finish_tile).
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
@@ -134,11 +141,11 @@ __constant__ unsigned wg_mul[4] = {frag_mul<__half>(0), frag_mul<__half>(1), fra
 // ld.shared::cluster), in split order 0, 1, ..., so the sum does not depend on timing and matches
 // split_k_finish bit for bit, rounds once and writes y; a second barrier keeps every block's
 // shared memory alive until the others have read it. No global workspace, counter or memset.
-// visit(f) as in split_k_finish. The caller has waited for its wgmmas and copies. (The cluster
-// helpers are in weight_mma.cuh, shared with the decode kernel's K split.)
-template <typename T, int BMA, typename Visit>
+// visit(f), SCALE_OUT and out_scale as in split_k_finish. The caller has waited for its wgmmas and
+// copies. (The cluster helpers are in weight_mma.cuh, shared with the decode kernel's K split.)
+template <typename T, int BMA, bool SCALE_OUT, typename Visit>
 __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __restrict__ y, i64 M, i64 N, i64 m0, i64 n0, int splits,
-                                                     Visit visit) {
+                                                     Visit visit, float out_scale) {
     constexpr int LDP = WG_BN + 4;      // floats a row: 16-byte rows, conflict-free scalar stores
     constexpr int P = BMA * WG_BN / 4;  // float4 pieces of a tile
     float* part = reinterpret_cast<float*>(smem);
@@ -164,6 +171,10 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
                 s.x = add_rn(s.x, v[r].x), s.y = add_rn(s.y, v[r].y);
                 s.z = add_rn(s.z, v[r].z), s.w = add_rn(s.w, v[r].w);
             }
+        if constexpr (SCALE_OUT) {
+            s.x = mul_rn(s.x, out_scale), s.y = mul_rn(s.y, out_scale);
+            s.z = mul_rn(s.z, out_scale), s.w = mul_rn(s.w, out_scale);
+        }
         store_rounded4(y, M, N, m0 + m, n0 + n, s);
     }
     cluster_sync_exit();  // the other blocks have read this block's partial
@@ -171,27 +182,39 @@ __device__ __forceinline__ void cluster_split_finish(unsigned char* smem, T* __r
 
 // The epilogue: acc (accumulator acc[4 j + r]: weight row nrow + 8 (r >> 1), activation row
 // 8 j + 2 t + (r & 1)) summed over the splits of K where K is split (a cluster's registers or shared
-// memory, or the workspace), rounded to T and stored to y. The caller has waited for its wgmmas and copies.
-template <typename T, int BMA>
+// memory, or the workspace), rounded to T and stored to y; FP4 sums are first multiplied by osc
+// (fp4_out_scale; 1 and unused for INT4). The caller has waited for its wgmmas and copies.
+template <typename T, int S, int BMA>
 __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char* smem, unsigned sbase, T* __restrict__ y, float* __restrict__ ws,
                                             int* __restrict__ counters, const WgArgs& a, i64 m0, i64 n0, int tid, int warp, int lane, int t,
-                                            int nrow, int& s_last) {
+                                            int nrow, int& s_last, float osc) {
+    constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
+    auto fin = [&](float v) {
+        if constexpr (FP4) v = mul_rn(v, osc);
+        return v;
+    };
     if (a.splits > 2 && ws == nullptr) {  // the splits of the tile are one cluster of 3 to 8 blocks
-        cluster_split_finish<T, BMA>(smem, y, a.M, a.N, m0, n0, a.splits, [&](auto f) {
+        cluster_split_finish<T, BMA, FP4>(
+            smem, y, a.M, a.N, m0, n0, a.splits,
+            [&](auto f) {
 #pragma unroll
-            for (int j = 0; j < BMA / 8; ++j)
+                for (int j = 0; j < BMA / 8; ++j)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
-        });
+                    for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
+            },
+            osc);
         return;
     }
     if (a.splits > 1 && ws != nullptr) {
-        split_k_finish<T, BMA, WG_BN, WG_THREADS>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
+        split_k_finish<T, BMA, WG_BN, WG_THREADS, FP4>(
+            ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last,
+            [&](auto f) {
 #pragma unroll
-            for (int j = 0; j < BMA / 8; ++j)
+                for (int j = 0; j < BMA / 8; ++j)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
-        });
+                    for (int r = 0; r < 4; ++r) f(8 * j + 2 * t + (r & 1), nrow + 8 * (r >> 1), acc[4 * j + r]);
+            },
+            osc);
         return;
     }
 
@@ -219,7 +242,7 @@ __device__ __forceinline__ void finish_tile(float (&acc)[BMA / 2], unsigned char
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const int jj = j + (q >> 1), h = q & 1;
-                    v[q] = (unsigned)bits16_rn<T>(acc[4 * jj + 2 * h]) | ((unsigned)bits16_rn<T>(acc[4 * jj + 2 * h + 1]) << 16);
+                    v[q] = (unsigned)bits16_rn<T>(fin(acc[4 * jj + 2 * h])) | ((unsigned)bits16_rn<T>(fin(acc[4 * jj + 2 * h + 1])) << 16);
                 }
                 stmatrix_x4_trans(sto + 2u * (unsigned)(8 * j * LD), v);
             }
@@ -391,13 +414,12 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
     const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
     const i64 sz_n16 = n0 / 16 + sz_tile;
-    const bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
+    bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
     const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
     const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
     const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
     const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
     unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
-    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
     const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
     const int gsh = min(a.gshift, 31);
     // The scale and zero-code sources step by a stage's groups (32 and 8 bytes a group) after each
@@ -406,10 +428,36 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     // plus an even group base plus the stage's place jj in its group, so the step after a load is
     // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
     const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
-    const int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
-    const int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
+    int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
+    int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
     const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
     const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
+    if constexpr (S == W_NVFP4 || S == W_MXFP4) {
+        // FP4: the scale bytes of tile n16 and chunk c, (n16 nchunks + c) 16 NB bytes (row i's NB
+        // bytes at 16 NB c + NB i, byte j the chunk's group j), go to the tile's SC_TILE bytes of
+        // the scale slot. A stage of 128 k (HALVES = 2) takes the chunk's 16 NB bytes as they are:
+        // NB pieces of 16 bytes a tile (threads 0 .. 8 NB - 1). Stages of 64 k (HALVES = 1, the
+        // 256-row tile) take NVFP4 row i's 4 bytes of the stage's half (bytes 4 hh .. 4 hh + 3, hh
+        // the stage's index from K's start mod 2) to 4 i: 16 pieces of 4 bytes a tile (threads 0 ..
+        // 127), and MXFP4's whole chunk (4 pieces of 16 bytes a tile, 64 bytes: a row's half is 2
+        // bytes, below cp.async's 4), whose reader picks the half's bytes (consume: fsh).
+        constexpr int NB = S == W_NVFP4 ? 8 : 4;
+        constexpr bool ROW4 = HALVES == 1 && S == W_NVFP4;
+        constexpr int PIECES = ROW4 ? 16 : NB;  // a tile's pieces
+        const int ftile = szt / PIECES, fpiece = szt % PIECES;
+        const i64 fn16 = n0 / 16 + ftile;
+        sc_ok = szt < 8 * PIECES && fn16 < n16_total;
+        sc_next = reinterpret_cast<const unsigned char*>(scales) + (fn16 * nchunks + (sz_k >> 7)) * (16 * NB) +
+                  (ROW4 ? fpiece * 8 + (int)(it0 & 1) * 4 : fpiece * 16);
+        sz_dst = sbase + STAGES * STAGE + ftile * SC_TILE + fpiece * (ROW4 ? 4 : 16);
+        // the source's step after a stage: the chunk's bytes (HALVES = 2); HALVES = 1 after a stage
+        // of even index from K's start 4 (NVFP4: the second half's bytes) or 0, after an odd one
+        // to the next chunk
+        const int after_even = HALVES == 2 ? 16 * NB : ROW4 ? 4 : 0, after_odd = HALVES == 2 ? 16 * NB : 16 * NB - after_even;
+        sc_step_even = odd0 ? after_odd : after_even;
+        sc_step_odd = odd0 ? after_even : after_odd;
+    }
+    asm volatile("" : "+r"(sz_dst));  // opaque, as a_dst
     // The activation and weight sources of a stage are their loop group's pointers plus the stage's
     // place jj in the group times a stage's bytes (an immediate offset: jj is a constant in each
     // unrolled copy of the loop), and the pointers move once a group (copy_advance): the weights of
@@ -458,6 +506,13 @@ __device__ __forceinline__ void copy_a(const WgCopies& c, int slot, int jj) {
     }
 }
 
+// 4 bytes to shared address s when pred, nothing otherwise (NVFP4 scales of the 256-row tile)
+__device__ __forceinline__ void cp_async4_if(unsigned s, const void* gmem, bool pred) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.ca.shared.global [%0], [%1], 4;\n}" ::"r"(s), "l"(gmem),
+                 "r"((int)pred)
+                 : "memory");
+}
+
 // the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
 template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
 __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
@@ -472,7 +527,10 @@ __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
         cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next + jj * W_STEP, c.w_ok[0]);
         cp_async16_if(c.w_dst[1] + slot * STAGE, c.w_next2 + jj * W_STEP, c.w_ok[1]);
     }
-    cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.sc_next, c.sc_ok);
+    if constexpr (S == W_NVFP4 && HALVES == 1)  // a row's 4 scale bytes of the stage (copies_init)
+        cp_async4_if(c.sz_dst + slot * SZ_STAGE, c.sc_next, c.sc_ok);
+    else
+        cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.sc_next, c.sc_ok);
     if (c.zc_ok) {
         if (c.zc_bytes >= 16) cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
         else cp_async8_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
@@ -512,7 +570,7 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
     const void* map = tile_rows == BMA ? (const void*)&tm : (const void*)&tm_tail;
     const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
     // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
-    const int sc_step = cs.sc_step_even;  // 32 bytes of scales (8 of zero codes) a group: HALVES = 2 steps alike
+    const int sc_step = cs.sc_step_even;  // 32 bytes of scales (8 of zero codes) a group, FP4 a chunk's: HALVES = 2 steps alike
     auto wcopy = [&](int i, int slot) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
@@ -557,6 +615,9 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
                                         LoadA& load_a, LoadW& load_w, LoadStage& load_stage, Advance& advance) {
     constexpr bool WS = BMA == 128;
     constexpr int A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
+    constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
+    static_assert(!FP4 || K_PERMUTED, "FP4 weights are in the k-permuted order");
+    static_assert(HALVES == 2 || STAGES % 2 == 0, "stages of 64 k: a slot's stage index from K's start is it0 + slot mod 2");
     using H = HalfOps<T>;
     if constexpr (!WS) {
 #pragma unroll
@@ -587,14 +648,30 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     // checks this too, and serializes every wgmma where it cannot prove it.
     // The A fragment of step s (k 16 s .. 16 s + 15 of the half): registers a0, a1 (k 2t, 2t + 1)
     // from register jlo, jlo + 1 of word wlo, a2, a3 (k 2t + 8, 2t + 9) from jhi, jhi + 1 of whi.
+    // FP4: register j of a word is fp4_frag<T>(word, j) times its row's scale pair (fp4_scale2) of
+    // the group of step s: a real step s of half hh is the chunk's natural k16 step 4 hh + s (stages
+    // of 64 k: the stage's half hh), so NVFP4 group 4 hh + s and MXFP4 group 2 hh + s / 2, byte s or
+    // s / 2 of the row's scale word sc[r][0] of the half (read_words).
     auto dq = [&](unsigned (&f)[4], unsigned wlo, unsigned whi, int jlo, int jhi, const unsigned (&sc)[2][2],
                   const unsigned (&zc)[2][2], int s) {
-        const int h = s >> 1;  // the 32-k group of step s within the half
+        if constexpr (FP4) {
+            const int b = S == W_NVFP4 ? s : s >> 1;
+            unsigned s2[2];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
-            const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
-            const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_type<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
-            f[r] = H::fma2_lo(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
+            for (int r = 0; r < 2; ++r) s2[r] = fp4_scale2<T, S>((sc[r][0] >> (8 * b)) & 0xffu);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8, as INT4's below
+                const unsigned x = r < 2 ? fp4_frag<T>(wlo, jlo + r) : fp4_frag<T>(whi, jhi + r - 2);
+                f[r] = H::fma2(x, s2[r & 1], 0x80008000u);  // e2m1 * s * 2^-FP4_SHIFT, exact
+            }
+        } else {
+            const int h = s >> 1;  // the 32-k group of step s within the half
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8; k 2t, 2t, 2t + 8, 2t + 8 (+ 0, 1)
+                const unsigned x = r < 2 ? frag_codes<T>(wlo, jlo + r) : frag_codes<T>(whi, jhi + r - 2);
+                const unsigned qz = H::fma2(x, wg_mul[2 * (int)!same_type<T, __half>::value + (r & 1)], zc[r & 1][h]);  // q - z, exact
+                f[r] = H::fma2_lo(qz, sc[r & 1][h], 0x80008000u);  // round(s (q - z))
+            }
         }
     };
     const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
@@ -616,12 +693,18 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         }
     // the byte offsets of the scale and zero code of row nrow (+ 8 r: + 16 r and + 4 r) in a scale slot,
     // computed once like woff
-    int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * 2, zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
+    // (FP4: of row nrow's scale bytes, FRB a row: + 8 FRB r)
+    constexpr int FRB = S == W_NVFP4 && HALVES == 2 ? 8 : 4;
+    int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * (FP4 ? FRB : 2), zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
     asm volatile("" : "+r"(sc_row), "+r"(zc_row));
     // this lane's words of half hh of the stage at st (the layout's four k16 steps: K_PERMUTED steps hh + 2 u,
-    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs
+    // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs.
+    // FP4: sc[hh][r][0] is row nrow + 8 r's scale word of the half, byte j the half's step 4 hh + j
+    // (NVFP4: the row's bytes 4 hh .. of the chunk; stages of 64 k hold just those) or 2 hh + j
+    // (MXFP4: the row's chunk word shifted right by 16 hh; stages of 64 k: by fsh, 16 for the
+    // second half of a chunk, which the caller knows)
     auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
-                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2]) {
+                          unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2], int fsh = 0) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) wv[hh][u] = *reinterpret_cast<const unsigned*>(st + woff[hh][u]);
         // A scale is read as its 16 bits in the low half: dq's FMA takes them into both halves through
@@ -635,7 +718,13 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
                 zv = zb8[r];
             }
         };
-        if constexpr (K_PERMUTED) {
+        if constexpr (FP4) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const unsigned v = *reinterpret_cast<const unsigned*>(szs + sc_row + 8 * FRB * r + (FRB == 8 ? 4 * hh : 0));
+                sc[hh][r][0] = S == W_MXFP4 ? v >> (HALVES == 2 ? 16 * hh : fsh) : v;
+            }
+        } else if constexpr (K_PERMUTED) {
             // groups of whole chunks: a stage (a chunk, or half of one) is one group, whose scale and
             // zero code serve all its k16 steps: read once a stage (the second half's are the first's)
             bool again = false;
@@ -658,6 +747,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         }
     };
     unsigned af[4][4];  // the A fragments of the last four k16 steps
+    const int fodd0 = S == W_MXFP4 && HALVES == 1 ? (int)(((i64)blockIdx.z * a.iters) & 1) : 0;  // it0's parity
     // the slot that stage i + STAGES - 2 loads into, from stage i's
     auto ahead_slot = [](int sl) { return sl >= 2 ? sl - 2 : sl + STAGES - 2; };
     auto stage = [&](int i, int slot) {
@@ -677,7 +767,8 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         constexpr bool HOIST = BMA >= 128;
         unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
         unsigned sc[HALVES][2][2], zc[HALVES][2][2];
-        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
+        // (MXFP4, stages of 64 k: the slot's stage is the second half of its chunk where it0 + slot is odd)
+        auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc, ((slot & 1) ^ fodd0) * 16); };
         if constexpr (HOIST) {
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh) read_half(hh);
@@ -909,11 +1000,13 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     float acc[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+    // FP4: what the sums are multiplied by before rounding (NVFP4 reads scale_2, after the PDL wait)
+    const float osc = S == W_NVFP4 || S == W_MXFP4 ? fp4_out_scale<S>(scale_2) : 1.0f;
 
     consume<T, S, BMA, STAGES, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(acc, a, smem, sbase, niter, warp, lane, g, t, nrow, zb8, zb_table, full0, empty0,
                                                                    load_a, load_w, load_stage, advance);
 
-    finish_tile<T, BMA>(acc, smem, sbase, y, ws, counters, a, m0, n0, tid, warp, lane, t, nrow, s_last);
+    finish_tile<T, S, BMA>(acc, smem, sbase, y, ws, counters, a, m0, n0, tid, warp, lane, t, nrow, s_last, osc);
 #else
     __trap();  // built only for sm_90a; the host never launches this stub
 #endif

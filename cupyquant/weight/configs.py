@@ -250,13 +250,19 @@ SM80_GEMM_FAMILY = _jit.register(
         for e in _jit.product("sm80_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg], (False,))
     ],
 )
-# wgmma exists only on sm_90a, and the kernel has no portable build (it traps elsewhere).
+# wgmma exists only on sm_90a, and the kernel has no portable build (it traps elsewhere). FP4
+# weights are always in the k-permuted order (k_permuted true).
 SM90_GEMM_FAMILY = _jit.register(
     "weight_sm90_gemm",
     [
         e
         for cfg in SM90_GEMM_CONFIGS
         for e in _jit.product("sm90_w16_gemm", _dtypes.HALF_CTYPES, INT4_IDS, *[(v,) for v in cfg], _BOOLS)
+    ]
+    + [
+        e
+        for cfg in SM90_GEMM_CONFIGS
+        for e in _jit.product("sm90_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg], (True,))
     ],
     specific_targets=("90",),
     specific_required=True,
