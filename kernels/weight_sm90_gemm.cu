@@ -59,12 +59,16 @@
 // instead of 1.25 or 1.75.) Products are exact in the tensor cores
 // and summed in float32, as on the other paths.
 // FP4 weights (always K_PERMUTED: the same bytes as INT4's, E2M1 codes) become w' = e2m1 * s * 2^-7
-// exactly in T (weight_mma.cuh fp4_frag times fp4_scale2 of the register's scale byte, one FMA a
-// register), the scale that of the group of the register's natural k, which is what the real step
-// s of a half counts in (the wgmma B operand is in natural k order): natural chunk k16 step
-// 4 hh + s, so NVFP4 group 4 hh + s (rows g and g + 8 of the lane: two scales a step) and MXFP4
-// group 2 hh + s / 2. The scale bytes travel in the scale ring (copies_init); the float32 sums are
-// multiplied by fp4_out_scale before they are rounded, in every epilogue (finish_tile).
+// exactly in T (weight_mma.cuh fp4_frag times the scale of the register's group, one FMA a
+// register), the group that of the register's natural k, which is what the real step s of a half
+// counts in (the wgmma B operand is in natural k order): natural chunk k16 step 4 hh + s, so NVFP4
+// group 4 hh + s (rows g and g + 8 of the lane: two scales a step) and MXFP4 group 2 hh + s / 2. The
+// scale bytes travel in the scale ring (copies_init); a lane turns each row's 4 bytes of a half
+// (MXFP4: of a chunk) into pairs once (fp4_scale_pairs, the values of fp4_scale2) and the FMA takes
+// one half of a pair by its operand selector: NVFP4 1.2-1.5x INT4's time on an H100 (bf16, 4096 x
+// 4096 to 14336 x 4096, M = 16 to 4096) where a scale byte at a time through fp4_scale2 took
+// 1.2-1.7x. The float32 sums are multiplied by fp4_out_scale before they are rounded, in every
+// epilogue (finish_tile).
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
@@ -648,21 +652,20 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     // checks this too, and serializes every wgmma where it cannot prove it.
     // The A fragment of step s (k 16 s .. 16 s + 15 of the half): registers a0, a1 (k 2t, 2t + 1)
     // from register jlo, jlo + 1 of word wlo, a2, a3 (k 2t + 8, 2t + 9) from jhi, jhi + 1 of whi.
-    // FP4: register j of a word is fp4_frag<T>(word, j) times its row's scale pair (fp4_scale2) of
-    // the group of step s: a real step s of half hh is the chunk's natural k16 step 4 hh + s (stages
-    // of 64 k: the stage's half hh), so NVFP4 group 4 hh + s and MXFP4 group 2 hh + s / 2, byte s or
-    // s / 2 of the row's scale word sc[r][0] of the half (read_words).
+    // FP4: register j of a word is fp4_frag<T>(word, j) times its row's scale (as fp4_scale2 gives it)
+    // of the group of step s: a real step s of half hh is the chunk's natural k16 step 4 hh + s
+    // (stages of 64 k: the stage's half hh), so NVFP4 group 4 hh + s and MXFP4 group 2 hh + s / 2,
+    // one half of the row's scale pairs sc[r] of the half (read_words), taken by the FMA's operand
+    // selector: NVFP4 half s % 2 of sc[r][s / 2], MXFP4 half s / 2 of sc[r][0].
     auto dq = [&](unsigned (&f)[4], unsigned wlo, unsigned whi, int jlo, int jhi, const unsigned (&sc)[2][2],
                   const unsigned (&zc)[2][2], int s) {
         if constexpr (FP4) {
-            const int b = S == W_NVFP4 ? s : s >> 1;
-            unsigned s2[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) s2[r] = fp4_scale2<T, S>((sc[r][0] >> (8 * b)) & 0xffu);
+            const int pr = S == W_NVFP4 ? s >> 1 : 0, hi = S == W_NVFP4 ? s & 1 : s >> 1;
 #pragma unroll
             for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8, as INT4's below
                 const unsigned x = r < 2 ? fp4_frag<T>(wlo, jlo + r) : fp4_frag<T>(whi, jhi + r - 2);
-                f[r] = H::fma2(x, s2[r & 1], 0x80008000u);  // e2m1 * s * 2^-FP4_SHIFT, exact
+                const unsigned sp = sc[r & 1][pr];
+                f[r] = hi ? H::fma2_hi(x, sp, 0x80008000u) : H::fma2_lo(x, sp, 0x80008000u);  // e2m1 * s * 2^-FP4_SHIFT, exact
             }
         } else {
             const int h = s >> 1;  // the 32-k group of step s within the half
@@ -699,10 +702,11 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     asm volatile("" : "+r"(sc_row), "+r"(zc_row));
     // this lane's words of half hh of the stage at st (the layout's four k16 steps: K_PERMUTED steps hh + 2 u,
     // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs.
-    // FP4: sc[hh][r][0] is row nrow + 8 r's scale word of the half, byte j the half's step 4 hh + j
-    // (NVFP4: the row's bytes 4 hh .. of the chunk; stages of 64 k hold just those) or 2 hh + j
-    // (MXFP4: the row's chunk word shifted right by 16 hh; stages of 64 k: by fsh, 16 for the
-    // second half of a chunk, which the caller knows)
+    // FP4: sc[hh][r] are row nrow + 8 r's scale pairs of the half (fp4_scale_pairs), from the row's
+    // scale word: NVFP4 the row's bytes 4 hh .. 4 hh + 3 of the chunk (stages of 64 k hold just
+    // those), pairs (4 hh, 4 hh + 1) and (4 hh + 2, 4 hh + 3); MXFP4 the row's chunk word, read with
+    // half 0 (pair (0, 1) to sc[0][r][0], (2, 3) to sc[1][r][0]), or with stages of 64 k shifted right
+    // by fsh (16 for the second half of a chunk, which the caller knows), pair (0, 1) of that
     auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
                           unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2], int fsh = 0) {
 #pragma unroll
@@ -721,8 +725,16 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         if constexpr (FP4) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const unsigned v = *reinterpret_cast<const unsigned*>(szs + sc_row + 8 * FRB * r + (FRB == 8 ? 4 * hh : 0));
-                sc[hh][r][0] = S == W_MXFP4 ? v >> (HALVES == 2 ? 16 * hh : fsh) : v;
+                const unsigned* row = reinterpret_cast<const unsigned*>(szs + sc_row + 8 * FRB * r);
+                if constexpr (S == W_NVFP4) {
+                    fp4_scale_pairs<T, S>(row[FRB == 8 ? hh : 0], sc[hh][r]);
+                } else if constexpr (HALVES == 1) {
+                    fp4_scale_pairs<T, S>(row[0] >> fsh, sc[0][r]);
+                } else if (hh == 0) {
+                    unsigned p[2];
+                    fp4_scale_pairs<T, S>(row[0], p);
+                    sc[0][r][0] = p[0], sc[HALVES - 1][r][0] = p[1];
+                }
             }
         } else if constexpr (K_PERMUTED) {
             // groups of whole chunks: a stage (a chunk, or half of one) is one group, whose scale and
