@@ -65,10 +65,10 @@
 // group 4 hh + s (rows g and g + 8 of the lane: two scales a step) and MXFP4 group 2 hh + s / 2. The
 // scale bytes travel in the scale ring (copies_init); a lane turns each row's 4 bytes of a half
 // (MXFP4: of a chunk) into pairs once (fp4_scale_pairs, the values of fp4_scale2) and the FMA takes
-// one half of a pair by its operand selector: NVFP4 1.2-1.5x INT4's time on an H100 (bf16, 4096 x
-// 4096 to 14336 x 4096, M = 16 to 4096) where a scale byte at a time through fp4_scale2 took
-// 1.2-1.7x. The float32 sums are multiplied by fp4_out_scale before they are rounded, in every
-// epilogue (finish_tile).
+// one half of a pair by its operand selector (bf16 on an H100, 4096 x 4096, 14336 x 4096 and
+// 4096 x 14336, M = 16 to 4096: NVFP4 1.07-1.22x INT4's time, MXFP4 1.02-1.11x, against NVFP4
+// 1.16-1.67x converting a scale byte at each step with fp4_scale2). The float32 sums are multiplied
+// by fp4_out_scale before they are rounded, in every epilogue (finish_tile).
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
