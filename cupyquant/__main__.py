@@ -326,7 +326,16 @@ def main(argv=None) -> int:
     return 0 if all_equal else 2
 
 
-WEIGHT_SCHEMES = (("int4", 128), ("uint4", 128), ("int4", None), ("float8_e4m3fn", 128), ("float8_e4m3fn", None))
+WEIGHT_SCHEMES = (
+    ("int4", 128),
+    ("uint4", 128),
+    ("int4", None),
+    ("float8_e4m3fn", 128),
+    ("float8_e4m3fn", None),
+    ("nvfp4", 16),
+    ("mxfp4", 32),
+)
+FP4_SCHEMES = ("nvfp4", "mxfp4")  # blocks of 16 and 32 fixed by the format (group_size left at its default)
 MATMUL_TILE = (4, 4)  # the built-in tensor tiled to an 8192 x 8192 weight for the matmul timing
 
 
@@ -361,19 +370,25 @@ def weight_report(xh, x) -> bool:
     all_equal = True
     yb = cupy.empty((1, N), xh.dtype)
     for scheme, g in WEIGHT_SCHEMES:
-        qw = cq.quantize_weight(x, scheme, group_size=g)
-        d, s, z = ref.quantize_weight(xh, scheme, group_size=g)
+        kw = {} if scheme in FP4_SCHEMES else {"group_size": g}
+        qw = cq.quantize_weight(x, scheme, **kw)
+        d, s, z = ref.quantize_weight(xh, scheme, **kw)  # FP4: z is scale_2 (None for MXFP4)
         h = qw.to_host()
         equal = np.array_equal(h["data"], d) and np.array_equal(_bits(h["scales"]), _bits(s))
-        equal &= (z is None) == (h["zeros"] is None) and (z is None or np.array_equal(cupy.asnumpy(qw.zeros), z))
+        if scheme in FP4_SCHEMES:
+            equal &= (z is None) == (h["scale_2"] is None) and (
+                z is None or np.array_equal(_bits(h["scale_2"]), _bits(z))
+            )
+        else:
+            equal &= (z is None) == (h["zeros"] is None) and (z is None or np.array_equal(cupy.asnumpy(qw.zeros), z))
         all_equal &= equal
         y = qw.dequantize(np.float32).get().astype(np.float64)
         snr = 10 * np.log10(np.sum(x64**2) / max(np.sum((y - x64) ** 2), 1e-300))
-        qb = cq.prepare_weight(cq.quantize_weight(big, scheme, group_size=g))
+        qb = cq.prepare_weight(cq.quantize_weight(big, scheme, **kw))
         copies = [qb] + [qb.copy() for _ in range(max(0, _bench.copies_for(qb.nbytes) - 1))]
         t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in copies])
         del copies, qb
-        name = f"{scheme} " + ("per-channel" if g is None else f"group-{g}")
+        name = f"{scheme} " + ("per-channel" if g is None else f"block-{g}" if scheme in FP4_SCHEMES else f"group-{g}")
         row = (
             name,
             f"{8 * qw.nbytes / xh.size:.3f}",

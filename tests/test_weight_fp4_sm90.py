@@ -6,33 +6,26 @@ sum is exact, and a cluster split gives the workspace split's bits."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, poisoned
+from _fp4 import BLOCK, FORMATS, HALF, assert_exact, built, err_ratio, exact_weight, scale_bytes, weights
+from _fp4 import dtype_id as _id
+from _fp4 import matmul_poisoned as _matmul
+from conftest import assert_bits_equal
 
 import cupyquant as cq
 from cupyquant import weight as cqw
 from cupyquant.weight import launch, plan
-from cupyquant.weight.container import weight_scheme
 
 pytestmark = pytest.mark.gpu
 
 cupy = pytest.importorskip("cupy")
 
-FORMATS = ["nvfp4", "mxfp4"]
-HALF = [np.float16, ml_dtypes.bfloat16]
-BLOCK = {"nvfp4": 16, "mxfp4": 32}
-E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 TILES = (32, 64, 128, 256)
 # (rows, splits) forced: K = 1280 is 10 stages of 128 k (20 of 64 k on the 256-row tile), so 3 splits
 # of the 256-row tile start at stages 0, 7 and 14, and 4 at 0, 5, 10 and 15 (odd: the second half of
 # a chunk); 8 splits of 10 stages are 5 of 2
 SPLIT_CASES = [(32, 2), (32, 3), (64, 2), (64, 3), (64, 8), (128, 2), (128, 3), (256, 2), (256, 3), (256, 4)]
-
-
-def _id(v):
-    return np.dtype(v).name if not isinstance(v, (str, int)) else str(v)
 
 
 @pytest.fixture
@@ -51,61 +44,6 @@ def sm90(monkeypatch):
         yield force
 
 
-def _exact_weight(qw):
-    """The float64 weight e2m1(q) * scale (* scale_2) of plain ``qw``, on the device, not rounded."""
-    N, K = qw.shape
-    codes = cupy.stack([qw.data & 15, qw.data >> 4], axis=-1).reshape(N, K)
-    sb = cupy.asnumpy(qw.scale)
-    if qw.scheme.format == "nvfp4":
-        s = sb.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * float(cupy.asnumpy(qw.scale_2)[0])
-    else:
-        s = np.ldexp(1.0, sb.astype(np.int64) - 127)
-    return cupy.asarray(E2M1)[codes] * cupy.repeat(cupy.asarray(s), BLOCK[qw.scheme.format], axis=1)
-
-
-def _half_ulp(x, dtype):
-    """Half a unit in the last place of |x| in dtype (fp16: 11 bits, min 2^-24; bf16: 8 bits, min 2^-133)."""
-    bits, tiny = (11, -24) if np.dtype(dtype) == np.float16 else (8, -133)
-    e = cupy.floor(cupy.log2(cupy.maximum(x, 2.0**-140)))
-    return cupy.exp2(cupy.maximum(e - bits + 1, tiny)) / 2
-
-
-def _err_ratio(y, a, W) -> float:
-    """max |y - a @ W.T| / bound, bound (K 2^-23 + 2^-22) (|a| @ |W|.T) + half an ulp of y's dtype:
-    float32 sums with one rounding an addition, the final scaling and the rounding to y's dtype (NaN
-    and infinity count as past it)."""
-    K = a.shape[-1]
-    a64 = a.astype(cupy.float64).reshape(-1, K)
-    want = a64 @ W.T
-    bound = (K * 2.0**-23 + 2.0**-22) * (cupy.abs(a64) @ cupy.abs(W).T)
-    yh = y.astype(cupy.float64).reshape(want.shape)
-    bound += _half_ulp(cupy.maximum(cupy.abs(want), cupy.abs(yh)), y.dtype)
-    r = cupy.abs(yh - want) / bound
-    return float(cupy.where(cupy.isfinite(r), r, cupy.inf).max())
-
-
-def _weights(shape, seed, dtype):
-    """Gaussian rows with per-row magnitudes 2^-6..2^6 and an all-zero block."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal(shape) * 2.0 ** rng.uniform(-6, 6, (shape[0], 1))
-    w[1 % shape[0], :32] = 0.0
-    return cupy.asarray(w.astype(np.float32).astype(dtype))
-
-
-def _assert_exact(y, want, what):
-    """y equals the exact float64 products ``want`` rounded once to y's dtype (as float32 values, so
-    that a zero's sign, which a sum's order sets, does not count)."""
-    with np.errstate(over="ignore"):  # fp16 sums past its range are inf, in y too
-        exact = want.astype(np.float32).astype(y.dtype).astype(np.float32) + np.float32(0)
-    assert_bits_equal(cupy.asnumpy(y).astype(np.float32) + np.float32(0), exact, what)
-
-
-def _matmul(a, qw, dtype):
-    out = poisoned((a.shape[0], qw.shape[0]), dtype)
-    assert cq.matmul(a, qw, out=out) is out
-    return out
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", HALF, ids=_id)
 def test_sm90_fp4_within_bound(sm90, dtype, fmt):
@@ -114,14 +52,14 @@ def test_sm90_fp4_within_bound(sm90, dtype, fmt):
     worst = 0.0
     for N in (128, 200, 4096):
         for K in (128, 384, 4096):
-            plain = cq.quantize_weight(_weights((N, K), N * K, dtype), fmt)
-            qw, W = cq.prepare_weight(plain), _exact_weight(plain)
+            plain = cq.quantize_weight(weights((N, K), N * K, dtype), fmt)
+            qw, W = cq.prepare_weight(plain), exact_weight(plain)
             rng = np.random.default_rng(K + N)
             for M in (17, 64, 65, 256, 1000):
                 a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
                 for rows in (None,) + TILES:
                     sm90(rows)
-                    r = _err_ratio(_matmul(a, qw, dtype), a, W)
+                    r = err_ratio(_matmul(a, qw, dtype), a, W)
                     assert r <= 1.0, f"{fmt} M={M} N={N} K={K} tile {rows}: error {r} of the bound"
                     worst = max(worst, r)
     print(f"\n{fmt} {_id(dtype)}: worst error / bound {worst:.3g}")
@@ -134,8 +72,8 @@ def test_sm90_fp4_split_k(sm90, monkeypatch, dtype, fmt, rows, splits):
     """K split as clusters and through the workspace: the same bits, within the bound (N = 520: a
     partial 16-row weight tile; M past a whole number of tiles)."""
     N, K = 520, 1280
-    plain = cq.quantize_weight(_weights((N, K), 7, dtype), fmt)
-    qw, W = cq.prepare_weight(plain), _exact_weight(plain)
+    plain = cq.quantize_weight(weights((N, K), 7, dtype), fmt)
+    qw, W = cq.prepare_weight(plain), exact_weight(plain)
     sm90(rows, splits)
     for M in (17, rows + 5):
         a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
@@ -144,29 +82,8 @@ def test_sm90_fp4_split_k(sm90, monkeypatch, dtype, fmt, rows, splits):
             monkeypatch.setattr(plan, "CLUSTER_SPLITS", on)
             got[on] = _matmul(a, qw, dtype)
         assert_bits_equal(got[True], cupy.asnumpy(got[False]), f"M={M}: cluster against workspace")
-        r = _err_ratio(got[True], a, W)
+        r = err_ratio(got[True], a, W)
         assert r <= 1.0, f"M={M}: error {r} of the bound"
-
-
-def _built(fmt, codes, scale_bytes, dtype, scale_2=1.0):
-    """A plain FP4 QuantizedWeight from E2M1 codes (N, K) and scale bytes (N, K / block)."""
-    N, K = codes.shape
-    data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
-    s2 = cupy.asarray(np.array([scale_2], np.float32)) if fmt == "nvfp4" else None
-    scheme = weight_scheme(fmt, BLOCK[fmt], K, dtype)
-    return cq.QuantizedWeight(
-        cupy.asarray(data), cupy.asarray(scale_bytes.astype(np.uint8)), None, scheme, (N, K), dtype, scale_2=s2
-    )
-
-
-def _scale_bytes(fmt, dtype, shape, rng):
-    """Scale bytes the kernels take exactly: finite E4M3 values of either sign (NVFP4), E8M0
-    exponents -16..8 (fp16) or -125..8 (bf16)."""
-    if fmt == "nvfp4":
-        finite = np.array([b for b in range(256) if b & 0x7F != 0x7F])
-        return finite[rng.integers(0, len(finite), shape)]
-    lo = -16 if np.dtype(dtype) == np.float16 else -125
-    return 127 + rng.integers(lo, 9, shape)
 
 
 EXACT_CASES = [(r, 1, True) for r in TILES] + [(64, 3, False), (128, 2, True), (256, 3, False), (256, 4, True)]
@@ -186,23 +103,23 @@ def test_sm90_fp4_groups_exact(sm90, monkeypatch, dtype, fmt):
     nb = K // B
     codes = rng.integers(0, 16, (N, K))
     for scale_2 in (1.0, 2.0**-7) if fmt == "nvfp4" else (1.0,):
-        qw = _built(fmt, codes, _scale_bytes(fmt, dtype, (N, nb), rng), dtype, scale_2)
-        W = cupy.asnumpy(_exact_weight(qw))
+        qw = built(fmt, codes, scale_bytes(fmt, dtype, (N, nb), rng), dtype, scale_2)
+        W = cupy.asnumpy(exact_weight(qw))
         onehot = np.zeros((nb, K), np.float32)
         onehot[np.arange(nb), np.arange(nb) * B + (np.arange(nb) * 7) % B] = 1.0
-        row_scales = np.repeat(_scale_bytes(fmt, dtype, (N, 1), rng), nb, axis=1)
-        qe = _built(fmt, codes, row_scales, dtype, scale_2)
-        We = cupy.asnumpy(_exact_weight(qe))
+        row_scales = np.repeat(scale_bytes(fmt, dtype, (N, 1), rng), nb, axis=1)
+        qe = built(fmt, codes, row_scales, dtype, scale_2)
+        We = cupy.asnumpy(exact_weight(qe))
         ints = rng.integers(-4, 5, (65, K)).astype(np.float32)
         for rows, splits, cluster in EXACT_CASES:
             sm90(rows, splits)
             monkeypatch.setattr(plan, "CLUSTER_SPLITS", cluster)
             what = f"{fmt} tile {rows} splits {splits} cluster {cluster} scale_2 {scale_2}"
             y = _matmul(cupy.asarray(onehot.astype(dtype)), qw, dtype)
-            _assert_exact(y, onehot @ W.T, f"one-hot {what}")
+            assert_exact(y, onehot @ W.T, f"one-hot {what}")
             for M in (17, 65):
                 y = _matmul(cupy.asarray(ints[:M].astype(dtype)), qe, dtype)
-                _assert_exact(y, ints[:M] @ We.T, f"exact sums M={M} {what}")
+                assert_exact(y, ints[:M] @ We.T, f"exact sums M={M} {what}")
 
 
 def test_sm90_fp4_cluster_capacity_builds():
