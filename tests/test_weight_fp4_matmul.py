@@ -184,9 +184,13 @@ def test_matmul_batched_strided_stream_and_graph(fmt):
 
 
 def test_matmul_path_choice_follows_int4():
-    """FP4 weights take INT4's kernel for each M (plan.choose_path), not FP8's decode-only rule."""
-    qw = cq.quantize_weight(weights((4096, 4096), 5, np.float16), "nvfp4")
-    for M in (1, 16, 64, 4096):
-        assert cqw.matmul_path(M, qw, arch="90", sms=132) == plan.choose_path(M, 4096, 4096, False, "90", 132)
-    assert cqw.matmul_path(4096, qw, arch="90", sms=132) == "sm90_gemm"
-    assert cqw.matmul_path(4096, qw, arch="80", sms=108) == "sm80_gemm"
+    """FP4 weights take the decode kernel up to M = 16 and the tensor-core gemms past it (on compute
+    capability 9.0 also at M = 17..32, where INT4 keeps the decode kernel for small N), not FP8's
+    decode-only rule."""
+    for fmt in FORMATS:
+        qw = cq.quantize_weight(weights((4096, 4096), 5, np.float16), fmt)
+        assert [cqw.matmul_path(M, qw, arch="90", sms=132) for M in (1, 16, 17, 32, 4096)] == ["decode"] * 2 + [
+            "sm90_gemm"
+        ] * 3
+        assert plan.choose_path(32, 4096, 4096, False, "90", 132) == "decode"  # INT4
+        assert [cqw.matmul_path(M, qw, arch="80", sms=108) for M in (16, 17, 4096)] == ["decode", "decode", "sm80_gemm"]

@@ -20,7 +20,7 @@ _FORCED = None
 
 @contextlib.contextmanager
 def _forced_path(path):
-    """Private, for tests and benchmarks: within the block, INT4 matmuls take ``path`` (``"decode"``,
+    """Private, for tests and benchmarks: within the block, INT4 and FP4 matmuls take ``path`` (``"decode"``,
     ``"sm80_gemm"`` or ``"sm90_gemm"``; ``"pipelined"`` and ``"wgmma"`` are the same as the last two)
     whatever their shape; FP8 weights always take ``"decode"``. ``"sm90_gemm"`` needs compute
     capability 9.0. Not thread-safe: it sets a module global."""
@@ -57,7 +57,7 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
         arch = _device.current_arch()
     if sms is None and arch in plan.SM90_ARCHS:
         sms = _device.current_sm_count()
-    return plan.choose_path(M, N, K, fp8, arch, sms)
+    return plan.choose_path(M, N, K, fp8, arch, sms, fp4=w.scheme.format in C.FP4_BLOCK)
 
 
 def _weight_only_format(w) -> None:
@@ -89,9 +89,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     w : QuantizedWeight
         Prepared by :func:`prepare_weight` (the layout the kernels read), or plain, which is then
         converted on every call: a copy of the weight through memory, several times the matmul's
-        own time at decode, so prepare a weight once and reuse it. Its scales must have ``a``'s
-        dtype (the kernel dequantizes in that dtype; quantize a weight of the activation dtype).
-        K must be a multiple of 128 (INT4) or 64 (FP8).
+        own time at decode, so prepare a weight once and reuse it. INT4 and FP8: its scales must
+        have ``a``'s dtype (the kernel dequantizes in that dtype; quantize a weight of the
+        activation dtype); NVFP4 and MXFP4 weights (scale bytes) take either activation dtype.
+        K must be a multiple of 128 (INT4, FP4) or 64 (FP8).
     out : cupy.ndarray, optional
         ``(..., N)`` of ``a``'s dtype, C-contiguous.
     pdl : bool, optional
@@ -114,12 +115,12 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
 
     * ``"decode"`` (``weight_decode.cu``): one 16-row tile of ``a`` per block, the block's 4, 8 or 16
       warps splitting K over 16 to 64 weight rows (chosen by shape); each weight byte is read once
-      per 16 rows. FP8 weights take it for every M. INT4 takes it for M <= 16; on compute
+      per 16 rows. FP8 weights take it for every M. INT4 and FP4 take it for M <= 16; INT4 on compute
       capability 9.0 also for M <= 32 while M x N is under
-      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); on other GPUs also for
+      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); both on other GPUs also for
       M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it has
       fewer than 2^25.
-    * ``"sm90_gemm"`` (``weight_sm90_gemm.cu``): INT4 for every larger M on GPUs of compute capability 9.0
+    * ``"sm90_gemm"`` (``weight_sm90_gemm.cu``): INT4 and FP4 for every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 32 (M <= 32), 64, 128 or 256 rows of ``a``, K
       streamed through shared memory with ``cp.async`` in stages of 128 (4 deep; the 32-row tile
@@ -130,7 +131,7 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
       3 to 8 ways likewise where every tile's cluster fits on the GPU at once (one block per SM;
       the driver's cluster occupancy says), otherwise 4 or 8 ways as below. The tile height and
       the splits are chosen together by an estimate fitted to H100 timings.
-    * ``"sm80_gemm"`` (``weight_sm80_gemm.cu``): INT4 for every larger M on the other GPUs
+    * ``"sm80_gemm"`` (``weight_sm80_gemm.cu``): INT4 and FP4 for every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
       block of a tile adds the float32 partials in split order (the result does not depend on
@@ -146,13 +147,23 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     product is exact and the sums are float32, in an order that differs from a sequential sum, and
     that depends on the path and tile (so a row's result can change in the last bits with M).
 
+    NVFP4 and MXFP4 (every kernel): the tensor cores multiply ``a`` by ``e2m1(q) * s * 2^-7`` (``s``
+    the block's E4M3 or E8M0 scale), built in registers and exact in fp16 and bf16, and the float32
+    sums are multiplied once by ``2^7`` (times NVFP4's ``scale_2``) before the rounding to a's
+    dtype: the weights are never rounded, so each output is within ``(K 2^-23 + 2^-22) sum_k |a w|``
+    plus half an ulp of the float64 product with the exactly dequantized weight. Exact for every
+    finite E4M3 scale, and for E8M0 scales ``2^e`` with ``-16 <= e <= 8`` (fp16) or
+    ``-125 <= e <= 8`` (bf16; weights of magnitude up to 1536); past that range the products
+    round, an fp16 scale below ``2^-21`` acts as 0 and one above ``2^8`` (either dtype) as
+    infinity, as does an E8M0 NaN.
+
     Raises
     ------
     TypeError
         ``a`` is not a CuPy array of float16 or bfloat16; ``w`` is not a :class:`QuantizedWeight`;
-        ``w``'s scales are not in ``a``'s dtype; ``out`` has the wrong dtype.
+        ``w``'s scales (INT4, FP8) are not in ``a``'s dtype; ``out`` has the wrong dtype.
     ValueError
-        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4) or 64 (FP8); ``w`` in
+        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4, FP4) or 64 (FP8); ``w`` in
         128 x 128 blocks or int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
         overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """

@@ -29,6 +29,8 @@ class PathThresholds:
     # it is slower on 9 of 10 shapes, by up to 60%.
     sm90_decode_max_m: int = 32
     sm90_decode_mn_per_sm: int = 1536
+    # FP4 weights, whose dequantization costs the decode kernel more, take the sm90 gemm from M = 17:
+    # at M = 32 it is faster on 4096 x 14336 (22.1 against 28.9) and slower on 4096^2 (10.3 against 9.6).
     # Other GPUs (mma.sync gemm): decode up to M = 64 below 2^26 weights and up to 256 below 2^25,
     # from scripts/bench.py --matmul-paths on an H200 (4096^2: M = 128 46 against 115, M = 1024 312
     # against 189; 14336 x 4096 M = 64 78 against 100, M = 128 149 against 132).
@@ -46,12 +48,13 @@ PATH_NAMES = ("decode", "sm80_gemm", "sm90_gemm")
 PATH_ALIASES = {"pipelined": "sm80_gemm", "wgmma": "sm90_gemm"}
 
 
-def choose_path(M: int, N: int, K: int, fp8: bool, arch, sms) -> str:
-    """The kernel for ``M`` rows of ``a`` times an (N, K) weight (see PathThresholds)."""
+def choose_path(M: int, N: int, K: int, fp8: bool, arch, sms, fp4: bool = False) -> str:
+    """The kernel for ``M`` rows of ``a`` times an (N, K) weight (see PathThresholds); FP4 weights
+    (``fp4``) take INT4's paths except the sm90 decode extension past M = 16."""
     if fp8 or M <= PATHS.decode_max_m:
         return "decode"
     if arch in SM90_ARCHS and K < 1 << 31:  # the sm90 kernel's group index is 32-bit
-        if M <= PATHS.sm90_decode_max_m and M * N < PATHS.sm90_decode_mn_per_sm * sms:
+        if not fp4 and M <= PATHS.sm90_decode_max_m and M * N < PATHS.sm90_decode_mn_per_sm * sms:
             return "decode"
         return "sm90_gemm"
     w = N * K
