@@ -39,7 +39,7 @@ from cupyquant.weight import plan as WP
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 IN_DTYPES = (F32, F16, BF16)
-FAMILIES = ("per_tensor", "groupwise", "mx", "rms_norm", "kv_cache", "weight", "w8a8")
+FAMILIES = ("per_tensor", "groupwise", "mx", "rms_norm", "kv_cache", "weight", "fp4_weight", "w8a8")
 # Selectable by --family but not in the default run: the sm90 gemm's edge cases alone (a subset of
 # "weight", to run one tool on that kernel only: racecheck takes over 7 minutes on it)
 EXTRA_FAMILIES = ("weight_sm90_gemm",)
@@ -455,6 +455,39 @@ def run_weight(run: Run):
                 _wgmma_edges(run, qw, deq, dt, rng)
 
 
+def run_fp4_weight(run: Run):
+    """NVFP4 and MXFP4 weights: quantized, dequantized and prepared bytes against the reference
+    (N = 100: a partial 16-row tile), and the matmul on each kernel forced (M = 1 to 300; K = 1024
+    splits K on the gemms), within the relative-error bound against the exactly dequantized weight."""
+    hopper = cupy.cuda.Device().compute_capability in WP.SM90_ARCHS
+    for fmt in ("nvfp4", "mxfp4"):
+        for dt, K in ((BF16, 384), (F16, 1024)):
+            N = 100
+            rng = np.random.default_rng(seed_of("fp4", fmt, K))
+            wh = (rng.standard_normal((N, K)) * 2.0 ** rng.uniform(-4, 4, (N, 1))).astype(np.float32).astype(dt)
+            qw = run.op(cq.quantize_weight(cupy.asarray(wh), fmt))
+            d, s, s2 = ref.quantize_weight(wh, fmt)
+            tag = f"{fmt} ({N}, {K}) {dt.name}"
+            run.same(f"{tag} data", qw.data, d)
+            run.same(f"{tag} scales", qw.scale, s)
+            y = run.op(cq.dequantize_weight(qw, F32, out=poison((N, K), F32)))
+            deq = ref.dequantize_weight(d, s, None, fmt, F32, scale_2=s2)
+            run.same(f"{tag} dequantized", y, deq)
+            qp = run.op(cq.prepare_weight(qw))
+            pd, ps, _ = ref.prepare_weight(d, s, scheme=fmt)
+            run.same(f"{tag} prepared data", qp.data, pd)
+            run.same(f"{tag} prepared scales", qp.scale, ps)
+            for path in ("decode", "sm80_gemm") + (("sm90_gemm",) if hopper else ()):
+                with cqw._forced_path(path):
+                    for M in (1, 16, 17, 300):
+                        ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
+                        out = poison((M, N), dt)
+                        y = run.op(cq.matmul(cupy.asarray(ah), qp, out=out))
+                        exact = ah.astype(np.float64) @ deq.astype(np.float64).T
+                        err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
+                        run.within(f"matmul {tag} {path} M={M}", err, TOL[dt])
+
+
 def _decode_configs(run, qp, deq, dt, rng, tag):
     """The decode kernel in each of its configurations (configs.DECODE_CONFIGS), whichever
     plan.decode_config would pick for this shape; on compute capability 9.0+ also with K split 2 ways
@@ -584,6 +617,7 @@ def run_w8a8(run: Run):
 
 
 RUNNERS = {
+    "fp4_weight": run_fp4_weight,
     "per_tensor": run_fp8,
     "groupwise": run_group,
     "mx": run_mx,
