@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     float* red = reinterpret_cast<float*>(mm_smem);  // [WARPS][RT][MT][4][32]
     float* fin = red + WARPS * OUTS;                 // [RT][MT][4][32] (within the rings' half)
     const int splits = (int)gridDim.z;
-    const float osc = FP4 ? fp4_out_scale<S>(scale_2) : 1.0f;  // FP4: the sums times 2^FP4_SHIFT (and scale_2)
+    const float osc = FP4 ? fp4_out_scale<T, S>(scale_2) : 1.0f;  // FP4: the sums times 2^C (and scale_2)
     // output o of the block's tile: (row of a, weight row), relative to (m0, n0)
     auto out_mn = [](int o, int& m, int& n) {
         const int l = o & 31, q = (o >> 5) & 3, mt = (o >> 7) % MT, r = (o >> 7) / MT;

@@ -86,12 +86,15 @@ template <typename T> __host__ __device__ constexpr unsigned frag_zero_bias(unsi
 }
 
 // FP4 weights (W_NVFP4, W_MXFP4) in the fragment order of INT4 (the chunks' 4 x 4 blocks of 8 k
-// transposed). The tensor cores take w' = e2m1(q) * s * 2^-FP4_SHIFT, s the block scale, which is
-// exact in fp16 and in bf16 for every E4M3 scale (|e2m1 * s| is a multiple of 2^-10 with at most 6
-// significant bits, at most 2688), and for E8M0 scales 2^e with -16 <= e <= 8 (fp16) or
-// -125 <= e <= 8 (bf16); the sums are multiplied by 2^FP4_SHIFT (and NVFP4's scale_2) in float32
-// at the end (fp4_out_scale).
-#define FP4_SHIFT 7
+// transposed). The tensor cores take w' = e2m1(q) * s * 2^-C, s the block scale and C =
+// fp4_shift<T, S>(), and the float32 sums are multiplied by 2^C (and NVFP4's scale_2) at the end
+// (fp4_out_scale). w' is exact in fp16 and bf16 for every E4M3 scale with C = 7 (|e2m1 * s| is a
+// multiple of 2^-10 with at most 6 significant bits, at most 2688), and for E8M0 scales 2^e with
+// -16 <= e <= 8 (fp16, C = 7: fp16's range is 2^-24..2^16) or -108 <= e <= 25 (bf16, C = 24, which
+// puts bf16's wide range where weights are: up to 6 * 2^25).
+template <typename T, int S> __host__ __device__ constexpr int fp4_shift() {
+    return S == W_MXFP4 && !cq::same_type<T, __half>::value ? 24 : 7;
+}
 template <typename T> struct Fp4Bits;
 template <> struct Fp4Bits<__half> {
     static constexpr int SHIFT = 3, BIAS = 14;  // 2-bit exponent and mantissa bit to fp16 bits 11..9: e2m1 * 2^-14
@@ -109,32 +112,37 @@ template <typename T> __device__ __forceinline__ unsigned fp4_frag(unsigned word
     const unsigned x = word << (4 * (3 - j));  // nibble j at bits 12..15, nibble j + 4 at bits 28..31
     return (x & 0x80008000u) | ((x >> Fp4Bits<T>::SHIFT) & Fp4Bits<T>::MAG);
 }
-// The block scale of scale byte b (NVFP4: E4M3; MXFP4: E8M0, 2^(b - 127)) times 2^(BIAS - FP4_SHIFT)
-// in both halves of a T pair, so that fp4_frag * fp4_scale2 = e2m1 * s * 2^-FP4_SHIFT. E4M3:
-// |s| = v * 2^-9 with the integer v = (8 + m) << (e - 1), or m when e = 0 (exact in float32).
+// 2^n as float, for -126 <= n <= 127 (exact; for constant n)
+__host__ __device__ constexpr float fp4_pow2(int n) { return n > 0 ? 2.0f * fp4_pow2(n - 1) : n < 0 ? 0.5f * fp4_pow2(n + 1) : 1.0f; }
+// The block scale of scale byte b (NVFP4: E4M3; MXFP4: E8M0, 2^(b - 127)) times 2^(BIAS - C) in
+// both halves of a T pair, so that fp4_frag * fp4_scale2 = e2m1 * s * 2^-C. E4M3: |s| = v * 2^-9
+// with the integer v = (8 + m) << (e - 1), or m when e = 0 (exact in float32).
 template <typename T, int S> __device__ __forceinline__ unsigned fp4_scale2(unsigned b) {
-    constexpr int P = Fp4Bits<T>::BIAS - FP4_SHIFT;  // 7 (fp16) or 119 (bf16)
+    constexpr int P = Fp4Bits<T>::BIAS - fp4_shift<T, S>();  // 7 (fp16), 119 (bf16 NVFP4) or 102 (bf16 MXFP4)
     float f;
     if constexpr (S == W_NVFP4) {
         const unsigned m = b & 7u, e = (b >> 3) & 15u;
         const unsigned v = e ? (8u + m) << (e - 1) : m;
-        f = cq::mul_rn((float)v, P == 7 ? 0x1p-2f : 0x1p110f);  // 2^(P - 9)
+        constexpr float K = fp4_pow2(P - 9);
+        f = cq::mul_rn((float)v, K);
         if (b & 0x80u) f = -f;
     } else {
         const float e = __uint_as_float(b ? (b & 0xffu) << 23 : 0x00400000u);  // 2^(b - 127); 2^-127 is subnormal
-        f = cq::mul_rn(e, P == 7 ? 0x1p7f : 0x1p119f);
+        constexpr float K = fp4_pow2(P);
+        f = cq::mul_rn(e, K);
     }
     return (unsigned)cq::bits16_rn<T>(f) * 0x10001u;
 }
 // Four scale bytes (byte i the scale of slot i) -> sc[0] = slots (0, 1), sc[1] = slots (2, 3), each
-// half s * 2^(BIAS - FP4_SHIFT) as fp4_scale2 gives it (a register's multiplier is then one half,
-// read by fma2_lo / fma2_hi). NVFP4: the E4M3 pairs by the fp8 -> f16x2 conversion (one
-// instruction on sm_89+; every E4M3 value is an fp16 normal or zero), then times 2^7 (fp16), or
-// through float32 times 2^119 (bf16). MXFP4: the exponent field of 2^(b - 127 + BIAS - 7), b - 105
-// (fp16) or b + 119 (bf16), in each 16-bit half, clamped so that a scale past the type's range is
-// 0 or inf (fp16 holds 2^-21..2^8 for scales, bf16 2^-127..2^8; an E8M0 NaN acts as inf).
+// half s * 2^(BIAS - C) as fp4_scale2 gives it (a register's multiplier is then one half, read by
+// fma2_lo / fma2_hi). NVFP4: the E4M3 pairs by the fp8 -> f16x2 conversion (one instruction on
+// sm_89+; every E4M3 value is an fp16 normal or zero), then times 2^7 (fp16), or through float32
+// times 2^119 (bf16). MXFP4: the exponent field of 2^(b - 127 + BIAS - C), b - 105 (fp16) or
+// b + 102 (bf16), in each 16-bit half, clamped so that a scale past the type's range is 0 or inf
+// (fp16 holds 2^-21..2^8 for scales, bf16 2^-127..2^25; an E8M0 NaN acts as inf).
 template <typename T, int S> __device__ __forceinline__ void fp4_scale_pairs(unsigned bytes, unsigned (&sc)[2]) {
     constexpr bool F16 = cq::same_type<T, __half>::value;
+    static_assert(fp4_shift<T, S>() == (S == W_MXFP4 && !F16 ? 24 : 7), "the constants below assume these shifts");
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const unsigned two = bytes >> (16 * i);  // slots 2 i, 2 i + 1 in the low 16 bits
@@ -153,14 +161,15 @@ template <typename T, int S> __device__ __forceinline__ void fp4_scale_pairs(uns
             if constexpr (F16) {
                 sc[i] = __vmins2(__vmaxs2(__vsub2(p, 0x00690069u), 0u), 0x001f001fu) << 10;
             } else {
-                sc[i] = __vminu2(p + 0x00770077u, 0x00ff00ffu) << 7;
+                sc[i] = __vminu2(p + 0x00660066u, 0x00ff00ffu) << 7;
             }
         }
     }
 }
-// 2^FP4_SHIFT, times NVFP4's float32 scale_2: what the float32 sums of w' are multiplied by.
-template <int S> __device__ __forceinline__ float fp4_out_scale(const float* scale_2) {
-    return S == W_NVFP4 ? cq::mul_rn(0x1p7f, __ldg(scale_2)) : 0x1p7f;
+// 2^C, times NVFP4's float32 scale_2: what the float32 sums of w' are multiplied by.
+template <typename T, int S> __device__ __forceinline__ float fp4_out_scale(const float* scale_2) {
+    constexpr float P = fp4_pow2(fp4_shift<T, S>());
+    return S == W_NVFP4 ? cq::mul_rn(P, __ldg(scale_2)) : P;
 }
 
 template <typename T>

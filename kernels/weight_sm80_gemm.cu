@@ -63,7 +63,7 @@ __device__ __forceinline__ int gm_swz(int r, int c) { return c ^ ((c >> 2) & 2) 
 // true = (groups of 128, or per-channel) the mma takes the exact q - z and each stage's float32
 // partial sums are multiplied by the stage's scale (one FMA per output per stage). MT = 4 is built
 // without SCALE_AFTER_SUM: the second set of accumulators would not fit in the registers.
-// FP4 (S = W_NVFP4, W_MXFP4; never SCALE_AFTER_SUM): the mma takes w' = e2m1 * s * 2^-FP4_SHIFT, exact
+// FP4 (S = W_NVFP4, W_MXFP4; never SCALE_AFTER_SUM): the mma takes w' = e2m1 * s * 2^-C (fp4_shift), exact
 // in T (weight_mma.cuh fp4_frag, fp4_scale2), and the float32 sums are multiplied by fp4_out_scale
 // before they are rounded to T.
 template <typename T, int S, int MT, int WM, int STAGES, bool SCALE_AFTER_SUM>
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 
     // this thread's outputs: rows arow + 16 mt + 8 hr, columns n0 + wn * 32 + 8 j + 2 t + {0, 1}
     // (FP4: each float32 sum times osc, then rounded to T)
-    const float osc = FP4 ? fp4_out_scale<S>(scale_2) : 1.0f;
+    const float osc = FP4 ? fp4_out_scale<T, S>(scale_2) : 1.0f;
     if (a.splits > 1) {
         split_k_finish<T, BM, GM_BN, THREADS, FP4>(ws, counters, y, a.M, a.N, m0, n0, a.splits, s_last, [&](auto f) {
 #pragma unroll

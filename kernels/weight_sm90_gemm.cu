@@ -665,7 +665,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
             for (int r = 0; r < 4; ++r) {  // a0..a3: rows g, g + 8, g, g + 8, as INT4's below
                 const unsigned x = r < 2 ? fp4_frag<T>(wlo, jlo + r) : fp4_frag<T>(whi, jhi + r - 2);
                 const unsigned sp = sc[r & 1][pr];
-                f[r] = hi ? H::fma2_hi(x, sp, 0x80008000u) : H::fma2_lo(x, sp, 0x80008000u);  // e2m1 * s * 2^-FP4_SHIFT, exact
+                f[r] = hi ? H::fma2_hi(x, sp, 0x80008000u) : H::fma2_lo(x, sp, 0x80008000u);  // e2m1 * s * 2^-C (fp4_shift), exact
             }
         } else {
             const int h = s >> 1;  // the 32-k group of step s within the half
@@ -1013,7 +1013,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
     // FP4: what the sums are multiplied by before rounding (NVFP4 reads scale_2, after the PDL wait)
-    const float osc = S == W_NVFP4 || S == W_MXFP4 ? fp4_out_scale<S>(scale_2) : 1.0f;
+    const float osc = S == W_NVFP4 || S == W_MXFP4 ? fp4_out_scale<T, S>(scale_2) : 1.0f;
 
     consume<T, S, BMA, STAGES, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(acc, a, smem, sbase, niter, warp, lane, g, t, nrow, zb8, zb_table, full0, empty0,
                                                                    load_a, load_w, load_stage, advance);

@@ -828,8 +828,8 @@ def main_matmul(a):
         a.settle = MATMUL_SETTLE
     header = (
         f"{_bench.device_name()}, {datetime.date.today().isoformat()}; weight-only matmul, bf16 activations, "
-        f"group 128; CUDA-graph replay; {a.settle:g} s idle before each timing"
-        + ("" if torch else "; torch not available")
+        "INT4 and FP8 in groups of 128, NVFP4 and MXFP4 in their blocks of 16 and 32; CUDA-graph replay; "
+        f"{a.settle:g} s idle before each timing" + ("" if torch else "; torch not available")
     )
     print(header, flush=True)
     cols = None

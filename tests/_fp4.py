@@ -80,12 +80,12 @@ def built(fmt, codes, scale_bytes, dtype, scale_2=1.0):
 
 def scale_bytes(fmt, dtype, shape, rng):
     """Scale bytes the kernels take exactly: finite E4M3 values of either sign (NVFP4), E8M0
-    exponents -16..8 (fp16) or -125..8 (bf16)."""
+    exponents -16..8 (fp16) or -108..25 (bf16)."""
     if fmt == "nvfp4":
         finite = np.array([b for b in range(256) if b & 0x7F != 0x7F])
         return finite[rng.integers(0, len(finite), shape)]
-    lo = -16 if np.dtype(dtype) == np.float16 else -125
-    return 127 + rng.integers(lo, 9, shape)
+    lo, hi = (-16, 8) if np.dtype(dtype) == np.float16 else (-108, 25)
+    return 127 + rng.integers(lo, hi + 1, shape)
 
 
 def assert_exact(y, want, what):

@@ -147,15 +147,15 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     product is exact and the sums are float32, in an order that differs from a sequential sum, and
     that depends on the path and tile (so a row's result can change in the last bits with M).
 
-    NVFP4 and MXFP4 (every kernel): the tensor cores multiply ``a`` by ``e2m1(q) * s * 2^-7`` (``s``
-    the block's E4M3 or E8M0 scale), built in registers and exact in fp16 and bf16, and the float32
-    sums are multiplied once by ``2^7`` (times NVFP4's ``scale_2``) before the rounding to a's
-    dtype: the weights are never rounded, so each output is within ``(K 2^-23 + 2^-22) sum_k |a w|``
-    plus half an ulp of the float64 product with the exactly dequantized weight. Exact for every
-    finite E4M3 scale, and for E8M0 scales ``2^e`` with ``-16 <= e <= 8`` (fp16) or
-    ``-125 <= e <= 8`` (bf16; weights of magnitude up to 1536); past that range the products
-    round, an fp16 scale below ``2^-21`` acts as 0 and one above ``2^8`` (either dtype) as
-    infinity, as does an E8M0 NaN.
+    NVFP4 and MXFP4 (every kernel): the tensor cores multiply ``a`` by ``e2m1(q) * s * 2^-C`` (``s``
+    the block's E4M3 or E8M0 scale; ``C`` 24 for MXFP4 with bf16, 7 otherwise), built in registers
+    and exact in fp16 and bf16, and the float32 sums are multiplied once by ``2^C`` (times NVFP4's
+    ``scale_2``) before the rounding to a's dtype: the weights are never rounded, so each output is
+    within ``(K 2^-23 + 2^-22) sum_k |a w|`` plus half an ulp of the float64 product with the
+    exactly dequantized weight. Exact for every finite E4M3 scale, and for E8M0 scales ``2^e`` with
+    ``-16 <= e <= 8`` (fp16) or ``-108 <= e <= 25`` (bf16); past that range the products round,
+    an fp16 scale below ``2^-21`` acts as 0 and one above ``2^8`` (bf16: ``2^25``) as infinity, as
+    does an E8M0 NaN.
 
     Raises
     ------
