@@ -40,7 +40,7 @@ _EXPORTS = {
     "KernelCompileError": "_jit",
     "KernelLaunchError": "_jit",
     "CudaHeadersNotFoundError": "_jit",
-    "CudaHeadersNotFound": "_jit",
+    "UnsupportedGPUError": "_device",
 }
 
 #: Submodules reachable as attributes of the package, imported on first access.
@@ -78,7 +78,7 @@ def _all_families() -> dict:
     families with the loader (``cupyquant._jit.register``)."""
     from . import _jit
 
-    for module in sorted(set(_EXPORTS.values()) - {"_jit", "quantized"}) + list(_PRIVATE_FAMILY_MODULES):
+    for module in sorted(set(_EXPORTS.values()) - {"_jit", "_device", "quantized"}) + list(_PRIVATE_FAMILY_MODULES):
         importlib.import_module(f"{__name__}.{module}")
     return _jit.families()
 

@@ -231,3 +231,14 @@ def asymmetric_int8(symmetric, fmt_name: str, group_size, scale_pow2, packed: bo
     if scale_ub is not None:
         raise ValueError("scale_ub is not supported with symmetric=False (vLLM's asymmetric INT8 has no bound)")
     return True
+
+
+def shape_tuple(shape, arg: str = "shape") -> tuple:
+    """A tuple or list of ints (NumPy integers included), as a tuple of Python ints."""
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape
+    ):
+        raise TypeError(f"{arg} must be a tuple of ints, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{arg} must not have negative dimensions, got {tuple(shape)!r}")
+    return tuple(int(d) for d in shape)

@@ -48,8 +48,6 @@ BASE_OPTIONS = ("-std=c++17",)
 #: GPU-free compile test adds the same so that it compiles what a device would.
 CUPY_ADDED_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
 
-TEST_ARCHS = ("80", "89", "90", "100", "120")
-
 
 class KernelCompileError(RuntimeError):
     """NVRTC rejected a kernel family: carries the family, expression, options and NVRTC log."""
@@ -67,10 +65,6 @@ class KernelCompileError(RuntimeError):
 
 class CudaHeadersNotFoundError(RuntimeError):
     """The CUDA runtime headers (cuda_fp16.h, cuda_fp8.h, ...) NVRTC needs were not found."""
-
-
-#: An alias of :class:`CudaHeadersNotFoundError`.
-CudaHeadersNotFound = CudaHeadersNotFoundError
 
 
 class KernelLaunchError(RuntimeError):
@@ -232,12 +226,9 @@ _lock = threading.Lock()
 _kernels: dict = {}
 
 
-def specific_target(family: str, arch: str):
-    """The family-specific ``-arch`` option for a family on a GPU of compute capability ``arch``
-    (``"100"``), or None where there is none to ask for."""
-    if arch in _SPECIFIC_TARGETS.get(family, ()):
-        return f"-arch=sm_{arch}a"
-    return None
+def specific_targets(family: str) -> tuple:
+    """The compute capabilities for which ``family`` is compiled for its family-specific target."""
+    return _SPECIFIC_TARGETS.get(family, ())
 
 
 def _build_module(family: str, expression: str, device: int):
@@ -248,7 +239,7 @@ def _build_module(family: str, expression: str, device: int):
 
     base = options()
     attempts = [base]
-    extra = specific_target(family, _device.arch(device))
+    extra = _device.specific_arch_option(specific_targets(family), device)
     if extra:  # an NVRTC too old for the target falls back to the portable (software) build
         attempts.insert(0, base + (extra,))
         if family in _SPECIFIC_REQUIRED:

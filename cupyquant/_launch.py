@@ -1,35 +1,47 @@
-"""Kernel launches with programmatic dependent launch (PDL), through the driver's
-``cuLaunchKernelEx``: CuPy's ``RawKernel`` call has no launch attributes.
+"""Kernel launches: every kernel of the library is launched through :class:`Launch`, which marshals
+its arguments once (when an op plans a call) and patches only the pointers on each call.
+
+A :class:`Launch` holds one kernel, its grid, block and shared memory, and a parameter buffer in
+which each argument has its slot: the values fixed by the plan (sizes, strides, the kernels'
+argument structs, tensor maps) are written once, and the device pointers of the call's arrays are
+written into their slots just before the launch. The launch itself is the driver's
+``cuLaunchKernel`` (``cupy.cuda.driver.launchKernel``), or ``cuLaunchKernelEx`` through ctypes where
+the launch has attributes: programmatic dependent launch (PDL) and thread-block clusters, which
+CuPy's ``RawKernel`` call does not offer. On an H200 host, a launch of six pointers and a struct
+costs 5.9 us this way against 8.1 us through ``cupy.RawKernel``, whose call converts every argument
+again (driver.launchKernel alone: 4.4 us).
 
 With PDL (compute capability 9.0 and newer) a kernel may be launched while the kernel before it on
 the stream still runs: its blocks start as soon as that kernel's blocks have all signalled
 (``griddepcontrol.launch_dependents``) and there is room on the SMs, and each block waits at
 ``griddepcontrol.wait`` until the kernel before has completed and its writes are visible. A kernel
 launched this way must therefore execute that wait before it touches any memory that another kernel
-may write (kernels/weight_decode.cu says what the decode matmul does before it: address arithmetic, and,
-for a weight that an earlier call has read, the loads of its first weight chunk and scales, which
-no kernel before it writes: weight.py _early_ok). Under stream capture the launch becomes a
-programmatic edge of the graph.
+may write (kernels/weight_decode.cu says what the decode matmul does before it). Under stream
+capture the launch becomes a programmatic edge of the graph.
 
-Everything here is host-side marshalling of the launch; nothing runs without a GPU except the
-checks of the structure layouts and the parameter array (tests/test_launch.py). Launch shapes and
-launches that more than one op uses are here too (:func:`grid2d`, :func:`launch_amax`).
+:func:`recording` collects the launches (and memsets) made inside it, for the host-time benchmark's
+bare replay (``scripts/bench_host.py``) and for tests that check what an op launched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
 import numpy as np
 
-from . import _jit
 from ._jit import KernelLaunchError
 
 #: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (cuda.h): the value holds three unsigned ints x, y, z
 ATTR_CLUSTER_DIMENSION = 4
+#: CUDA_ERROR_INVALID_CONTEXT (cuda.h): a thread whose first CUDA call is a driver launch has no
+#: current context yet; the runtime makes the device's primary context current
+_INVALID_CONTEXT = 201
+#: The largest grid y and z (the x dimension goes to 2^31 - 1)
+MAX_GRID_YZ = 65535
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -60,7 +72,7 @@ _lib_lock = threading.Lock()
 
 
 def _driver():
-    """libcuda's cuLaunchKernelEx and cuGetErrorString, loaded at the first PDL launch."""
+    """libcuda's cuLaunchKernelEx and cuGetErrorString, loaded at the first launch with attributes."""
     global _lib
     if _lib is None:
         with _lib_lock:
@@ -81,25 +93,10 @@ def _driver():
     return _lib
 
 
-def kernel_params(args) -> tuple:
-    """The ``void**`` array of a launch and the ctypes object whose memory it points into (keep it
-    alive until the launch returns). ``args`` holds CuPy arrays (passed as their data pointers),
-    ints (pointers: 0 for a null one; every int argument of the kernels launched here is a pointer)
-    and 0-d NumPy structured arrays (the kernels' argument structs, passed by value, from the
-    array's own memory)."""
-    n = len(args)
-    values = (ctypes.c_void_p * n)()
-    params = (ctypes.c_void_p * n)()
-    base = ctypes.addressof(values)
-    for i, v in enumerate(args):
-        if isinstance(v, np.ndarray):
-            if v.ndim or v.dtype.names is None:
-                raise TypeError("a NumPy kernel argument must be a 0-d structured array")
-            params[i] = v.ctypes.data
-            continue
-        values[i] = v.data.ptr if hasattr(v, "data") else int(v)
-        params[i] = base + 8 * i
-    return params, values
+def _error_string(rc: int) -> str:
+    msg = ctypes.c_char_p()
+    _driver()[1](rc, ctypes.byref(msg))
+    return (msg.value or b"?").decode()
 
 
 _PDL_ATTR = LaunchAttribute()
@@ -144,35 +141,193 @@ def max_active_clusters(kernel, block: int, shared_mem: int, cluster) -> int:
     n = ctypes.c_int(0)
     rc = _occupancy_fn(ctypes.byref(n), kernel.kernel.ptr, ctypes.byref(cfg))
     if rc:
-        msg = ctypes.c_char_p()
-        _driver()[1](rc, ctypes.byref(msg))
-        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: error {rc} ({(msg.value or b'?').decode()})")
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: error {rc} ({_error_string(rc)})")
     return n.value
 
 
-def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None, *, pdl: bool = True, cluster=None) -> None:
-    """Launch ``kernel`` (a ``cupy.RawKernel``) like ``kernel(grid, block, args, shared_mem=...)``
-    on ``stream`` (the current stream by default), with programmatic stream serialization (the
-    attribute that makes the launch programmatic-dependent) unless ``pdl`` is false, and as
-    thread-block clusters of ``cluster`` = (x, y, z) blocks if given (compute capability 9.0+);
-    ``args`` as :func:`kernel_params` takes them. Raises :class:`KernelLaunchError` (a
-    ``RuntimeError``) with the driver's code and message if the launch fails."""
+# ---------------------------------------------------------------- the launcher
+#: Marks an argument of a :class:`Launch` whose device pointer is given at each call.
+ARG = object()
+
+
+class Blob:
+    """Marks an argument of a :class:`Launch` passed by value and given at each call: a 0-d NumPy
+    array of ``nbytes`` bytes (a TMA tensor map, whose address is the call's)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
+#: Alignment of each argument's slot in the parameter buffer (a tensor map's own alignment).
+_SLOT_ALIGN = 64
+
+_recording = None  # a list while recording() is active
+
+
+@contextlib.contextmanager
+def recording():
+    """Within the block, every :class:`Launch` call and :func:`memset` on this process appends a
+    record to the yielded list: ``(kernel, grid, block, args, shared_mem, launch)``, ``args`` as
+    ``cupy.RawKernel`` takes them (the call's arrays, fixed values, structs with their pointers
+    filled in), ``launch`` the :class:`Launch` (whose attributes a replay needs) or, for a memset,
+    ``("memset", ptr, value, nbytes)`` in place of the kernel and None elsewhere."""
+    global _recording
+    saved, _recording = _recording, []
+    try:
+        yield _recording
+    finally:
+        _recording = saved
+
+
+def _stream_ptr() -> int:
     import cupy
 
-    if stream is None:
-        stream = cupy.cuda.get_current_stream()
-    gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
-    bx, by, bz = tuple(block) + (1,) * (3 - len(block))
-    attrs, nattrs = launch_attributes(pdl, cluster)
-    cfg = LaunchConfig(gx, gy, gz, bx, by, bz, shared_mem, stream.ptr, attrs, nattrs)
-    params, values = kernel_params(args)
-    fn, err = _driver()
-    rc = fn(ctypes.byref(cfg), kernel.kernel.ptr, params, None)
-    if rc:
-        msg = ctypes.c_char_p()
-        err(rc, ctypes.byref(msg))
-        raise KernelLaunchError("cuLaunchKernelEx", rc, (msg.value or b"?").decode())
-    del values, attrs
+    return cupy.cuda.get_current_stream().ptr
+
+
+class Launch:
+    """One kernel launch, planned: ``kernel`` (a ``cupy.RawKernel``) over ``grid`` x ``block`` with
+    ``smem`` dynamic shared bytes, as thread-block clusters of ``cluster`` = (x, y, z) blocks if
+    given and with programmatic dependent launch if ``pdl``.
+
+    ``args`` holds one entry per kernel parameter: :data:`ARG` (a pointer given at each call), a
+    :class:`Blob` (bytes given at each call), an int (a fixed pointer, 0 for null), a NumPy scalar,
+    or a 0-d structured array / ``numpy.void`` (a struct passed by value; ``fields`` names its
+    ``(argument index, field)`` pairs whose pointer is given at each call, after the others). Calling the launch with those pointers (CuPy
+    arrays, ints, or None for null), in order, launches it on the current stream. Thread-safe.
+    Raises :class:`KernelLaunchError` (a ``RuntimeError``) with the driver's code and message if the
+    driver refuses the launch."""
+
+    __slots__ = ("kernel", "grid", "block", "smem", "pdl", "cluster", "_args", "_buf", "_words", "_slots",
+                 "_params", "_cfg", "_attrs", "_fn", "_lock", "_offsets", "_raw", "_blobs")  # fmt: skip
+
+    def __init__(self, kernel, grid, block, args, *, smem: int = 0, pdl: bool = False, cluster=None, fields=()):
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.block = tuple(block) + (1,) * (3 - len(block))
+        self.smem, self.pdl, self.cluster = int(smem), bool(pdl), cluster
+        self._args = tuple(args)
+        sizes = [_arg_bytes(a) for a in self._args]
+        offsets, off = [], 0
+        for n in sizes:
+            offsets.append(off)
+            off += -(-n // _SLOT_ALIGN) * _SLOT_ALIGN
+        self._offsets = offsets
+        self._buf = np.zeros(max(off, 8) // 8 + _SLOT_ALIGN // 8, np.uint64)
+        base = -self._buf.ctypes.data % _SLOT_ALIGN  # bytes to the first aligned address
+        raw = self._raw = self._buf.view(np.uint8)[base:]
+        slots = []
+        for a, o in zip(self._args, offsets):
+            if a is ARG:
+                slots.append((base + o) // 8)
+            elif isinstance(a, Blob):
+                slots.append(~(base + o))  # a byte offset, as ~offset (negative): copied, not written as a word
+            elif isinstance(a, int):
+                raw[o : o + 8].view(np.uint64)[0] = a
+            else:
+                v = np.asarray(a)
+                raw[o : o + v.dtype.itemsize] = np.frombuffer(v.tobytes(), np.uint8)
+        self._blobs = any(isinstance(a, Blob) for a in self._args)
+        for i, name in fields:
+            slots.append((base + offsets[i] + np.asarray(self._args[i]).dtype.fields[name][1]) // 8)
+        self._slots = tuple(slots)
+        self._words = (ctypes.c_uint64 * self._buf.size).from_buffer(self._buf)
+        addr = self._buf.ctypes.data + base
+        self._params = (ctypes.c_void_p * len(self._args))(*(addr + o for o in offsets))
+        self._fn = kernel.kernel.ptr
+        self._cfg = None
+        if self.pdl or cluster is not None:
+            attrs, n = launch_attributes(self.pdl, cluster)
+            self._attrs = attrs  # kept alive with the config that points at it
+            self._cfg = LaunchConfig(*self.grid, *self.block, self.smem, None, attrs, n)
+        self._lock = threading.Lock()
+
+    def __call__(self, *values) -> None:
+        stream = _stream_ptr()
+        with self._lock:
+            words = self._words
+            if self._blobs:
+                self._copy_blobs(values)
+            else:
+                for slot, v in zip(self._slots, values):
+                    words[slot] = v if type(v) is int else (0 if v is None else v.data.ptr)
+            if _recording is not None:
+                _recording.append(self._record(values))
+            try:
+                self._go(stream)
+            except KernelLaunchError as e:
+                if e.code != _INVALID_CONTEXT:
+                    raise
+                import cupy
+
+                cupy.cuda.runtime.free(0)  # makes the device's primary context current in this thread
+                self._go(stream)
+
+    def _copy_blobs(self, values) -> None:
+        words, start = self._words, self._buf.ctypes.data
+        for slot, v in zip(self._slots, values):
+            if slot < 0:
+                ctypes.memmove(start + ~slot, v.ctypes.data, v.nbytes)
+            else:
+                words[slot] = v if type(v) is int else (0 if v is None else v.data.ptr)
+
+    def _go(self, stream: int) -> None:
+        if self._cfg is None:
+            from cupy.cuda import driver
+
+            g, b = self.grid, self.block
+            try:
+                driver.launchKernel(
+                    self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self.smem, stream, ctypes.addressof(self._params), 0
+                )
+            except driver.CUDADriverError as e:
+                raise KernelLaunchError("cuLaunchKernel", getattr(e, "status", -1), str(e)) from None
+            return
+        self._cfg.hStream = stream
+        rc = _driver()[0](ctypes.byref(self._cfg), self._fn, self._params, None)
+        if rc:
+            raise KernelLaunchError("cuLaunchKernelEx", rc, _error_string(rc))
+
+    def _record(self, values) -> tuple:
+        """This call as cupy.RawKernel would take it (see :func:`recording`)."""
+        it = iter(values)
+        args, raw = [], self._raw
+        for a, o in zip(self._args, self._offsets):
+            if a is ARG or isinstance(a, Blob):
+                args.append(next(it))
+            elif isinstance(a, int):
+                args.append(a)
+            else:
+                v = np.asarray(a)
+                args.append(np.frombuffer(raw[o : o + v.dtype.itemsize].tobytes(), v.dtype)[0])
+        return (self.kernel, self.grid, self.block, tuple(args), self.smem, self)
+
+    def param_bytes(self, i: int) -> bytes:
+        """The bytes of argument ``i`` in the parameter buffer (as the last call left them)."""
+        return self._raw[self._offsets[i] : self._offsets[i] + _arg_bytes(self._args[i])].tobytes()
+
+
+def _arg_bytes(a) -> int:
+    if a is ARG or isinstance(a, int):
+        return 8
+    if isinstance(a, Blob):
+        return a.nbytes
+    v = np.asarray(a)
+    if v.ndim or v.dtype.kind not in "biufV":
+        raise TypeError(f"a kernel argument must be a pointer, a NumPy scalar or a 0-d struct, got {a!r}")
+    return v.dtype.itemsize
+
+
+def memset(ptr: int, value: int, nbytes: int) -> None:
+    """``cudaMemsetAsync`` of ``nbytes`` at device address ``ptr`` on the current stream (recorded
+    like a launch)."""
+    import cupy
+
+    if _recording is not None:
+        _recording.append((("memset", ptr, value, nbytes), None, None, None, 0, None))
+    cupy.cuda.runtime.memsetAsync(ptr, value, nbytes, _stream_ptr())
 
 
 #: A CUtensorMap (cuda.h): 128 opaque bytes, passed by value to a kernel's ``__grid_constant__``
@@ -237,42 +392,5 @@ def tensor_map_2d(
         _TM_OOB_ZERO,
     )
     if rc:
-        msg = ctypes.c_char_p()
-        _driver()[1](rc, ctypes.byref(msg))
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: error {rc} ({(msg.value or b'?').decode()})")
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: error {rc} ({_error_string(rc)})")
     return out
-
-
-def grid2d(rows: int, units: int, threads: int = 256) -> tuple:
-    """(grid, block) of the 2-D row kernels (groupwise.cu): blockDim (bx, by), bx the largest power of
-    two up to ``threads`` that divides the ``units`` (16- or 8-element pieces) of a row, so that no
-    group straddles two block rows, and by = threads / bx rows per block."""
-    bx = threads
-    while units % bx:
-        bx //= 2
-    by = threads // bx
-    return (-(-rows // by), units // bx), (bx, by)
-
-
-AMAX_BLOCK = 512  # must equal AMAX_BLOCK in per_tensor.cu
-AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
-
-
-def launch_amax(x, in_t, amax_out, device: int, n64: np.int64) -> None:
-    """Zero ``amax_out`` (float32, (1,)) on the current stream, then reduce max |x| of the
-    C-contiguous ``x`` into it with the per_tensor family's ``fp8_amax`` (which combines blocks with
-    an unsigned atomicMax on the float's bits). The caller's module must have imported
-    :mod:`cupyquant.per_tensor`, which registers that family."""
-    import cupy
-
-    from . import _device
-
-    cupy.cuda.runtime.memsetAsync(amax_out.data.ptr, 0, 4, cupy.cuda.get_current_stream().ptr)
-    n = x.size
-    if n == 0:
-        return
-    vec = x.data.ptr % 16 == 0
-    per_block = AMAX_BLOCK * (16 // x.itemsize if vec else 1)
-    grid = max(1, min(-(-n // per_block), _device.sm_count(device) * AMAX_BLOCKS_PER_SM))
-    k = _jit.kernel(device, "per_tensor", "fp8_amax", in_t.ctype, vec)
-    k((grid,), (AMAX_BLOCK,), (x, n64, amax_out))

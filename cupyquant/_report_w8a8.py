@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _device
+
 #: The weight's shape (N, K) and the seed of its Gaussian values (standard deviation 0.02).
 WEIGHT_SEED = 20261122
 WEIGHT_STD = 0.02
@@ -193,7 +195,7 @@ def w8a8_report(xh, x) -> bool:
     print()
     try:
         dispatch.check_arch(cupy.cuda.Device().id, int8=True)
-    except dispatch.UnsupportedGPUError as e:
+    except _device.UnsupportedGPUError as e:
         print(f"W8A8 matmul: skipped ({e})")
         return True
     M, K = x.shape
@@ -218,7 +220,7 @@ def w8a8_report(xh, x) -> bool:
     for name, kind in SCHEMES:
         try:
             dispatch.check_arch(cupy.cuda.Device().id, int8=kind.startswith("int8"))
-        except dispatch.UnsupportedGPUError as e:
+        except _device.UnsupportedGPUError as e:
             print(f"{name.ljust(widths[0])}  skipped ({e})")
             continue
         qa, qb = quantize_pair(x, w, kind)

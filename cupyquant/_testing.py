@@ -12,14 +12,16 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _block_scale, _dtypes, _jit
+from . import _device, _dtypes, _jit
+from ._launch import ARG, Launch
+from ._sizes import ceil_div
 
 _BOOLS = (False, True)
 _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 _FAMILY = _jit.register(
     "testing",
     _jit.product("cvt_check", _MX_TAGS, _BOOLS) + _jit.product("e8m0_check", _BOOLS),
-    specific_targets=_block_scale.SPECIFIC_TARGETS,
+    specific_targets=_device.FP4_CVT_TARGETS,
 )
 
 
@@ -35,9 +37,5 @@ def _conversion_check(dtype, base: int, n: int, hardware: bool, patterns=None) -
         k = _jit.kernel(device, _FAMILY, "e8m0_check", bool(hardware))
     else:
         k = _jit.kernel(device, _FAMILY, "cvt_check", _dtypes.element_format(dtype).ctag, bool(hardware))
-    k(
-        (-(-n // 256),),
-        (256,),
-        (patterns if patterns is not None else np.uint64(0), np.uint32(base), np.int64(n), codes),
-    )
+    Launch(k, (ceil_div(n, 256),), (256,), (ARG, np.uint32(base), np.int64(n), ARG))(patterns, codes)
     return codes

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-import numbers
 from typing import NamedTuple
 
 import cupy
@@ -86,6 +85,61 @@ def span(a: cupy.ndarray) -> tuple:
     return lo, hi + a.itemsize
 
 
+class Disjoint:
+    """The overlap checks of a planned call, made on each call from the arrays' addresses: the byte
+    span of each array relative to its data pointer is computed once, when the call is planned.
+
+    ``named`` lists ``(name, array or None)`` or ``(name, array, nbytes)`` (an array whose layout's
+    padding makes it cover ``nbytes`` from its start); those from index ``first_written`` on are
+    written by the op and must overlap none of the others (nor each other)."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, named, first_written: int):
+        spans = []
+        for entry in named:
+            a = entry[1]
+            if a is None or not a.size:
+                spans.append(None)
+            else:
+                spans.append((0, entry[2]) if len(entry) > 2 and entry[2] is not None else span(a))
+        self._pairs = tuple(
+            (i, j, named[i][0], named[j][0], spans[i], spans[j])
+            for i in range(first_written, len(named))
+            if spans[i] is not None
+            for j in range(i)
+            if spans[j] is not None
+        )
+
+    def check(self, ptrs) -> None:
+        """Raise ValueError naming the written array unless no pair overlaps (``ptrs``: the data
+        pointers of ``named``'s arrays, 0 for None)."""
+        for i, j, name_i, name_j, si, sj in self._pairs:
+            pi, pj = ptrs[i], ptrs[j]
+            if pi + si[0] < pj + sj[1] and pj + sj[0] < pi + si[1]:
+                raise ValueError(f"{name_i} overlaps {name_j}; give a separate buffer")
+
+
+def array_key(a):
+    """What a plan depends on of a CuPy array argument (shape, strides, dtype, device, address modulo
+    16), or of None; unhashable (so never memoized) for anything else."""
+    if a is None:
+        return None
+    if type(a) is not cupy.ndarray:
+        return [a]  # a list: the plan memo refuses it
+    mem = a.data
+    return a.shape, a.strides, a.dtype, mem.device_id, mem.ptr & 15
+
+
+def scale_key(v):
+    """What a plan depends on of a scale argument: a device array's :func:`array_key` (its value is
+    read on the device), or a value's type and value (a static scale is part of the plan's
+    arguments)."""
+    if type(v) is cupy.ndarray:
+        return ("array", array_key(v))
+    return type(v), v
+
+
 def _extent(a: cupy.ndarray) -> tuple:
     """[first, last + 1) byte addresses of ``a``'s elements (empty for no elements)."""
     lo, hi = span(a)
@@ -95,17 +149,6 @@ def _extent(a: cupy.ndarray) -> tuple:
 def _intersect(a: tuple, b: tuple) -> bool:
     """Whether two non-empty byte ranges [a0, a1) and [b0, b1) intersect."""
     return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
-
-
-def shape_tuple(shape, arg: str = "shape") -> tuple:
-    """A tuple or list of ints (NumPy integers included), as a tuple of Python ints."""
-    if not isinstance(shape, (tuple, list)) or not all(
-        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape
-    ):
-        raise TypeError(f"{arg} must be a tuple of ints, got {shape!r}")
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{arg} must not have negative dimensions, got {tuple(shape)!r}")
-    return tuple(int(d) for d in shape)
 
 
 positive_finite_scalar = _checks.positive_finite_scalar  # shared with the reference

@@ -101,11 +101,44 @@ def pytest_report_header(config):
     return f"cupyquant GPU tests {verdict}: {NO_GPU_REASON}"
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "requires_arch(fact): needs a GPU whose cupyquant._device.Caps has ``fact`` (wgmma, fp8_mma, int8_mma, "
+        "pdl, fp4_cvt); skipped, naming it, on one without",
+    )
+
+
+def require_arch(fact: str) -> None:
+    """Skip the running test unless the current GPU's capabilities (cupyquant._device.Caps) include
+    ``fact``: the one place tests ask what a GPU can do."""
+    import cupy
+
+    from cupyquant import _device
+
+    caps = _device.caps(cupy.cuda.Device().id)
+    if not getattr(caps, fact):
+        pytest.skip(f"needs {fact}, which a GPU of compute capability {caps.name} does not have")
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is not None and not HAVE_GPU:
         if REQUIRE_GPU:
             pytest.fail(f"CUPYQUANT_REQUIRE_GPU=1 but {NO_GPU_REASON}", pytrace=False)
         pytest.skip(f"GPU test skipped: {NO_GPU_REASON}")
+    for mark in item.iter_markers("requires_arch"):
+        if HAVE_GPU:
+            require_arch(*mark.args)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Every test starts with no memoized launch plan, so that one that changes a planner's tables
+    or functions (monkeypatch) is planned with them."""
+    from cupyquant import _plans
+
+    _plans.clear()
+    yield
 
 
 POISON = 0xFF

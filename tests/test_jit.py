@@ -10,13 +10,13 @@ import pytest
 from _scripts import load_script
 
 import cupyquant
-from cupyquant import _jit
+from cupyquant import _device, _jit
 
 FAMILIES = sorted(cupyquant._all_families())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", _jit.TEST_ARCHS)
+@pytest.mark.parametrize("arch", _device.NVRTC_TEST_TARGETS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_instantiation_compiles(family, arch):
     ptx = []
@@ -107,9 +107,11 @@ def test_expr_formats_template_arguments():
     assert _jit.expr("k", ScaleSource.ARG, False) == "k<2, false>"
 
 
-def test_old_error_name_is_an_alias():
-    assert cupyquant.CudaHeadersNotFound is cupyquant.CudaHeadersNotFoundError is _jit.CudaHeadersNotFoundError
+def test_error_classes_are_exported():
+    assert cupyquant.CudaHeadersNotFoundError is _jit.CudaHeadersNotFoundError
     assert issubclass(cupyquant.KernelLaunchError, RuntimeError)
+    assert cupyquant.UnsupportedGPUError is _device.UnsupportedGPUError
+    assert issubclass(cupyquant.UnsupportedGPUError, RuntimeError)
 
 
 def test_unregistered_expression_is_refused_before_compiling():
@@ -150,12 +152,15 @@ def test_hopper_uses_the_software_fp4_path(family):
 
 
 @pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
-def test_specific_target_is_asked_only_where_it_exists(family):
-    assert _jit.specific_target(family, "100") == "-arch=sm_100a"
-    assert _jit.specific_target(family, "120") == "-arch=sm_120a"
-    assert _jit.specific_target(family, "90") is None
-    assert _jit.specific_target("per_tensor", "100") is None
-    assert _jit.specific_target("groupwise", "100") is None
+def test_specific_target_is_asked_only_where_it_exists(family, monkeypatch):
+    monkeypatch.setattr(_device, "_caps", {0: _device.caps_of_arch("100"), 1: _device.caps_of_arch("120")})
+    monkeypatch.setitem(_device._caps, 2, _device.caps_of_arch("90"))
+    targets = _jit.specific_targets(family)
+    assert _device.specific_arch_option(targets, 0) == "-arch=sm_100a"
+    assert _device.specific_arch_option(targets, 1) == "-arch=sm_120a"
+    assert _device.specific_arch_option(targets, 2) is None
+    assert _device.specific_arch_option(_jit.specific_targets("per_tensor"), 0) is None
+    assert _device.specific_arch_option(_jit.specific_targets("groupwise"), 0) is None
 
 
 def test_family_names_are_file_stems():
@@ -196,14 +201,14 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     # warpgroup waits after its early weight copies, its compute warps on their own)
     # (the 128-row tile: fp16 and bf16, INT4 in both prepared orders, FP4 in the k-permuted one)
     producers = sum(", 128, " in name for name in lowered)
-    wc = cupyquant.weight.configs
-    assert producers == 2 * (2 * len(wc.INT4_IDS) + len(wc.FP4_IDS)), sorted(lowered)
+    from cupyquant.weight import formats
+
+    assert producers == 2 * (2 * len(formats.INT4_IDS) + len(formats.FP4_IDS)), sorted(lowered)
     assert ptx[0].count("griddepcontrol.wait;") == len(lowered) + producers
     ptx90 = []
     _jit.compile_for_arch("weight_sm90_gemm", "90", ptx_out=ptx90)
     assert "wgmma" not in ptx90[0].replace("sm90_w16_gemm", "")
-    assert _jit.specific_target("weight_sm90_gemm", "90") == "-arch=sm_90a"
-    assert _jit.specific_target("weight_sm90_gemm", "100") is None
+    assert _jit.specific_targets("weight_sm90_gemm") == _device.WGMMA_TARGETS == ("90",)
 
 
 def test_generated_wgmma_wrappers_are_current():

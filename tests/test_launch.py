@@ -1,5 +1,6 @@
-"""The PDL launcher's host side without a GPU: the ctypes structures match cuda.h, and the kernel
-parameter array points at the values the kernel must receive."""
+"""The launcher's host side without a GPU: the ctypes structures match cuda.h, a Launch's parameter
+array points at the values the kernel must receive (fixed ones written once, pointers patched at
+each call), and the argument structs match the kernels'."""
 
 from __future__ import annotations
 
@@ -84,35 +85,85 @@ class _Arr:  # what the launcher reads of a CuPy array
         self.data = _Ptr(p)
 
 
-def test_kernel_params_point_at_each_value():
-    st = np.zeros((), dtype=[("M", np.int64), ("N", np.int64), ("g", np.int32)])
-    st["M"], st["N"], st["g"] = 3, 1 << 40, -7
-    params, keep = _launch.kernel_params((_Arr(0x7F0000001000), 0, _Arr(0x10), st))
-    assert len(params) == 4
-    read = [ctypes.c_uint64.from_address(params[i]).value for i in range(3)]
-    assert read == [0x7F0000001000, 0, 0x10]
-    assert params[3] == st.ctypes.data  # the struct from the array's own memory, by value
-    assert ctypes.string_at(params[3], st.dtype.itemsize) == st.tobytes()
-    with pytest.raises(TypeError, match="0-d structured"):
-        _launch.kernel_params((np.zeros(3, np.int64),))
+class _Kernel:  # what the launcher reads of a cupy.RawKernel
+    def __init__(self):
+        self.kernel = _Ptr(0x1234)
+
+
+def _patch(launch, values):
+    """Write a call's values into the parameter buffer as a call does, without launching."""
+    launch._copy_blobs(values) if launch._blobs else [
+        launch._words.__setitem__(slot, v if type(v) is int else (0 if v is None else v.data.ptr))
+        for slot, v in zip(launch._slots, values)
+    ]
+
+
+def test_launch_params_point_at_each_value():
+    st = np.zeros((), dtype=np.dtype([("M", np.int64), ("ptr", np.uint64), ("g", np.int32)], align=True))
+    st["M"], st["g"] = 3, -7
+    tm = np.zeros((), _launch.TENSOR_MAP)
+    tm["w"] = np.arange(16)
+    L = _launch.Launch(
+        _Kernel(),
+        (5,),
+        (256,),
+        (_launch.ARG, 0x40, np.float32(1.5), st, _launch.ARG, _launch.Blob(128)),
+        fields=((3, "ptr"),),
+    )
+    assert L.grid == (5, 1, 1) and L.block == (256, 1, 1) and L._cfg is None
+    _patch(L, (_Arr(0x7F0000001000), None, tm, 0x9000))
+    params = L._params
+    assert len(params) == 6 and all(p % 64 == 0 for p in params)  # each argument in a slot of its own
+    assert ctypes.c_uint64.from_address(params[0]).value == 0x7F0000001000
+    assert ctypes.c_uint64.from_address(params[1]).value == 0x40  # a fixed pointer
+    assert ctypes.c_float.from_address(params[2]).value == 1.5
+    got = np.frombuffer(ctypes.string_at(params[3], st.dtype.itemsize), st.dtype)[0]
+    assert (got["M"], got["ptr"], got["g"]) == (3, 0x9000, -7)  # a pointer field given at the call
+    assert ctypes.c_uint64.from_address(params[4]).value == 0  # None: a null pointer
+    assert ctypes.string_at(params[5], 128) == tm.tobytes()  # a blob copied by value
+    assert L.param_bytes(3) == ctypes.string_at(params[3], st.dtype.itemsize)
+    with pytest.raises(TypeError, match="0-d struct"):
+        _launch.Launch(_Kernel(), (1,), (32,), (np.zeros(3, np.int64),))
+
+
+def test_launch_attributes_of_pdl_and_cluster_launches():
+    L = _launch.Launch(_Kernel(), (2, 3), (128,), (_launch.ARG,), smem=1024, pdl=True, cluster=(1, 1, 2))
+    cfg = L._cfg
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.sharedMemBytes) == (2, 3, 1, 128, 1024)
+    assert cfg.numAttrs == 2 and cfg.attrs[0].id == 4 and cfg.attrs[1].id == 6
+
+
+def test_recording_gives_raw_kernel_arguments(monkeypatch):
+    """_launch.recording: each call as cupy.RawKernel takes it, structs with their pointers filled in."""
+    st = np.zeros((), dtype=np.dtype([("n", np.int64), ("p", np.uint64)], align=True))
+    L = _launch.Launch(_Kernel(), (1,), (32,), (_launch.ARG, np.int64(7), st), fields=((2, "p"),))
+    monkeypatch.setattr(_launch, "_stream_ptr", lambda: 0)
+    monkeypatch.setattr(_launch.Launch, "_go", lambda self, stream: None)
+    a = _Arr(0x1000)
+    with _launch.recording() as rec:
+        L(a, 0x2000)
+        _launch._recording.append(("x",))  # recording restores the outer state on exit
+    kernel, grid, block, args, smem, launch = rec[0]
+    assert launch is L and grid == (1, 1, 1) and args[0] is a and args[1] == 7 and args[2]["p"] == 0x2000
+    assert _launch._recording is None
 
 
 # The argument structures passed by value to the kernels: the NumPy dtype the wrapper fills, and the
 # kernel file and struct it must match field for field (name, type, order).
 _C_TYPES = {"i64": np.int64, "int": np.int32, "float": np.float32, "unsigned long long": np.uint64}
 ARG_STRUCTS = [
-    ("groupwise", "_SCALE_ARGS", "groupwise.cuh", "ScaleArgs"),
+    ("_scales", "SCALE_ARGS", "groupwise.cuh", "ScaleArgs"),
     ("norm", "_NORM_ARGS", "rms_norm.cu", "NormArgs"),
     ("kv_cache", "_WRITE_ARGS", "kv_cache.cu", "KVWriteArgs"),
     ("kv_cache", "_READ_ARGS", "kv_cache.cu", "KVReadArgs"),
     ("_block_scale", "QUANT_ARGS", "block_scale.cuh", "QuantArgs"),
     ("_block_scale", "DEQUANT_ARGS", "block_scale.cuh", "DequantArgs"),
-    ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WQuantArgs"),
-    ("weight.configs", "QUANT_ARGS", "weight_quant.cu", "WDequantArgs"),
-    ("weight.configs", "BLOCK_ARGS", "weight_quant.cu", "WBlockArgs"),
-    ("weight.configs", "DECODE_ARGS", "weight_decode.cu", "MatmulArgs"),
-    ("weight.configs", "SM80_GEMM_ARGS", "weight_sm80_gemm.cu", "GemmArgs"),
-    ("weight.configs", "SM90_GEMM_ARGS", "weight_sm90_gemm.cu", "WgArgs"),
+    ("weight.quant", "QUANT_ARGS", "weight_quant.cu", "WQuantArgs"),
+    ("weight.quant", "QUANT_ARGS", "weight_quant.cu", "WDequantArgs"),
+    ("weight.quant", "BLOCK_ARGS", "weight_quant.cu", "WBlockArgs"),
+    ("weight.decode", "ARGS", "weight_decode.cu", "MatmulArgs"),
+    ("weight.sm80_gemm", "ARGS", "weight_sm80_gemm.cu", "GemmArgs"),
+    ("weight.sm90_gemm", "ARGS", "weight_sm90_gemm.cu", "WgArgs"),
 ]
 
 
@@ -169,12 +220,10 @@ def test_tensor_map_2d_encodes_and_refuses():
         _launch.tensor_map_2d(buf.data.ptr + 2, 300, 512, buf.strides[0], 64, 128)
 
 
-def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
-    """weight._cache.act_tensor_map encodes a map once per (address, rows, K, row stride, device, box
-    rows) and keeps at most TMAP_CACHE of them, the oldest going first; the encoder is stubbed (no GPU needed)."""
-    from types import SimpleNamespace
-
-    from cupyquant.weight import _cache as W
+def test_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
+    """_workspace.tensor_map encodes a map once per (address, rows, K, row stride, device, box) and
+    keeps at most TMAP_CACHE of them, the oldest going first; the encoder is stubbed (no GPU needed)."""
+    from cupyquant import _workspace as W
 
     calls = []
 
@@ -182,23 +231,20 @@ def test_act_tensor_map_cache_reuses_and_stays_bounded(monkeypatch):
         calls.append((ptr, rows, cols, row_bytes, box_cols, box_rows))
         return np.zeros((), _launch.TENSOR_MAP)
 
-    def buf(ptr, row_bytes=8192, dev=0):
-        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), strides=(row_bytes, 2), device=SimpleNamespace(id=dev))
-
     monkeypatch.setattr(_launch, "tensor_map_2d", fake)
     monkeypatch.setattr(W, "tmap_cache", {})
     monkeypatch.setattr(W, "TMAP_CACHE", 4)
-    m = W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128)
-    assert W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128) is m and len(calls) == 1
+    m = W.tensor_map(1 << 20, 200, 4096, 8192, 0, 64, 128)
+    assert W.tensor_map(1 << 20, 200, 4096, 8192, 0, 64, 128) is m and len(calls) == 1
     assert calls[0] == (1 << 20, 200, 4096, 8192, 64, 128)
     # a different row count, row stride, device or box is a different map
-    W.act_tensor_map(buf(1 << 20), 201, 4096, 64, 128)
-    W.act_tensor_map(buf(1 << 20, row_bytes=16384), 200, 4096, 64, 128)
-    W.act_tensor_map(buf(1 << 20, dev=1), 200, 4096, 64, 128)
+    W.tensor_map(1 << 20, 201, 4096, 8192, 0, 64, 128)
+    W.tensor_map(1 << 20, 200, 4096, 16384, 0, 64, 128)
+    W.tensor_map(1 << 20, 200, 4096, 8192, 1, 64, 128)
     assert len(calls) == 4 and len(W.tmap_cache) == 4
-    W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 72)  # the fifth evicts the first
+    W.tensor_map(1 << 20, 200, 4096, 8192, 0, 64, 72)  # the fifth evicts the first
     assert len(W.tmap_cache) == 4 and len(calls) == 5 and calls[-1][-1] == 72
-    W.act_tensor_map(buf(1 << 20), 200, 4096, 64, 128)
+    W.tensor_map(1 << 20, 200, 4096, 8192, 0, 64, 128)
     assert len(calls) == 6, "the oldest map was evicted and is encoded again"
 
 
@@ -206,10 +252,7 @@ def test_a_refused_launch_raises_kernel_launch_error(monkeypatch):
     """A launch that the driver refuses raises cupyquant.KernelLaunchError (a RuntimeError) with the
     driver's code and message. The driver is replaced by one that refuses every launch, so no GPU
     is needed."""
-    import types
-
     import cupyquant
-    from cupyquant import _launch
 
     def refuse(cfg, fn, params, extra):
         return 1  # CUDA_ERROR_INVALID_VALUE
@@ -219,10 +262,10 @@ def test_a_refused_launch_raises_kernel_launch_error(monkeypatch):
         return 0
 
     monkeypatch.setattr(_launch, "_driver", lambda: (refuse, message))
-    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0))
-    stream = types.SimpleNamespace(ptr=0)
+    monkeypatch.setattr(_launch, "_stream_ptr", lambda: 0)
+    launch = _launch.Launch(_Kernel(), (1,), (32,), (_launch.ARG,), pdl=True)
     with pytest.raises(cupyquant.KernelLaunchError) as info:
-        _launch.launch(kernel, (1,), (32,), [0], stream=stream)
+        launch(0)
     assert isinstance(info.value, RuntimeError)
     assert info.value.code == 1 and info.value.message == "invalid argument"
     assert "cuLaunchKernelEx failed: error 1 (invalid argument)" in str(info.value)

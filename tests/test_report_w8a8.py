@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import cupyquant
 from cupyquant import _report_w8a8 as rw
 
 
@@ -79,7 +80,7 @@ def test_section_skips_without_int8_tensor_cores(monkeypatch, capsys):
         id = 0
 
     def old_gpu(device, int8=False):
-        raise dispatch.UnsupportedGPUError(
+        raise cupyquant.UnsupportedGPUError(
             "scaled_matmul of INT8 operands needs compute capability 8.0; device 0 has 7.5"
         )
 

@@ -73,7 +73,7 @@ def test_public_api_and_unknown_attribute():
 
 
 def test_magic_division_for_col_scale_rows():
-    from cupyquant.groupwise import _magic
+    from cupyquant._scales import magic
 
     rng = np.random.default_rng(3)
     divisors = (
@@ -85,7 +85,7 @@ def test_magic_division_for_col_scale_rows():
         object
     )
     for d in divisors:
-        m, sh = _magic(int(d))
+        m, sh = magic(int(d))
         assert m < (1 << 33)  # row * m fits in 64 bits for rows below 2^31
         got = [(int(v) * m) >> sh for v in n]
         assert got == [int(v) // int(d) for v in n], d
