@@ -28,12 +28,13 @@ as int32 (``.view(cupy.int32)``) is a ``zero_point_out=`` buffer.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import cupy
 import numpy as np
 
-from . import _checks, _dtypes, _jit, _launch, _plans, _validate
+from . import _checks, _dtypes, _jit, _plans, _scales, _validate
+from ._launch import ARG, Launch
+from ._sizes import MAX_GRID_YZ, ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
@@ -67,7 +68,7 @@ def _token_team(K: int, itemsize: int, rows: int):
 
 
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
-_FAMILY = _jit.register(
+FAMILY = _jit.register(
     "groupwise",
     _jit.product("group_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + [
@@ -86,81 +87,17 @@ _FAMILY = _jit.register(
     + _jit.product("token_dequantize_azp", _dtypes.INPUT_CTYPES, _BOOLS),
 )
 _FORMATS = _checks.GROUPWISE_FORMATS
-_GROUP_SIZES = _checks.GROUP_SIZES
-_LAYOUTS = ("row", "col")
-
-# The kernels' ScaleArgs struct, field for field (C alignment). "words" is left 0: the scale buffer is
-# passed as a kernel argument of its own, so that one ScaleArgs serves every launch of a plan.
-_SCALE_ARGS = np.dtype(
-    [
-        ("words", np.uint64),
-        ("M", np.int64),
-        ("M_pad", np.int64),
-        ("sb", np.int64),
-        ("sm", np.int64),
-        ("sg", np.int64),
-        ("n_groups", np.int32),
-        ("packed", np.int32),
-        ("pow2", np.int32),
-        ("col", np.int32),
-        ("ub_ptr", np.uint64),
-        ("ub_arg", np.float32),
-        ("has_ub", np.int32),
-        ("m_magic", np.uint64),
-        ("m_shift", np.int32),
-    ],
-    align=True,
-)
 
 
-def _magic(d: int):
-    """(m, shift) with floor(n / d) == (n * m) >> shift for every 0 <= n < 2^31 (Granlund and
-    Montgomery: l = ceil(log2 d), m = ceil(2^(31 + l) / d), shift = 31 + l)."""
-    d = max(int(d), 1)
-    sh = 31 + (d - 1).bit_length()
-    return -(-(1 << sh) // d), sh
-
-
-class _Layout:
-    """Where each scale word of a tensor with leading shape ``lead`` goes."""
-
-    __slots__ = ("lead", "n_cols", "col", "M", "M_pad", "B", "sb", "sm", "sg", "words", "shape", "strides")
-
-    def __init__(self, lead: tuple, n_cols: int, col: bool):
-        self.lead, self.n_cols, self.col = lead, n_cols, col
-        rows = math.prod(lead)
-        self.M = lead[-1] if lead else 1
-        self.B = rows // self.M if self.M else 0
-        if col:
-            self.M_pad = -(-self.M // 4) * 4
-            self.sb, self.sm, self.sg = n_cols * self.M_pad, 1, self.M_pad
-        else:
-            self.M_pad = self.M
-            self.sb, self.sm, self.sg = self.M * n_cols, n_cols, 1
-        self.words = self.B * self.sb
-        self.shape = lead + (n_cols,)
-        if lead:
-            batch = []
-            acc = self.sb * 4
-            for d in reversed(lead[:-1]):
-                batch.append(acc)
-                acc *= d
-            self.strides = tuple(reversed(batch)) + (self.sm * 4, self.sg * 4)
-        else:
-            self.strides = (self.sg * 4,)
-
-    def view(self, mem, dtype):
-        return cupy.ndarray(self.shape, dtype=dtype, memptr=mem, strides=self.strides)
-
-
-def _n_cols(n_groups: int, packed: bool) -> int:
-    return -(-n_groups // 4) if packed else n_groups
-
-
-def _scale_kind(scale_layout, scale_dtype):
-    if scale_layout not in _LAYOUTS:
-        raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {_LAYOUTS}")
-    return _dtypes.scale_dtype(scale_dtype, allowed=("float32", "float8_e8m0fnu")) == "float8_e8m0fnu"
+def grid2d(rows: int, units: int, threads: int = 256) -> tuple:
+    """(grid, block) of the 2-D row kernels: blockDim (bx, by), bx the largest power of two up to
+    ``threads`` that divides the ``units`` (16- or 8-element pieces) of a row, so that no group
+    straddles two block rows, and by = threads / bx rows per block."""
+    bx = threads
+    while units % bx:
+        bx //= 2
+    by = threads // bx
+    return (ceil_div(rows, by), units // bx), (bx, by)
 
 
 def empty_scales(
@@ -194,30 +131,15 @@ def empty_scales(
         An empty ``shape`` or a negative dimension; an unsupported ``group_size``,
         ``scale_layout`` or ``scale_dtype``; a group size that does not divide ``shape[-1]``.
     """
-    shape = _validate.shape_tuple(shape)
+    shape = _checks.shape_tuple(shape)
     if not shape:
         raise ValueError("shape must have at least one dimension")
-    packed = _scale_kind(scale_layout, scale_dtype)
-    lay = _Layout(shape[:-1], _n_cols(_checks.group_count(shape[-1], group_size), packed), scale_layout == "col")
-    mem = cupy.cuda.alloc(max(lay.words, 1) * 4)
-    return lay.view(mem, np.int32 if packed else np.float32)
+    packed = _scales.group_scale_packed(scale_layout, scale_dtype)
+    lay = _scales.group_layout(shape, _checks.group_count(shape[-1], group_size), scale_layout, packed)
+    return lay.empty(np.int32 if packed else np.float32)
 
 
-def _ub(scale_ub, device: int) -> tuple:
-    """(pointer, value, has_ub) of the kernels' ScaleArgs for scale_ub."""
-    mode, array, value = _validate.scale_arg(scale_ub, "scale_ub", device)
-    return (0 if array is None else array.data.ptr), value, int(mode != _validate.ScaleSource.AMAX)
-
-
-def _scale_args(lay: _Layout, n_groups: int, packed: bool, pow2: bool, ub: tuple) -> np.void:
-    """The kernels' ScaleArgs for scales in ``lay`` (``ub`` from :func:`_ub`)."""
-    return np.array(
-        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, n_groups, packed, pow2, lay.col, *ub, *_magic(lay.M)),
-        dtype=_SCALE_ARGS,
-    )[()]
-
-
-def _scheme(fmt_name: str, group_size, K: int, packed: bool, scale_layout: str) -> Scheme:
+def scheme(fmt_name: str, group_size, K: int, packed: bool, scale_layout: str) -> Scheme:
     """The Scheme of per-token (``group_size`` None) or per-group scales of rows of K elements."""
     return Scheme(
         fmt_name,
@@ -225,153 +147,20 @@ def _scheme(fmt_name: str, group_size, K: int, packed: bool, scale_layout: str) 
         (K if group_size is None else group_size,),
         "float8_e8m0fnu" if packed else "float32",
         scale_layout,
-        _FAMILY,
+        FAMILY,
     )
 
 
-class _Plan(NamedTuple):
-    """Everything a quantizer call does after its checks, for one argument signature: the kernel
-    (None when there is nothing to launch), its launch shape and the arguments that do not depend on
-    the buffers (``mid``, between ``q`` and the ScaleArgs), the ScaleArgs (the scale buffer is a
-    kernel argument of its own), and the outputs' shape, dtype, layout and scheme."""
+class _Plan:
+    """A checked quantizer call (quantize_groupwise or silu_mul_quantize) for one argument signature:
+    its launch (None when there is nothing to launch; arguments x, q, the scales, the zero points
+    with ``azp``, then a device ``scale_ub``), the outputs' shape, dtype, scale layout and scheme,
+    and the checks of caller buffers that depend on their addresses."""
 
-    kernel: object
-    grid: tuple
-    block: tuple
-    row_stride: np.int64
-    mid: tuple
-    sa: np.void
-    q_shape: tuple
-    q_dtype: type
-    lay: _Layout
-    s_dtype: type
-    scheme: Scheme
-    azp: bool  # asymmetric INT8: the kernel also writes zero points (its last argument)
+    __slots__ = ("launch", "q_shape", "q_dtype", "lay", "s_dtype", "scheme", "azp", "disjoint", "s_given", "z_given")
 
-
-def _plan(
-    x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric, zp_out
-) -> _Plan:
-    """Check every argument of quantize_groupwise (or of silu_mul_quantize) and plan the launch;
-    nothing is allocated or launched. Raises TypeError or ValueError naming the argument."""
-    if silu:
-        if isinstance(x, cupy.ndarray) and x.ndim:
-            _checks.gate_up_width(x.shape[-1])
-        _checks.not_per_token(group_size, "silu_mul_quantize")
-    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS)
-    in_t = _validate.float_input(x, "x")
-    packed = _scale_kind(scale_layout, scale_dtype)
-    azp = _checks.asymmetric_int8(symmetric, fmt.name, group_size, scale_pow2, packed, scale_ub, zp_out)
-    rows, K, row_stride = _validate.rows_view(x, "x")
-    out_shape = x.shape[:-1] + (K // 2,) if silu else x.shape
-    K_out = out_shape[-1]
-    n_groups = _checks.group_count(K_out, group_size)
-    device = x.data.device_id
-    ub = _ub(scale_ub, device)
-    lay = _Layout(out_shape[:-1], _n_cols(n_groups, packed), scale_layout == "col")
-    q_dtype = np.int8 if fmt.name == "int8" else np.uint8
-    s_dtype = np.int32 if packed else np.float32
-    if out is not None:
-        _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=(("x", x),))
-    if scale_out is not None:
-        _validate.scale_out(
-            scale_out,
-            lay.shape,
-            s_dtype,
-            device,
-            inputs=(("out", out), ("x", x)),
-            strides=lay.strides,
-            nbytes=lay.words * 4,
-            alloc="cupyquant.empty_scales()",
-        )
-    if zp_out is not None:
-        _validate.scale_out(
-            zp_out,
-            lay.shape,
-            np.int32,
-            device,
-            inputs=(("out", out), ("x", x), ("scale_out", scale_out)),
-            strides=lay.strides,
-            nbytes=lay.words * 4,
-            alloc="cupyquant.empty_scales(x.shape, None, scale_layout).view(cupy.int32)",
-            arg="zero_point_out",
-        )
-    sa = _scale_args(lay, n_groups, packed, (bool(scale_pow2) or packed) and not silu, ub)
-    scheme = _scheme(fmt.name, group_size, K_out, packed, scale_layout)
-    aligned = x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    kernel, grid, block, mid = None, (), (), ()
-    if silu and rows and K_out:
-        vec = aligned and (K_out * x.itemsize) % 16 == 0
-        kernel = _jit.kernel(device, _FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
-        grid, block = _launch.grid2d(rows, K_out // 16)
-        mid = (np.int64(rows), np.int32(K_out), np.int32(group_size))
-    elif not silu and rows and (K or group_size is None):
-        # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
-        vec = aligned and K % 8 == 0
-        team = _token_team(K, x.itemsize, rows) if vec and group_size is None else None
-        # the asymmetric kernels take the same launch as the symmetric ones (no format argument)
-        targs = (in_t.ctype,) if azp else (in_t.ctype, fmt.ctag)
-        if team is not None:
-            name = "token_quantize_azp_regs" if azp else "token_quantize_regs"
-            kernel = _jit.kernel(device, _FAMILY, name, *targs, team)
-            block = (max(_TOKEN_BLOCK, 32 * team),)
-            grid = (-(-rows // (block[0] // (32 * team))),)
-            mid = (np.int64(rows), np.int32(K))
-        elif group_size is None:
-            name = "token_quantize_azp" if azp else "token_quantize"
-            kernel = _jit.kernel(device, _FAMILY, name, *targs, vec)
-            grid, block, mid = (rows,), (_TOKEN_BLOCK,), (np.int32(K),)
-        else:
-            kernel = _jit.kernel(device, _FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
-            grid, block = _launch.grid2d(rows, K // 16)
-            mid = (np.int64(rows), np.int32(K), np.int32(group_size))
-    return _Plan(kernel, grid, block, np.int64(row_stride), mid, sa, out_shape, q_dtype, lay, s_dtype, scheme, azp)
-
-
-#: Plans of quantizer calls without caller buffers, per argument signature (_signature).
-_PLANS = _plans.Plans()
-
-
-def _signature(
-    x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric, zp_out
-):
-    """What a plan depends on, or None where the call is not memoized (caller buffers, a scale
-    bound, an x that is not a CuPy array). Alignment enters as the address modulo 16; the group
-    size with its type, since 128.0 == 128 is a different (refused) argument; ``symmetric`` with
-    its type likewise."""
-    if (
-        out is not None
-        or scale_out is not None
-        or zp_out is not None
-        or scale_ub is not None
-        or type(x) is not cupy.ndarray
-    ):
-        return None
-    mem = x.data
-    return (
-        x.shape,
-        x.strides,
-        x.dtype,
-        mem.device_id,
-        mem.ptr & 15,
-        dtype,
-        group_size,
-        type(group_size),
-        scale_layout,
-        bool(scale_pow2),
-        scale_dtype,
-        silu,
-        symmetric,
-        type(symmetric),
-    )
-
-
-def _quantize(
-    silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, symmetric, zp_out
-):
-    """The body of both quantizers: the plan (memoized), the outputs a caller did not give, one
-    launch."""
-    args = (
+    def __init__(
+        self,
         x,
         dtype,
         group_size,
@@ -384,24 +173,144 @@ def _quantize(
         silu,
         symmetric,
         zp_out,
-    )
-    key = _signature(*args)
+    ):
+        if silu:
+            if isinstance(x, cupy.ndarray) and x.ndim:
+                _checks.gate_up_width(x.shape[-1])
+            _checks.not_per_token(group_size, "silu_mul_quantize")
+        fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS)
+        in_t = _validate.float_input(x, "x")
+        packed = _scales.group_scale_packed(scale_layout, scale_dtype)
+        azp = _checks.asymmetric_int8(symmetric, fmt.name, group_size, scale_pow2, packed, scale_ub, zp_out)
+        rows, K, row_stride = _validate.rows_view(x, "x")
+        out_shape = x.shape[:-1] + (K // 2,) if silu else x.shape
+        K_out = out_shape[-1]
+        n_groups = _checks.group_count(K_out, group_size)
+        device = x.data.device_id
+        bound = _scales.scale_bound(scale_ub, device)
+        lay = _scales.group_layout(out_shape, n_groups, scale_layout, packed)
+        q_dtype = np.int8 if fmt.name == "int8" else np.uint8
+        s_dtype = np.int32 if packed else np.float32
+        if out is not None:
+            _validate.out_array(out, "out", out_shape, q_dtype, device, inputs=(("x", x),))
+        if scale_out is not None:
+            _scales.check_group_scale_out(scale_out, lay, s_dtype, device, inputs=(("out", out), ("x", x)))
+        if zp_out is not None:
+            _scales.check_group_scale_out(
+                zp_out,
+                lay,
+                np.int32,
+                device,
+                inputs=(("out", out), ("x", x), ("scale_out", scale_out)),
+                arg="zero_point_out",
+                alloc="cupyquant.empty_scales(x.shape, None, scale_layout).view(cupy.int32)",
+            )
+        ub = scale_ub if isinstance(scale_ub, cupy.ndarray) else None
+        self.disjoint = _validate.Disjoint(
+            (
+                ("x", x),
+                ("scale_ub", ub),
+                ("out", out),
+                ("scale_out", scale_out, lay.words * 4),
+                ("zero_point_out", zp_out, lay.words * 4),
+            ),
+            2,
+        )
+        self.s_given, self.z_given = scale_out is not None, zp_out is not None
+        sa = _scales.group_scale_args(lay, n_groups, packed, (bool(scale_pow2) or packed) and not silu, bound)
+        self.scheme = scheme(fmt.name, group_size, K_out, packed, scale_layout)
+        self.q_shape, self.q_dtype, self.lay, self.s_dtype, self.azp = out_shape, q_dtype, lay, s_dtype, azp
+        aligned = (
+            x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        )
+        kernel, grid, block, mid = None, (), (), ()
+        if silu and rows and K_out:
+            vec = aligned and (K_out * x.itemsize) % 16 == 0
+            kernel = _jit.kernel(device, FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
+            grid, block = grid2d(rows, K_out // 16)
+            mid = (np.int64(rows), np.int32(K_out), np.int32(group_size))
+        elif not silu and rows and (K or group_size is None):
+            # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
+            vec = aligned and K % 8 == 0
+            team = _token_team(K, x.itemsize, rows) if vec and group_size is None else None
+            # the asymmetric kernels take the same launch as the symmetric ones (no format argument)
+            targs = (in_t.ctype,) if azp else (in_t.ctype, fmt.ctag)
+            if team is not None:
+                name = "token_quantize_azp_regs" if azp else "token_quantize_regs"
+                kernel = _jit.kernel(device, FAMILY, name, *targs, team)
+                block = (max(_TOKEN_BLOCK, 32 * team),)
+                grid = (ceil_div(rows, block[0] // (32 * team)),)
+                mid = (np.int64(rows), np.int32(K))
+            elif group_size is None:
+                name = "token_quantize_azp" if azp else "token_quantize"
+                kernel = _jit.kernel(device, FAMILY, name, *targs, vec)
+                grid, block, mid = (rows,), (_TOKEN_BLOCK,), (np.int32(K),)
+            else:
+                kernel = _jit.kernel(device, FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
+                grid, block = grid2d(rows, K // 16)
+                mid = (np.int64(rows), np.int32(K), np.int32(group_size))
+        self.launch = None
+        if kernel is not None:
+            args = (ARG, np.int64(row_stride), ARG, *mid, sa, ARG) + ((ARG,) if azp else ())
+            fields = ((len(mid) + 3, "ub_ptr"),) if ub is not None else ()
+            self.launch = Launch(kernel, grid, block, args, fields=fields)
+
+
+#: Plans of quantizer calls, per argument signature (_quantize's key).
+_PLANS = _plans.Plans()
+
+
+def _quantize(
+    silu, x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, symmetric, zp_out
+):
+    """The body of both quantizers: the plan (memoized per signature: the group size and
+    ``symmetric`` with their types, since 128.0 == 128 is a different, refused argument), the
+    checks that depend on caller buffers' addresses, the outputs a caller did not give, one
+    launch."""
+    key = (
+        silu, _validate.array_key(x), dtype, group_size, type(group_size), scale_layout, scale_pow2, scale_dtype,
+        _validate.scale_key(scale_ub), symmetric, type(symmetric), _validate.array_key(out),
+        _validate.array_key(scale_out), _validate.array_key(zp_out),
+    )  # fmt: skip
     plan = _PLANS.lookup(key)
     if plan is None:
-        plan = _PLANS.keep(key, _plan(*args))
+        plan = _PLANS.keep(
+            key,
+            _Plan(
+                x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric,
+                zp_out,
+            ),
+        )  # fmt: skip
+    ub = scale_ub if type(scale_ub) is cupy.ndarray else None
+    if out is not None or scale_out is not None or zp_out is not None:
+        _check_given(plan, x, ub, out, scale_out, zp_out)
     with _validate.on_device_of(x):
         q = cupy.empty(plan.q_shape, dtype=plan.q_dtype) if out is None else out
-        if scale_out is None:
-            scale_out = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), plan.s_dtype)
+        s = plan.lay.empty(plan.s_dtype) if scale_out is None else scale_out
         zp = None
         if plan.azp:
-            zp = zp_out
-            if zp is None:
-                zp = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), np.int32)
-        if plan.kernel is not None:
-            tail = (scale_out, zp) if plan.azp else (scale_out,)
-            plan.kernel(plan.grid, plan.block, (x, plan.row_stride, q, *plan.mid, plan.sa, *tail))
-    return QuantizedTensor(q, scale_out, plan.scheme, plan.q_shape, x.dtype, zero_point=zp)
+            zp = plan.lay.empty(np.int32) if zp_out is None else zp_out
+        if plan.launch is not None:
+            if plan.azp:
+                plan.launch(x, q, s, zp)
+            elif ub is not None:
+                plan.launch(x, q, s, ub)
+            else:
+                plan.launch(x, q, s)
+    return QuantizedTensor(q, s, plan.scheme, plan.q_shape, x.dtype, zero_point=zp)
+
+
+def _check_given(plan: _Plan, x, ub, out, scale_out, zp_out) -> None:
+    """The checks of caller buffers that depend on their addresses: overlaps, and a padded scale
+    layout's allocation covering its padding."""
+    ptrs = [x.data.ptr, 0 if ub is None else ub.data.ptr]
+    ptrs += [0 if a is None else a.data.ptr for a in (out, scale_out, zp_out)]
+    plan.disjoint.check(ptrs)
+    for a, arg in ((scale_out, "scale_out"), (zp_out, "zero_point_out")):
+        if a is not None:
+            mem = a.data.mem
+            if a.data.ptr - mem.ptr + plan.lay.words * 4 > mem.size:
+                raise ValueError(f"{arg} must start 16-byte aligned in an allocation that covers the layout's padding")
 
 
 def quantize_groupwise(
@@ -558,76 +467,72 @@ def _silu_mul_intermediate(x: cupy.ndarray):
         r = cupy.empty(tuple(x.shape[:-1]) + (H,), dtype=np.float32)
         e = cupy.empty_like(r)
         if rows and H:
-            k = _jit.kernel(x.data.device_id, _FAMILY, "silu_mul_intermediate", in_t.ctype)
-            k((min(-(-rows * H // 256), 65535),), (256,), (x, np.int64(row_stride), r, e, np.int64(rows), np.int32(H)))
+            k = _jit.kernel(x.data.device_id, FAMILY, "silu_mul_intermediate", in_t.ctype)
+            grid = (min(ceil_div(rows * H, 256), MAX_GRID_YZ),)
+            Launch(k, grid, (256,), (ARG, np.int64(row_stride), ARG, ARG, np.int64(rows), np.int32(H)))(x, r, e)
     return r, e
 
 
-def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool) -> tuple:
-    """(kernel or None, grid, block, the arguments after y, ScaleArgs)."""
+def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
+    """(launch or None, overlap check) of the dequantization of ``q``: group_dequantize, or
+    token_dequantize_azp for per-token INT8 with zero points (arguments q.data, y, the scales, the
+    zero points)."""
     shape = q.shape
     K = shape[-1] if shape else 0
-    G = q.scheme.block[0]
-    packed = q.scheme.scale_dtype == "float8_e8m0fnu"
-    lay = _Layout(tuple(shape[:-1]), _n_cols(K // G if G else 0, packed), q.scheme.scale_layout == "col")
+    device = q.data.data.device_id
+    azp = q.zero_point is not None
+    if azp and q.scheme.granularity != "token":
+        raise ValueError(f"q.zero_point: zero points are per token here, got granularity {q.scheme.granularity!r}")
+    if out is not None:
+        _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
+    disjoint = _validate.Disjoint((("q.data", q.data), ("out", out)), 1)
     rows = math.prod(shape[:-1])
     if not (rows and K):
-        return None, (), (), (), None
-    # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
-    g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
-    sa = np.array(
-        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, 0, packed, 0, lay.col, 0, 0, 0, *_magic(lay.M)), _SCALE_ARGS
-    )[()]
+        return None, disjoint
+    G = q.scheme.block[0]
+    packed = q.scheme.scale_dtype == "float8_e8m0fnu"
+    n_groups = 1 if azp else (K // G if G else 0)
+    lay = _scales.group_layout(shape, n_groups, q.scheme.scale_layout, packed and not azp)
+    sa = _scales.group_scale_args(lay, 0, packed and not azp, False)
+    y_aligned = out is None or out.data.ptr % 16 == 0
     vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
-    kernel = _jit.kernel(q.data.data.device_id, _FAMILY, "group_dequantize", out_t.ctype, q.format.ctag, vec)
-    if vec:
-        grid, block = _launch.grid2d(rows, K // 8)
+    if azp:
+        kernel = _jit.kernel(device, FAMILY, "token_dequantize_azp", out_t.ctype, vec)
+        mid = (np.int64(rows), np.int32(K))
     else:
-        grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
-    return kernel, grid, block, (np.int64(rows), np.int32(K), np.int32(g_shift)), sa
+        # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
+        g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
+        kernel = _jit.kernel(device, FAMILY, "group_dequantize", out_t.ctype, q.format.ctag, vec)
+        mid = (np.int64(rows), np.int32(K), np.int32(g_shift))
+    if vec:
+        grid, block = grid2d(rows, K // 8)
+    else:
+        grid, block = (min(ceil_div(rows * K, 256), MAX_GRID_YZ * 16),), (256,)
+    args = (ARG, ARG, *mid, sa, ARG) + ((ARG,) if azp else ())
+    return Launch(kernel, grid, block, args), disjoint
 
 
 _DEQUANT_PLANS = _plans.Plans()
 
 
-def _dequant_azp_plan(q: QuantizedTensor, out_t: _dtypes.InputType, y_aligned: bool) -> tuple:
-    """As :func:`_dequant_plan`, for per-token INT8 with zero points (token_dequantize_azp)."""
-    shape = q.shape
-    K = shape[-1] if shape else 0
-    lay = _Layout(tuple(shape[:-1]), 1, q.scheme.scale_layout == "col")
-    rows = math.prod(shape[:-1])
-    if not (rows and K):
-        return None, (), (), (), None
-    sa = np.array(
-        (0, lay.M, lay.M_pad, lay.sb, lay.sm, lay.sg, 0, 0, 0, lay.col, 0, 0, 0, *_magic(lay.M)), _SCALE_ARGS
-    )[()]
-    vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
-    kernel = _jit.kernel(q.data.data.device_id, _FAMILY, "token_dequantize_azp", out_t.ctype, vec)
-    if vec:
-        grid, block = _launch.grid2d(rows, K // 8)
-    else:
-        grid, block = (min(-(-rows * K // 256), 65535 * 16),), (256,)
-    return kernel, grid, block, (np.int64(rows), np.int32(K)), sa
-
-
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
-    device = q.data.data.device_id
+    data = q.data
     azp = q.zero_point is not None
-    if azp and q.scheme.granularity != "token":
-        raise ValueError(f"q.zero_point: zero points are per token here, got granularity {q.scheme.granularity!r}")
-    make = _dequant_azp_plan if azp else _dequant_plan
-    if out is None:
-        key = (q.scheme, q.shape, device, q.data.data.ptr & 7, out_t, azp)
-        plan = _DEQUANT_PLANS.lookup(key) or _DEQUANT_PLANS.keep(key, make(q, out_t, True))
-    else:
-        _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
-        plan = make(q, out_t, out.data.ptr % 16 == 0)
-    kernel, grid, block, tail, sa = plan
-    with _validate.on_device_of(q.data):
+    key = (q.scheme, q.shape, _validate.array_key(data), azp, out_t, _validate.array_key(out))
+    plan = _DEQUANT_PLANS.lookup(key)
+    if plan is None:
+        plan = _DEQUANT_PLANS.keep(key, _dequant_plan(q, out_t, out))
+    launch, disjoint = plan
+    if out is not None:
+        disjoint.check((data.data.ptr, out.data.ptr))
+    with _validate.on_device_of(data):
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
-        if kernel is not None:
-            kernel(grid, block, (q.data, y, *tail, sa, q.scale, *((q.zero_point,) if azp else ())))
+        if launch is not None:
+            if azp:
+                launch(data, y, q.scale, q.zero_point)
+            else:
+                launch(data, y, q.scale)
     return y
 
 
-register_dequantizer(_FAMILY, _dequantize)
+register_dequantizer(FAMILY, _dequantize)

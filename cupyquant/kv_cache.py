@@ -12,7 +12,7 @@ from typing import NamedTuple
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _plans, _validate
+from . import _checks, _dtypes, _jit, _plans, _validate
 
 _FP8 = _dtypes.FP8_NAMES
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _FP8)
@@ -76,7 +76,7 @@ def kv_scale_cache_shape(cache_shape, layout: str = "NHD") -> tuple:
     block_size, heads]`` for "NHD", ``[blocks, heads, block_size]`` for "HND" (the cache's shape
     without head_dim)."""
     _layout(layout)
-    shape = _validate.shape_tuple(cache_shape, "cache_shape")
+    shape = _checks.shape_tuple(cache_shape, "cache_shape")
     if len(shape) != 4:
         raise ValueError(f"cache_shape must have 4 dimensions, got {shape}")
     return shape[:3]

@@ -29,25 +29,30 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _block_scale, _checks, _dtypes, _jit, _validate
-from ._block_scale import block_scale_shape as block_scale_shape  # public, re-exported by cupyquant
+from . import _block_scale, _checks, _device, _dtypes, _jit, _scales, _validate
+from ._scales import block_scale_shape as block_scale_shape  # public, re-exported by cupyquant
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
 _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 # The FP4 and UE8M0 conversions exist as instructions only on the Blackwell family-specific targets.
-_FAMILY = _jit.register(
+FAMILY = _jit.register(
     "mx",
     _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS),
-    specific_targets=_block_scale.SPECIFIC_TARGETS,
+    specific_targets=_device.FP4_CVT_TARGETS,
 )
-_MX_BLOCK = _block_scale.MX_BLOCK
+_MX_BLOCK = _scales.MX_BLOCK
 _SCHEMES = {
-    (f, layout): Scheme(f, "block", (_MX_BLOCK,), "float8_e8m0fnu", layout, _FAMILY)
+    (f, layout): Scheme(f, "block", (_MX_BLOCK,), "float8_e8m0fnu", layout, FAMILY)
     for f in _dtypes.MX_NAMES
-    for layout in _block_scale.LAYOUTS
+    for layout in _scales.BLOCK_LAYOUTS
 }
+
+
+def scheme(fmt_name: str, scale_layout: str) -> Scheme:
+    """The Scheme of MX quantization to ``fmt_name`` with scales in ``scale_layout``."""
+    return _SCHEMES[fmt_name, scale_layout]
 
 
 def quantize_mx(
@@ -106,17 +111,18 @@ def quantize_mx(
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_checks.MX_FORMATS)
     _checks.mx_rounding(rounding)
     plan = _block_scale.plan_quantize(
-        _FAMILY, "mx_quantize", (fmt.ctag,), x, fmt, _MX_BLOCK, scale_layout, out, scale_out, int(rounding == "floor")
+        FAMILY, "mx_quantize", (fmt.ctag,), x, fmt, _MX_BLOCK, scale_layout, out, scale_out, int(rounding == "floor")
     )
     with _validate.on_device_of(x):
         q = cupy.empty(plan.q_shape, dtype=np.uint8) if out is None else out
         s = cupy.empty(plan.s_shape, dtype=np.uint8) if scale_out is None else scale_out
-        _block_scale.launch_quantize(plan, x, q, s)
+        if plan.launch is not None:
+            plan.launch(x, q, s)
     return QuantizedTensor(q, s, _SCHEMES[fmt.name, scale_layout], x.shape, x.dtype)
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
-    return _block_scale.dequantize(_FAMILY, "mx_dequantize", (out_t.ctype, q.format.ctag), q, out_t, out)
+    return _block_scale.dequantize(FAMILY, "mx_dequantize", (out_t.ctype, q.format.ctag), q, out_t, out)
 
 
-register_dequantizer(_FAMILY, _dequantize)
+register_dequantizer(FAMILY, _dequantize)

@@ -10,13 +10,13 @@ dequantizes with :func:`cupyquant.dequantize` and feeds the same GEMMs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import cupy
 import numpy as np
 
-from . import _block_scale, _checks, _dtypes, _jit, _plans, _validate, groupwise, mx, nvfp4, per_tensor
-from .quantized import QuantizedTensor, Scheme
+from . import _checks, _device, _dtypes, _jit, _plans, _scales, _validate, groupwise, mx, nvfp4, per_tensor
+from ._launch import ARG, Launch
+from ._sizes import ceil_div, round_up
+from .quantized import QuantizedTensor
 
 SCHEMES = ("token", "group", "tensor", "mx", "nvfp4")
 _SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # rms_norm.cu's NQ_* numbers
@@ -36,7 +36,9 @@ _WARPS = (1, 2, 4, 8, 16, 32)
 #: 4.2 us with 16 warps a row, 4.5 with 4; 256 x 4096 in 7.3 us with 16, 5.6 with 4).
 _FEW_ROWS = 64
 _FEW_ROWS_WARPS = 16
-_FAMILY = _jit.register(
+#: Threads of a block: rows of teams of fewer than 256 threads share a block (rms_norm.cu).
+_BLOCK = 256
+FAMILY = _jit.register(
     "rms_norm",
     [
         _jit.expr("rms_norm_quantize", t, _SCHEME_ID[s], _dtypes.element_format(f).ctag)
@@ -44,7 +46,7 @@ _FAMILY = _jit.register(
         for f in formats
         for t in _dtypes.INPUT_CTYPES
     ],
-    specific_targets=_block_scale.SPECIFIC_TARGETS,
+    specific_targets=_device.FP4_CVT_TARGETS,
 )
 
 # rms_norm.cu's NormArgs, field for field (C alignment).
@@ -69,25 +71,7 @@ _NORM_ARGS = np.dtype(
     ],
     align=True,
 )
-_NO_SCALE_ARGS = np.zeros((), dtype=groupwise._SCALE_ARGS)[()]
-
-
-class _Plan(NamedTuple):
-    """A call's launch after its checks: kernel (None: nothing to launch), grid, block, NormArgs
-    (its s_ptr / s_out set per call), ScaleArgs, outputs, and the scale of "tensor" / "nvfp4"."""
-
-    kernel: object
-    grid: tuple
-    block: tuple
-    na: np.ndarray
-    sa: np.void
-    q_shape: tuple
-    q_dtype: type
-    s_shape: tuple  # block scales (uint8); None for token / group
-    lay: object  # groupwise._Layout of token / group scales
-    s_dtype: type
-    scheme: Scheme
-    given: _validate.Scale  # "tensor": s; "nvfp4": S_enc
+_NO_SCALE_ARGS = np.zeros((), dtype=_scales.SCALE_ARGS)[()]
 
 
 def _row_max(itemsize: int, warps: int) -> int:
@@ -113,193 +97,152 @@ def _only_for(scheme: str, **given) -> None:
             raise ValueError(f"{arg} applies to scheme {' or '.join(map(repr, schemes))}, not {scheme!r}")
 
 
-def _plan(
-    x,
-    weight,
-    eps,
-    residual,
-    scheme,
-    dtype,
-    group_size,
-    scale_layout,
-    scale_pow2,
-    scale_dtype,
-    scale_ub,
-    scale,
-    global_scale,
-    out,
-    scale_out,
-) -> _Plan:
-    """Check every argument of rms_norm_quantize and plan the launch; nothing is allocated."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme={scheme!r} is not supported; expected one of {SCHEMES}")
-    _only_for(
-        scheme,
-        group_size=(group_size, None, ("group",)),
-        scale_pow2=(scale_pow2, False, ("token", "group")),
-        scale_dtype=(scale_dtype, "float32", ("token", "group")),
-        scale_ub=(scale_ub, None, ("token", "group")),
-        scale=(scale, None, ("tensor",)),
-        global_scale=(global_scale, None, ("nvfp4",)),
-    )
-    in_t = _validate.float_input(x, "x")
-    if dtype is None:
-        dtype = "float4_e2m1fn" if scheme == "nvfp4" else "float8_e4m3fn"
-    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS[scheme])
-    rows, H, x_stride = _validate.rows_view(x, "x")
-    if H < 1:
-        raise ValueError("x's last axis must not be empty")
-    device = x.data.device_id
-    _validate.cupy_array(weight, "weight")
-    if weight.shape != (H,):
-        raise ValueError(f"weight must have shape ({H},) (x's last axis), got {weight.shape}")
-    if weight.dtype != x.dtype:
-        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
-    _validate.c_contiguous(weight, "weight")
-    _validate.same_device(weight, "weight", device, "x")
-    r_stride = 0
-    if residual is not None:
-        _validate.cupy_array(residual, "residual")
-        if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
-        if residual.dtype != x.dtype:
-            raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
-        _validate.same_device(residual, "residual", device, "x")
-        r_stride = _validate.rows_view(residual, "residual")[2]
-    if not (isinstance(eps, (int, float, np.floating, np.integer)) and not isinstance(eps, bool)):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (np.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+class _Plan:
+    """A checked call: the launch (None: nothing to launch; arguments x, residual, weight, y, q, the
+    scales, then the fields of the argument structs given per call: the given scale and where its
+    copy goes ("tensor", "nvfp4"), a device ``scale_ub``), the outputs' shapes, dtypes and layout,
+    the scheme, the given scale ("tensor": s; "nvfp4": S_enc), and the overlap check."""
 
-    sa, lay, s_shape, s_dtype, n_blocks, swizzled, given = _NO_SCALE_ARGS, None, None, np.uint8, 0, False, None
-    g_elems = 0  # elements per scale of "group" (0 otherwise)
-    q_shape, q_dtype = x.shape, (np.int8 if fmt.name == "int8" else np.uint8)
-    if scheme in ("token", "group"):
-        if scale_layout is None:
-            scale_layout = "row"
-        packed = groupwise._scale_kind(scale_layout, scale_dtype)
-        gs = None if scheme == "token" else (128 if group_size is None else group_size)
-        n_groups = _checks.group_count(H, gs)
-        lay = groupwise._Layout(x.shape[:-1], groupwise._n_cols(n_groups, packed), scale_layout == "col")
-        s_dtype = np.int32 if packed else np.float32
-        sa = groupwise._scale_args(lay, n_groups, packed, bool(scale_pow2) or packed, groupwise._ub(scale_ub, device))
-        sch = groupwise._scheme(fmt.name, gs, H, packed, scale_layout)
-        g_elems = gs or 0
-    elif scheme == "tensor":
-        if scale_layout is not None:
-            raise ValueError("scale_layout does not apply to scheme 'tensor' (one float32 scale)")
-        given = _validate.scale_arg(scale, "scale", device)
-        if given.mode == _validate.ScaleSource.AMAX:
-            raise ValueError("scale= is required by scheme 'tensor': the static decode scale (y ~ q * scale)")
-        sch = per_tensor._SCHEMES[fmt.name]
-        s_dtype = np.float32
-    else:
-        block = _block_scale.MX_BLOCK if scheme == "mx" else _block_scale.NV_BLOCK
-        if scale_layout is None:
-            scale_layout = "dense" if scheme == "mx" else "swizzled"
-        if scale_layout not in _block_scale.LAYOUTS:
-            raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {_block_scale.LAYOUTS}")
-        if H % block:
-            raise ValueError(f"x's last axis ({H}) must be a multiple of {block} for scheme {scheme!r}")
-        if scheme == "nvfp4":
-            given = _validate.scale_arg(global_scale, "global_scale", device)
-            if given.mode == _validate.ScaleSource.AMAX:
-                raise ValueError("global_scale= is required by scheme 'nvfp4': the encode scale S_enc (2688 / amax)")
-            sch = nvfp4._SCHEMES[scale_layout]
-        else:
-            sch = mx._SCHEMES[(fmt.name, scale_layout)]
-        q_shape = _block_scale.data_shape(x.shape, fmt.bits)
-        s_shape = _block_scale.block_scale_shape(x.shape, block, scale_layout)
-        n_blocks, swizzled = H // block, scale_layout == "swizzled"
-    inputs = (("x", x), ("weight", weight), ("residual", residual))
-    if out is not None:
-        _validate.out_array(out, "out", q_shape, q_dtype, device, inputs=inputs)
-    if scale_out is not None:
-        if lay is not None:
-            _validate.scale_out(
-                scale_out,
-                lay.shape,
-                s_dtype,
-                device,
-                inputs=inputs + (("out", out),),
-                strides=lay.strides,
-                nbytes=lay.words * 4,
-                alloc="cupyquant.empty_scales()",
-            )
-        else:
-            _validate.scale_out(scale_out, s_shape or (1,), s_dtype, device, inputs=inputs + (("out", out),))
+    __slots__ = ("launch", "q_shape", "q_dtype", "s_shape", "lay", "s_dtype", "scheme", "given", "disjoint", "ub")
 
-    grid_rows = -(-rows // 128) * 128 if swizzled else rows
-    na = np.array(
-        (rows, grid_rows, x_stride, r_stride, q_shape[-1] if q_shape else 0, n_blocks, H, 0, 0, g_elems,
-         swizzled, np.float32(eps), 0, 0.0, 0, 0),
-        dtype=_NORM_ARGS,
-    )  # fmt: skip
-    if given is not None:
-        na["s_mode"], na["s_arg"] = int(given.mode), given.value
-    kernel, grid, block_dim = None, (), ()
-    if grid_rows:
-        ptrs = [x.data.ptr, weight.data.ptr] + ([residual.data.ptr] if residual is not None else [])
-        vec = (
-            H % 8 == 0
-            and all(p % 16 == 0 for p in ptrs)
-            and (x_stride * x.itemsize) % 16 == 0
-            and (r_stride * x.itemsize) % 16 == 0
-            and (out is None or out.data.ptr % 8 == 0)
+    def __init__(
+        self, x, weight, eps, residual, scheme, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
+        scale, global_scale, out, scale_out,
+    ):  # fmt: skip
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme={scheme!r} is not supported; expected one of {SCHEMES}")
+        _only_for(
+            scheme,
+            group_size=(group_size, None, ("group",)),
+            scale_pow2=(scale_pow2, False, ("token", "group")),
+            scale_dtype=(scale_dtype, "float32", ("token", "group")),
+            scale_ub=(scale_ub, None, ("token", "group")),
+            scale=(scale, None, ("tensor",)),
+            global_scale=(global_scale, None, ("nvfp4",)),
         )
+        in_t = _validate.float_input(x, "x")
+        if dtype is None:
+            dtype = "float4_e2m1fn" if scheme == "nvfp4" else "float8_e4m3fn"
+        fmt = _dtypes.element_format(dtype, "dtype", allowed=_FORMATS[scheme])
+        rows, H, x_stride = _validate.rows_view(x, "x")
+        if H < 1:
+            raise ValueError("x's last axis must not be empty")
+        device = x.data.device_id
+        _validate.cupy_array(weight, "weight")
+        if weight.shape != (H,):
+            raise ValueError(f"weight must have shape ({H},) (x's last axis), got {weight.shape}")
+        if weight.dtype != x.dtype:
+            raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
+        _validate.c_contiguous(weight, "weight")
+        _validate.same_device(weight, "weight", device, "x")
+        r_stride = 0
+        if residual is not None:
+            _validate.cupy_array(residual, "residual")
+            if residual.shape != x.shape:
+                raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
+            if residual.dtype != x.dtype:
+                raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
+            _validate.same_device(residual, "residual", device, "x")
+            r_stride = _validate.rows_view(residual, "residual")[2]
+        if not (isinstance(eps, (int, float, np.floating, np.integer)) and not isinstance(eps, bool)):
+            raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+        if not (np.isfinite(eps) and eps >= 0):
+            raise ValueError(f"eps must be finite and >= 0, got {eps}")
+
+        sa, lay, s_shape, s_dtype, n_blocks, swizzled, given = _NO_SCALE_ARGS, None, None, np.uint8, 0, False, None
+        g_elems = 0  # elements per scale of "group" (0 otherwise)
+        q_shape, q_dtype = x.shape, (np.int8 if fmt.name == "int8" else np.uint8)
+        ub = None
+        if scheme in ("token", "group"):
+            if scale_layout is None:
+                scale_layout = "row"
+            packed = _scales.group_scale_packed(scale_layout, scale_dtype)
+            gs = None if scheme == "token" else (128 if group_size is None else group_size)
+            n_groups = _checks.group_count(H, gs)
+            lay = _scales.group_layout(x.shape, n_groups, scale_layout, packed)
+            s_dtype = np.int32 if packed else np.float32
+            bound = _scales.scale_bound(scale_ub, device)
+            ub = scale_ub if isinstance(scale_ub, cupy.ndarray) else None
+            sa = _scales.group_scale_args(lay, n_groups, packed, bool(scale_pow2) or packed, bound)
+            sch = groupwise.scheme(fmt.name, gs, H, packed, scale_layout)
+            g_elems = gs or 0
+        elif scheme == "tensor":
+            if scale_layout is not None:
+                raise ValueError("scale_layout does not apply to scheme 'tensor' (one float32 scale)")
+            given = _validate.scale_arg(scale, "scale", device)
+            if given.mode == _validate.ScaleSource.AMAX:
+                raise ValueError("scale= is required by scheme 'tensor': the static decode scale (y ~ q * scale)")
+            sch = per_tensor.scheme(fmt.name)
+            s_dtype = np.float32
+        else:
+            block = _scales.MX_BLOCK if scheme == "mx" else _scales.NV_BLOCK
+            if scale_layout is None:
+                scale_layout = "dense" if scheme == "mx" else "swizzled"
+            _scales.check_block_layout(scale_layout)
+            if H % block:
+                raise ValueError(f"x's last axis ({H}) must be a multiple of {block} for scheme {scheme!r}")
+            if scheme == "nvfp4":
+                given = _validate.scale_arg(global_scale, "global_scale", device)
+                if given.mode == _validate.ScaleSource.AMAX:
+                    raise ValueError(
+                        "global_scale= is required by scheme 'nvfp4': the encode scale S_enc (2688 / amax)"
+                    )
+                sch = nvfp4.scheme(scale_layout)
+            else:
+                sch = mx.scheme(fmt.name, scale_layout)
+            q_shape = _scales.packed_shape(x.shape, fmt.bits)
+            s_shape = _scales.block_scale_shape(x.shape, block, scale_layout)
+            n_blocks, swizzled = H // block, scale_layout == "swizzled"
+        inputs = (("x", x), ("weight", weight), ("residual", residual))
+        if out is not None:
+            _validate.out_array(out, "out", q_shape, q_dtype, device, inputs=inputs)
+        if scale_out is not None:
+            if lay is not None:
+                _scales.check_group_scale_out(scale_out, lay, s_dtype, device, inputs=inputs + (("out", out),))
+            else:
+                _validate.scale_out(scale_out, s_shape or (1,), s_dtype, device, inputs=inputs + (("out", out),))
+        s_bytes = lay.words * 4 if lay is not None else None
+        self.disjoint = _validate.Disjoint(
+            (("x", x), ("weight", weight), ("scale_ub", ub), ("residual", residual), ("out", out),
+             ("scale_out", scale_out, s_bytes)),
+            3,
+        )  # fmt: skip
+
+        grid_rows = round_up(rows, _scales.SWIZZLE_ROWS) if swizzled else rows
+        na = np.array(
+            (rows, grid_rows, x_stride, r_stride, q_shape[-1] if q_shape else 0, n_blocks, H, 0, 0, g_elems,
+             swizzled, np.float32(eps), 0, 0.0, 0, 0),
+            dtype=_NORM_ARGS,
+        )  # fmt: skip
+        if given is not None:
+            na["s_mode"], na["s_arg"] = int(given.mode), given.value
         warps = _team(H, x.itemsize, rows)
-        kernel = _jit.kernel(device, _FAMILY, "rms_norm_quantize", in_t.ctype, _SCHEME_ID[scheme], fmt.ctag)
-        threads = 32 * warps
-        na["team_shift"], na["vec"] = threads.bit_length() - 1, vec
-        block_dim = (max(groupwise._TOKEN_BLOCK, threads),)
-        grid = (-(-grid_rows // (block_dim[0] // threads)),)
-    else:
-        _team(H, x.itemsize, rows)
-    return _Plan(kernel, grid, block_dim, na, sa, q_shape, q_dtype, s_shape, lay, s_dtype, sch, given)
+        self.launch = None
+        if grid_rows:
+            ptrs = [x.data.ptr, weight.data.ptr] + ([residual.data.ptr] if residual is not None else [])
+            vec = (
+                H % 8 == 0
+                and all(p % 16 == 0 for p in ptrs)
+                and (x_stride * x.itemsize) % 16 == 0
+                and (r_stride * x.itemsize) % 16 == 0
+                and (out is None or out.data.ptr % 8 == 0)
+            )
+            kernel = _jit.kernel(device, FAMILY, "rms_norm_quantize", in_t.ctype, _SCHEME_ID[scheme], fmt.ctag)
+            threads = 32 * warps
+            na["team_shift"], na["vec"] = threads.bit_length() - 1, vec
+            block_dim = (max(_BLOCK, threads),)
+            grid = (ceil_div(grid_rows, block_dim[0] // threads),)
+            fields = ((6, "s_ptr"), (6, "s_out")) if given is not None else ()
+            fields += ((7, "ub_ptr"),) if ub is not None else ()
+            self.launch = Launch(kernel, grid, block_dim, (ARG, ARG, ARG, ARG, ARG, ARG, na[()], sa), fields=fields)
+        self.q_shape, self.q_dtype, self.s_shape, self.lay, self.s_dtype = q_shape, q_dtype, s_shape, lay, s_dtype
+        # the plan keeps no array of the call that made it: a device scale is given at each call
+        self.scheme, self.ub = sch, ub is not None
+        self.given = None if given is None else given._replace(array=None)
 
 
-#: Plans of calls without caller buffers or device scales, per argument signature.
+#: Plans per argument signature.
 _PLANS = _plans.Plans()
-
-
-def _signature(
-    x,
-    weight,
-    eps,
-    residual,
-    scheme,
-    dtype,
-    group_size,
-    scale_layout,
-    scale_pow2,
-    scale_dtype,
-    scale_ub,
-    scale,
-    global_scale,
-    out,
-    scale_out,
-):
-    """What a plan depends on, or None where a call is not memoized (caller buffers, device scales or
-    a scale bound, arguments that are not CuPy arrays)."""
-    if (
-        out is not None
-        or scale_out is not None
-        or scale_ub is not None
-        or isinstance(scale, cupy.ndarray)
-        or isinstance(global_scale, cupy.ndarray)
-        or type(x) is not cupy.ndarray
-        or type(weight) is not cupy.ndarray
-        or (residual is not None and type(residual) is not cupy.ndarray)
-    ):
-        return None
-    r = None if residual is None else (residual.shape, residual.strides, residual.dtype, residual.data.ptr & 15)
-    return (
-        x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15,
-        weight.shape, weight.strides, weight.dtype, weight.data.device_id, weight.data.ptr & 15,
-        r, residual.data.device_id if residual is not None else None,
-        type(eps), eps, scheme, dtype, group_size, type(group_size), scale_layout, bool(scale_pow2), scale_dtype,
-        type(scale), scale, type(global_scale), global_scale,
-    )  # fmt: skip
 
 
 def rms_norm_quantize(
@@ -382,41 +325,59 @@ def rms_norm_quantize(
     eps)`` with IEEE division and square root, ``y = round(round(z * inv) * weight)``. No host
     synchronization; CUDA-graph capturable.
     """
-    args = (x, weight, eps, residual, scheme, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
-            scale, global_scale, out, scale_out)  # fmt: skip
-    key = _signature(*args)
+    key = (
+        _validate.array_key(x), _validate.array_key(weight), type(eps), eps, _validate.array_key(residual), scheme,
+        dtype, group_size, type(group_size), scale_layout, scale_pow2, scale_dtype, _validate.scale_key(scale_ub),
+        _validate.scale_key(scale), _validate.scale_key(global_scale), _validate.array_key(out),
+        _validate.array_key(scale_out),
+    )  # fmt: skip
     plan = _PLANS.lookup(key)
     if plan is None:
-        plan = _PLANS.keep(key, _plan(*args))
-    if residual is not None:  # depends on the addresses, so checked on every call
-        _validate.disjoint(residual, "residual", (("x", x), ("weight", weight)))
+        plan = _PLANS.keep(
+            key,
+            _Plan(
+                x, weight, eps, residual, scheme, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
+                scale, global_scale, out, scale_out,
+            ),
+        )  # fmt: skip
+    ub = plan.ub and scale_ub
+    if residual is not None or out is not None or scale_out is not None:  # depend on the addresses
+        plan.disjoint.check((x.data.ptr, weight.data.ptr, _ptr(ub), _ptr(residual), _ptr(out), _ptr(scale_out)))
+        if scale_out is not None and plan.lay is not None:
+            mem = scale_out.data.mem
+            if scale_out.data.ptr - mem.ptr + plan.lay.words * 4 > mem.size:
+                raise ValueError(
+                    "scale_out must start 16-byte aligned in an allocation that covers the layout's padding"
+                )
+    given = plan.given
     with _validate.on_device_of(x):
         q = cupy.empty(plan.q_shape, dtype=plan.q_dtype) if out is None else out
         if scale_out is not None:
             s = scale_out
         elif plan.lay is not None:
-            s = plan.lay.view(cupy.cuda.alloc(max(plan.lay.words, 1) * 4), plan.s_dtype)
+            s = plan.lay.empty(plan.s_dtype)
         else:
             s = cupy.empty(plan.s_shape or (1,), dtype=plan.s_dtype)
         y = cupy.empty(x.shape, dtype=x.dtype) if return_normalized else None
-        na = plan.na
-        if plan.given is not None:
-            na = na.copy()
-            na["s_ptr"] = 0 if plan.given.array is None else plan.given.array.data.ptr
-            if plan.scheme.granularity == "tensor":
-                na["s_out"] = s.data.ptr
+        tensor = plan.scheme.granularity == "tensor"
+        gs_out = None if given is None or tensor else cupy.empty((1,), dtype=np.float32)
+        if plan.launch is not None:
+            if given is not None:
+                src = scale if tensor else global_scale
+                plan.launch(
+                    x, residual, weight, y, q, s, src if type(src) is cupy.ndarray else None, s if tensor else gs_out
+                )
+            elif ub is not None:
+                plan.launch(x, residual, weight, y, q, s, ub)
             else:
-                gs_out = cupy.empty((1,), dtype=np.float32)
-                na["s_out"] = gs_out.data.ptr
-        if plan.kernel is not None:
-            plan.kernel(plan.grid, plan.block, (x, residual, weight, y, q, s, na[()], plan.sa))
-        elif plan.given is not None:  # no rows: the scale the kernel would have stored
-            dst = s if plan.scheme.granularity == "tensor" else gs_out
-            dst[...] = plan.given.value if plan.given.array is None else plan.given.array.reshape(1)
-    if plan.scheme.granularity == "tensor":
-        qt = QuantizedTensor(q, s, plan.scheme, x.shape, x.dtype)
-    elif plan.scheme.family == nvfp4._FAMILY:
-        qt = QuantizedTensor(q, s, plan.scheme, x.shape, x.dtype, global_scale=gs_out)
-    else:
-        qt = QuantizedTensor(q, s, plan.scheme, x.shape, x.dtype)
+                plan.launch(x, residual, weight, y, q, s)
+        elif given is not None:  # no rows: the scale the kernel would have stored
+            dst = s if tensor else gs_out
+            src = scale if tensor else global_scale
+            dst[...] = src.reshape(1) if type(src) is cupy.ndarray else given.value
+    qt = QuantizedTensor(q, s, plan.scheme, x.shape, x.dtype, global_scale=gs_out)
     return (qt, y) if return_normalized else qt
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr

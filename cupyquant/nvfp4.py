@@ -15,29 +15,27 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import (
-    _block_scale,
-    _dtypes,
-    _jit,
-    _launch,
-    _validate,
-    per_tensor,  # noqa: F401  registers fp8_amax, the global amax reduction
-)
+from . import _block_scale, _device, _dtypes, _jit, _plans, _scales, _validate, per_tensor
 from ._validate import ScaleSource
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
-_FAMILY = _jit.register(
+FAMILY = _jit.register(
     "nvfp4",
     _jit.product("nvfp4_quantize", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS)
     + _jit.product("nvfp4_dequantize", _dtypes.INPUT_CTYPES, _BOOLS),
-    specific_targets=_block_scale.SPECIFIC_TARGETS,
+    specific_targets=_device.FP4_CVT_TARGETS,
 )
-_NV_BLOCK = _block_scale.NV_BLOCK
+_NV_BLOCK = _scales.NV_BLOCK
 _SCHEMES = {
-    layout: Scheme("float4_e2m1fn", "block", (_NV_BLOCK,), "float8_e4m3fn", layout, _FAMILY)
-    for layout in _block_scale.LAYOUTS
+    layout: Scheme("float4_e2m1fn", "block", (_NV_BLOCK,), "float8_e4m3fn", layout, FAMILY)
+    for layout in _scales.BLOCK_LAYOUTS
 }
+
+
+def scheme(scale_layout: str) -> Scheme:
+    """The Scheme of NVFP4 quantization with scales in ``scale_layout``."""
+    return _SCHEMES[scale_layout]
 
 
 def quantize_nvfp4(
@@ -88,27 +86,30 @@ def quantize_nvfp4(
     ``q = e2m1_rn_satfinite(x * fminf(1 / (float(sf) * (1 / S_enc)), FLT_MAX))``. Two launches
     when dynamic (amax, then quantize; plus a 4-byte memset), one otherwise.
     """
-    fmt = _dtypes.element_format("float4_e2m1fn")
-    _validate.float_input(x, "x")
-    device = x.data.device_id
-    mode, gs_dev, value = _validate.scale_arg(global_scale, "global_scale", device)
-    plan = _block_scale.plan_quantize(
-        _FAMILY, "nvfp4_quantize", (), x, fmt, _NV_BLOCK, scale_layout, out, scale_out, gs=(int(mode), value)
+    key = (_validate.array_key(x), _validate.scale_key(global_scale), scale_layout)
+    key += (_validate.array_key(out), _validate.array_key(scale_out))
+    plan = _PLANS.lookup(key)
+    if plan is None:
+        plan = _PLANS.keep(key, _Plan(x, global_scale, scale_layout, out, scale_out))
+    quant = _block_scale.plan_quantize(
+        FAMILY, "nvfp4_quantize", (), x, _E2M1, _NV_BLOCK, scale_layout, out, scale_out, gs=plan.gs
     )
-    if mode == ScaleSource.AMAX:
+    mode = plan.mode
+    if plan.amax is None and mode == ScaleSource.AMAX:  # the amax reduction reads x as one flat array
         _validate.c_contiguous(x, "x")
     with _validate.on_device_of(x):
-        q = cupy.empty(plan.q_shape, dtype=np.uint8) if out is None else out
-        s = cupy.empty(plan.s_shape, dtype=np.uint8) if scale_out is None else scale_out
+        q = cupy.empty(quant.q_shape, dtype=np.uint8) if out is None else out
+        s = cupy.empty(quant.s_shape, dtype=np.uint8) if scale_out is None else scale_out
         gs = cupy.empty((1,), dtype=np.float32)
         amax = None
+        gs_dev = global_scale if mode == ScaleSource.DEVICE else None
         if mode == ScaleSource.AMAX:
             amax = gs_dev = cupy.empty((1,), dtype=np.float32)
-            _launch.launch_amax(x, plan.in_t, amax, device, np.int64(x.size))
-        if plan.kernel is not None:
-            _block_scale.launch_quantize(plan, x, q, s, gs_dev.data.ptr if gs_dev is not None else 0, gs.data.ptr)
+            plan.amax(x, amax)
+        if quant.launch is not None:
+            quant.launch(x, q, s, gs_dev, gs)
         elif mode == ScaleSource.ARG:
-            gs.fill(value)
+            gs.fill(plan.gs[1])
         elif mode == ScaleSource.DEVICE:
             gs[...] = gs_dev.reshape(1)
         else:  # empty tensor: amax 0 gives S_enc 1
@@ -116,11 +117,29 @@ def quantize_nvfp4(
     return QuantizedTensor(q, s, _SCHEMES[scale_layout], x.shape, x.dtype, amax=amax, global_scale=gs)
 
 
+_E2M1 = _dtypes.element_format("float4_e2m1fn")
+
+
+class _Plan:
+    """The checks of a quantize_nvfp4 call that the block quantizer's plan does not make: the
+    global scale's mode and value, and the amax plan when it is reduced here (x C-contiguous)."""
+
+    __slots__ = ("mode", "gs", "amax")
+
+    def __init__(self, x, global_scale, scale_layout, out, scale_out):
+        in_t = _validate.float_input(x, "x")
+        mode, _, value = _validate.scale_arg(global_scale, "global_scale", x.data.device_id)
+        self.mode, self.gs = mode, (int(mode), value)
+        self.amax = None
+        if mode == ScaleSource.AMAX and x.flags.c_contiguous:
+            self.amax = per_tensor.AmaxLaunch(x, in_t)
+
+
+_PLANS = _plans.Plans()
+
+
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
-    gs = q.global_scale
-    return _block_scale.dequantize(
-        _FAMILY, "nvfp4_dequantize", (out_t.ctype,), q, out_t, out, 0 if gs is None else gs.data.ptr
-    )
+    return _block_scale.dequantize(FAMILY, "nvfp4_dequantize", (out_t.ctype,), q, out_t, out, nv=True)
 
 
-register_dequantizer(_FAMILY, _dequantize)
+register_dequantizer(FAMILY, _dequantize)

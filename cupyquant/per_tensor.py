@@ -13,12 +13,14 @@ import cupy
 import numpy as np
 
 from . import _device, _dtypes, _jit, _launch, _plans, _validate
+from ._launch import ARG, Launch
+from ._sizes import ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _AMAX, _DEVICE = _validate.ScaleSource.AMAX, _validate.ScaleSource.DEVICE
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
 _BOOLS = (False, True)
-_FAMILY = _jit.register(
+FAMILY = _jit.register(
     "per_tensor",
     _jit.product("fp8_amax", _dtypes.INPUT_CTYPES, _BOOLS)
     + _jit.product("fp8_quantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, tuple(_validate.ScaleSource), _BOOLS)
@@ -30,16 +32,68 @@ _FAMILY = _jit.register(
 _FP8 = _dtypes.FP8_NAMES
 _BLOCK = 256  # threads per block of the flat quantize/dequantize kernels
 _SCALAR_BLOCKS_PER_SM = 8
-_SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", _FAMILY) for f in _FP8 + ("int8",)}
+AMAX_BLOCK = 512  # must equal AMAX_BLOCK in per_tensor.cu
+AMAX_BLOCKS_PER_SM = 4  # 4 x 512 threads fill an H100 SM (2048 threads) in one wave
+_SCHEMES = {f: Scheme(f, "tensor", None, "float32", "scalar", FAMILY) for f in _FP8 + ("int8",)}
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def scheme(fmt_name: str) -> Scheme:
+    """The Scheme of a per-tensor quantization to ``fmt_name`` (an FP8 format or ``"int8"``)."""
+    return _SCHEMES[fmt_name]
 
 
 def _flat_grid(n: int, vec: bool, device: int, per_thread: int) -> int:
     """Blocks for a flat vector launch where each thread takes ``per_thread`` elements and one more
     thread the tail, or for the scalar grid-stride loop."""
     if vec:
-        return max(1, -(-(n // per_thread + 1) // _BLOCK))
-    return max(1, min(-(-n // _BLOCK), _device.sm_count(device) * _SCALAR_BLOCKS_PER_SM))
+        return max(1, ceil_div(n // per_thread + 1, _BLOCK))
+    return max(1, min(ceil_div(n, _BLOCK), _device.sm_count(device) * _SCALAR_BLOCKS_PER_SM))
+
+
+class AmaxLaunch:
+    """The device-side amax of a C-contiguous tensor, planned: a 4-byte memset of the output, then
+    ``fp8_amax`` (which combines blocks with an unsigned atomicMax on the float's bits). Called with
+    the tensor and the float32 (1,) output. Used by :func:`amax`, dynamic :func:`quantize_fp8` and
+    dynamic NVFP4."""
+
+    __slots__ = ("launch",)
+
+    def __init__(self, x, in_t: _dtypes.InputType):
+        n = x.size
+        self.launch = None
+        if n:
+            device = x.data.device_id
+            vec = x.data.ptr % 16 == 0
+            per_block = AMAX_BLOCK * (16 // x.itemsize if vec else 1)
+            grid = max(1, min(ceil_div(n, per_block), _device.sm_count(device) * AMAX_BLOCKS_PER_SM))
+            k = _jit.kernel(device, FAMILY, "fp8_amax", in_t.ctype, vec)
+            self.launch = Launch(k, (grid,), (AMAX_BLOCK,), (ARG, np.int64(n), ARG))
+
+    def __call__(self, x, amax_out) -> None:
+        _launch.memset(amax_out.data.ptr, 0, 4)
+        if self.launch is not None:
+            self.launch(x, amax_out)
+
+
+_AMAX_PLANS = _plans.Plans()
+
+
+def _amax_plan(x, arg: str = "x") -> AmaxLaunch:
+    key = _validate.array_key(x)
+    plan = _AMAX_PLANS.lookup(key)
+    if plan is None:
+        in_t = _validate.float_input(x, arg)
+        _validate.c_contiguous(x, arg)
+        plan = _AMAX_PLANS.keep(key, AmaxLaunch(x, in_t))
+    return plan
+
+
+def amax_into(x, amax_out) -> None:
+    """Reduce max |x| of a float CuPy array into ``amax_out`` (float32 (1,)) on the current stream,
+    on the current device (x's); raises TypeError or ValueError naming ``x`` unless it is a
+    C-contiguous float32, float16 or bfloat16 CuPy array."""
+    _amax_plan(x)(x, amax_out)
 
 
 def amax(x: cupy.ndarray) -> cupy.ndarray:
@@ -63,11 +117,10 @@ def amax(x: cupy.ndarray) -> cupy.ndarray:
     ValueError
         ``x`` is not C-contiguous.
     """
-    in_t = _validate.float_input(x, "x")
-    _validate.c_contiguous(x, "x")
+    plan = _amax_plan(x)
     with _validate.on_device_of(x):
         out = cupy.empty((1,), dtype=np.float32)
-        _launch.launch_amax(x, in_t, out, x.data.device_id, np.int64(x.size))
+        plan(x, out)
     return out
 
 
@@ -119,48 +172,50 @@ def quantize_fp8(
     the cast, which reads amax and computes the scale itself) and one when static; no host
     synchronization, so the call can be captured in a CUDA graph.
     """
-    key = None
-    if out is None and type(x) is cupy.ndarray and not isinstance(scale, cupy.ndarray):
-        key = (x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15, dtype, scale is None)
+    key = (_validate.array_key(x), dtype, _validate.scale_key(scale), _validate.array_key(out))
     plan = _PLANS.lookup(key)
     if plan is None:
-        plan = _PLANS.keep(key, _plan_quantize(x, dtype, scale, out))
-    device = x.data.device_id
-    mode, scale_dev, scale_arg = _validate.scale_arg(scale, "scale", device)
-    fmt_name, in_t, k, grid = plan
+        plan = _PLANS.keep(key, _Fp8Plan(x, dtype, scale, out))
+    if out is not None:
+        plan.disjoint.check((x.data.ptr, out.data.ptr))
     with _validate.on_device_of(x):
-        n64 = np.int64(x.size)
         q = cupy.empty(x.shape, dtype=np.uint8) if out is None else out
         scale_inv = cupy.empty((1,), dtype=np.float32)
         amax_f = None
-        if mode == _AMAX:
+        if plan.mode == _AMAX:
             amax_f = src = cupy.empty((1,), dtype=np.float32)
-            _launch.launch_amax(x, in_t, amax_f, device, n64)
-        elif mode == _DEVICE:
-            src = scale_dev
+            plan.amax(x, amax_f)
+        elif plan.mode == _DEVICE:
+            src = scale
         else:
             src = scale_inv  # unused by the kernel in this mode; any valid pointer
-        k(grid, (_BLOCK,), (x, q, n64, src, scale_arg, scale_inv))
-    return QuantizedTensor(q, scale_inv, _SCHEMES[fmt_name], x.shape, x.dtype, amax=amax_f)
+        plan.launch(x, q, src, scale_inv)
+    return QuantizedTensor(q, scale_inv, plan.scheme, x.shape, x.dtype, amax=amax_f)
 
 
-#: quantize_fp8 plans without an ``out=``, per argument signature
+#: quantize_fp8 plans, per argument signature
 _PLANS = _plans.Plans()
 
 
-def _plan_quantize(x, dtype, scale, out) -> tuple:
-    """Check the arguments of quantize_fp8 and plan its cast: (format name, input type, kernel,
-    grid)."""
-    fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
-    in_t = _validate.float_input(x, "x")
-    _validate.c_contiguous(x, "x")
-    device = x.data.device_id
-    mode = _validate.scale_arg(scale, "scale", device).mode
-    if out is not None:
-        _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
-    vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    k = _jit.kernel(device, _FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, mode, vec)
-    return fmt.name, in_t, k, (_flat_grid(x.size, vec, device, 16),)
+class _Fp8Plan:
+    """A checked quantize_fp8 call: its scale mode, the amax plan (dynamic), the cast's launch (its
+    arguments x, q, the scale source and scale_inv), the scheme, and the overlap check of ``out``."""
+
+    def __init__(self, x, dtype, scale, out):
+        fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
+        in_t = _validate.float_input(x, "x")
+        _validate.c_contiguous(x, "x")
+        self.device = device = x.data.device_id
+        self.mode, _, value = _validate.scale_arg(scale, "scale", device)
+        if out is not None:
+            _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
+        self.disjoint = _validate.Disjoint((("x", x), ("out", out)), 1)
+        self.amax = _amax_plan(x) if self.mode == _AMAX else None
+        vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        k = _jit.kernel(device, FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, self.mode, vec)
+        grid = (_flat_grid(x.size, vec, device, 16),)
+        self.launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(x.size), ARG, value, ARG))
+        self.scheme = _SCHEMES[fmt.name]
 
 
 def _zero_point_arg(v, device: int) -> tuple:
@@ -183,20 +238,32 @@ def _zero_point_arg(v, device: int) -> tuple:
     return None, int(v)
 
 
-#: quantize_int8 plans without an ``out=``, per argument signature
+#: quantize_int8 plans, per argument signature
 _INT8_PLANS = _plans.Plans()
 
 
-def _plan_int8(x, azp: bool, out) -> tuple:
-    """Check x and out of quantize_int8 and plan its launch: (kernel, grid)."""
-    in_t = _validate.float_input(x, "x")
-    _validate.c_contiguous(x, "x")
-    device = x.data.device_id
-    if out is not None:
-        _validate.out_array(out, "out", x.shape, np.int8, device, inputs=(("x", x),))
-    vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    k = _jit.kernel(device, _FAMILY, "int8_quantize", in_t.ctype, azp, vec)
-    return k, (_flat_grid(x.size, vec, device, 16),)
+class _Int8Plan:
+    """A checked quantize_int8 call: its launch (arguments x, q, the device scale or null, the
+    device zero point or null, the two outputs), the overlap check of ``out``, the zero point's
+    presence."""
+
+    def __init__(self, x, scale, zero_point, out):
+        in_t = _validate.float_input(x, "x")
+        _validate.c_contiguous(x, "x")
+        device = x.data.device_id
+        mode, scale_dev, scale_value = _validate.scale_arg(scale, "scale", device)
+        if mode == _AMAX:
+            raise TypeError("scale must be a positive finite float or a float32 cupy.ndarray of one element, got None")
+        zp_dev, zp_value = _zero_point_arg(zero_point, device)
+        if out is not None:
+            _validate.out_array(out, "out", x.shape, np.int8, device, inputs=(("x", x),))
+        self.disjoint = _validate.Disjoint((("x", x), ("scale", scale_dev), ("zero_point", zp_dev), ("out", out)), 3)
+        self.azp = zero_point is not None
+        vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        k = _jit.kernel(device, FAMILY, "int8_quantize", in_t.ctype, self.azp, vec)
+        grid = (_flat_grid(x.size, vec, device, 16),)
+        args = (ARG, ARG, np.int64(x.size), ARG, scale_value, ARG, np.int32(zp_value), ARG, ARG)
+        self.launch = Launch(k, grid, (_BLOCK,), args)
 
 
 def quantize_int8(
@@ -245,62 +312,69 @@ def quantize_int8(
     saturating (NaN to 0), the int32 sum wrapping, then saturation to [-128, 127]. One kernel
     launch, no host synchronization.
     """
-    azp = zero_point is not None
-    key = None
-    if out is None and type(x) is cupy.ndarray:
-        key = (x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15, azp)
+    key = (_validate.array_key(x), _validate.scale_key(scale), _validate.scale_key(zero_point))
+    key += (_validate.array_key(out),)
     plan = _INT8_PLANS.lookup(key)
     if plan is None:
-        plan = _INT8_PLANS.keep(key, _plan_int8(x, azp, out))
-    device = x.data.device_id
-    mode, scale_dev, scale_value = _validate.scale_arg(scale, "scale", device)
-    if mode == _AMAX:
-        raise TypeError("scale must be a positive finite float or a float32 cupy.ndarray of one element, got None")
-    zp_dev, zp_value = _zero_point_arg(zero_point, device)
+        plan = _INT8_PLANS.keep(key, _Int8Plan(x, scale, zero_point, out))
+    scale_dev = scale if type(scale) is cupy.ndarray else None
+    zp_dev = zero_point if type(zero_point) is cupy.ndarray else None
     if out is not None:
-        _validate.disjoint(out, "out", (("scale", scale_dev), ("zero_point", zp_dev)))
-    k, grid = plan
+        plan.disjoint.check((x.data.ptr, _ptr(scale_dev), _ptr(zp_dev), out.data.ptr))
     with _validate.on_device_of(x):
         q = cupy.empty(x.shape, dtype=np.int8) if out is None else out
         s_out = cupy.empty((1,), dtype=np.float32)
-        z_out = cupy.empty((1,), dtype=np.int32) if azp else None
-        k(
-            grid,
-            (_BLOCK,),
-            (
-                x,
-                q,
-                np.int64(x.size),
-                scale_dev,  # None: a null pointer, the kernel takes scale_value
-                scale_value,
-                zp_dev,
-                np.int32(zp_value),
-                s_out,
-                z_out,
-            ),
-        )
+        z_out = cupy.empty((1,), dtype=np.int32) if plan.azp else None
+        plan.launch(x, q, scale_dev, zp_dev, s_out, z_out)
     return QuantizedTensor(q, s_out, _SCHEMES["int8"], x.shape, x.dtype, zero_point=z_out)
 
 
-def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
+
+
+_DEQUANT_PLANS = _plans.Plans()
+
+
+def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> tuple:
+    """(launch, overlap check) of the dequantization of ``q`` (checked by cupyquant.dequantize)."""
     fmt = q.format
     device = q.data.data.device_id
     if out is not None:
         _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
-    with _validate.on_device_of(q.data):
+    disjoint = _validate.Disjoint((("q.data", q.data), ("out", out)), 1)
+    n = q.data.size
+    vec = q.data.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    # two units of 16 // itemsize elements per thread (see fp8_dequantize)
+    grid = (_flat_grid(n, vec, device, 2 * (16 // out_t.dtype.itemsize)),)
+    if fmt.name == "int8":
+        azp = q.zero_point is not None
+        k = _jit.kernel(device, FAMILY, "int8_dequantize", out_t.ctype, azp, vec)
+        launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(n), ARG, ARG))
+    else:
+        k = _jit.kernel(device, FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
+        launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(n), ARG))
+    return launch, disjoint
+
+
+def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
+    data = q.data
+    key = (q.scheme, q.shape, _validate.array_key(data), q.zero_point is not None, out_t, _validate.array_key(out))
+    plan = _DEQUANT_PLANS.lookup(key)
+    if plan is None:
+        plan = _DEQUANT_PLANS.keep(key, _dequant_plan(q, out_t, out))
+    launch, disjoint = plan
+    if out is not None:
+        disjoint.check((data.data.ptr, out.data.ptr))
+    with _validate.on_device_of(data):
         y = cupy.empty(q.shape, dtype=out_t.dtype) if out is None else out
-        n = q.data.size
-        vec = q.data.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
-        # two units of 16 // itemsize elements per thread (see fp8_dequantize)
-        grid = (_flat_grid(n, vec, device, 2 * (16 // y.itemsize)),)
-        if fmt.name == "int8":
-            azp = q.zero_point is not None
-            k = _jit.kernel(device, _FAMILY, "int8_dequantize", out_t.ctype, azp, vec)
-            k(grid, (_BLOCK,), (q.data, y, np.int64(n), q.scale, q.zero_point if azp else q.scale))
+        if q.zero_point is not None:
+            launch(data, y, q.scale, q.zero_point)
+        elif q.scheme.format == "int8":
+            launch(data, y, q.scale, q.scale)
         else:
-            k = _jit.kernel(device, _FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
-            k(grid, (_BLOCK,), (q.data, y, np.int64(n), q.scale))
+            launch(data, y, q.scale)
     return y
 
 
-register_dequantizer(_FAMILY, _dequantize)
+register_dequantizer(FAMILY, _dequantize)

@@ -207,10 +207,9 @@ def test_the_ops_use_the_shared_checks():
     """The op modules' checks are these very functions (CuPy imports without a GPU)."""
     if importlib.util.find_spec("cupy") is None:
         pytest.skip("CuPy is not installed")
-    from cupyquant import _validate, groupwise
+    from cupyquant import _validate
 
     assert _validate.positive_finite_scalar is _checks.positive_finite_scalar
-    assert groupwise._GROUP_SIZES is _checks.GROUP_SIZES
 
 
 def test_dequantizers_check_shapes():

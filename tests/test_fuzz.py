@@ -972,13 +972,13 @@ def _check_weight(qw, E, p, f):
     f.check(qw.scheme == E["scheme"], f"scheme {qw.scheme!r}, expected {E['scheme']!r}")
     f.check(qw.group_size == p["group_size"], f"group_size {qw.group_size}")
     f.bits(qw.data, E["data"], "data")
-    f.bits(qw.scales, E["scales"], "scales")
+    f.bits(qw.scale, E["scales"], "scales")
     if E["zeros"] is None:
-        f.check(qw.zeros is None, "zeros should be None")
+        f.check(qw.zero_point is None, "zeros should be None")
     else:
-        f.check(qw.zeros is not None, "zeros missing")
-        if qw.zeros is not None:
-            f.bits(qw.zeros, E["zeros"], "zero points")
+        f.check(qw.zero_point is not None, "zeros missing")
+        if qw.zero_point is not None:
+            f.bits(qw.zero_point, E["zeros"], "zero points")
 
 
 def _run_weight(cupy, case, hs, f):
@@ -1185,11 +1185,11 @@ def test_default_cases_cover_every_option():
 
 def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
     """What the GPU half will pass, run through the wrappers' own argument checks that need no
-    device (cupyquant._dtypes, _validate, groupwise, mx import CuPy but touch no GPU; skipped where
+    device (cupyquant._dtypes, _validate, _scales, mx import CuPy but touch no GPU; skipped where
     CuPy is missing): formats and dtypes in each spelling, derived scalars, views, group sizes and
     the scale shapes the library allocates."""
     try:
-        from cupyquant import _checks, _dtypes, _validate, groupwise, mx
+        from cupyquant import _checks, _dtypes, _scales, _validate, mx
     except ImportError:
         pytest.skip("CuPy is not importable: the wrappers' argument checks cannot be loaded")
     p = case.params
@@ -1212,7 +1212,7 @@ def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
         _checks.group_count(K, p["group_size"])
         if kind == "group":
             sdt = _arg(p["scale_dtype"], p["scale_dtype_as"])
-            assert groupwise._scale_kind(p["layout"], sdt) == (p["scale_dtype"] == "float8_e8m0fnu")
+            assert _scales.group_scale_packed(p["layout"], sdt) == (p["scale_dtype"] == "float8_e8m0fnu")
     if kind in ("mx", "nvfp4"):
         block = 32 if kind == "mx" else 16
         assert mx.block_scale_shape(x.shape, block, p["layout"]) == E["scale"].shape
