@@ -522,6 +522,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
     contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_bench.settle), so that
     none runs at a clock that the previous cell's heavy calls pulled down: each is a burst from the
     same state. scripts/sustained_matmul.py times the same calls held at the power cap."""
+    from cupyquant import _device
     from cupyquant import weight as _weight
 
     rows = []
@@ -566,7 +567,8 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
                     _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
                 )
                 del tws, tws16
-            pdl_col = int(cupy.cuda.Device().compute_capability) >= 90  # matmul's default is PDL there
+            caps = _device.caps(cupy.cuda.Device().id)
+            pdl_col = caps.pdl  # matmul's default is PDL there
             for scheme in schemes:
                 qs = qws[scheme]
                 _settle(settle)
@@ -585,8 +587,7 @@ def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settl
                     row[f"{tag} no-PDL us"] = tn * 1e6
                     row[f"{tag} no-PDL x cuBLAS"] = t_cublas / tn
                 if paths and scheme != "float8_e4m3fn":
-                    hopper = cupy.cuda.Device().compute_capability in _weight.plan.SM90_ARCHS
-                    for path in ("decode", "sm80_gemm") + (("sm90_gemm",) if hopper else ()):
+                    for path in ("decode", "sm80_gemm") + (("sm90_gemm",) if caps.wgmma else ()):
                         with _weight._forced_path(path):
                             _settle(settle)
                             tp = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)

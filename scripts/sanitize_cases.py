@@ -29,12 +29,10 @@ import numpy as np
 import sanitize_hot_path
 
 import cupyquant as cq
-from cupyquant import _device, groupwise
+from cupyquant import _device, _plans, groupwise
 from cupyquant import reference as ref
 from cupyquant import weight as cqw
-from cupyquant.weight import configs as WC
-from cupyquant.weight import launch as WL
-from cupyquant.weight import plan as WP
+from cupyquant.weight import decode, sm90_gemm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -451,7 +449,7 @@ def run_weight(run: Run):
                 err = float(np.linalg.norm(y.get().reshape(6, N).astype(np.float64) - exact) / np.linalg.norm(exact))
                 run.within(f"matmul {vname} {scheme} G={G} {dt.name}", err, TOL[dt])
             run.same(f"matmul M=0 {scheme}", run.op(cq.matmul(cupy.asarray(ah[:0]), qw)), np.zeros((0, 3, N), dt))
-            if scheme != "float8_e4m3fn" and cupy.cuda.Device().compute_capability in WP.SM90_ARCHS:
+            if scheme != "float8_e4m3fn" and _device.caps(cupy.cuda.Device().id).wgmma:
                 _wgmma_edges(run, qw, deq, dt, rng)
 
 
@@ -459,7 +457,7 @@ def run_fp4_weight(run: Run):
     """NVFP4 and MXFP4 weights: quantized, dequantized and prepared bytes against the reference
     (N = 100: a partial 16-row tile), and the matmul on each kernel forced (M = 1 to 300; K = 1024
     splits K on the gemms), within the relative-error bound against the exactly dequantized weight."""
-    hopper = cupy.cuda.Device().compute_capability in WP.SM90_ARCHS
+    hopper = _device.caps(cupy.cuda.Device().id).wgmma
     for fmt in ("nvfp4", "mxfp4"):
         for dt, K in ((BF16, 384), (F16, 1024)):
             N = 100
@@ -489,19 +487,20 @@ def run_fp4_weight(run: Run):
 
 
 def _decode_configs(run, qp, deq, dt, rng, tag):
-    """The decode kernel in each of its configurations (configs.DECODE_CONFIGS), whichever
-    plan.decode_config would pick for this shape; on compute capability 9.0+ also with K split 2 ways
+    """The decode kernel in each of its configurations (decode.DECODE_CONFIGS), whichever
+    decode.decode_config would pick for this shape; on compute capability 9.0+ also with K split 2 ways
     across a cluster (the wrapper splits R64_W8_B1 only; the others forced) and 3 ways for R64_W8_B1
     (the cluster's blocks add through distributed shared memory)."""
     N, K = qp.shape
-    pick, pick_splits = WP.decode_config, WP.decode_splits
-    hopper = int(_device.arch(cupy.cuda.Device().id)) >= 90
+    pick, pick_splits = decode.decode_config, decode.decode_splits
+    hopper = _device.caps(cupy.cuda.Device().id).pdl
     try:
         with cqw._forced_path("decode"):
-            for cfg in WC.DECODE_CONFIGS:
-                WP.decode_config = lambda *args, cfg=cfg: cfg
-                for splits in ((1, 2, 3) if cfg == WC.R64_W8_B1 else (1, 2)) if hopper else (1,):
-                    WP.decode_splits = lambda *args, splits=splits: splits
+            for cfg in decode.DECODE_CONFIGS:
+                decode.decode_config = lambda *args, cfg=cfg: cfg
+                for splits in ((1, 2, 3) if cfg == decode.R64_W8_B1 else (1, 2)) if hopper else (1,):
+                    decode.decode_splits = lambda *args, splits=splits: splits
+                    _plans.clear()  # the matmul's plans hold the configuration they were made with
                     M = 13 if cfg.m_tile_rows == 16 else 3
                     ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                     y = run.op(cq.matmul(cupy.asarray(ah), qp, out=poison((M, N), dt)))
@@ -509,7 +508,8 @@ def _decode_configs(run, qp, deq, dt, rng, tag):
                     err = float(np.linalg.norm(y.get().astype(np.float64) - exact) / np.linalg.norm(exact))
                     run.within(f"matmul decode config {cfg.name} splits {splits} {tag} M={M}", err, TOL[dt])
     finally:
-        WP.decode_config, WP.decode_splits = pick, pick_splits
+        decode.decode_config, decode.decode_splits = pick, pick_splits
+        _plans.clear()
 
 
 def _wgmma_edges(run, qw, deq, dt, rng):
@@ -520,13 +520,14 @@ def _wgmma_edges(run, qw, deq, dt, rng):
     through the workspace; each tile height (32, 64, 128 and 256 rows of a: the 128-row tile with its
     producer warpgroup and mbarrier ring)."""
     N, K = qw.shape
-    saved = WP.sm90_plan, WL.sm90_cluster_cap
+    saved = sm90_gemm.sm90_plan, sm90_gemm.cluster_cap
     try:
         with cqw._forced_path("sm90_gemm"):
             for bma in (32, 64, 128, 256):
                 for splits, workspace in ((1, False), (2, False), (3, False), (3, True)):
-                    WP.sm90_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
-                    WL.sm90_cluster_cap = (lambda *a: None) if workspace else saved[1]
+                    sm90_gemm.sm90_plan = lambda M, N_, iters, sms, b=bma, s=splits, **kw: (b, min(s, iters))
+                    sm90_gemm.cluster_cap = (lambda *a: None) if workspace else saved[1]
+                    _plans.clear()
                     for M in (17, 130):
                         ah = rng.standard_normal((M, K)).astype(np.float32).astype(dt)
                         y = run.op(cq.matmul(cupy.asarray(ah), qw, out=poison((M, N), dt)))
@@ -539,14 +540,15 @@ def _wgmma_edges(run, qw, deq, dt, rng):
                             TOL[dt],
                         )
     finally:
-        WP.sm90_plan, WL.sm90_cluster_cap = saved
+        sm90_gemm.sm90_plan, sm90_gemm.cluster_cap = saved
+        _plans.clear()
 
 
 def run_wgmma(run: Run):
     """_wgmma_edges for three weights (INT4 groups of 128 and K = 1024, so that an unsplit tile's
     stages wrap every ring; UINT4 groups of 32, fp16; INT4 per channel): every tile height and split
     of the wgmma kernel, on Hopper only."""
-    if cupy.cuda.Device().compute_capability not in WP.SM90_ARCHS:
+    if not _device.caps(cupy.cuda.Device().id).wgmma:
         print("sanitize_cases: wgmma: this GPU has no wgmma kernel; nothing run")
         return
     for scheme, sym, G, K, dt in (
@@ -571,7 +573,7 @@ def run_w8a8(run: Run):
     from cupyquant.w8a8 import dispatch
 
     E4 = ml_dtypes.float8_e4m3fn
-    paths = ["mma"] + (["sm90"] if cupy.cuda.Device().compute_capability == "90" else [])
+    paths = ["mma"] + (["sm90"] if _device.caps(cupy.cuda.Device().id).wgmma else [])
     for M, N, K in ((1, 200, 272), (16, 256, 2048), (65, 130, 528), (130, 300, 784)):
         rng = np.random.default_rng(seed_of("w8a8", M, N, K))
         nkb = -(-K // 128)

@@ -86,7 +86,7 @@ def main() -> dict:
 
     def weight():
         qw = cq.quantize_weight(wd, "int4", group_size=128)
-        return [qw.data, qw.scales, cq.matmul(a, qw)]
+        return [qw.data, qw.scale, cq.matmul(a, qw)]
 
     ops = [  # (name, call, expected arrays), one entry per kernel family
         ("quantize_fp8 + dequantize", fp8, [eq, es, ref.dequantize_fp8(eq, es, E4, BF16)]),

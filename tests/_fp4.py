@@ -8,7 +8,7 @@ import numpy as np
 from conftest import assert_bits_equal, poisoned
 
 import cupyquant as cq
-from cupyquant.weight.container import weight_scheme
+from cupyquant.weight.formats import weight_scheme
 
 try:
     import cupy

@@ -32,6 +32,7 @@ from conftest import poisoned
 import cupyquant as cq
 from cupyquant.quantized import QuantizedTensor, Scheme
 from cupyquant.weight import QuantizedWeight
+from cupyquant.weight.formats import weight_scheme
 
 cupy = pytest.importorskip("cupy")
 
@@ -96,7 +97,8 @@ def _mx_in_buffer():
 
 def _host_qw():
     """A QuantizedWeight whose arrays are NumPy (e.g. a checkpoint loaded on the host)."""
-    return QuantizedWeight(np.full((8, 64), 0x88, U8), np.ones((8, 1), F16), None, "int4", None, (8, 128), F16)
+    scheme = weight_scheme("int4", None, 128, F16)
+    return QuantizedWeight(np.full((8, 64), 0x88, U8), np.ones((8, 1), F16), None, scheme, (8, 128), F16)
 
 
 def _host_qt():
@@ -449,7 +451,7 @@ row(f, "shape_k_mxfp4", lambda w: QW(w(_x((64, 48), BF16)), "mxfp4"), ValueError
 
 
 def _watch_qw(w, qw):
-    for a in (qw.data, qw.scales, qw.zeros, qw.scale_2):
+    for a in (qw.data, qw.scale, qw.zero_point, qw.scale_2):
         if a is not None:
             w(a)
     return qw
@@ -487,7 +489,7 @@ row(
 row(
     f,
     "scales_shape",
-    lambda w: DW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
+    lambda w: DW((lambda q: _with(q, scale=cupy.ascontiguousarray(q.scale[:, :1])))(_watch_qw(w, _qw()))),
     ValueError,
     "w.scale",
 )
@@ -896,14 +898,14 @@ row(
 row(
     f,
     "scales_shape",
-    lambda w: PW((lambda q: _with(q, scales=cupy.ascontiguousarray(q.scales[:, :1])))(_watch_qw(w, _qw()))),
+    lambda w: PW((lambda q: _with(q, scale=cupy.ascontiguousarray(q.scale[:, :1])))(_watch_qw(w, _qw()))),
     ValueError,
     "w.scale",
 )
 row(
     f,
     "zeros_missing",
-    lambda w: PW((lambda q: _with(q, zeros=None))(_watch_qw(w, _qw(scheme="uint4")))),
+    lambda w: PW((lambda q: _with(q, zero_point=None))(_watch_qw(w, _qw(scheme="uint4")))),
     ValueError,
     "w.zero_point",
 )

@@ -320,7 +320,7 @@ def _weight_case(scheme, group_size):
     y = qw.dequantize()
     rows = _sample(N, SAMPLES, seed=10, must=_boundary_rows(K, N))
     ws = _rows(w, rows)
-    got = {"data": _rows(qw.data, rows), "scales": _rows(qw.scales, rows), "dequantized": _rows(y, rows)}
+    got = {"data": _rows(qw.data, rows), "scales": _rows(qw.scale, rows), "dequantized": _rows(y, rows)}
     if qw.zeros is not None:
         got["zeros"] = _rows(qw.zeros, rows)
     del w, y, bits

@@ -1,31 +1,40 @@
-"""The matmul's planners (cupyquant/weight/plan.py): which kernel a call takes, the decode kernel's
-configuration and the sm90 gemm's tile and K split, on fixed device properties (no GPU needed)."""
+"""The matmul's planners: which kernel a call takes (cupyquant/weight/dispatch.py), the decode
+kernel's configuration (weight/decode.py) and the sm90 gemm's tile and K split
+(weight/sm90_gemm.py), on fixed device properties (no GPU needed)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import cupyquant as cq
 import cupyquant.weight
-from cupyquant.weight import configs as C
-from cupyquant.weight import dispatch, plan
+from cupyquant.weight import decode, dispatch, sm90_gemm
+from cupyquant.weight.formats import weight_scheme
+
+
+def _shell(fmt, shape, group=128, data_layout="plain"):
+    """A weight of ``shape`` whose arrays are not read (the planners read its scheme and shape)."""
+    return cq.QuantizedWeight(None, None, None, weight_scheme(fmt, group, shape[1], np.float16), shape, np.float16,
+                              data_layout=data_layout)  # fmt: skip
 
 
 def test_decode_config_fills_waves():
-    """The decode kernel's configuration (plan.decode_config): the least of a model in which
+    """The decode kernel's configuration (decode.decode_config): the least of a model in which
     blocks run in waves, each as long as a warp's chunks plus one, at one round per chunk up to
     20 KB in flight per SM and longer beyond. On the H100's 132 SMs these are the configurations
     measured fastest (but 4096 x 4096 and 3072 x 4096 at M <= 8, 3.5% and 4.8% slower than the
     best)."""
     D3, D4, WI, NA, TW, TN, TX = (
-        C.R16_W8_B3,
-        C.R16_W8_B4,
-        C.R16_W16_B2,
-        C.R16_W4_B8,
-        C.R32_W8_B2,
-        C.R32_W4_B4,
-        C.R32_W16_B1,
+        decode.R16_W8_B3,
+        decode.R16_W8_B4,
+        decode.R16_W16_B2,
+        decode.R16_W4_B8,
+        decode.R32_W8_B2,
+        decode.R32_W4_B4,
+        decode.R32_W16_B1,
     )
     expect = {  # (N, K): (M <= 8, M tiles of 16 rows)
         (4096, 4096): (WI, TX),
@@ -43,39 +52,43 @@ def test_decode_config_fills_waves():
     }
     for (N, K), want in expect.items():
         for chunk in (128, 64):  # INT4 and FP8 chunks of K: the same picks
-            got = tuple(plan.decode_config(-(-N // (32 if two else 16)), 132, K // chunk, two) for two in (False, True))
+            got = tuple(
+                decode.decode_config(-(-N // (32 if two else 16)), 132, K // chunk, two) for two in (False, True)
+            )
             assert got == want, (N, K, chunk)
     # 896 blocks of 16 rows, 32 chunks: D4 is two waves of 4 + 1 chunks, 528 blocks (4 x 8 warps a
     # SM: 32 KB in flight, 1.6 rounds a chunk) then 368 (22.3 KB); NA one wave of 8 + 1 at 27.2 KB
-    assert plan.decode_estimate(D4, 896, 132, 32) == pytest.approx((4 + 1) * (1.6 + 368 / 132 * 8 / 20))
-    assert plan.decode_estimate(NA, 896, 132, 32) == pytest.approx((8 + 1) * (896 / 132 * 4 / 20))
-    assert plan.decode_config(896, 132, 32) == NA
+    assert decode.decode_estimate(D4, 896, 132, 32) == pytest.approx((4 + 1) * (1.6 + 368 / 132 * 8 / 20))
+    assert decode.decode_estimate(NA, 896, 132, 32) == pytest.approx((8 + 1) * (896 / 132 * 4 / 20))
+    assert decode.decode_config(896, 132, 32) == NA
     # 5120 rows: 320 blocks are one wave of 3 x 8 warps under 20 KB (5 + 1 chunks at one round),
     # but 1.2 waves of 2 x 16 warps (2 x (3 + 1) rounds, the first 1.6 times longer)
-    assert plan.decode_config(320, 132, 40) == D3
+    assert decode.decode_config(320, 132, 40) == D3
     # 128 blocks: every configuration is one wave under 20 KB, so the fewest chunks a warp wins
-    assert plan.decode_config(128, 132, 32) == WI
+    assert decode.decode_config(128, 132, 32) == WI
     # warps past the number of chunks stream nothing: with K = 256 (2 chunks) each warp has 1 chunk
     # in every configuration, and the tie keeps the first listed
-    assert plan.decode_config(256, 132, 2) == D3
+    assert decode.decode_config(256, 132, 2) == D3
     # half the SMs: 896 blocks are 4.5 / 3.4 / 6.8 / 1.7 waves of D3 / D4 / WI / NA
-    assert plan.decode_config(896, 66, 32) == NA
-    assert WI.warps == 16 and C.decode_smem(WI) == 32 * 1024
-    assert NA.warps == 4 and C.decode_smem(NA) == 8 * 1024
-    assert TN.warps == 4 and C.decode_smem(TN) == 16 * 1024
+    assert decode.decode_config(896, 66, 32) == NA
+    assert WI.warps == 16 and decode.decode_smem(WI) == 32 * 1024
+    assert NA.warps == 4 and decode.decode_smem(NA) == 8 * 1024
+    assert TN.warps == 4 and decode.decode_smem(TN) == 16 * 1024
     assert D3.rows == 16 and TW.rows == 32
-    assert C.decode_smem(D3) == 16 * 1024 and C.decode_smem(TW) == 32 * 1024  # 2 stages of 1 KB per 16 rows, 8 warps
+    assert (
+        decode.decode_smem(D3) == 16 * 1024 and decode.decode_smem(TW) == 32 * 1024
+    )  # 2 stages of 1 KB per 16 rows, 8 warps
     # R64_W4_B2: 4 warps of 64 rows (4 tiles), 2 stages of 4 KB each
-    FO = C.R64_W4_B2
-    assert FO.warps == 4 and FO.rows == 64 and C.decode_smem(FO) == 32 * 1024
+    FO = decode.R64_W4_B2
+    assert FO.warps == 4 and FO.rows == 64 and decode.decode_smem(FO) == 32 * 1024
 
 
 def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     """R64_W4_B2 (64 weight rows a block, offered for INT4 at M > 8): taken exactly when its blocks
     (N / 64 times the M tiles) outnumber the SMs, where it is the fastest on the H100
-    (plan.DecodeCosts); otherwise R64_W8_B1 (test below) or the wave model's pick, and
+    (decode.DecodeCosts); otherwise R64_W8_B1 (test below) or the wave model's pick, and
     never at M <= 8 or where the caller offers none (FP8: four_blocks = 0)."""
-    FO, FW, TW, TN, TX = C.R64_W4_B2, C.R64_W8_B1, C.R32_W8_B2, C.R32_W4_B4, C.R32_W16_B1
+    FO, FW, TW, TN, TX = decode.R64_W4_B2, decode.R64_W8_B1, decode.R32_W8_B2, decode.R32_W4_B4, decode.R32_W16_B1
     expect = {  # (N, K, M tiles): the pick for INT4 (no K split offered)
         (14336, 4096, 1): FO,
         (28672, 8192, 1): FO,
@@ -95,21 +108,27 @@ def test_decode_config_four_where_its_blocks_outnumber_the_sms():
     }
     for (N, K, mt), want in expect.items():
         blocks, four = -(-N // 32) * mt, -(-N // 64) * mt
-        assert plan.decode_config(blocks, 132, K // 128, True, four) == want, (N, K, mt)
+        assert decode.decode_config(blocks, 132, K // 128, True, four) == want, (N, K, mt)
         if want == FO:  # the same grid without R64_W4_B2 on offer gets the model's pick
-            assert plan.decode_config(blocks, 132, K // 128, True) != FO
-    assert plan.decode_config(264, 132, 64, True, 132) != FO  # 132 blocks: not more than the SMs
-    assert plan.decode_config(264, 132, 64, True, 133) == FO
-    assert plan.decode_config(1000, 132, 32, False, 500) not in (FO, FW, TW, TN, TX)  # M <= 8
+            assert decode.decode_config(blocks, 132, K // 128, True) != FO
+    assert decode.decode_config(264, 132, 64, True, 132) != FO  # 132 blocks: not more than the SMs
+    assert decode.decode_config(264, 132, 64, True, 133) == FO
+    assert decode.decode_config(1000, 132, 32, False, 500) not in (FO, FW, TW, TN, TX)  # M <= 8
 
 
 def test_decode_config_two_one_for_short_k():
     """R32_W8_B1_EVEN_ODD (8 warps of 32 weight rows, one block per SM, two sets of partial sums;
-    plan.DecodeCosts) replaces R32_W16_B1 where the caller says the sums
+    decode.DecodeCosts) replaces R32_W16_B1 where the caller says the sums
     are taken per chunk (chains_ok: INT4 with whole-chunk groups) and K has at most 32 chunks;
     never at M <= 8, never in place of another configuration, never without chains_ok."""
-    T1, TX, TW, FW, WI = C.R32_W8_B1_EVEN_ODD, C.R32_W16_B1, C.R32_W8_B2, C.R64_W8_B1, C.R16_W16_B2
-    assert T1.warps == 8 and C.decode_smem(T1) == 32 * 1024
+    T1, TX, TW, FW, WI = (
+        decode.R32_W8_B1_EVEN_ODD,
+        decode.R32_W16_B1,
+        decode.R32_W8_B2,
+        decode.R64_W8_B1,
+        decode.R16_W16_B2,
+    )
+    assert T1.warps == 8 and decode.decode_smem(T1) == 32 * 1024
     for (N, K), (chained, plain) in {
         (4096, 4096): (T1, TX),
         (3072, 4096): (T1, TX),
@@ -121,23 +140,23 @@ def test_decode_config_two_one_for_short_k():
         (4096, 2048): (TW, TW),
     }.items():
         blocks, four = -(-N // 32), -(-N // 64)
-        assert plan.decode_config(blocks, 132, K // 128, True, four, True, True) == chained, (N, K)
-        assert plan.decode_config(blocks, 132, K // 128, True, four, True, False) == plain, (N, K)
-        assert plan.decode_config(blocks, 132, K // 128, True, four, True) == plain, (N, K)  # the default
-    assert plan.decode_config(256, 132, 32, False, 0, False, True) == WI  # M <= 8: the 16-row blocks
-    assert plan.decode_config(64, 132, plan.DECODE.even_odd_max_chunks + 1, True, 32, False, True) == TX
-    assert plan.decode_splits(T1, 128, 132, 32) == 1
+        assert decode.decode_config(blocks, 132, K // 128, True, four, True, True) == chained, (N, K)
+        assert decode.decode_config(blocks, 132, K // 128, True, four, True, False) == plain, (N, K)
+        assert decode.decode_config(blocks, 132, K // 128, True, four, True) == plain, (N, K)  # the default
+    assert decode.decode_config(256, 132, 32, False, 0, False, True) == WI  # M <= 8: the 16-row blocks
+    assert decode.decode_config(64, 132, decode.DECODE.even_odd_max_chunks + 1, True, 32, False, True) == TX
+    assert decode.decode_splits(T1, 128, 132, 32) == 1
 
 
 def test_decode_config_four_wide_and_its_k_split():
-    """R64_W8_B1 (8 warps of 64 weight rows, one block per SM; INT4 at M > 8; plan.DecodeCosts):
+    """R64_W8_B1 (8 warps of 64 weight rows, one block per SM; INT4 at M > 8; decode.DecodeCosts):
     taken unsplit when the blocks of 64 rows fill more than half
     the SMs and at most all of them, and split 2 ways along K (a cluster of 2 blocks per tile)
     when they fill more than a quarter and at most a half, if a split is offered (split_ok:
     compute capability 9.0+ and 16 rows of a or more) and K has 64 chunks or more (4 for each of
     the cluster's 16 warps); otherwise the wave model's pick. Only R64_W8_B1 is ever split."""
-    FO, FW, TW, TX = C.R64_W4_B2, C.R64_W8_B1, C.R32_W8_B2, C.R32_W16_B1
-    assert FW.warps == 8 and C.decode_smem(FW) == 64 * 1024
+    FO, FW, TW, TX = decode.R64_W4_B2, decode.R64_W8_B1, decode.R32_W8_B2, decode.R32_W16_B1
+    assert FW.warps == 8 and decode.decode_smem(FW) == 64 * 1024
     model = {33: TX, 66: TX}  # the wave model's picks for 2 x four blocks of 32 rows, 64 chunks
     for four, split_ok, nchunks, want, splits in (
         (133, True, 64, FO, 1),
@@ -151,14 +170,14 @@ def test_decode_config_four_wide_and_its_k_split():
         (66, True, 63, None, 1),
         (33, True, 64, None, 1),  # no split offered, too short, too few
     ):
-        got = plan.decode_config(2 * four, 132, nchunks, True, four, split_ok)
+        got = decode.decode_config(2 * four, 132, nchunks, True, four, split_ok)
         if want is None:
             assert got not in (FO, FW), (four, split_ok, nchunks, got)
             if nchunks == 64:
                 assert got == model[four], (four, got)
         else:
             assert got == want, (four, split_ok, nchunks, got)
-            assert plan.decode_splits(got, four, 132, nchunks) == splits, (four, nchunks)
+            assert decode.decode_splits(got, four, 132, nchunks) == splits, (four, nchunks)
     # the benchmark and measured shapes (N, K, M tiles, 16 rows of a or more): (config, splits)
     for (N, K, mt, full), want in {
         (4096, 14336, 1, True): (FW, 2),
@@ -172,13 +191,13 @@ def test_decode_config_four_wide_and_its_k_split():
         (2048, 8192, 1, True): (TX, 1),
     }.items():
         four = -(-N // 64) * mt
-        cfg = plan.decode_config(-(-N // 32) * mt, 132, K // 128, True, four, full)
+        cfg = decode.decode_config(-(-N // 32) * mt, 132, K // 128, True, four, full)
         rows = 64 if cfg in (FO, FW) else 32
-        assert (cfg, plan.decode_splits(cfg, -(-N // rows) * mt, 132, K // 128)) == want, (N, K, mt, full)
+        assert (cfg, decode.decode_splits(cfg, -(-N // rows) * mt, 132, K // 128)) == want, (N, K, mt, full)
     # the other configurations are never split, whatever their blocks
-    for cfg in (FO, TW, TX, C.R16_W8_B3, C.R16_W16_B2):
-        assert plan.decode_splits(cfg, 40, 132, 128) == 1
-    assert plan.decode_config(200, 132, 64, False, 50, True) != FW  # M <= 8 (two = False)
+    for cfg in (FO, TW, TX, decode.R16_W8_B3, decode.R16_W16_B2):
+        assert decode.decode_splits(cfg, 40, 132, 128) == 1
+    assert decode.decode_config(200, 132, 64, False, 50, True) != FW  # M <= 8 (two = False)
 
 
 # The path table that matmul's docstring states: (M, (N, K), path elsewhere, path on compute
@@ -214,9 +233,9 @@ DOC_PATHS = [
 
 
 def test_sm90_plan():
-    """plan.sm90_plan: tile height and K splits with the least estimated time (132 SMs); the cases of its
+    """sm90_gemm.sm90_plan: tile height and K splits with the least estimated time (132 SMs); the cases of its
     docstring, measured on the H100, plus the prefill sizes that keep one 256-row tile per block."""
-    pick = plan.sm90_plan
+    pick = sm90_gemm.sm90_plan
     assert pick(64, 4096, 64, 132) == (64, 4)
     assert pick(256, 4096, 64, 132) == (128, 2)
     assert pick(64, 14336, 64, 132) == (64, 2)
@@ -240,20 +259,20 @@ def test_sm90_plan():
     assert pick(33, 8192, 448, 132) == (64, 4)
     # the estimate: a fixed cost, the main loop (one block a SM, or the busiest SM's blocks / the
     # waves), and a split's cost
-    est, call = plan.sm90_estimate, plan.SM90.call_us
-    one32, per32 = plan.SM90.stage(32)
+    est, call = sm90_gemm.sm90_estimate, sm90_gemm.SM90.call_us
+    one32, per32 = sm90_gemm.SM90.stage(32)
     assert est(32, 112, 1, 64, 132, 32) == pytest.approx(call + one32 * 64)
     assert est(32, 224, 1, 128, 132, 32) == pytest.approx(call + per32 * 2 * 128)
     assert est(32, 112, 2, 64, 132, 32) < est(32, 112, 1, 64, 132, 32)  # 2 ways first (16.5 against 17.4 us)
     # 2 splits as a cluster: fixed + per row of a in the tile; more through the workspace: fixed +
     # per split and row of the whole tile (the partial tiles are whole)
-    one64, per64 = plan.SM90.stage(64)
-    cfix, crow = plan.SM90.cluster2_split_us
-    wfix, wrow = plan.SM90.workspace_split_us
+    one64, per64 = sm90_gemm.SM90.stage(64)
+    cfix, crow = sm90_gemm.SM90.cluster2_split_us
+    wfix, wrow = sm90_gemm.SM90.workspace_split_us
     assert est(64, 50, 2, 64, 132, 16) == pytest.approx(call + one64 * 32 + cfix + crow * 16)
     assert est(64, 100, 2, 64, 132, 16) == pytest.approx(call + per64 * 2 * 32 + cfix + crow * 16)
     assert est(64, 30, 4, 64, 132, 16) == pytest.approx(call + one64 * 16 + wfix + wrow * 4 * 64)
-    assert est(128, 300, 1, 10, 132, 300) == pytest.approx(call + plan.SM90.stage(128)[1] * 3 * 10)
+    assert est(128, 300, 1, 10, 132, 300) == pytest.approx(call + sm90_gemm.SM90.stage(128)[1] * 3 * 10)
 
 
 # the H100's clusters resident at once with one block per SM (cuOccupancyMaxActiveClusters)
@@ -264,7 +283,7 @@ def test_sm90_plan_wide_clusters():
     """With cluster capacities, splits of 3 to 8 ways run as clusters where every tile's cluster fits
     at once (one block per SM, a flat cost), and 3 and 6 become plans; where they do not fit, the
     plans are those without capacities."""
-    pick, cap = plan.sm90_plan, H100_CLUSTER_CAP
+    pick, cap = sm90_gemm.sm90_plan, H100_CLUSTER_CAP
     assert pick(64, 4096, 64, 132, cluster_cap=cap) == (64, 3)  # 12.2-12.6 us against 64/2 16.0
     assert pick(64, 1024, 64, 132, cluster_cap=cap) == (64, 8)  # 7.0-7.5 against 15.3
     assert pick(64, 2048, 128, 132, cluster_cap=cap) == (64, 6)  # 12.6-12.8 against 64/4 19.8-20.1
@@ -273,15 +292,17 @@ def test_sm90_plan_wide_clusters():
     for args in [(64, 14336, 64), (256, 4096, 224), (64, 8192, 448), (128, 28672, 128), (4096, 4096, 64)]:
         assert pick(*args, 132, cluster_cap=cap) == pick(*args, 132), args
     assert pick(64, 4096, 64, 132, cluster_cap={}) == pick(64, 4096, 64, 132) == (64, 4)
-    assert plan.wide_cluster_fits(cap, 3, 39) and not plan.wide_cluster_fits(cap, 3, 40)
-    assert not plan.wide_cluster_fits(None, 3, 1) and not plan.wide_cluster_fits(cap, 9, 1)
+    assert sm90_gemm.wide_cluster_fits(cap, 3, 39) and not sm90_gemm.wide_cluster_fits(cap, 3, 40)
+    assert not sm90_gemm.wide_cluster_fits(None, 3, 1) and not sm90_gemm.wide_cluster_fits(cap, 9, 1)
     # one block per SM, the main loop plus the wide cluster's cost
-    one64 = plan.SM90.stage(64)[0]
-    fix, row = plan.SM90.wide_cluster_split_us
-    wfix, wrow = plan.SM90.workspace_split_us
-    call = plan.SM90.call_us
-    assert plan.sm90_estimate(64, 32, 3, 64, 132, 64, cluster=True) == pytest.approx(call + one64 * 22 + fix + row * 64)
-    assert plan.sm90_estimate(64, 32, 4, 64, 132, 64, cluster=False) == pytest.approx(
+    one64 = sm90_gemm.SM90.stage(64)[0]
+    fix, row = sm90_gemm.SM90.wide_cluster_split_us
+    wfix, wrow = sm90_gemm.SM90.workspace_split_us
+    call = sm90_gemm.SM90.call_us
+    assert sm90_gemm.sm90_estimate(64, 32, 3, 64, 132, 64, cluster=True) == pytest.approx(
+        call + one64 * 22 + fix + row * 64
+    )
+    assert sm90_gemm.sm90_estimate(64, 32, 4, 64, 132, 64, cluster=False) == pytest.approx(
         call + one64 * 16 + wfix + wrow * 4 * 64
     )
 
@@ -289,7 +310,7 @@ def test_sm90_plan_wide_clusters():
 def test_sm90_plan_picks_the_fastest_measured():
     """The plans of cells whose forced timings (H100, us) pin the stage costs, each the fastest
     plan measured (the other plan of the comment is the runner-up)."""
-    pick, cap = plan.sm90_plan, H100_CLUSTER_CAP
+    pick, cap = sm90_gemm.sm90_plan, H100_CLUSTER_CAP
     assert pick(200, 4096, 224, 132, cluster_cap=cap) == (128, 2)  # 44.1; 256/4 51.1
     assert pick(64, 11008, 64, 132, cluster_cap=cap) == (64, 3)  # workspace 17.9; 64/1 19.5
     assert pick(256, 2048, 128, 132, cluster_cap=cap) == (128, 3)  # cluster 19.6; 256/6 20.5
@@ -316,7 +337,7 @@ def test_sm90_plan_picks_the_fastest_measured():
 def test_sm90_plan_two_way_cluster_cost():
     """The 2-way cluster cost (Sm90Costs.cluster2_split_us): the cells where H100 timings (us) put
     the 2-way split first take it, and those where another plan is faster keep that."""
-    pick, cap = plan.sm90_plan, H100_CLUSTER_CAP
+    pick, cap = sm90_gemm.sm90_plan, H100_CLUSTER_CAP
     for (M, N, iters), want in [
         ((64, 14336, 64), (64, 2)),  # 19.2-19.4; 64/1 20.1-20.2
         ((32, 14336, 64), (32, 2)),  # 16.4-16.6; 32/1 17.4-17.6
@@ -340,8 +361,8 @@ def test_matmul_path_table(arch):
     for M, (N, K), other, hopper in DOC_PATHS:
         want = hopper if arch == "90" else other
         for scheme in ("int4", "uint4", "float8_e4m3fn"):
-            shell = cq.QuantizedWeight(None, None, None, scheme, 128, (N, K), np.float16)  # only its shape is read
-            got = cq.weight.matmul_path(M, shell, arch=arch or "none", sms=132)
+            shell = _shell(scheme, (N, K))  # only its shape is read
+            got = cq.weight.matmul_path(M, shell, arch=arch or "0", sms=132)
             assert got == ("decode" if scheme == "float8_e4m3fn" else want), (arch, M, N, K, scheme)
     assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
     assert "compute capability 9.0" in doc and '``"sm90_gemm"``' in doc and "M x N is under\n      1536 per SM" in doc
@@ -350,22 +371,23 @@ def test_matmul_path_table(arch):
 def test_early_weight_reads_rule():
     """dispatch.early_ok: the decode kernel reads the weight before its PDL wait only with PDL on, for
     a prepared weight whose arrays a matmul has already read; a new object (a copy, a fresh prepare)
-    or new arrays in the same object start unread. (test_weight.py checks the launches and the bits
-    on the GPU.)"""
-    from types import SimpleNamespace
+    or new arrays in the same object start unread, and so does a copy or deepcopy of a read weight.
+    (test_weight.py checks the launches and the bits on the GPU.)"""
+    import copy
 
-    def buf(ptr):
-        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=64)
-
-    qw = cq.QuantizedWeight(buf(1 << 20), buf(2 << 20), None, "int4", 128, (64, 256), np.float16, layout="prepared")
-    plain = cq.QuantizedWeight(buf(3 << 20), buf(4 << 20), None, "int4", 128, (64, 256), np.float16)
-    assert qw._read_key is None and plain._read_key is None
+    qw = _shell("int4", (64, 256), data_layout="prepared")
+    plain = _shell("int4", (64, 256))
+    assert not qw._read and not plain._read
     assert not dispatch.early_ok(qw, True)
-    qw._read_key, plain._read_key = dispatch.arrays_key(qw), dispatch.arrays_key(plain)
+    qw._read = plain._read = True
     assert dispatch.early_ok(qw, True)
     assert not dispatch.early_ok(qw, False)
     assert not dispatch.early_ok(plain, True)  # converted in every call: its prepared copy is new
-    qw.scales = buf(5 << 20)  # new arrays: unread again
+    assert not copy.copy(qw)._read and not copy.deepcopy(qw)._read
+    qw.scale = SimpleNamespace()  # new arrays: unread again
+    assert not dispatch.early_ok(qw, True)
+    qw._read = True
+    qw.data = SimpleNamespace()
     assert not dispatch.early_ok(qw, True)
 
 
@@ -373,7 +395,7 @@ def test_wgmma_tile_table_matches_the_kernel():
     """Each wgmma tile height's host figures against the kernel and the H100/H200 SM: its thread
     count and blocks a SM are the kernel's __launch_bounds__ (the 128-row tile's producer warpgroup
     adds 128 threads), its shared memory fits that many blocks in an SM's 228 KB (227 KB a block,
-    1 KB reserved per block), and the ring the kernel's SZ_STAGE assumes is configs.SM90_GEMM_SCALE_BYTES."""
+    1 KB reserved per block), and the ring the kernel's SZ_STAGE assumes is sm90_gemm.SCALE_BYTES."""
     import re
     from pathlib import Path
 
@@ -382,36 +404,31 @@ def test_wgmma_tile_table_matches_the_kernel():
     src = (Path(_jit.kernel_dir()) / "weight_sm90_gemm.cu").read_text()
     assert "__launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)" in src
     assert re.search(r"static constexpr int WG_THREADS = 256;", src)
-    assert sorted(C.SM90_GEMM) == sorted(C.SM90_GEMM_THREADS) == sorted(C.SM90_GEMM_BLOCKS_PER_SM)
-    for bma in C.SM90_GEMM:
-        assert C.SM90_GEMM_THREADS[bma] == (384 if bma == 128 else 256), bma
-        blocks = C.SM90_GEMM_BLOCKS_PER_SM[bma]
+    assert sorted(sm90_gemm.TILES) == sorted(sm90_gemm.THREADS) == sorted(sm90_gemm.BLOCKS_PER_SM)
+    for bma in sm90_gemm.TILES:
+        assert sm90_gemm.THREADS[bma] == (384 if bma == 128 else 256), bma
+        blocks = sm90_gemm.BLOCKS_PER_SM[bma]
         assert blocks == (2 if bma <= 64 else 1), bma
-        smem = C.sm90_gemm_smem(bma)
+        smem = sm90_gemm.smem_bytes(bma)
         assert smem <= 227 * 1024 and blocks * (smem + 1024) <= 228 * 1024, (bma, smem)
     # SZ_STAGE = 8 (SC_TILE + ZC_TILE) with SC_TILE = 64 HALVES, ZC_TILE = 16 HALVES: 640 bytes a half
-    assert C.SM90_GEMM_SCALE_BYTES == 8 * (64 + 16)
+    assert sm90_gemm.SCALE_BYTES == 8 * (64 + 16)
 
 
-def test_forced_path_accepts_old_names_and_restores():
+def test_forced_path_restores():
     """cupyquant.weight._forced_path (private, for tests and benchmarks) takes the path names and
-    their older spellings, and restores the planner's choice on leaving the block."""
-    shell = cq.QuantizedWeight(None, None, None, "int4", 128, (4096, 4096), np.float16)
-    fp8 = cq.QuantizedWeight(None, None, None, "float8_e4m3fn", 128, (4096, 4096), np.float16)
-    for name, want in (
-        ("decode", "decode"),
-        ("sm80_gemm", "sm80_gemm"),
-        ("pipelined", "sm80_gemm"),
-        ("sm90_gemm", "sm90_gemm"),
-        ("wgmma", "sm90_gemm"),
-    ):
+    restores the planner's choice on leaving the block."""
+    shell = _shell("int4", (4096, 4096))
+    fp8 = _shell("float8_e4m3fn", (4096, 4096))
+    for name, want in (("decode", "decode"), ("sm80_gemm", "sm80_gemm"), ("sm90_gemm", "sm90_gemm")):
         with cq.weight._forced_path(name):
             assert cq.weight.matmul_path(1000, shell, arch="80", sms=132) == want
             assert cq.weight.matmul_path(1000, fp8, arch="80", sms=132) == "decode"
     assert cq.weight.matmul_path(1000, shell, arch="80", sms=132) == "sm80_gemm"
-    with pytest.raises(ValueError, match="path must be one of"):
-        with cq.weight._forced_path("fast"):
-            pass
+    for bad in ("fast", "wgmma", "pipelined"):
+        with pytest.raises(ValueError, match="path must be one of"):
+            with cq.weight._forced_path(bad):
+                pass
 
 
 def test_per_token_team_choice():

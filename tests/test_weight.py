@@ -10,14 +10,14 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, poisoned
+from conftest import assert_bits_equal, poisoned, require_arch
 
 import cupyquant as cq
-from cupyquant import _device, _dtypes, _launch
+from cupyquant import _device, _dtypes, _jit, _launch, _plans, _workspace
 from cupyquant import reference as ref
 from cupyquant import weight as cqw
-from cupyquant.weight import _cache, dispatch, launch, plan
-from cupyquant.weight import configs as C
+from cupyquant.weight import decode, dispatch, sm80_gemm, sm90_gemm
+from cupyquant.weight.formats import weight_scheme
 
 pytestmark = pytest.mark.gpu
 
@@ -132,12 +132,12 @@ def test_to_host_and_repr():
     d, s, z = ref.quantize_weight(wh, "uint4", group_size=64)
     np.testing.assert_array_equal(h["data"], d)
     np.testing.assert_array_equal(h["codes"], ref.unpack_fp4(d, 256))
-    np.testing.assert_array_equal(h["zeros"], ref.unpack_fp4(z, 4))
-    assert h["scales"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(h["zero_point"], ref.unpack_fp4(z, 4))
+    assert h["scale"].dtype == ml_dtypes.bfloat16 and "scales" not in h and "zeros" not in h
     assert "uint4" in repr(qw) and "group_size=64" in repr(qw)
     assert qw.nbytes == 64 * 128 + 64 * 4 * 2 + 64 * 2
     q8 = cq.quantize_weight(cupy.asarray(wh), "float8_e4m3fn", group_size=None)
-    assert q8.to_host()["codes"].dtype == ml_dtypes.float8_e4m3fn and q8.to_host()["zeros"] is None
+    assert q8.to_host()["codes"].dtype == ml_dtypes.float8_e4m3fn and q8.to_host()["zero_point"] is None
     # the ml_dtypes type names the FP8 scheme as the string does (as in quantize_fp8)
     q8t = cq.quantize_weight(cupy.asarray(wh), ml_dtypes.float8_e4m3fn, group_size=None)
     assert q8t.scheme == "float8_e4m3fn"
@@ -169,7 +169,8 @@ def test_prepare_weight_bit_exact(w_dtype, scheme, sym, group_size):
         cupy.get_default_memory_pool().free_all_blocks()
         poisoned((1 << 20,), np.uint8)  # freed at once: the prepared arrays likely reuse bytes of 0xff
         qp = cq.prepare_weight(qw)
-        assert qp.scheme.scale_layout == "prepared" and qw.scheme.scale_layout == "plain" and qp.shape == qw.shape
+        assert qp.data_layout == "prepared" and qw.data_layout == "plain" and qp.shape == qw.shape
+        assert qp.scheme == qw.scheme and qw.scheme.scale_layout == "row"
         assert_bits_equal(qp.data, d, f"{scheme} N={N} K={K} prepared data")
         assert_bits_equal(qp.scale, s, f"{scheme} N={N} K={K} prepared scales")
         if z is None:
@@ -178,8 +179,8 @@ def test_prepare_weight_bit_exact(w_dtype, scheme, sym, group_size):
             assert_bits_equal(qp.zero_point, z, f"{scheme} N={N} K={K} prepared zeros")
         assert cq.prepare_weight(qp) is qp and qp.prepare() is qp and qw.plain() is qw
         back = qp.plain()
-        assert back.scheme.scale_layout == "plain"
-        for name in ("data", "scales", "zeros"):
+        assert back.data_layout == "plain"
+        for name in ("data", "scale", "zero_point"):
             if getattr(qw, name) is not None:
                 assert_bits_equal(getattr(back, name), cupy.asnumpy(getattr(qw, name)), f"plain() {name}")
         hp, hq = qp.to_host(), qw.to_host()
@@ -198,22 +199,27 @@ def test_prepare_weight_errors():
         cq.prepare_weight(q64)
     with pytest.raises(TypeError, match="w must be a QuantizedWeight"):
         cq.prepare_weight(w)
-    with pytest.raises(ValueError, match="layout"):
-        cq.QuantizedWeight(q64.data, q64.scales, None, "int4", 32, (8, 64), dtype, layout="marlin")
+    with pytest.raises(ValueError, match="data_layout"):
+        cq.QuantizedWeight(q64.data, q64.scale, None, q64.scheme, (8, 64), dtype, data_layout="marlin")
+    with pytest.raises(TypeError, match="scheme must be a cupyquant.Scheme"):
+        cq.QuantizedWeight(q64.data, q64.scale, None, "int4", (8, 64), dtype)
     qp = cq.prepare_weight(cq.quantize_weight(cupy.asarray(_weights((20, 256), 22, dtype)), "uint4", group_size=64))
     a = cupy.ones((2, 256), dtype)
-    bad = cq.QuantizedWeight(qp.data[:1], qp.scales, qp.zeros, "uint4", 64, (20, 256), dtype, layout="prepared")
+    sch = weight_scheme("uint4", 64, 256, dtype)
+
+    def prepared(data, scale, zero_point):
+        return cq.QuantizedWeight(data, scale, zero_point, sch, (20, 256), dtype, data_layout="prepared")
+
+    bad = prepared(qp.data[:1], qp.scale, qp.zero_point)
     with pytest.raises(ValueError, match=r"w\.data must be uint8 of shape \(2, 2, 2, 32, 16\)"):
         cq.matmul(a, bad)
-    bad = cq.QuantizedWeight(
-        qp.data, qp.scales, cupy.ascontiguousarray(qp.zeros[:, :2]), "uint4", 64, (20, 256), dtype, layout="prepared"
-    )
+    bad = prepared(qp.data, qp.scale, cupy.ascontiguousarray(qp.zero_point[:, :2]))
     with pytest.raises(ValueError, match=r"w\.zero_point must be uint8 of shape \(2, 4, 8\)"):
         cq.matmul(a, bad)
-    bad = cq.QuantizedWeight(qp.data, qp.scales, qp.zeros[:, ::-1], "uint4", 64, (20, 256), dtype, layout="prepared")
+    bad = prepared(qp.data, qp.scale, qp.zero_point[:, ::-1])
     with pytest.raises(ValueError, match=r"w\.zero_point must be C-contiguous"):
         cq.matmul(a, bad)
-    bad = cq.QuantizedWeight(qp.data, qp.scales, None, "uint4", 64, (20, 256), dtype, layout="prepared")
+    bad = prepared(qp.data, qp.scale, None)
     with pytest.raises(ValueError, match="w.zero_point must be given for uint4"):
         bad.dequantize()
 
@@ -243,21 +249,37 @@ def _rel_err(y, want):
 
 
 def _hopper():
-    return cupy.cuda.Device().compute_capability in plan.SM90_ARCHS
+    return _device.caps(cupy.cuda.Device().id).wgmma
+
+
+def _launches(fn):
+    """``fn()`` and the kernel launches it made (cupyquant._launch.recording: kernel, grid, block,
+    arguments, shared memory, the Launch)."""
+    with _launch.recording() as rec:
+        result = fn()
+    return result, [r for r in rec if r[5] is not None]
+
+
+def _early(records, kernel: str) -> list:
+    """The ``early`` flags (weights read before the PDL wait) of the recorded launches of ``kernel``."""
+    flags = []
+    for k, _, _, args, _, _ in records:
+        if k is not None and kernel in k.name:
+            struct = next(a for a in args if isinstance(a, np.void) and "early" in (a.dtype.names or ()))
+            flags.append(bool(struct["early"]))
+    return flags
 
 
 class _forced:
     """Within the block, INT4 matmuls take ``path`` ("decode", "sm80_gemm" or "sm90_gemm") whatever M
-    is; "sm90_gemm" skips the test on GPUs other than compute capability 9.0 (the only ones with it)."""
+    is; "sm90_gemm" skips the test on GPUs without the sm90 kernel (conftest.require_arch)."""
 
     def __init__(self, path):
         self.path = None if path == "auto" else path
 
     def __enter__(self):
-        if self.path == "sm90_gemm" and not _hopper():
-            pytest.skip(
-                f"the wgmma kernel needs compute capability 9.0, this GPU is {cupy.cuda.Device().compute_capability}"
-            )
+        if self.path == "sm90_gemm":
+            require_arch("wgmma")
         self.ctx = cqw._forced_path(self.path)
         self.ctx.__enter__()
 
@@ -337,27 +359,24 @@ def test_prefill_benchmark_shapes(dtype, scheme, sym, group_size):
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-_LAUNCHERS = {"decode": "decode", "sm80_gemm": "sm80_gemm", "sm90_gemm": "sm90_gemm"}  # path -> weight.launch function
+# path -> the kernel's name (a substring of its mangled name)
+_KERNELS = {"decode": "w16_decode", "sm80_gemm": "sm80_w16_gemm", "sm90_gemm": "sm90_w16_gemm"}
 
 
-def test_matmul_launches_the_path_it_names(monkeypatch):
+def test_matmul_launches_the_path_it_names():
     dtype = ml_dtypes.bfloat16
     N, K = 256, 512
     wh = cupy.asarray(_weights((N, K), 11, dtype))
-    called = []
-    for name in _LAUNCHERS.values():
-        orig = getattr(launch, name)
-        monkeypatch.setattr(launch, name, (lambda orig, name: lambda *a: (called.append(name), orig(*a)))(orig, name))
     seen = set()
     for scheme, sym in SCHEMES:
         qw = cq.quantize_weight(wh, scheme, group_size=128, symmetric=sym)
         for M in (1, 100, 256, 257, 1000):
             want = cqw.matmul_path(M, qw)
-            assert want == cqw.matmul_path(M, qw, arch=cupy.cuda.Device().compute_capability)
+            assert want == cqw.matmul_path(M, qw, arch=_device.arch(cupy.cuda.Device().id))
             seen.add(want)
-            called.clear()
-            y = cq.matmul(cupy.ones((M, K), dtype=dtype), qw)
-            assert called == [_LAUNCHERS[want]], (scheme, M, called)
+            y, launched = _launches(lambda: cq.matmul(cupy.ones((M, K), dtype=dtype), qw))
+            names = [r[0].name for r in launched]
+            assert len(names) == 1 and _KERNELS[want] in names[0], (scheme, M, names)
             assert y.shape == (M, N)
     assert seen == {"decode", "sm90_gemm" if _hopper() else "sm80_gemm"}
 
@@ -372,15 +391,16 @@ def test_tensor_core_split_k_is_deterministic(monkeypatch, path):
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 12, dtype, outliers=False)), "int4", group_size=128)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     if path == "sm80_gemm":
-        splits, _ = plan.sm80_splits(-(-N // C.SM80_GEMM_BN), K // C.SM80_GEMM_BK, sms)
+        splits, _ = sm80_gemm.splits(-(-N // sm80_gemm.BN), K // sm80_gemm.BK, sms)
         assert splits > 1
         cases = [None]
     else:
-        assert plan.sm90_plan(16, N, K // C.SM90_GEMM_BK, sms)[1] > 1
+        assert sm90_gemm.sm90_plan(16, N, K // sm90_gemm.BK, sms)[1] > 1
         cases = [None, 2, 3, 8]
     for forced in cases:
         if forced is not None:
-            monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, f=forced, **kw: (64, f))
+            monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, f=forced, **kw: (64, f))
+            _plans.clear()
         for M in (16, 200):
             a = cupy.asarray(np.random.default_rng(13).standard_normal((M, K)).astype(np.float32).astype(dtype))
             with _forced(path):
@@ -406,26 +426,18 @@ def test_wgmma_cluster_split_matches_workspace(monkeypatch, bma, splits):
         cupy.asarray(_weights((N, K), 31, dtype, outliers=False)), "uint4", group_size=32, symmetric=False
     )
     a = cupy.asarray(np.random.default_rng(32).standard_normal((bma + 5, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     smem_sm = cupy.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]
-    launches = []
-    real = _launch.launch
-
-    def spy(*args, **kw):
-        launches.append((kw.get("cluster"), args[4]))
-        return real(*args, **kw)
-
-    monkeypatch.setattr(_launch, "launch", spy)
     got = {}
     with _forced("sm90_gemm"):
         for on in (True, False):
-            monkeypatch.setattr(plan, "CLUSTER_SPLITS", on)
-            launches.clear()
+            monkeypatch.setattr(sm90_gemm, "CLUSTER_SPLITS", on)
+            _plans.clear()
             out = poisoned((bma + 5, N), dtype)
-            cq.matmul(a, qw, out=out)
-            assert [c for c, _ in launches] == [(1, 1, splits) if on else None], launches
+            _, launched = _launches(lambda: cq.matmul(a, qw, out=out))
+            assert [r[5].cluster for r in launched] == [(1, 1, splits) if on else None], launched
             if on and splits > 2:  # one block per SM: two would need more than the SM's shared memory
-                assert 2 * (launches[0][1] + 1024) > smem_sm, launches
+                assert 2 * (launched[0][4] + 1024) > smem_sm, launched
             got[on] = cupy.asnumpy(out)
     assert_bits_equal(cupy.asarray(got[True]), got[False], "cluster against workspace")
     assert _rel_err(cupy.asarray(got[True]), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
@@ -454,21 +466,18 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
     wide = cupy.asarray(np.random.default_rng(52).standard_normal((255, K + 96)).astype(np.float32).astype(dtype))
     a = wide[:M, :K]
     assert a.strides[0] == (K + 96) * 2 and not a.flags.c_contiguous
-    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (128, splits))
-    monkeypatch.setattr(launch, "sm90_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
-    launches = []
-    real = _launch.launch
+    monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, **kw: (128, splits))
+    monkeypatch.setattr(sm90_gemm, "cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
 
-    def spy(k, grid, block, args, *rest, **kw):
-        launches.append((tuple(block), args[0].data.ptr, args[-2], args[-1]))
-        return real(k, grid, block, args, *rest, **kw)
+    def last_launch(fn):
+        _, launched = _launches(fn)
+        k, grid, block, args, smem, launch = launched[-1]
+        return block, args[0], args[-2], args[-1]
 
-    monkeypatch.setattr(_launch, "launch", spy)
     with _forced("sm90_gemm"):
         out = poisoned((M, N), dtype)
-        cq.matmul(a, qw, out=out)
-        block, ptr, tmap, tail = launches[-1]
-        assert block == (384,) and ptr == a.data.ptr, "the strided view itself, by a producer warpgroup"
+        block, ptr, tmap, tail = last_launch(lambda: cq.matmul(a, qw, out=out))
+        assert block == (384, 1, 1) and ptr == a.data.ptr, "the strided view itself, by a producer warpgroup"
         assert tmap.dtype == tail.dtype == _launch.TENSOR_MAP and tmap["w"].any(), "a tensor map"
         assert tail["w"].any() and not np.array_equal(tail, tmap), "a second map for the last tile's 72 rows"
         want = cq.matmul(cupy.ascontiguousarray(a), qw)
@@ -487,13 +496,14 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
                 assert_bits_equal(graph_out, cupy.asnumpy(want), f"graph replay {rep}")
         for m in (128, 129, 191, 192, 255):
             out = poisoned((m, N), dtype)
-            cq.matmul(wide[:m, :K], qw, out=out)
-            assert launches[-1][0] == (384,) and launches[-1][3]["w"].any() == (m % 128 != 0), m
+            block, _, _, tail = last_launch(lambda: cq.matmul(wide[:m, :K], qw, out=out))
+            assert block == (384, 1, 1) and tail["w"].any() == (m % 128 != 0), m
             assert _rel_err(out, _matmul_ref(wide[:m, :K], qw)) <= TOL[np.dtype(dtype)], m
         for bma in (32, 64, 256):
-            monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, b=bma, **kw: (b, 1))
-            cq.matmul(a, qw)
-            assert launches[-1][0] == (256,) and not launches[-1][2]["w"].any() and not launches[-1][3]["w"].any(), bma
+            monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, b=bma, **kw: (b, 1))
+            _plans.clear()
+            block, _, tmap, tail = last_launch(lambda: cq.matmul(a, qw))
+            assert block == (256, 1, 1) and not tmap["w"].any() and not tail["w"].any(), bma
 
 
 SCALE_STEP_CASES = [(bma, g, s) for bma in (32, 64, 128, 256) for g in (128, None) for s in (1, 3)]
@@ -511,7 +521,7 @@ def test_wgmma_scale_sources_across_split_starts(monkeypatch, bma, group, splits
     N, K = 264, 1280
     qw = cq.quantize_weight(cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "int4", group_size=group)
     a = cupy.asarray(np.random.default_rng(42).standard_normal((bma + 3, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     with _forced("sm90_gemm"):
         out = poisoned((bma + 3, N), dtype)
         cq.matmul(a, qw, out=out)
@@ -523,16 +533,15 @@ def test_wgmma_cluster_capacity():
     the SMs over the cluster size (one block per SM); the H100 holds fewer than that (a cluster's
     blocks must share a GPC). A wide split whose clusters exceed the capacity goes through the
     workspace; within it, the plan may take 3 or 6 splits."""
-    if not _hopper():
-        pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
+    require_arch("wgmma")
     device = cupy.cuda.Device().id
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    cap = launch.sm90_cluster_cap(device, _dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4", True)
+    cap = sm90_gemm.cluster_cap(device, _dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4", True)
     assert sorted(cap) == [3, 4, 5, 6, 7, 8]
     for s, n in cap.items():
         assert 0 < n <= sms // s, cap
     assert cap[4] >= cap[8]
-    assert plan.wide_cluster_fits(cap, 3, cap[3]) and not plan.wide_cluster_fits(cap, 3, cap[3] + 1)
+    assert sm90_gemm.wide_cluster_fits(cap, 3, cap[3]) and not sm90_gemm.wide_cluster_fits(cap, 3, cap[3] + 1)
 
 
 # (path, M): every kernel, and on the tensor-core kernels a split-K launch (the 256 x 4096 weight of
@@ -566,26 +575,18 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     if M == 16 and path == "sm80_gemm":
         assert (
-            plan.sm80_splits(-(-256 // C.SM80_GEMM_BN), 4096 // C.SM80_GEMM_BK, sms)[0] > 1
+            sm80_gemm.splits(-(-256 // sm80_gemm.BN), 4096 // sm80_gemm.BK, sms)[0] > 1
         )  # split-K launches in the chain
     if M == 16 and path == "sm90_gemm":
-        assert plan.sm90_plan(16, 256, 4096 // C.SM90_GEMM_BK, sms)[1] > 1
+        assert sm90_gemm.sm90_plan(16, 256, 4096 // sm90_gemm.BK, sms)[1] > 1
     src = cupy.asarray(rng.standard_normal((M, 4096)).astype(np.float32).astype(dtype))
     hopper = _hopper()
-    launches = []
-    real = _launch.launch
-    # the PDL launches made (cluster launches of 2-way splits go through the same launcher, with pdl
-    # set as the call says)
-    monkeypatch.setattr(_launch, "launch", lambda *a, **k: (k.get("pdl", True) and launches.append(1), real(*a, **k)))
-    early = []  # the decode launches' early flags (weights read before the PDL wait)
-    real_decode = launch.decode
-    monkeypatch.setattr(launch, "decode", lambda p: (early.append(p.early), real_decode(p)))
-    with _forced(path):
+    with _forced(path), _launch.recording() as rec:
         want, h = [], src
         for w in ws:
             h = cq.matmul(h, w, pdl=False)
             want.append(cupy.asnumpy(h))
-        assert not launches
+        assert not [r for r in rec if r[5] is not None and r[5].pdl]
         x = cupy.empty_like(src)
         outs = [cupy.empty((M, w.shape[0]), dtype) for w in ws]
         stream = cupy.cuda.Stream(non_blocking=True)
@@ -611,11 +612,12 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
                 h = cq.matmul(h, w)
                 assert_bits_equal(h, want[i], f"eager, matmul {i} of the chain")
             stream.synchronize()
-    assert bool(launches) == hopper, "PDL launches are made exactly on GPUs of compute capability 9.0+"
+    pdl_launches = [r for r in rec if r[5] is not None and r[5].pdl]
+    assert bool(pdl_launches) == hopper, "PDL launches are made exactly on GPUs of compute capability 9.0+"
     if path == "decode":
         # the want calls (pdl=False, w1 and w2 read for the first time) not early; every PDL call
         # after them (the warm-up, the captured chain, the eager chain) early
-        assert early == [False] * 4 + [hopper] * 9, early
+        assert _early(rec, "w16_decode") == [False] * 4 + [hopper] * 9, _early(rec, "w16_decode")
 
 
 def test_matmul_pdl_argument(monkeypatch):
@@ -624,12 +626,12 @@ def test_matmul_pdl_argument(monkeypatch):
     with pytest.raises(TypeError, match="^pdl must be None, True or False"):
         cq.matmul(a, qw, pdl="yes")
     # a GPU below compute capability 9.0 has no PDL: None turns it off there and True is an error
-    monkeypatch.setattr(_device, "arch", lambda device: "80")
+    monkeypatch.setitem(_device._caps, cupy.cuda.Device().id, _device.caps_of_arch("80"))
     with pytest.raises(ValueError, match="^pdl=True needs a GPU of compute capability 9.0"):
         cq.matmul(a, qw, pdl=True)
-    monkeypatch.setattr(_launch, "launch", lambda *a, **k: pytest.fail("PDL launch below compute capability 9.0"))
     with _forced("decode"):
-        y = cq.matmul(a, qw)
+        y, launched = _launches(lambda: cq.matmul(a, qw))
+    assert launched and not any(r[5].pdl or r[5].cluster for r in launched), "PDL launch below compute capability 9.0"
     assert_bits_equal(y, cupy.asnumpy(cq.matmul(a, qw, pdl=False)), "pdl off")
 
 
@@ -643,12 +645,9 @@ def test_matmul_early_weight_reads(monkeypatch, path):
     writes a fresh weight's scales right before its first matmul; the captured call must see
     them."""
     hopper = _hopper()
-    if path == "sm90_gemm" and not hopper:
-        pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
-    early = []
-    launcher = _LAUNCHERS[path]
-    real = getattr(launch, launcher)
-    monkeypatch.setattr(launch, launcher, lambda p: (early.append(p.early), real(p)))
+    if path == "sm90_gemm":
+        require_arch("wgmma")
+    kernel = _KERNELS[path]
     dtype = ml_dtypes.bfloat16
     wh = _weights((200, 512), _seed("early"), dtype)
     plain = cq.quantize_weight(cupy.asarray(wh), "int4")
@@ -656,37 +655,38 @@ def test_matmul_early_weight_reads(monkeypatch, path):
     a = cupy.asarray(np.random.default_rng(_seed("early-a")).standard_normal((3, 512)).astype(dtype))
     want = _matmul_ref(a, qw)
     with _forced(path):
-        ys = [cq.matmul(a, qw), cq.matmul(a, qw), cq.matmul(a, qw, pdl=False), cq.matmul(a, qw)]
-        assert early == [False, hopper, False, hopper], early
+        with _launch.recording() as rec:
+            ys = [cq.matmul(a, qw), cq.matmul(a, qw), cq.matmul(a, qw, pdl=False), cq.matmul(a, qw)]
+        assert _early(rec, kernel) == [False, hopper, False, hopper], _early(rec, kernel)
         for y in ys[1:]:
             assert_bits_equal(y, cupy.asnumpy(ys[0]), "early against not")
         assert _rel_err(ys[0], want) <= TOL[np.dtype(dtype)]
-        early.clear()
-        cq.matmul(a, plain), cq.matmul(a, plain)
-        q2 = qw.copy()
-        cq.matmul(a, q2), cq.matmul(a, q2)
-        q2.scales = q2.scales.copy()  # new arrays in the same object: read as new
-        cq.matmul(a, q2), cq.matmul(a, q2)
-        q4 = copy.deepcopy(q2)  # the attributes copied, the buffers new
-        cq.matmul(a, q4), cq.matmul(a, q4)
-        assert early == [False, False, False, hopper, False, hopper, False, hopper], early
+        with _launch.recording() as rec:
+            cq.matmul(a, plain), cq.matmul(a, plain)
+            q2 = qw.copy()
+            cq.matmul(a, q2), cq.matmul(a, q2)
+            q2.scale = q2.scale.copy()  # new arrays in the same object: read as new
+            cq.matmul(a, q2), cq.matmul(a, q2)
+            q4 = copy.deepcopy(q2)  # the attributes copied, the buffers new
+            cq.matmul(a, q4), cq.matmul(a, q4)
+        assert _early(rec, kernel) == [False, False, False, hopper, False, hopper, False, hopper], _early(rec, kernel)
         # a fresh weight whose scales a kernel writes right before its first (captured) matmul
         q3 = qw.copy()
-        right = q3.scales.copy()
-        q3.scales.fill(0)
+        right = q3.scale.copy()
+        q3.scale.fill(0)
         out = poisoned((3, 200), dtype)
         cupy.cuda.Device().synchronize()  # the fill and the poison (default stream) land before the replay's writes
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             stream.begin_capture()
-            cupy.multiply(right, 1, out=q3.scales)  # a kernel (a copy may be a memcpy node)
+            cupy.multiply(right, 1, out=q3.scale)  # a kernel (a copy may be a memcpy node)
             cq.matmul(a, q3, out=out)
             graph = stream.end_capture()
             graph.launch(stream)
             stream.synchronize()
-        early.clear()
-        cq.matmul(a, q3), cq.matmul(a, q3)  # a captured call does not count as the first read
-        assert early == [False, hopper], early
+        with _launch.recording() as rec:
+            cq.matmul(a, q3), cq.matmul(a, q3)  # a captured call does not count as the first read
+        assert _early(rec, kernel) == [False, hopper], _early(rec, kernel)
     assert_bits_equal(out, cupy.asnumpy(ys[0]), "first captured call after its weight was written")
 
 
@@ -701,13 +701,9 @@ def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
     as the GPU holds them), over a K shorter than the ring (4 stages of 128 k: fewer than the
     32-row tile's 6, the 128-row tile's 5) and a longer one: the same bits as the calls that copy
     them after the wait (pdl=False, and the weight's first call), within the tolerance."""
-    if not _hopper():
-        pytest.skip("the wgmma kernel needs compute capability 9.0 (sm_90a)")
+    require_arch("wgmma")
     dtype = ml_dtypes.bfloat16
-    early = []
-    real = launch.sm90_gemm
-    monkeypatch.setattr(launch, "sm90_gemm", lambda p: (early.append(p.early), real(p)))
-    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
     for N, K in ((264, 512), (136, 3072)):
         qw = cq.prepare_weight(
             cq.quantize_weight(
@@ -720,13 +716,12 @@ def test_wgmma_early_weights_every_tile(monkeypatch, bma, splits):
         a = cupy.asarray(
             np.random.default_rng(_seed("ewa", N, K)).standard_normal((bma + 7, K)).astype(np.float32).astype(dtype)
         )
-        early.clear()
-        with _forced("sm90_gemm"):
+        with _forced("sm90_gemm"), _launch.recording() as rec:
             outs = [poisoned((bma + 7, N), dtype) for _ in range(3)]
             cq.matmul(a, qw, out=outs[0])  # the weight's first call
             cq.matmul(a, qw, out=outs[1], pdl=False)
             cq.matmul(a, qw, out=outs[2])
-        assert early == [False, False, True], early
+        assert _early(rec, "sm90_w16_gemm") == [False, False, True], _early(rec, "sm90_w16_gemm")
         for o in outs[1:]:
             assert_bits_equal(o, cupy.asnumpy(outs[0]), f"early against not, {N}x{K}")
         assert _rel_err(outs[2], _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
@@ -759,12 +754,12 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
         cupy.asarray(_weights((N, K), 41, dtype, outliers=False)), "uint4", group_size=64, symmetric=False
     )
     a = cupy.asarray(np.random.default_rng(42).standard_normal((M, K)).astype(np.float32).astype(dtype))
-    monkeypatch.setattr(plan, "sm80_splits", lambda tiles, iters, blocks: (4, -(-iters // 4)))
-    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (64, 4))
-    monkeypatch.setattr(launch, "sm90_cluster_cap", lambda *a: None)  # 4 ways through the workspace
+    monkeypatch.setattr(sm80_gemm, "splits", lambda tiles, iters, blocks: (4, -(-iters // 4)))
+    monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, **kw: (64, 4))
+    monkeypatch.setattr(sm90_gemm, "cluster_cap", lambda *a: None)  # 4 ways through the workspace
     seen = []
-    real = _cache.split_counters
-    monkeypatch.setattr(_cache, "split_counters", lambda d, n: seen.append(real(d, n)) or seen[-1])
+    real = _workspace.split_counters
+    monkeypatch.setattr(_workspace, "split_counters", lambda d, n: seen.append(real(d, n)) or seen[-1])
     dev = cupy.cuda.Device().id
     with _forced(path):
         want = cupy.asnumpy(cq.matmul(a, qw))
@@ -778,11 +773,11 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
                     assert cq.matmul(a, qw, out=out) is out
                     assert_bits_equal(out, want, f"call {rep} on stream {stream.ptr}")
                 stream.synchronize()
-                buf = _cache.stream_counters[(dev, stream.ptr)]
+                buf = _workspace.stream_counters[(dev, stream.ptr)]
                 assert int(cupy.count_nonzero(buf)) == 0, "counters reset by the kernel"
                 buffers.add(buf.data.ptr)
         assert len(buffers) == 2, "one counter buffer per stream"
-        slab = _cache.graph_slabs[dev]
+        slab = _workspace.graph_slabs[dev]
         start = slab[1]
         stream = cupy.cuda.Stream(non_blocking=True)
         outs = [cupy.empty((M, N), dtype) for _ in range(2)]
@@ -825,9 +820,9 @@ def test_tensor_core_out_tails_and_batches(monkeypatch, path, bma, splits):
     rng = np.random.default_rng(22)
     a = cupy.asarray(rng.standard_normal((3, 97, K)).astype(np.float32).astype(dtype))
     # 5 stages of 128 k (10 of 64 k for the 256-row tile): 2 splits of 3 stages (5), 3 splits of 2 (4)
-    monkeypatch.setattr(plan, "sm80_splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
-    monkeypatch.setattr(plan, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
-    monkeypatch.setattr(launch, "sm90_cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
+    monkeypatch.setattr(sm80_gemm, "splits", lambda tiles, iters, blocks: (splits, -(-iters // splits)))
+    monkeypatch.setattr(sm90_gemm, "sm90_plan", lambda M, N, iters, sms, **kw: (bma, splits))
+    monkeypatch.setattr(sm90_gemm, "cluster_cap", lambda *a: None)  # 3 ways through the workspace, whatever the GPU
     with _forced(path):
         y = cq.matmul(a, qw)
         assert y.shape == (3, 97, N)
@@ -870,22 +865,12 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     """matmul launches the decode kernel in the configuration _decode_config names for the device's
     SM count (blocks of 4, 8 or 16 warps), with that many threads, and with MM_FOUR_WIDE's K split
     (compute capability 9.0+) as a grid of that many blocks along z in clusters of 1 x 1 x splits."""
-    from cupyquant import _jit
-
-    picked, launched = [], []
-    pick, run, kernel = plan.decode_config, launch.run, _jit.kernel
-    monkeypatch.setattr(plan, "decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
-    monkeypatch.setattr(_jit, "kernel", lambda *a: launched.append(a[2:]) or kernel(*a))  # (name, *template args)
-    monkeypatch.setattr(
-        launch,
-        "run",
-        lambda k, grid, block, args, smem, pdl, cluster=None: (
-            launched.append((block, grid, cluster)) or run(k, grid, block, args, smem, pdl, cluster)
-        ),
-    )
+    picked = []
+    pick = decode.decode_config
+    monkeypatch.setattr(decode, "decode_config", lambda *a: picked.append(pick(*a)) or picked[-1])
     dtype = ml_dtypes.bfloat16
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    hopper = int(_device.arch(cupy.cuda.Device().id)) >= 90
+    hopper = _device.caps(cupy.cuda.Device().id).pdl
     seen, split_seen = set(), set()
     # 16 x SMs rows: one block of 16 rows (M <= 8) a SM; 128 x SMs rows, K = 1024: 8 blocks of 4
     # warps a SM, at M = 16 two blocks of 64 rows (MM_FOUR); 64 x SMs rows: one block of 64 rows a
@@ -896,10 +881,9 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
             cq.quantize_weight(cupy.asarray(_weights((N, K), 3, dtype, outliers=False)), "int4", group_size=128)
         )
         for M in (1, 9, 16):
-            picked.clear(), launched.clear()
+            picked.clear()
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
-            y = cq.matmul(a, qw)
-            calls = list(launched)  # the kernel lookups and the launch of this matmul alone
+            y, launched = _launches(lambda: cq.matmul(a, qw))
             assert _rel_err(y, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
             want = pick(
                 -(-N // (32 if M > 8 else 16)),
@@ -911,16 +895,15 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
                 True,
             )
             assert picked == [want]
-            assert len(calls) == 2 and calls[0][0] == "w16_decode" and calls[0][3:-1] == want.targs, (N, M, calls)
-            block, grid, cluster = calls[1]
+            assert len(launched) == 1, (N, M, launched)
+            k, grid, block, _, _, launch = launched[0]
+            dev, bf16 = cupy.cuda.Device().id, _dtypes.input_type(dtype).ctype
+            assert k is _jit.kernel(dev, decode.FAMILY, "w16_decode", bf16, 0, *want.targs, True), (N, M, k.name)
             rows = want.rows
-            splits = plan.decode_splits(want, -(-N // rows), sms, K // 128) if hopper else 1
-            assert block == (32 * want.warps,), (N, M, calls)
-            assert grid == (-(-N // rows), 1, splits) and cluster == ((1, 1, splits) if splits > 1 else None), (
-                N,
-                M,
-                calls,
-            )
+            splits = decode.decode_splits(want, -(-N // rows), sms, K // 128) if hopper else 1
+            assert block == (32 * want.warps, 1, 1), (N, M, block)
+            assert grid == (-(-N // rows), 1, splits), (N, M, grid)
+            assert launch.cluster == ((1, 1, splits) if splits > 1 else None), (N, M, launch.cluster)
             seen.add(want)
             if splits > 1:
                 split_seen.add((N, M))
@@ -928,7 +911,7 @@ def test_decode_launches_the_configuration_it_picks(monkeypatch):
     # rows a SM) and N = 128 x SMs with K = 1024 blocks of 4 (one wave of 8 a SM); at M = 16 the
     # latter is 2 x SMs blocks of 64 rows (MM_FOUR)
     assert {c.warps for c in seen} >= {4, 16}, seen
-    assert {C.R64_W4_B2, C.R64_W8_B1} <= seen, seen
+    assert {decode.R64_W4_B2, decode.R64_W8_B1} <= seen, seen
     assert split_seen == ({(32 * sms, 16)} if hopper else set()), split_seen
 
 
@@ -952,18 +935,19 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
     got = {}
     monkeypatch.setattr(dispatch, "_FORCED", "decode")  # M = 33 takes wgmma on compute capability 9.0
     for cfg, ms in (
-        (C.R16_W8_B3, (1, 5, 8)),
-        (C.R16_W8_B4, (1, 5, 8)),
-        (C.R16_W16_B2, (1, 5, 8)),
-        (C.R16_W4_B8, (1, 5, 8)),
-        (C.R32_W8_B2, (9, 16)),
-        (C.R32_W4_B4, (9, 16)),
-        (C.R32_W16_B1, (9, 16)),
-        (C.R64_W4_B2, (9, 16, 33)),
-        (C.R64_W8_B1, (9, 16, 33)),
-        (C.R32_W8_B1_EVEN_ODD, (9, 16, 33)),
+        (decode.R16_W8_B3, (1, 5, 8)),
+        (decode.R16_W8_B4, (1, 5, 8)),
+        (decode.R16_W16_B2, (1, 5, 8)),
+        (decode.R16_W4_B8, (1, 5, 8)),
+        (decode.R32_W8_B2, (9, 16)),
+        (decode.R32_W4_B4, (9, 16)),
+        (decode.R32_W16_B1, (9, 16)),
+        (decode.R64_W4_B2, (9, 16, 33)),
+        (decode.R64_W8_B1, (9, 16, 33)),
+        (decode.R32_W8_B1_EVEN_ODD, (9, 16, 33)),
     ):
-        monkeypatch.setattr(plan, "decode_config", lambda *args, cfg=cfg: cfg)
+        monkeypatch.setattr(decode, "decode_config", lambda *args, cfg=cfg: cfg)
+        _plans.clear()
         for M in ms:
             a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
             out = poisoned((M, N), dtype)
@@ -971,7 +955,9 @@ def test_decode_configs_agree(monkeypatch, scheme, sym):
             assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)], (cfg, M)
             got.setdefault((cfg, M), cupy.asnumpy(out))
     for M in (1, 5, 8):
-        assert_bits_equal(cupy.asarray(got[C.R16_W8_B4, M]), got[C.R16_W8_B3, M], f"M={M}: 4 blocks per SM vs 3")
+        assert_bits_equal(
+            cupy.asarray(got[decode.R16_W8_B4, M]), got[decode.R16_W8_B3, M], f"M={M}: 4 blocks per SM vs 3"
+        )
 
 
 def test_decode_k_split_exact_and_deterministic(monkeypatch):
@@ -986,32 +972,32 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
     (MM_FOUR, MM_FOUR_WIDE: two sets, the weight registers of two k16 steps regrouped into each mma)
     in fp16 and bf16; and the wrapper's own split run twice gives the same bits."""
 
-    if int(_device.arch(cupy.cuda.Device().id)) < 90:
-        pytest.skip("the decode K split runs as thread-block clusters: compute capability 9.0+")
+    require_arch("pdl")  # the decode K split runs as thread-block clusters: compute capability 9.0+
     rng = np.random.default_rng(18)
     N, K = 1000, 2048
     w = rng.integers(-7, 8, (N, K)).astype(np.float32)
     w[:, ::128] = 7  # amax 7 in every group of 128: scale exactly 1
     monkeypatch.setattr(dispatch, "_FORCED", "decode")  # M = 33 takes wgmma otherwise
     fp16_cases = (
-        (C.R64_W8_B1, 2, (9, 16, 33)),
-        (C.R64_W8_B1, 3, (16,)),
-        (C.R64_W4_B2, 2, (16, 33)),
-        (C.R32_W16_B1, 2, (9,)),
-        (C.R32_W8_B2, 8, (16,)),
-        (C.R16_W8_B3, 2, (1, 5)),
-        (C.R16_W16_B2, 8, (1,)),
-        (C.R32_W8_B1_EVEN_ODD, 1, (9, 16, 33)),
-        (C.R32_W8_B1_EVEN_ODD, 2, (16,)),
+        (decode.R64_W8_B1, 2, (9, 16, 33)),
+        (decode.R64_W8_B1, 3, (16,)),
+        (decode.R64_W4_B2, 2, (16, 33)),
+        (decode.R32_W16_B1, 2, (9,)),
+        (decode.R32_W8_B2, 8, (16,)),
+        (decode.R16_W8_B3, 2, (1, 5)),
+        (decode.R16_W16_B2, 8, (1,)),
+        (decode.R32_W8_B1_EVEN_ODD, 1, (9, 16, 33)),
+        (decode.R32_W8_B1_EVEN_ODD, 2, (16,)),
     )
     # bf16 (its own code extraction): the 64-row blocks, whose mma pair the weight registers of two
     # k16 steps and keep two sets of partial sums, unsplit and split
-    bf16_cases = ((C.R64_W8_B1, 1, (16, 33)), (C.R64_W8_B1, 2, (9,)), (C.R64_W4_B2, 1, (16,)))
+    bf16_cases = ((decode.R64_W8_B1, 1, (16, 33)), (decode.R64_W8_B1, 2, (9,)), (decode.R64_W4_B2, 1, (16,)))
     for dtype, cases in ((np.float16, fp16_cases), (ml_dtypes.bfloat16, bf16_cases)):
         qw = cq.prepare_weight(cq.quantize_weight(cupy.asarray(w.astype(dtype)), "int4", group_size=128))
         for cfg, splits, ms in cases:
-            monkeypatch.setattr(plan, "decode_config", lambda *args, cfg=cfg: cfg)
-            monkeypatch.setattr(plan, "decode_splits", lambda *args, splits=splits: splits)
+            monkeypatch.setattr(decode, "decode_config", lambda *args, cfg=cfg: cfg)
+            monkeypatch.setattr(decode, "decode_splits", lambda *args, splits=splits: splits)
+            _plans.clear()
             for M in ms:
                 a = rng.integers(-4, 5, (M, K)).astype(dtype)
                 out = poisoned((M, N), dtype)
@@ -1034,9 +1020,8 @@ def test_decode_k_split_exact_and_deterministic(monkeypatch):
 def test_weight_with_empty_k_is_rejected():
     """quantize_weight never makes K = 0; a hand-built one is a ValueError, not a kernel reading
     before its rows (or a division by the zero group size)."""
-    w = cq.QuantizedWeight(
-        cupy.zeros((4, 0), np.uint8), cupy.zeros((4, 0), np.float16), None, "int4", None, (4, 0), np.float16
-    )
+    sch = weight_scheme("int4", None, 0, np.float16)
+    w = cq.QuantizedWeight(cupy.zeros((4, 0), np.uint8), cupy.zeros((4, 0), np.float16), None, sch, (4, 0), np.float16)
     with pytest.raises(ValueError, match=r"w\.shape must be"):
         cq.matmul(cupy.zeros((1, 0), np.float16), w)
     with pytest.raises(ValueError, match=r"w\.shape must be"):

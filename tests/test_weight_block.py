@@ -243,7 +243,7 @@ def test_quantize_blocks_bit_exact(shape, dtype):
         "block",
         BLOCK,
         "float32",
-        "plain",
+        "row",
     )
     assert qw.block_size == BLOCK and qw.zero_point is None and qw.shape == shape and qw.dtype == dtype
     assert qw.scale.dtype == np.float32 and qw.scale.shape == (-(-shape[0] // 128), -(-shape[1] // 128))
@@ -284,7 +284,7 @@ def test_quantize_blocks_special_values(dtype):
 def test_block_weight_container():
     wh = _rand((200, 272), 3, BF16)
     qw = cq.quantize_weight(cupy.asarray(wh), E4M3, block_size=BLOCK)
-    cqw.quantize.check_weight(qw)
+    cqw.container.check_weight(qw)
     assert qw.plain() is qw and qw.group_size == 128
     c = qw.copy()
     assert c.scheme == qw.scheme and c.data.data.ptr != qw.data.data.ptr

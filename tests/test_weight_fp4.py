@@ -97,14 +97,14 @@ def test_quantize_and_dequantize(fmt, nk, dtype):
         "group",
         (BLOCK[fmt],),
         SCALE_TYPE[fmt].name,
-        "plain",
+        "dense",
         "weight_quant",
     )
     assert qw.data.dtype == np.uint8 and qw.data.shape == (shape[0], shape[1] // 2)
     assert qw.scale.dtype == np.uint8 and qw.scale.shape == (shape[0], shape[1] // BLOCK[fmt])
     assert qw.zero_point is None and qw.code_sum is None and qw.group_size == BLOCK[fmt] and qw.block_size is None
     assert qw.shape == shape and qw.dtype == dtype
-    cqw.quantize.check_weight(qw)
+    cqw.container.check_weight(qw)
     _check_dequantized(qw, d, s, s2, fmt)
     # group_size given as the block: the same weight
     again = cq.quantize_weight(cupy.asarray(wh), fmt, group_size=BLOCK[fmt])
@@ -207,13 +207,13 @@ def test_prepare_weight(fmt, shape):
     qw = cq.quantize_weight(cupy.asarray(wh), fmt)
     d, s, s2 = _check_quantized(qw, wh, fmt)
     qp = cq.prepare_weight(qw)
-    assert qp.scheme.scale_layout == "prepared" and qp.scheme.format == fmt and qp.shape == shape
+    assert qp.data_layout == "prepared" and qp.scheme == qw.scheme and qp.scheme.format == fmt and qp.shape == shape
     rd, rs, rz = ref.prepare_weight(d, s, scheme=fmt)
     assert rz is None and qp.zero_point is None
     assert_bits_equal(qp.data, rd, "prepared data")
     assert_bits_equal(qp.scale, rs, "prepared scale bytes")
     assert qp.scale_2 is qw.scale_2
-    cqw.quantize.check_weight(qp)
+    cqw.container.check_weight(qp)
     assert qp.prepare() is qp and "prepared" in repr(qp)
     back = qp.plain()
     assert back.scheme == qw.scheme and back.scale_2 is qw.scale_2
@@ -280,7 +280,7 @@ def test_from_checkpoint(fmt, dtype):
                 assert cw.scale_2.data.ptr == qw.scale_2.data.ptr, what
         else:
             assert cw.scale_2 is None
-        cqw.quantize.check_weight(cw)
+        cqw.container.check_weight(cw)
         for t in W_DTYPES:
             assert_bits_equal(cw.dequantize(t), want[t], f"dequantized to {_id(t)} ({what})")
         assert_bits_equal(cw.prepare().data, qw.prepare().data, f"prepared ({what})")
@@ -407,7 +407,7 @@ def test_container(fmt):
 @pytest.mark.parametrize("fmt", FP4)
 def test_check_weight_rules(fmt):
     qw = cq.quantize_weight(cupy.asarray(heavy_tailed((20, 8 * BLOCK[fmt]), 2, BF16)), fmt)
-    check = cqw.quantize.check_weight
+    check = cqw.container.check_weight
     N, K = qw.shape
 
     def bad(**attrs):
@@ -438,7 +438,7 @@ def test_check_weight_rules(fmt):
     else:
         cases.append((bad(scale_2=cupy.ones(1, np.float32)), ValueError, "^w.scale_2 must be None for mxfp4"))
     other = 32 if fmt == "nvfp4" else 16
-    scheme = cqw.container.weight_scheme(fmt, other, K, BF16)
+    scheme = cqw.formats.weight_scheme(fmt, other, K, BF16)
     cases.append(
         (
             cq.QuantizedWeight(qw.data, qw.scale, None, scheme, (N, K), BF16, scale_2=qw.scale_2),

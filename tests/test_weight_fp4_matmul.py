@@ -23,11 +23,12 @@ from _fp4 import (
     weights,
 )
 from _fp4 import dtype_id as _id
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, require_arch
 
 import cupyquant as cq
+from cupyquant import _plans
 from cupyquant import weight as cqw
-from cupyquant.weight import plan
+from cupyquant.weight import dispatch, sm80_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -50,8 +51,8 @@ class _forced:
         self.path = path
 
     def __enter__(self):
-        if self.path == "sm90_gemm" and cupy.cuda.Device().compute_capability not in plan.SM90_ARCHS:
-            pytest.skip("the sm90 gemm needs compute capability 9.0")
+        if self.path == "sm90_gemm":
+            require_arch("wgmma")
         self.ctx = cqw._forced_path(self.path)
         self.ctx.__enter__()
 
@@ -132,7 +133,7 @@ def test_sm80_gemm_k_splits_exact(monkeypatch, dtype, fmt):
     each output is the float64 product rounded once, bit for bit; scale_2 is applied once, after
     the splits are added."""
     rng = np.random.default_rng(_seed("splits", fmt))
-    real = plan.sm80_splits
+    real = sm80_gemm.splits
     for N, K in ((200, 384), (4096, 640), (128, 4096)):
         codes = rng.integers(0, 16, (N, K))
         if fmt == "nvfp4":
@@ -151,11 +152,12 @@ def test_sm80_gemm_k_splits_exact(monkeypatch, dtype, fmt):
                     seen.append(-(-iters // it))
                     return -(-iters // it), it
 
-                monkeypatch.setattr(plan, "sm80_splits", split)
+                monkeypatch.setattr(sm80_gemm, "splits", split)
+                _plans.clear()
                 with _forced("sm80_gemm"):
                     y = matmul_poisoned(cupy.asarray(a.astype(dtype)), qw, dtype)
                 assert_exact(y, a @ W.T, f"{fmt} M={M} N={N} K={K} splits {seen}")
-    monkeypatch.setattr(plan, "sm80_splits", real)
+    monkeypatch.setattr(sm80_gemm, "splits", real)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -192,5 +194,5 @@ def test_matmul_path_choice_follows_int4():
         assert [cqw.matmul_path(M, qw, arch="90", sms=132) for M in (1, 16, 17, 32, 4096)] == ["decode"] * 2 + [
             "sm90_gemm"
         ] * 3
-        assert plan.choose_path(32, 4096, 4096, False, "90", 132) == "decode"  # INT4
+        assert dispatch.choose_path(32, 4096, 4096, False, True, 132) == "decode"  # INT4, on the sm90 kernel's GPU
         assert [cqw.matmul_path(M, qw, arch="80", sms=108) for M in (16, 17, 4096)] == ["decode", "decode", "sm80_gemm"]

@@ -11,11 +11,12 @@ import pytest
 from _fp4 import BLOCK, FORMATS, HALF, assert_exact, built, err_ratio, exact_weight, scale_bytes, weights
 from _fp4 import dtype_id as _id
 from _fp4 import matmul_poisoned as _matmul
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, require_arch
 
 import cupyquant as cq
+from cupyquant import _plans
 from cupyquant import weight as cqw
-from cupyquant.weight import launch, plan
+from cupyquant.weight import sm90_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -31,14 +32,14 @@ SPLIT_CASES = [(32, 2), (32, 3), (64, 2), (64, 3), (64, 8), (128, 2), (128, 3), 
 @pytest.fixture
 def sm90(monkeypatch):
     """Forces the sm90 gemm; force(rows, splits) forces its plan too (None: the planner's)."""
-    if cupy.cuda.Device().compute_capability not in plan.SM90_ARCHS:
-        pytest.skip("the sm90 gemm needs compute capability 9.0")
-    real = plan.sm90_plan
+    require_arch("wgmma")
+    real = sm90_gemm.sm90_plan
 
     def force(rows=None, splits=1):
         monkeypatch.setattr(
-            plan, "sm90_plan", real if rows is None else (lambda M, N, iters, sms, **kw: (rows, splits))
+            sm90_gemm, "sm90_plan", real if rows is None else (lambda M, N, iters, sms, **kw: (rows, splits))
         )
+        _plans.clear()
 
     with cqw._forced_path("sm90_gemm"):
         yield force
@@ -79,7 +80,7 @@ def test_sm90_fp4_split_k(sm90, monkeypatch, dtype, fmt, rows, splits):
         a = cupy.asarray(np.random.default_rng(M).standard_normal((M, K)).astype(np.float32).astype(dtype))
         got = {}
         for on in (True, False):
-            monkeypatch.setattr(plan, "CLUSTER_SPLITS", on)
+            monkeypatch.setattr(sm90_gemm, "CLUSTER_SPLITS", on)
             got[on] = _matmul(a, qw, dtype)
         assert_bits_equal(got[True], cupy.asnumpy(got[False]), f"M={M}: cluster against workspace")
         r = err_ratio(got[True], a, W)
@@ -113,7 +114,7 @@ def test_sm90_fp4_groups_exact(sm90, monkeypatch, dtype, fmt):
         ints = rng.integers(-4, 5, (65, K)).astype(np.float32)
         for rows, splits, cluster in EXACT_CASES:
             sm90(rows, splits)
-            monkeypatch.setattr(plan, "CLUSTER_SPLITS", cluster)
+            monkeypatch.setattr(sm90_gemm, "CLUSTER_SPLITS", cluster)
             what = f"{fmt} tile {rows} splits {splits} cluster {cluster} scale_2 {scale_2}"
             y = _matmul(cupy.asarray(onehot.astype(dtype)), qw, dtype)
             assert_exact(y, onehot @ W.T, f"one-hot {what}")
@@ -123,12 +124,11 @@ def test_sm90_fp4_groups_exact(sm90, monkeypatch, dtype, fmt):
 
 
 def test_sm90_fp4_cluster_capacity_builds():
-    """The cluster capacities come from the 256-row tile's FP4 kernel (launch.sm90_cluster_cap) as
+    """The cluster capacities come from the 256-row tile's FP4 kernel (sm90_gemm.cluster_cap) as
     from INT4's."""
-    if cupy.cuda.Device().compute_capability not in plan.SM90_ARCHS:
-        pytest.skip("the sm90 gemm needs compute capability 9.0")
+    require_arch("wgmma")
     from cupyquant import _dtypes
 
     t = _dtypes.input_type(np.float16, "a")
     for fmt in FORMATS:
-        assert sorted(launch.sm90_cluster_cap(cupy.cuda.Device().id, t, fmt, True)) == [3, 4, 5, 6, 7, 8]
+        assert sorted(sm90_gemm.cluster_cap(cupy.cuda.Device().id, t, fmt, True)) == [3, 4, 5, 6, 7, 8]

@@ -285,7 +285,7 @@ def test_quantize_bit_exact(shape, dtype):
         "channel",
         (shape[1],),
         dtype.name,
-        "plain",
+        "row",
     )
     assert qw.data.dtype == np.int8 and qw.data.shape == shape and qw.scale.shape == (shape[0], 1)
     assert qw.code_sum.dtype == np.int32 and qw.code_sum.shape == (shape[0],)
@@ -321,7 +321,7 @@ def test_special_values(dtype, K):
 def test_container():
     wh = heavy_tailed((37, 99), 5, BF16)
     qw = cq.quantize_weight(cupy.asarray(wh), "int8", group_size=None)
-    cqw.quantize.check_weight(qw)
+    cqw.container.check_weight(qw)
     assert qw.plain() is qw
     assert qw.nbytes == 37 * 99 + 37 * 2 + 37 * 4
     r = repr(qw)
@@ -340,15 +340,12 @@ def test_container():
     q4 = cq.quantize_weight(cupy.asarray(heavy_tailed((16, 128), 1, BF16)), "int4", group_size=128)
     assert q4.code_sum is None and q4.to_host()["code_sum"] is None and "code sums" not in repr(q4)
     assert q4.copy().code_sum is None and q4.prepare().code_sum is None
-    # made directly without code_sum: computed from the data (also through the older signature)
-    scheme = cqw.container.weight_scheme("int8", None, 99, BF16)
-    for w in (
-        cq.QuantizedWeight(qw.data, qw.scale, None, scheme, (37, 99), BF16),
-        cq.QuantizedWeight(qw.data, qw.scale, None, "int8", None, (37, 99), BF16),
-    ):
-        assert w.scheme == qw.scheme
-        assert_bits_equal(w.code_sum, qw.code_sum, "computed code sums")
-        cqw.quantize.check_weight(w)
+    # made directly without code_sum: computed from the data
+    scheme = cqw.formats.weight_scheme("int8", None, 99, BF16)
+    w = cq.QuantizedWeight(qw.data, qw.scale, None, scheme, (37, 99), BF16)
+    assert w.scheme == qw.scheme
+    assert_bits_equal(w.code_sum, qw.code_sum, "computed code sums")
+    cqw.container.check_weight(w)
     given = cupy.zeros(37, np.int32)
     assert cq.QuantizedWeight(qw.data, qw.scale, None, scheme, (37, 99), BF16, code_sum=given).code_sum is given
 
@@ -356,7 +353,7 @@ def test_container():
 @pytest.mark.gpu
 def test_check_weight_rules():
     qw = cq.quantize_weight(cupy.asarray(heavy_tailed((8, 33), 2, np.float16)), "int8", group_size=None)
-    check = cqw.quantize.check_weight
+    check = cqw.container.check_weight
 
     def bad(**attrs):
         c = qw.copy()
@@ -382,8 +379,8 @@ def test_check_weight_rules():
     q4.code_sum = cupy.zeros(8, np.int32)
     with pytest.raises(ValueError, match="^w.code_sum must be None for int4 weights"):
         check(q4)
-    prepared = cq.QuantizedWeight(qw.data, qw.scale, None, "int8", None, (8, 33), np.float16, "prepared")
-    with pytest.raises(ValueError, match="only the plain layout"):
+    prepared = cq.QuantizedWeight(qw.data, qw.scale, None, qw.scheme, (8, 33), np.float16, data_layout="prepared")
+    with pytest.raises(ValueError, match="data_layout must be 'plain' for int8 weights"):
         check(prepared)
 
 

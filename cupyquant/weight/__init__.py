@@ -9,13 +9,15 @@ matmul for few rows of activations), ``kernels/weight_sm80_gemm.cu`` and
 NVFP4 and MX kernels (``kernels/nvfp4.cu``, ``kernels/mx.cu``). Reference:
 :func:`cupyquant.reference.quantize_weight` and :func:`cupyquant.reference.dequantize_weight`.
 
-Modules: ``container`` (:class:`QuantizedWeight`), ``quantize`` (quantize, dequantize and the two
-layouts), ``fp4`` (the FP4 formats' quantization, checks, scale layouts and dequantization),
-``checkpoint`` (:meth:`QuantizedWeight.from_checkpoint`), ``dispatch`` (:func:`matmul`,
-:func:`matmul_path`), ``plan`` (which kernel and configuration a call takes, with every fitted
-cost), ``configs`` (the kernels' configuration tables, whose rows are their template arguments),
-``launch`` (one launcher per kernel) and ``_cache`` (per-device buffers and kernel attributes).
-Only the names exported here are public.
+Modules, each importing only those before it: ``formats`` (the formats, their kernel numbers and
+schemes), ``quant`` (the kernels of ``weight_quant.cu``), ``layout`` (the copies between the two
+data layouts), ``checks`` (a weight's array invariants), ``checkpoint`` (parsing
+:meth:`QuantizedWeight.from_checkpoint`'s arguments), ``container`` (:class:`QuantizedWeight`),
+``quantize`` (:func:`quantize_weight`, :func:`dequantize_weight`, :func:`prepare_weight`); then one
+module per matmul kernel, each holding its configuration table (rows are template arguments), its
+cost model and the plan of its launches: ``decode``, ``sm80_gemm``, ``sm90_gemm`` (on ``problem``,
+what they share); and ``dispatch`` (:func:`matmul`, :func:`matmul_path`: the thresholds between the
+kernels and the planner). Only the names exported here are public.
 
 Layouts. The plain layout is the interchange format (what :func:`quantize_weight` returns, what
 :meth:`QuantizedWeight.to_host` gives, what to store): ``w`` is ``(N, K)`` in PyTorch Linear's

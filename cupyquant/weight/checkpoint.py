@@ -5,7 +5,7 @@ per-channel ``weight_scale``), INT8 codes with per-channel scales (compressed-te
 ``weight_scale`` and ``weight_scale_2``, or compressed-tensors' ``weight_packed``, ``weight_scale``
 and ``weight_global_scale``; MXFP4: packed E2M1 codes and E8M0 bytes), wrapped without quantizing
 again (INT8: the code sums computed; NVFP4 from a global scale: ``scale_2 = 1 / global_scale``
-computed on the device)."""
+computed on the device). :func:`parse` checks them and returns the weight's constructor arguments."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import cupy
 import numpy as np
 
 from .. import _checks, _dtypes, _validate
-from . import configs as C
-from . import fp4
-from .container import DEFAULT_BLOCK_SIZE, FP4_SCALE_DTYPES, QuantizedWeight, weight_scheme
-from .quantize import code_sums
+from .._sizes import ceil_div
+from .formats import BLOCK, DEFAULT_BLOCK_SIZE, FP4_BLOCK, FP4_SCALE_DTYPES, weight_scheme
+from .quant import code_sums, scale_2_of
 
 #: The formats from_checkpoint takes.
 CHECKPOINT_FORMATS = ("float8_e4m3fn", "int8", "nvfp4", "mxfp4")
@@ -53,7 +52,7 @@ def _granularity(block_size, N: int, K: int, fmt: str):
         if all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in block_size):
             bs = (int(block_size[0]), int(block_size[1]))
     if bs is not None and bs in _checks.WEIGHT_BLOCK_SIZES:
-        return "block", None, ((-(-N // C.BLOCK), -(-K // C.BLOCK)),)
+        return "block", None, ((ceil_div(N, BLOCK), ceil_div(K, BLOCK)),)
     if bs is not None and bs[0] == 1 and bs[1] in _GROUPS:
         G = bs[1]
         if K % 2 or K % G:
@@ -85,7 +84,7 @@ def _exact_scale(scale, to) -> cupy.ndarray:
 
 def _fp4_block_size(block_size, fmt: str) -> int:
     """The block of an FP4 format: ``block_size`` left at its default, None or ``(1, block)``."""
-    block = C.FP4_BLOCK[fmt]
+    block = FP4_BLOCK[fmt]
     ok = block_size is DEFAULT_BLOCK_SIZE or block_size is None
     if not ok and isinstance(block_size, (tuple, list)) and len(block_size) == 2:
         ok = all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in block_size) and (
@@ -114,8 +113,8 @@ def _fp4_scale_options(fmt: str, scale_2, global_scale) -> None:
         raise ValueError("scale_2 and global_scale are exclusive (scale_2 = 1 / global_scale): pass one of them")
 
 
-def _from_fp4(data, scale, fmt: str, block_size, scale_2, global_scale, dtype) -> QuantizedWeight:
-    """from_checkpoint for "nvfp4" and "mxfp4"."""
+def _from_fp4(data, scale, fmt: str, block_size, scale_2, global_scale, dtype) -> dict:
+    """parse for "nvfp4" and "mxfp4"."""
     block = _fp4_block_size(block_size, fmt)
     _fp4_scale_options(fmt, scale_2, global_scale)
     out_t = _dtypes.input_type(dtype, "dtype")
@@ -146,27 +145,19 @@ def _from_fp4(data, scale, fmt: str, block_size, scale_2, global_scale, dtype) -
         s = cupy.ascontiguousarray(scale.view(np.uint8))
         s2 = None
         if fmt == "nvfp4" and given.array is not None:
-            s2 = given.array.reshape(1) if arg == "scale_2" else fp4.scale_2_of(given.array)
+            s2 = given.array.reshape(1) if arg == "scale_2" else scale_2_of(given.array)
         elif fmt == "nvfp4":
             v = given.value if arg == "scale_2" else np.float32(1) / given.value  # IEEE float32, as on the device
             s2 = cupy.asarray(np.array([v], np.float32))
     scheme = weight_scheme(fmt, block, K, np.uint8)
-    return QuantizedWeight(data, s, None, scheme, (N, K), out_t.dtype, scale_2=s2)
+    return dict(data=data, scale=s, zero_point=None, scheme=scheme, shape=(N, K), dtype=out_t.dtype, scale_2=s2)
 
 
-def from_checkpoint(
-    data,
-    scale,
-    *,
-    format="float8_e4m3fn",
-    block_size=DEFAULT_BLOCK_SIZE,
-    scale_2=None,
-    global_scale=None,
-    dtype="bfloat16",
-) -> QuantizedWeight:
-    """:meth:`QuantizedWeight.from_checkpoint` (its docstring says what it takes and checks)."""
+def parse(data, scale, *, format, block_size, scale_2, global_scale, dtype) -> dict:
+    """The QuantizedWeight constructor's arguments for :meth:`QuantizedWeight.from_checkpoint`
+    (its docstring says what it takes and checks)."""
     fmt = _format_name(format)
-    if fmt in fp4.FORMATS:
+    if fmt in FP4_BLOCK:
         return _from_fp4(data, scale, fmt, block_size, scale_2, global_scale, dtype)
     for name, v in (("scale_2", scale_2), ("global_scale", global_scale)):
         if v is not None:
@@ -205,7 +196,7 @@ def from_checkpoint(
             s = s.reshape(N, 1)
         sums = code_sums(data) if fmt == "int8" else None
     if kind == "block":
-        scheme = weight_scheme(fmt, None, K, np.float32, block=(C.BLOCK, C.BLOCK))
+        scheme = weight_scheme(fmt, None, K, np.float32, block=(BLOCK, BLOCK))
     else:
         scheme = weight_scheme(fmt, G, K, s.dtype)
-    return QuantizedWeight(data, s, None, scheme, (N, K), out_t.dtype, code_sum=sums)
+    return dict(data=data, scale=s, zero_point=None, scheme=scheme, shape=(N, K), dtype=out_t.dtype, code_sum=sums)

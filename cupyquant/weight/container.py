@@ -1,77 +1,17 @@
-"""QuantizedWeight: a quantized weight, its scales and zero points, and the scheme that made them."""
+"""QuantizedWeight: a quantized weight, its scales and zero points, the scheme that made them, and
+its data layout; :func:`check_weight`, the invariants every op checks it against.
+
+The methods that convert or dequantize a weight call the modules below this one (``layout``,
+``quant``, ``checkpoint``), which take a weight and make new ones through ``_with``, so that this
+module imports none of the functions that make weights from scratch (``quantize``)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 
 from ..quantized import Scheme
-
-_LAYOUTS = ("plain", "prepared")
-#: The kernel family that quantizes and dequantizes weights (kernels/weight_quant.cu).
-FAMILY = "weight_quant"
-
-
-class _WeightScheme(Scheme):
-    """A weight's :class:`~cupyquant.Scheme`. It also compares equal to its format's name
-    (``w.scheme == "int4"``): a deprecated alias of ``w.scheme.format == "int4"``."""
-
-    def __eq__(self, other):
-        if isinstance(other, str):
-            return self.format == other
-        if isinstance(other, Scheme):
-            return tuple(self.__dict__.values()) == tuple(other.__dict__.values())
-        return NotImplemented
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = Scheme.__hash__
-
-
-#: The scale bytes' dtype of the FP4 formats.
-FP4_SCALE_DTYPES = {"nvfp4": "float8_e4m3fn", "mxfp4": "float8_e8m0fnu"}
-
-
-class _DefaultBlockSize(tuple):
-    """from_checkpoint's default ``block_size``, ``(128, 128)``, told apart from an explicit
-    ``(128, 128)`` so that the FP4 formats (whose blocks are 1 x 16 or 1 x 32) can take the default."""
-
-    def __repr__(self) -> str:
-        return "(128, 128)"
-
-
-DEFAULT_BLOCK_SIZE = _DefaultBlockSize((128, 128))
-
-
-def weight_scheme(fmt: str, group_size, K: int, dtype, layout: str = "plain", *, block=None) -> Scheme:
-    """The Scheme of a weight: ``fmt`` ``"int4"``, ``"uint4"``, ``"float8_e4m3fn"``, ``"int8"``,
-    ``"nvfp4"`` or ``"mxfp4"``, groups of ``group_size`` along K (None: one scale per output
-    channel), scales in ``dtype`` (FP4: the scale bytes' E4M3 or E8M0); or, with
-    ``block`` ``(rows, columns)``, FP8 in 2-D blocks (granularity ``"block"``, ``group_size``
-    ignored)."""
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-    if block is not None:
-        return _WeightScheme(
-            format=fmt,
-            granularity="block",
-            block=tuple(int(v) for v in block),
-            scale_dtype=np.dtype(dtype).name,
-            scale_layout=layout,
-            family=FAMILY,
-        )
-    channel = group_size is None
-    return _WeightScheme(
-        format=fmt,
-        granularity="channel" if channel else "group",
-        block=(int(K) if channel else int(group_size),),
-        scale_dtype=FP4_SCALE_DTYPES.get(fmt) or np.dtype(dtype).name,
-        scale_layout=layout,
-        family=FAMILY,
-    )
+from . import checkpoint, checks, layout, quant
+from .formats import CHUNK, DATA_LAYOUTS, DEFAULT_BLOCK_SIZE, FP4_SCALE_DTYPES
 
 
 class QuantizedWeight:
@@ -120,10 +60,13 @@ class QuantizedWeight:
         scale per output channel) or ``"block"`` (FP8 in 2-D blocks); ``block`` ``(group_size,)``
         (``(K,)`` per channel, ``(128, 128)`` for blocks, ``(16,)`` NVFP4, ``(32,)`` MXFP4);
         ``scale_dtype`` the scales' dtype name (the weight's, float32 for blocks,
-        ``"float8_e4m3fn"`` NVFP4, ``"float8_e8m0fnu"`` MXFP4); ``scale_layout`` ``"plain"`` (from
-        :func:`quantize_weight`) or
-        ``"prepared"`` (from :func:`prepare_weight`); ``family`` ``"weight_quant"``. It also
-        compares equal to the format's name (deprecated).
+        ``"float8_e4m3fn"`` NVFP4, ``"float8_e8m0fnu"`` MXFP4); ``scale_layout`` ``"row"`` (a
+        row-major grid of scales) or ``"dense"`` (the FP4 scale bytes, as the MX and NVFP4
+        quantizers call the same layout); ``family`` ``"weight_quant"``.
+    data_layout : str
+        ``"plain"`` (from :func:`quantize_weight` and :meth:`from_checkpoint`: the shapes above) or
+        ``"prepared"`` (from :func:`prepare_weight`: every array in the matmul kernels' tile order,
+        the shapes after "prepared" above).
     group_size : int or None
         K per scale; ``None``: one scale per output channel; 128 for 128 x 128 blocks.
     block_size : tuple or None
@@ -136,45 +79,59 @@ class QuantizedWeight:
 
     Notes
     -----
-    ``QuantizedWeight(data, scale, zero_point, scheme, shape, dtype, code_sum=None, scale_2=None)`` takes a
-    :class:`Scheme`; the older ``QuantizedWeight(data, scales, zeros, "int4", group_size, shape,
-    dtype, layout)`` is accepted too (deprecated). An INT8 weight made without ``code_sum`` gets
-    it computed from ``data`` (a CuPy int8 ``(N, K)`` C-contiguous array; otherwise it stays None
-    and the ops name what is wrong).
+    ``QuantizedWeight(data, scale, zero_point, scheme, shape, dtype, *, data_layout="plain",
+    code_sum=None, scale_2=None)`` wraps arrays as they are (:func:`check_weight` is what the ops
+    check them against). An INT8 weight made without ``code_sum`` gets it computed from ``data`` (a
+    CuPy int8 ``(N, K)`` C-contiguous array; otherwise it stays None and the ops name what is
+    wrong).
     """
 
     def __init__(
-        self, data, scale, zero_point, scheme, shape, dtype, *deprecated, layout=None, code_sum=None, scale_2=None
+        self, data, scale, zero_point, scheme, shape, dtype, *, data_layout="plain", code_sum=None, scale_2=None
     ):
-        if isinstance(scheme, str):  # the older form: (..., format, group_size, shape, dtype[, layout])
-            if len(deprecated) not in (1, 2) or len(deprecated) == 2 and layout is not None:
-                raise TypeError(
-                    "QuantizedWeight(data, scales, zeros, format, group_size, shape, dtype[, layout]) "
-                    f"takes 7 or 8 arguments, got {6 + len(deprecated)}"
-                )
-            group_size, shape, dtype = shape, dtype, deprecated[0]
-            layout = deprecated[1] if len(deprecated) == 2 else "plain" if layout is None else layout
-            scheme = weight_scheme(scheme, group_size, tuple(shape)[1], dtype, layout)
-        elif deprecated or layout is not None:
-            raise TypeError("QuantizedWeight takes 6 arguments with a Scheme (its scale_layout is the layout)")
-        elif not isinstance(scheme, Scheme):
+        if not isinstance(scheme, Scheme):
             raise TypeError(f"scheme must be a cupyquant.Scheme, got {type(scheme).__name__}")
-        elif scheme.scale_layout not in _LAYOUTS:
-            raise ValueError(f"scheme.scale_layout must be one of {_LAYOUTS}, got {scheme.scale_layout!r}")
-        elif type(scheme) is Scheme:
-            scheme = _WeightScheme(**scheme.__dict__)
+        if data_layout not in DATA_LAYOUTS:
+            raise ValueError(f"data_layout must be one of {DATA_LAYOUTS}, got {data_layout!r}")
         self.data, self.scale, self.zero_point = data, scale, zero_point
         self.scheme = scheme
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.data_layout = data_layout
         if code_sum is None and scheme.format == "int8":
-            from .quantize import code_sums
-
-            code_sum = code_sums(data)
+            code_sum = quant.code_sums(data)
         self.code_sum = code_sum
         self.scale_2 = scale_2
-        # the arrays a matmul has read (dispatch.arrays_key): later calls with the same arrays may
-        # read them before the kernel before them completes (dispatch.early_ok)
-        self._read_key = None
+
+    # What the ops keep with a weight, made again when any of its arrays or attributes is replaced
+    # (__setattr__) and never copied (__getstate__, which copy, deepcopy and pickle use): whether a
+    # matmul has read its present arrays (dispatch.early_ok), the signature its plans are keyed on,
+    # and the float32 copy of 16-bit scales the W8A8 kernels read.
+    _read = False
+    _sig = None
+    _f32_scale = None
+    _DERIVED = ("_read", "_sig", "_f32_scale")
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name[0] != "_":
+            d = self.__dict__
+            for k in self._DERIVED:
+                d.pop(k, None)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def _signature(self) -> tuple:
+        """What a plan depends on of this weight: its scheme, shape, dtype, data layout and the
+        signature of each array (unhashable, so never memoized, if one is not a CuPy array)."""
+        sig = self._sig
+        if sig is None:
+            from .. import _validate
+
+            arrays = (self.data, self.scale, self.zero_point, self.scale_2, self.code_sum)
+            sig = (self.scheme, self.shape, self.dtype, self.data_layout) + tuple(map(_validate.array_key, arrays))
+            self._sig = sig
+        return sig
 
     @classmethod
     def from_checkpoint(
@@ -262,11 +219,12 @@ class QuantizedWeight:
             neither or both of ``scale_2`` and ``global_scale``, either given with another format, a
             float one not positive and finite, an array one not of one element or on another device.
         """
-        from .checkpoint import from_checkpoint
-
-        return from_checkpoint(
-            data, scale, format=format, block_size=block_size, scale_2=scale_2, global_scale=global_scale, dtype=dtype
-        )
+        return cls(
+            **checkpoint.parse(
+                data, scale, format=format, block_size=block_size, scale_2=scale_2, global_scale=global_scale,
+                dtype=dtype,
+            )
+        )  # fmt: skip
 
     @property
     def group_size(self):
@@ -284,85 +242,46 @@ class QuantizedWeight:
         return self.shape[1] if self.scheme.granularity == "channel" else self.scheme.block[-1]
 
     @property
-    def _format(self) -> str:
-        return self.scheme.format
-
-    @property
-    def _prepared(self) -> bool:
-        return self.scheme.scale_layout == "prepared"
-
-    # deprecated aliases
-    @property
-    def scales(self):
-        """Deprecated alias of :attr:`scale`."""
-        return self.scale
-
-    @scales.setter
-    def scales(self, value):
-        self.scale = value
-
-    @property
-    def zeros(self):
-        """Deprecated alias of :attr:`zero_point`."""
-        return self.zero_point
-
-    @zeros.setter
-    def zeros(self, value):
-        self.zero_point = value
-
-    @property
-    def G(self) -> int:
-        """Deprecated: K per scale (K for one scale per output channel)."""
-        return self._group
-
-    @property
-    def layout(self) -> str:
-        """Deprecated alias of ``scheme.scale_layout``: ``"plain"`` or ``"prepared"``."""
-        return self.scheme.scale_layout
-
-    @property
     def nbytes(self) -> int:
         """Bytes on the device: data, scales, zero points, code sums and NVFP4's scale_2."""
         extra = sum(0 if a is None else a.nbytes for a in (self.zero_point, self.code_sum, self.scale_2))
         return self.data.nbytes + self.scale.nbytes + extra
 
-    def _with(self, data, scale, zero_point, layout: str, code_sum=None) -> "QuantizedWeight":
-        """A weight of this one's scheme in ``layout``, with these arrays (an INT8 weight given no
-        ``code_sum`` computes it from ``data``)."""
-        if layout not in _LAYOUTS:
-            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-        scheme = dataclasses.replace(self.scheme, scale_layout=layout)
+    def _with(self, data, scale, zero_point, data_layout: str, code_sum=None) -> "QuantizedWeight":
+        """A weight of this one's scheme in ``data_layout``, with these arrays (an INT8 weight given
+        no ``code_sum`` computes it from ``data``)."""
         return QuantizedWeight(
-            data, scale, zero_point, scheme, self.shape, self.dtype, code_sum=code_sum, scale_2=self.scale_2
-        )
+            data, scale, zero_point, self.scheme, self.shape, self.dtype, data_layout=data_layout, code_sum=code_sum,
+            scale_2=self.scale_2,
+        )  # fmt: skip
 
-    def dequantize(self, dtype=None, *, out=None):
-        """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
-        bit-exact with :func:`cupyquant.reference.dequantize_weight`."""
-        from .quantize import dequantize_weight
-
-        return dequantize_weight(self, dtype, out=out)
+    def dequantize(self, out_dtype=None, *, out=None):
+        """:func:`cupyquant.dequantize_weight` of this weight: ``(N, K)`` in ``out_dtype`` (default:
+        the original weight's), bit-exact with :func:`cupyquant.reference.dequantize_weight`."""
+        return dequantize(self, out_dtype, out)
 
     def copy(self) -> "QuantizedWeight":
         """A copy with its own device arrays (same layout), ``code_sum`` included."""
         z = None if self.zero_point is None else self.zero_point.copy()
         cs = None if self.code_sum is None else self.code_sum.copy()
-        w = self._with(self.data.copy(), self.scale.copy(), z, self.scheme.scale_layout, cs)
+        w = self._with(self.data.copy(), self.scale.copy(), z, self.data_layout, cs)
         if self.scale_2 is not None:
             w.scale_2 = self.scale_2.copy()
         return w
 
     def prepare(self) -> "QuantizedWeight":
-        """:func:`prepare_weight` of this weight."""
-        from .quantize import prepare_weight
-
-        return prepare_weight(self)
+        """:func:`cupyquant.prepare_weight` of this weight."""
+        return prepare(self)
 
     def plain(self) -> "QuantizedWeight":
         """This weight in the plain layout (itself if it is plain; a new copy if prepared)."""
-        from .quantize import plain_weight
+        if self.data_layout == "plain":
+            return self
+        check_weight(self)
+        from .. import _validate
 
-        return plain_weight(self)
+        with _validate.on_device_of(self.data):
+            return layout.plain_of(self)
 
     def to_host(self) -> dict:
         """NumPy copies in the plain layout (a prepared weight is converted first): ``data``
@@ -370,7 +289,7 @@ class QuantizedWeight:
         as they are, int8, FP4 unpacked as ``ml_dtypes.float4_e2m1fn``), ``scale`` (FP4: the bytes
         as ``ml_dtypes.float8_e4m3fn`` or ``float8_e8m0fnu``), ``zero_point`` (unpacked codes, or
         None), ``code_sum`` (int32 ``(N,)`` for INT8, else None), ``scale_2`` (float32 ``(1,)`` for
-        NVFP4, else None); ``scales`` and ``zeros`` are the same arrays under their deprecated names."""
+        NVFP4, else None)."""
         import cupy
         import ml_dtypes
 
@@ -381,13 +300,13 @@ class QuantizedWeight:
         N, K = w.shape
         ng = K // w._group
         scale = cupy.asnumpy(w.scale)
-        if w._format == "float8_e4m3fn":
+        if w.scheme.format == "float8_e4m3fn":
             codes = data.view(ml_dtypes.float8_e4m3fn)
-        elif w._format == "int8":
+        elif w.scheme.format == "int8":
             codes = data
-        elif w._format in FP4_SCALE_DTYPES:
+        elif w.scheme.format in FP4_SCALE_DTYPES:
             codes = _layouts.unpack_fp4(data, K).view(ml_dtypes.float4_e2m1fn)
-            scale = scale.view(getattr(ml_dtypes, FP4_SCALE_DTYPES[w._format]))
+            scale = scale.view(getattr(ml_dtypes, FP4_SCALE_DTYPES[w.scheme.format]))
         else:
             codes = _layouts.unpack_fp4(data, K)
         zeros = None if w.zero_point is None else _layouts.unpack_fp4(cupy.asnumpy(w.zero_point), ng)
@@ -400,18 +319,74 @@ class QuantizedWeight:
             "zero_point": zeros,
             "code_sum": code_sum,
             "scale_2": scale_2,
-            "scales": scale,
-            "zeros": zeros,
         }
 
     def __repr__(self) -> str:
         g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
         if self.block_size is not None:
             g = f"block_size={self.block_size}"
-        lay = "" if not self._prepared else ", prepared"
+        lay = "" if self.data_layout == "plain" else ", prepared"
         sums = "" if self.code_sum is None else ", code sums int32"
         s2 = "" if self.scale_2 is None else ", scale_2 float32"
         return (
-            f"QuantizedWeight({self._format}, shape={self.shape}, {g}, scales {self.scheme.scale_dtype}{lay}{sums}"
+            f"QuantizedWeight({self.scheme.format}, shape={self.shape}, {g}, scales {self.scheme.scale_dtype}{lay}{sums}"
             f"{s2}, {self.nbytes} bytes)"
         )
+
+
+def check_weight(w) -> None:
+    """Raise TypeError or ValueError unless ``w`` is a QuantizedWeight whose arrays are CuPy arrays
+    of the shapes its scheme, shape and data layout say."""
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be a QuantizedWeight (from cupyquant.quantize_weight), got {type(w).__name__}")
+    checks.check_arrays(w)
+
+
+def dequantize(w: QuantizedWeight, out_dtype=None, out=None):
+    """:func:`cupyquant.dequantize_weight` (its docstring says what it computes and checks)."""
+    import cupy
+
+    from .. import _dtypes, _validate
+
+    check_weight(w)
+    out_t = _dtypes.input_type(w.dtype if out_dtype is None else out_dtype, "out_dtype")
+    device = w.data.data.device_id
+    N, K = w.shape
+    if out is not None:
+        inputs = (("w.data", w.data), ("w.scale", w.scale), ("w.scale_2", w.scale_2))
+        _validate.out_array(out, "out", (N, K), out_t.dtype, device, inputs=inputs)
+    with _validate.on_device_of(w.data):
+        if w.data_layout == "prepared":
+            w = layout.plain_of(w)
+            _validate.keep_if_capturing(w.data, w.scale, w.zero_point)
+        y = cupy.empty((N, K), dtype=out_t.dtype) if out is None else out
+        if N and K:
+            quant.dequantize(w, out_t, y)
+    return y
+
+
+def prepare(w: QuantizedWeight) -> QuantizedWeight:
+    """:func:`cupyquant.prepare_weight` (its docstring says what it makes and checks)."""
+    from .. import _validate
+
+    check_weight(w)
+    if w.scheme.format == "int8":
+        raise ValueError(
+            "w is an int8 (W8A8) weight, which has no prepared layout and no weight-only matmul: pass it as it "
+            "is to cupyquant.scaled_matmul with INT8 activations, or dequantize it (w.dequantize())"
+        )
+    if w.block_size is not None:
+        raise ValueError(
+            f"w is a weight in {w.block_size} blocks, which has no prepared layout: pass it to "
+            "cupyquant.scaled_matmul as it is"
+        )
+    if w.data_layout == "prepared":
+        return w
+    K = w.shape[1]
+    chunk = CHUNK[w.scheme.format]
+    if K % chunk:
+        raise ValueError(
+            f"w's K = {K} must be a multiple of {chunk} for {w.scheme.format} weights (the kernel's K step)"
+        )
+    with _validate.on_device_of(w.data):
+        return layout.prepared_of(w)

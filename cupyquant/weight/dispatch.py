@@ -1,18 +1,23 @@
-"""The matmul ``a @ dequant(w).T`` and the choice of its kernel (:func:`matmul_path`)."""
+"""The weight-only matmul ``a @ dequant(w).T`` (:func:`matmul`) and the choice of its kernel
+(:func:`matmul_path`): the thresholds where the decode kernel hands over to a tensor-core gemm,
+the planner that turns a call's shapes into the chosen kernel's launches (memoized per argument
+signature), and the call itself.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import cupy
 import numpy as np
 
-from .. import _device, _validate
-from . import configs as C
-from . import launch, plan
-from .container import QuantizedWeight
-from .quantize import check_weight, prepared_of
+from .. import _device, _plans, _validate, _workspace
+from . import decode, layout, sm80_gemm, sm90_gemm
+from .container import QuantizedWeight, check_weight
+from .formats import CHUNK, FP4_BLOCK
+from .problem import Problem
 
 #: The path that tests force (_forced_path); None: matmul_path decides.
 _FORCED = None
@@ -20,14 +25,13 @@ _FORCED = None
 
 @contextlib.contextmanager
 def _forced_path(path):
-    """Private, for tests and benchmarks: within the block, INT4 and FP4 matmuls take ``path`` (``"decode"``,
-    ``"sm80_gemm"`` or ``"sm90_gemm"``; ``"pipelined"`` and ``"wgmma"`` are the same as the last two)
-    whatever their shape; FP8 weights always take ``"decode"``. ``"sm90_gemm"`` needs compute
-    capability 9.0. Not thread-safe: it sets a module global."""
+    """Private, for tests and benchmarks: within the block, INT4 and FP4 matmuls take ``path``
+    (``"decode"``, ``"sm80_gemm"`` or ``"sm90_gemm"``) whatever their shape; FP8 weights always take
+    ``"decode"``. ``"sm90_gemm"`` needs compute capability 9.0. Not thread-safe: it sets a module
+    global."""
     global _FORCED
-    path = plan.PATH_ALIASES.get(path, path)
-    if path is not None and path not in plan.PATH_NAMES:
-        raise ValueError(f"path must be one of {plan.PATH_NAMES} (or {tuple(plan.PATH_ALIASES)}), got {path!r}")
+    if path is not None and path not in PATH_NAMES:
+        raise ValueError(f"path must be one of {PATH_NAMES}, got {path!r}")
     saved, _FORCED = _FORCED, path
     try:
         yield
@@ -35,18 +39,70 @@ def _forced_path(path):
         _FORCED = saved
 
 
+# ---------------------------------------------------------------- which kernel
+@dataclass(frozen=True)
+class PathThresholds:
+    """Where the decode kernel hands over to a tensor-core gemm (INT4; FP8 always takes decode).
+
+    The decode kernel reads each weight byte once per 16 rows of ``a``, so its time grows with M
+    from the start; the gemms read it once per tile of 16-256 rows but pay a pipeline fill (and a K
+    split's reduction), which a small weight does not amortize."""
+
+    decode_max_m: int = 16  # decode for every M up to this, on every GPU
+    # sm90 (wgmma): decode also for M <= sm90_decode_max_m while M x N < sm90_decode_mn_per_sm x SMs
+    # (202,752 on 132 SMs: N = 4096 up to M = 32, 8192 up to 24). With two M tiles the decode kernel
+    # is faster wherever this gives it the call (4096 x 14336 M = 32: 20.7 against 26.8); with three
+    # it is slower on 9 of 10 shapes, by up to 60%.
+    sm90_decode_max_m: int = 32
+    sm90_decode_mn_per_sm: int = 1536
+    # FP4 weights, whose dequantization costs the decode kernel more, take the sm90 gemm from M = 17:
+    # at M = 32 it is faster on 4096 x 14336 (22.1 against 28.9) and slower on 4096^2 (10.3 against 9.6).
+    # Other GPUs (mma.sync gemm): decode up to M = 64 below 2^26 weights and up to 256 below 2^25,
+    # from scripts/bench.py --matmul-paths on an H200 (4096^2: M = 128 46 against 115, M = 1024 312
+    # against 189; 14336 x 4096 M = 64 78 against 100, M = 128 149 against 132).
+    small_weight: int = 1 << 25
+    small_weight_decode_max_m: int = 256
+    mid_weight: int = 1 << 26
+    mid_weight_decode_max_m: int = 64
+
+
+PATHS = PathThresholds()
+#: The path names matmul_path returns.
+PATH_NAMES = ("decode", "sm80_gemm", "sm90_gemm")
+
+
+def choose_path(M: int, N: int, K: int, fp8: bool, wgmma: bool, sms, fp4: bool = False) -> str:
+    """The kernel for ``M`` rows of ``a`` times an (N, K) weight on a GPU that runs the sm90 gemm
+    (``wgmma``) or not (see PathThresholds); FP4 weights (``fp4``) take INT4's paths except the
+    sm90 decode extension past M = 16."""
+    if fp8 or M <= PATHS.decode_max_m:
+        return "decode"
+    if wgmma and K < 1 << 31:  # the sm90 kernel's group index is 32-bit
+        if not fp4 and M <= PATHS.sm90_decode_max_m and M * N < PATHS.sm90_decode_mn_per_sm * sms:
+            return "decode"
+        return "sm90_gemm"
+    w = N * K
+    if (
+        M <= PATHS.small_weight_decode_max_m
+        and w < PATHS.small_weight
+        or M <= PATHS.mid_weight_decode_max_m
+        and w < PATHS.mid_weight
+    ):
+        return "decode"
+    return "sm80_gemm"
+
+
 def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     """The kernel :func:`matmul` uses for ``M`` rows of activations: ``"decode"`` (the split-K
     kernel ``kernels/weight_decode.cu``, one 16-row tile of ``a`` per block), ``"sm90_gemm"``
     (``kernels/weight_sm90_gemm.cu``, Hopper's warpgroup tensor-core instructions, on GPUs of
     compute capability 9.0) or ``"sm80_gemm"`` (``kernels/weight_sm80_gemm.cu``, ``mma.sync``, on
-    the other GPUs). These were ``"wgmma"`` and ``"pipelined"`` before; the old names are accepted
-    where a path is an input.
+    the other GPUs).
 
     ``arch`` is the compute capability as CuPy spells it (``"90"``) and ``sms`` the GPU's
     multiprocessor count; by default the current device's, or (no GPU) none, which gives
     ``"sm80_gemm"`` for the tensor-core path, and 132 (an H100 SXM). The thresholds are
-    ``cupyquant.weight.plan.PATHS``. Block weights (``w.block_size``) and int8 weights have no
+    ``cupyquant.weight.dispatch.PATHS``. Block weights (``w.block_size``) and int8 weights have no
     path: a ValueError, as in :func:`matmul`."""
     _weight_only_format(w)
     fp8 = w.scheme.format == "float8_e4m3fn"
@@ -54,10 +110,13 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
         return _FORCED
     N, K = w.shape
     if arch is None:
-        arch = _device.current_arch()
-    if sms is None and arch in plan.SM90_ARCHS:
-        sms = _device.current_sm_count()
-    return plan.choose_path(M, N, K, fp8, arch, sms, fp4=w.scheme.format in C.FP4_BLOCK)
+        device = _device.current_device()
+        arch = None if device is None else _device.arch(device)
+    wgmma = arch is not None and _device.caps_of_arch(arch).wgmma
+    if sms is None and wgmma:
+        device = _device.current_device()
+        sms = 132 if device is None else _device.sm_count(device)
+    return choose_path(M, N, K, fp8, wgmma, sms, fp4=w.scheme.format in FP4_BLOCK)
 
 
 def _weight_only_format(w) -> None:
@@ -74,6 +133,83 @@ def _weight_only_format(w) -> None:
             f"w is an FP8 weight in {w.block_size} blocks, which the weight-only matmul does not take: "
             "use cupyquant.scaled_matmul (FP8 activations), or w.dequantize() and a float matmul"
         )
+
+
+# ---------------------------------------------------------------- the planner
+#: The planners of each path: ``plan(problem)`` -> the Step launches.
+_KERNELS = {"decode": decode.plan, "sm80_gemm": sm80_gemm.plan, "sm90_gemm": sm90_gemm.plan}
+
+
+class _Plan:
+    """A checked matmul call for one argument signature: the output's shape, whether ``a`` must be
+    copied (rows not 16-byte aligned), the Step launches (none for an empty output), whether the
+    weight must be prepared on each call, PDL, and the overlap check of ``out``."""
+
+    __slots__ = ("y_shape", "M", "K", "copy_a", "row_bytes", "steps", "prepare", "pdl", "disjoint", "device")
+
+    def __init__(self, a, w, out, pdl):
+        check_weight(w)
+        _weight_only_format(w)
+        t = _validate.float_input(a, "a")
+        if t.name not in ("float16", "bfloat16"):
+            raise TypeError(f"a must be float16 or bfloat16 (the tensor-core input types), got {a.dtype}")
+        N, K = w.shape
+        if a.ndim == 0 or a.shape[-1] != K:
+            raise ValueError(f"a.shape[-1] must equal w's K = {K}, got a.shape {a.shape}")
+        fmt = w.scheme.format
+        if fmt not in FP4_BLOCK and w.scale.dtype != a.dtype:
+            raise TypeError(
+                f"w's scales are {w.scale.dtype} but a is {a.dtype}: the kernel dequantizes in a's dtype, "
+                f"so quantize a weight of dtype {a.dtype} (or pass a as {w.scale.dtype})"
+            )
+        chunk = CHUNK[fmt]
+        if K % chunk:
+            raise ValueError(f"w's K = {K} must be a multiple of {chunk} for {fmt} weights (the kernel's K step)")
+        if K // chunk >= 1 << 30:
+            raise ValueError(f"w's K = {K} must be below {chunk << 30} (the kernels count K steps in 32 bits)")
+        self.device = device = w.data.data.device_id
+        _validate.same_device(a, "a", device, "w")
+        if pdl is not None and not isinstance(pdl, (bool, np.bool_)):
+            raise TypeError(f"pdl must be None, True or False, got {type(pdl).__name__}")
+        caps = _device.caps(device)
+        if pdl and not caps.pdl:
+            raise ValueError(
+                f"pdl=True needs a GPU of compute capability 9.0 or newer (programmatic dependent launch), "
+                f"device {device} is {caps.name}"
+            )
+        self.pdl = pdl = caps.pdl if pdl is None else bool(pdl)
+        lead = a.shape[:-1]
+        self.M = M = math.prod(lead)
+        self.K = K
+        self.y_shape = lead + (N,)
+        if out is not None:
+            _validate.out_array(out, "out", self.y_shape, a.dtype, device, inputs=(("a", a), ("w.data", w.data)))
+        self.disjoint = _validate.Disjoint((("a", a), ("w.data", w.data), ("out", out)), 2)
+        # the rows of a are read where they are if they are one 16-byte aligned matrix, else copied
+        try:
+            row_stride = _validate.rows_view(a, "a")[2]
+        except ValueError:
+            row_stride = None
+        self.copy_a = bool(M) and (row_stride is None or a.data.ptr % 16 or (row_stride * a.itemsize) % 16)
+        lda = K if self.copy_a else row_stride
+        self.row_bytes = lda * a.itemsize
+        self.prepare = w.data_layout != "prepared"  # the kernels read the prepared layout: a copy per call
+        self.steps = ()
+        if M and N:
+            path = matmul_path(M, w, arch=caps.arch, sms=_device.sm_count(device))
+            if path == "sm90_gemm" and not caps.wgmma:
+                raise ValueError(
+                    f"the sm90_gemm path needs a GPU of compute capability 9.0, device {device} is {caps.name}"
+                )
+            p = Problem(
+                device, t, M, N, K, lda, fmt, w._group, layout.k_permuted(w), _device.sm_count(device), pdl,
+                caps.wgmma, caps.pdl,
+            )  # fmt: skip
+            with _validate.on_device_of(w.data):
+                self.steps = tuple(_KERNELS[path](p))
+
+
+_PLANS = _plans.Plans()
 
 
 def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
@@ -137,7 +273,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
       block of a tile adds the float32 partials in split order (the result does not depend on
       timing).
 
-    The thresholds and the costs behind them are in ``cupyquant.weight.plan``. INT4 with
+    The thresholds are in ``cupyquant.weight.dispatch`` and the costs behind them in each kernel's module
+    (``cupyquant.weight.decode``, ``sm80_gemm``, ``sm90_gemm``). INT4 with
     ``group_size`` 128 or per-channel (decode kernel, and sm80 tiles of up to 32 rows): the
     tensor cores multiply ``a`` by the exact integers ``q - z`` and each 128-wide chunk's float32
     partial sums are multiplied by the group's scale (``s * sum((q - z) * a)``, ``s`` and ``z`` the weight's
@@ -167,68 +304,54 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
         128 x 128 blocks or int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
         overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """
-    check_weight(w)
-    _weight_only_format(w)
-    t = _validate.float_input(a, "a")
-    if t.name not in ("float16", "bfloat16"):
-        raise TypeError(f"a must be float16 or bfloat16 (the tensor-core input types), got {a.dtype}")
-    N, K = w.shape
-    if a.ndim == 0 or a.shape[-1] != K:
-        raise ValueError(f"a.shape[-1] must equal w's K = {K}, got a.shape {a.shape}")
-    if w.scheme.format not in C.FP4_BLOCK and w.scale.dtype != a.dtype:
-        raise TypeError(
-            f"w's scales are {w.scale.dtype} but a is {a.dtype}: the kernel dequantizes in a's dtype, "
-            f"so quantize a weight of dtype {a.dtype} (or pass a as {w.scale.dtype})"
-        )
-    fmt = w.scheme.format
-    chunk = C.CHUNK[fmt]
-    if K % chunk:
-        raise ValueError(f"w's K = {K} must be a multiple of {chunk} for {fmt} weights (the kernel's K step)")
-    if K // chunk >= 1 << 30:
-        raise ValueError(f"w's K = {K} must be below {chunk << 30} (the kernels count K steps in 32 bits)")
-    device = w.data.data.device_id
-    _validate.same_device(a, "a", device, "w")
-    if pdl is not None and not isinstance(pdl, (bool, np.bool_)):
-        raise TypeError(f"pdl must be None, True or False, got {type(pdl).__name__}")
-    pdl_ok = int(_device.arch(device)) >= 90
-    if pdl and not pdl_ok:
-        raise ValueError(
-            f"pdl=True needs a GPU of compute capability 9.0 or newer (programmatic dependent launch), "
-            f"device {device} is {_device.arch(device)}"
-        )
-    pdl = pdl_ok if pdl is None else bool(pdl)
-    lead = a.shape[:-1]
-    M = math.prod(lead)
+    key = (_validate.array_key(a), w._signature() if type(w) is QuantizedWeight else [w], _validate.array_key(out))
+    key += (pdl, type(pdl), _FORCED)
+    plan = _PLANS.lookup(key)
+    if plan is None:
+        plan = _PLANS.keep(key, _Plan(a, w, out, pdl))
     if out is not None:
-        _validate.out_array(out, "out", lead + (N,), a.dtype, device, inputs=(("a", a), ("w.data", w.data)))
+        plan.disjoint.check((a.data.ptr, w.data.data.ptr, out.data.ptr))
     with _validate.on_device_of(w.data):
-        a2 = a.reshape(M, K) if M else a.reshape(0, K)
-        if M and (a2.strides[1] != a2.itemsize or a2.strides[0] % 16 or a2.data.ptr % 16 or a2.strides[0] < 0):
-            a2 = a2.copy(order="C")  # not ascontiguousarray: that returns a misaligned contiguous view as is
-            _validate.keep_if_capturing(a2)
-        y = cupy.empty(lead + (N,), dtype=a.dtype) if out is None else out
-        if M and N:
-            early = early_ok(w, pdl)
-            user_w = w
-            if not w._prepared:  # the kernels read the prepared layout: a copy per call
-                w = prepared_of(w)
-                _validate.keep_if_capturing(w.data, w.scale, w.zero_point)
-            path = matmul_path(M, w, arch=_device.arch(device), sms=_device.sm_count(device))
-            problem = launch.Problem(device, t, a2, w, y.reshape(M, N), M, N, K, pdl, early)
-            if path == "decode":
-                launch.decode(problem)
-            elif path == "sm90_gemm":
-                if _device.arch(device) not in plan.SM90_ARCHS:
-                    raise ValueError(
-                        f"the sm90_gemm path needs a GPU of compute capability 9.0, device {device} is "
-                        f"{_device.arch(device)}"
-                    )
-                launch.sm90_gemm(problem)
-            else:
-                launch.sm80_gemm(problem)
-            if not cupy.cuda.get_current_stream().is_capturing():  # a captured call may never run
-                user_w._read_key = arrays_key(user_w)
+        y = cupy.empty(plan.y_shape, dtype=a.dtype) if out is None else out
+        if plan.steps:
+            _run(plan, a, w, y)
     return y
+
+
+def _run(plan: _Plan, a, w, y) -> None:
+    """The launches of a planned call (on w's device)."""
+    if plan.copy_a:
+        a = a.reshape(plan.M, plan.K).copy(order="C")  # not ascontiguousarray: that keeps a misaligned view
+        _validate.keep_if_capturing(a)
+    early = plan.pdl and not plan.prepare and w._read  # early_ok's rule
+    wp = w
+    if plan.prepare:
+        wp = layout.prepared_of(w)
+        _validate.keep_if_capturing(wp.data, wp.scale, wp.zero_point)
+    a_ptr, y_ptr = a.data.ptr, y.data.ptr
+    data, scale, zp, s2 = wp.data, wp.scale, wp.zero_point, wp.scale_2
+    for st in plan.steps:
+        launch = st.early if early and st.early is not None else st.plain
+        if st.counters == 0 and st.tmaps is None:
+            launch(a_ptr + st.a_off, data, scale, zp, s2, y_ptr + st.y_off)
+            continue
+        ws = counters = None
+        if st.ws_shape is not None:  # float32 partial tiles (whole, tile-major), per-tile arrival counters
+            ws = cupy.empty(st.ws_shape, dtype=np.float32)
+            _validate.keep_if_capturing(ws)
+            counters = _workspace.split_counters(plan.device, st.counters)
+        if st.tmaps is None:
+            launch(a_ptr + st.a_off, data, scale, zp, s2, y_ptr + st.y_off, ws, counters)
+            continue
+        rows, box_k, box_rows, tail = st.tmaps
+        ptr = a_ptr + st.a_off
+        tm = _workspace.tensor_map(ptr, rows, plan.K, plan.row_bytes, plan.device, box_k, box_rows)
+        tm_tail = _workspace.NO_TENSOR_MAP
+        if tail:
+            tm_tail = _workspace.tensor_map(ptr, rows, plan.K, plan.row_bytes, plan.device, box_k, tail)
+        launch(ptr, data, scale, zp, s2, y_ptr + st.y_off, ws, counters, tm, tm_tail)
+    if not w._read and plan.pdl and not plan.prepare and not cupy.cuda.get_current_stream().is_capturing():
+        w._read = True  # a captured call may never run
 
 
 def early_ok(w: QuantizedWeight, pdl: bool) -> bool:
@@ -237,15 +360,8 @@ def early_ok(w: QuantizedWeight, pdl: bool) -> bool:
     (weight_sm90_gemm.cu ``early``), so that they are on their way while the kernel before it on the
     stream finishes. Only the activations can be that kernel's output, provided that it does not
     write the weight: so not before a matmul made outside a graph capture has read the weight's
-    present arrays (the kernel that made them may be the one just before), nor with a plain weight
-    (its prepared copy is made in the same call), nor without PDL (nothing to overlap). After that,
-    ``matmul``'s docstring asks that a kernel writing into a weight's arrays not be the one
-    launched just before a PDL call with it."""
-    return bool(pdl) and w._prepared and w._read_key == arrays_key(w)
-
-
-def arrays_key(w: QuantizedWeight) -> tuple:
-    """The device buffers of ``w`` (address and size of data, scales and zero points): a weight whose
-    arrays were replaced, or a ``copy.deepcopy`` of one (new buffers), counts as not yet read."""
-    arrays = (w.data, w.scale, w.zero_point, getattr(w, "scale_2", None))
-    return tuple(None if x is None else (x.data.ptr, x.nbytes) for x in arrays)
+    present arrays (the kernel that made them may be the one just before; assigning a new array to
+    the weight starts over), nor with a plain weight (its prepared copy is made in the same call),
+    nor without PDL (nothing to overlap). After that, ``matmul``'s docstring asks that a kernel
+    writing into a weight's arrays not be the one launched just before a PDL call with it."""
+    return bool(pdl) and w.data_layout == "prepared" and w._read
