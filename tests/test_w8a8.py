@@ -18,7 +18,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, poisoned
+from conftest import assert_bits_equal, poisoned, require_arch
 
 from cupyquant import reference as ref
 from cupyquant.quantized import QuantizedTensor, Scheme
@@ -26,7 +26,7 @@ from cupyquant.quantized import QuantizedTensor, Scheme
 cupy = pytest.importorskip("cupy")  # the operands' shape rules live in a module that imports CuPy
 
 import cupyquant as cq  # noqa: E402
-from cupyquant import groupwise  # noqa: E402
+from cupyquant import _device, _scales  # noqa: E402
 from cupyquant.w8a8 import args, dispatch, operands  # noqa: E402
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
@@ -191,12 +191,12 @@ LAYOUT_CASES = [
 
 @pytest.mark.parametrize("lead,layout,kind", LAYOUT_CASES, ids=[f"{lead}-{lay}-{k}" for lead, lay, k in LAYOUT_CASES])
 def test_a_scale_addressing_matches_the_layouts(lead, layout, kind):
-    """The (sa_rows, sa_batch, sa_m, sa_k) of quantize_groupwise's scale arrays (groupwise._Layout)
+    """The (sa_rows, sa_batch, sa_m, sa_k) of quantize_groupwise's scale arrays (_scales.GroupLayout)
     address exactly the words reference.scale_word_offsets gives, row by flattened row."""
     K = 1280 if kind != "token" else 64
     ng = 1 if kind == "token" else K // 128
     n_cols = -(-ng // 4) if kind == "packed" else ng
-    lay = groupwise._Layout(lead, n_cols, layout == "col")
+    lay = _scales.GroupLayout(lead, n_cols, layout == "col")
     rows, batch, sa_m, sa_k = operands.a_scale_addressing(lead, lay.shape, lay.strides, kind == "token")
     offsets, _ = ref.scale_word_offsets(lead + (K,), n_cols, layout)
     offsets = offsets.reshape(-1, n_cols)
@@ -258,10 +258,10 @@ def test_argument_types_without_gpu_arrays():
 
 
 def test_unsupported_gpu_message(monkeypatch):
-    monkeypatch.setattr(dispatch._device, "arch", lambda device: "86")
-    with pytest.raises(dispatch.UnsupportedGPUError, match="compute capability 8.6"):
+    monkeypatch.setitem(_device._caps, 0, _device.caps_of_arch("86"))
+    with pytest.raises(cq.UnsupportedGPUError, match="compute capability 8.6"):
         dispatch.check_arch(0)
-    assert issubclass(cq.w8a8.UnsupportedGPUError, RuntimeError)
+    assert issubclass(cq.UnsupportedGPUError, RuntimeError)
 
 
 # ================================================================== GPU: inputs
@@ -269,11 +269,9 @@ PATHS = ["mma", "sm90"]
 
 
 def _need(path):
-    arch = cupy.cuda.Device().compute_capability
-    if arch not in dispatch.FP8_ARCHS:
-        pytest.skip(f"no FP8 tensor cores (compute capability {arch})")
-    if path == "sm90" and arch != "90":
-        pytest.skip("the sm90 kernel needs compute capability 9.0")
+    require_arch("fp8_mma")
+    if path == "sm90":
+        require_arch("wgmma")
 
 
 def _pow2(rng, shape):
@@ -308,7 +306,7 @@ def _a_operand(kind, lead, K, fmt, rng, values=None):
         buf = ref.scale_buffer(host_scale, lead + (K,), layout)
     else:
         buf = ref.scale_buffer(logical, lead + (K,), layout)
-    lay = groupwise._Layout(lead, -(-ng // 4) if packed else ng, layout == "col")
+    lay = _scales.GroupLayout(lead, _scales.group_scale_columns(ng, packed), layout == "col")
     mem = cupy.cuda.alloc(max(lay.words, 1) * 4)
     mem.copy_from_host(buf.ctypes.data, buf.nbytes)
     scale = lay.view(mem, np.int32 if packed else np.float32)
@@ -557,25 +555,31 @@ def test_out_stream_graph_and_strided_operands(path):
 
 @pytest.mark.gpu
 def test_operands_addressing_of_real_layouts():
-    """build() of quantize_groupwise's layouts: the addressing of the containers' own strides."""
-    if cupy.cuda.Device().compute_capability not in dispatch.FP8_ARCHS:
-        pytest.skip("no FP8 tensor cores")
+    """for_matmul and build() of quantize_groupwise's layouts: the addressing of the containers' own
+    strides, and the arguments the kernels get (args.mm_args)."""
+    require_arch("fp8_mma")
     x = cupy.ones((2, 6, 256), np.float16)
     w = cq.quantize_weight(cupy.ones((40, 256), np.float16), E4M3, group_size=128)
+
+    def call(qa, b):
+        L = operands.for_matmul(qa, b, "bfloat16", None, None)
+        return L, operands.build(L, operands.matmul_arrays(qa, b, None, None)), args.mm_args(L)
+
     qa = cq.quantize_groupwise(x, group_size=128, scale_layout="col")
-    ops = operands.build(operands.for_matmul(qa, w, "bfloat16", None, None))
-    assert (ops.sa_rows, ops.sa_batch, ops.sa_m, ops.sa_k, ops.sa_packed) == (6, 16, 1, 8, False)
-    assert (ops.sb_n, ops.sb_k, ops.sb_shift, ops.mode) == (2, 1, 0, args.MODE_K_COL)
-    assert ops.sb.dtype == np.float32 and ops.result.shape == (2, 6, 40) and ops.out2.shape == (12, 40)
+    L, ops, p = call(qa, w)
+    assert (L.sa_rows, L.sa_batch, L.sa_m, L.sa_k, L.sa_packed) == (6, 16, 1, 8, False)
+    assert (L.sb_n, L.sb_k, L.sb_shift, L.mode) == (2, 1, 0, args.MODE_K_COL)
+    assert ops.sb.dtype == np.float32 and ops.result.shape == (2, 6, 40) and (L.M, L.N, p["ldy"]) == (12, 40, 40)
     qa = cq.quantize_groupwise(x, group_size=128, scale_dtype="float8_e8m0fnu")
-    ops = operands.build(operands.for_matmul(qa, w, "bfloat16", None, None))
-    assert (ops.sa_rows, ops.sa_batch, ops.sa_m, ops.sa_k, ops.sa_packed) == (6, 6, 1, 1, True)
+    L, ops, p = call(qa, w)
+    assert (L.sa_rows, L.sa_batch, L.sa_m, L.sa_k, L.sa_packed) == (6, 6, 1, 1, True)
     qa = cq.quantize_groupwise(x, group_size=None, scale_dtype="float8_e8m0fnu")  # expanded to float32
-    ops = operands.build(operands.for_matmul(qa, w, "bfloat16", None, None))
-    assert ops.sa.dtype == np.float32 and (ops.sa_m, ops.sa_k, ops.sa_packed) == (1, 0, False)
+    L, ops, p = call(qa, w)
+    assert L.sa_unpack and ops.sa.dtype == np.float32
+    assert (p["sa_m"], p["sa_k"], p["sa_packed"]) == (1, 0, 0)
     qa = cq.quantize_fp8(x)
-    ops = operands.build(operands.for_matmul(qa, w.prepare(), "bfloat16", None, None))
-    assert (ops.sa_m, ops.sa_k, ops.mode) == (0, 0, args.MODE_K_COL)
+    L, ops, p = call(qa, w.prepare())
+    assert (L.sa_m, L.sa_k, L.mode, L.b_plain) == (0, 0, args.MODE_K_COL, True)
     assert_bits_equal(ops.b, w.data, "prepared weight made plain")
 
 
@@ -649,20 +653,19 @@ def test_unsupported_gpu_raises_before_allocating(monkeypatch):
     rng = np.random.default_rng(4)
     qa = _a_operand("tensor", (4,), 64, E4M3, rng)[0]
     qb = _b_operand("channel", 8, 64, rng)[0]
-    monkeypatch.setattr(dispatch._device, "arch", lambda device: "80")
+    monkeypatch.setitem(_device._caps, cupy.cuda.Device().id, _device.caps_of_arch("80"))
 
     def no_alloc(*a, **k):
         raise AssertionError("allocated before the architecture check")
 
     monkeypatch.setattr(operands, "build", no_alloc)
-    with pytest.raises(dispatch.UnsupportedGPUError):
+    with pytest.raises(cq.UnsupportedGPUError):
         cq.scaled_matmul(qa, qb)
 
 
 @pytest.mark.gpu
 def test_empty_rows():
-    if cupy.cuda.Device().compute_capability not in dispatch.FP8_ARCHS:
-        pytest.skip("no FP8 tensor cores")
+    require_arch("fp8_mma")
     rng = np.random.default_rng(5)
     qb = _b_operand("channel", 8, 64, rng)[0]
     y = cq.scaled_mm(cupy.zeros((0, 64), np.uint8), qb.data, cupy.ones((0,), np.float32), cupy.ones(1, np.float32))

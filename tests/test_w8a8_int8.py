@@ -21,7 +21,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, poisoned
+from conftest import assert_bits_equal, poisoned, require_arch
 
 from cupyquant import reference as ref
 from cupyquant.quantized import QuantizedTensor, Scheme
@@ -29,6 +29,7 @@ from cupyquant.quantized import QuantizedTensor, Scheme
 cupy = pytest.importorskip("cupy")  # the operands' rules live in modules that import CuPy
 
 import cupyquant as cq  # noqa: E402
+from cupyquant import _device  # noqa: E402
 from cupyquant.w8a8 import dispatch, operands, sm90  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -104,13 +105,13 @@ def test_int8_argument_rules_without_gpu_arrays():
 
 def test_int8_runs_from_ampere(monkeypatch):
     for arch in ("80", "86", "89", "90", "120"):
-        monkeypatch.setattr(dispatch._device, "arch", lambda device, arch=arch: arch)
-        assert dispatch.check_arch(0, True) == arch
-    monkeypatch.setattr(dispatch._device, "arch", lambda device: "86")
-    with pytest.raises(dispatch.UnsupportedGPUError, match="compute capability 8.6"):
+        monkeypatch.setitem(_device._caps, 0, _device.caps_of_arch(arch))
+        assert dispatch.check_arch(0, True).arch == arch
+    monkeypatch.setitem(_device._caps, 0, _device.caps_of_arch("86"))
+    with pytest.raises(cq.UnsupportedGPUError, match="compute capability 8.6"):
         dispatch.check_arch(0)  # FP8 still needs 8.9
-    monkeypatch.setattr(dispatch._device, "arch", lambda device: "75")
-    with pytest.raises(dispatch.UnsupportedGPUError, match="INT8 operands needs compute capability 8.0"):
+    monkeypatch.setitem(_device._caps, 0, _device.caps_of_arch("75"))
+    with pytest.raises(cq.UnsupportedGPUError, match="INT8 operands needs compute capability 8.0"):
         dispatch.check_arch(0, True)
 
 
@@ -127,11 +128,9 @@ def test_sm90_int8_tile_choice():
 
 # ================================================================== GPU: operands
 def _need(path):
-    arch = cupy.cuda.Device().compute_capability
-    if arch not in dispatch.INT8_ARCHS:
-        pytest.skip(f"no INT8 mma.sync (compute capability {arch})")
-    if path == "sm90" and arch != "90":
-        pytest.skip("the sm90 kernel needs compute capability 9.0")
+    require_arch("int8_mma")
+    if path == "sm90":
+        require_arch("wgmma")
 
 
 def _scales(rng, n):
@@ -292,11 +291,13 @@ def test_k_splits_and_wide_tiles(path):
         M, N, K = 260, 520, 2064
         a, b, sa, sb, azp = _raw_operands(rng, M, N, K, "token-zp", "channel")
         want = _want(a, b, sa, sb, azp, BF16)
-        ops = operands.build(operands.for_matmul(_a_tensor(a, sa, azp), _b_tensor(b, sb), "bfloat16", None, None))
+        qa, qb = _a_tensor(a, sa, azp), _b_tensor(b, sb)
+        L = operands.for_matmul(qa, qb, "bfloat16", None, None)
+        ops = operands.build(L, operands.matmul_arrays(qa, qb, None, None))
         for cfg in sm90.INT8_CONFIGS:
             for parts in (1, 3):
-                ops.out2[...] = cupy.nan
-                sm90.launch(ops, cfg, parts)
+                ops.result[...] = cupy.nan
+                sm90.MmLaunch(L, cfg, parts)(ops)
                 assert_bits_equal(ops.result, want, f"sm90 {cfg} parts {parts}")
 
 

@@ -13,16 +13,41 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from .. import _validate
+from .. import _plans, _validate
+from ..quantized import QuantizedTensor
+from ..weight.container import QuantizedWeight
 from . import dispatch, operands
 
+#: Planned calls per argument signature: (layout, planned launch or None, overlap check of ``out``).
+_PLANS = _plans.Plans()
 
-def _run(plan: operands.Plan) -> cupy.ndarray:
-    dispatch.check_arch(plan.device, plan.a_format == "int8")
-    with _validate.on_device_of(plan.a):
-        ops = operands.build(plan)
-        if ops.M and ops.N:
-            dispatch.run(ops)
+
+def _tensor_key(q):
+    """What a plan depends on of a QuantizedTensor argument (unhashable for anything else)."""
+    if type(q) is not QuantizedTensor:
+        return [q]
+    k = _validate.array_key
+    return q.scheme, q.shape, k(q.data), k(q.scale), k(q.zero_point)
+
+
+def _run(key, make_layout, arrays: operands.Arrays, named) -> cupy.ndarray:
+    """One call: its plan (made by ``make_layout()`` at its first signature, which checks every
+    argument; then the GPU's capability and the kernel's launch), the overlap check of ``out``
+    (``named``: the call's arrays, by name, the output last), the operands and the launch."""
+    entry = _PLANS.lookup(key)
+    if entry is None:
+        L = make_layout()
+        dispatch.check_arch(L.device, L.a_format == "int8")
+        with _validate.on_device_of(arrays.a):
+            launch = dispatch.plan(L) if L.M and L.N else None
+        entry = _PLANS.keep(key, (L, launch, _validate.Disjoint(named, len(named) - 1)))
+    L, launch, disjoint = entry
+    if arrays.out is not None:
+        disjoint.check(tuple(0 if x is None else x.data.ptr for _, x in named))
+    with _validate.on_device_of(arrays.a):
+        ops = operands.build(L, arrays)
+        if launch is not None:
+            launch(ops)
     return ops.result
 
 
@@ -78,7 +103,7 @@ def scaled_matmul(a, b, *, out_dtype="bfloat16", bias=None, out=None) -> cupy.nd
         not a positive multiple of 16, scales or zero points of the wrong shape, ``bias``/``out`` of
         the wrong shape, on another device, or ``out`` overlapping an input or with a strided last
         axis.
-    cupyquant.w8a8.dispatch.UnsupportedGPUError
+    cupyquant.UnsupportedGPUError
         The GPU has no FP8 tensor cores (compute capability below 8.9), or for INT8 operands none
         (below 8.0); raised before anything is allocated.
 
@@ -109,7 +134,14 @@ def scaled_matmul(a, b, *, out_dtype="bfloat16", bias=None, out=None) -> cupy.nd
     runs on CuPy's current stream, does not synchronize the host, and can be captured in a CUDA
     graph once its kernels are compiled.
     """
-    return _run(operands.for_matmul(a, b, out_dtype, bias, out))
+    bkey = b._signature() if type(b) is QuantizedWeight else _tensor_key(b)
+    key = ("matmul", _tensor_key(a), bkey, out_dtype, _validate.array_key(bias), _validate.array_key(out))
+    key += (dispatch._FORCED,)
+    if type(a) is not QuantizedTensor or type(b) not in (QuantizedWeight, QuantizedTensor):
+        operands.for_matmul(a, b, out_dtype, bias, out)  # raises, naming the argument
+    arrays = operands.matmul_arrays(a, b, bias, out)
+    named = (("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale), ("bias", bias))
+    return _run(key, lambda: operands.for_matmul(a, b, out_dtype, bias, out), arrays, named + (("out", out),))
 
 
 def scaled_mm(
@@ -170,7 +202,7 @@ def scaled_mm(
         positive multiple of 16, a scale shape that fits no row of the table above (for INT8: a
         scale that varies along K), a format that is not FP8, ``bias``/``out`` of the wrong shape or
         device, ``out`` overlapping an input.
-    cupyquant.w8a8.dispatch.UnsupportedGPUError
+    cupyquant.UnsupportedGPUError
         The GPU has no FP8 tensor cores (compute capability below 8.9), or for INT8 codes none
         (below 8.0).
 
@@ -178,7 +210,17 @@ def scaled_mm(
     -----
     The formulas and the error bound are :func:`scaled_matmul`'s.
     """
-    return _run(operands.for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format))
+    k = _validate.array_key
+    key = ("mm", k(a), k(b), k(a_scale), k(b_scale), out_dtype, k(bias), k(out), a_format, b_format)
+    key += (dispatch._FORCED,)
+    arrays = operands.mm_arrays(a, b, a_scale, b_scale, bias, out)
+    named = (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("bias", bias), ("out", out))
+    return _run(
+        key,
+        lambda: operands.for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format),
+        arrays,
+        named,
+    )
 
 
 def scaled_mm_azp(
@@ -221,7 +263,7 @@ def scaled_mm_azp(
 
     Raises
     ------
-    TypeError, ValueError, cupyquant.w8a8.dispatch.UnsupportedGPUError
+    TypeError, ValueError, cupyquant.UnsupportedGPUError
         As for :func:`scaled_mm`; also ``azp_adj``/``azp`` not int32, of the wrong shape or device,
         and codes that are not int8.
 
@@ -232,12 +274,22 @@ def scaled_mm_azp(
     as ``fma(sa, sb * float(I), bias)``; this rounds ``float(I) * (sa * sb)`` and then ``+ bias``, the
     same epilogue as the FP8 path (both within one float32 rounding of each other).
     """
-    for x, arg in ((a, "a"), (b, "b")):
-        _validate.cupy_array(x, arg)
-        if x.dtype != np.int8:
-            raise TypeError(f"{arg} must hold INT8 codes as int8, got {x.dtype}")
-    if azp_adj is None:
-        raise TypeError("azp_adj must be an int32 CuPy array (N,), got None; without zero points use scaled_mm")
-    plan = operands.for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, "float8_e4m3fn", "float8_e4m3fn",
-                           azp_adj=azp_adj, azp=azp)  # fmt: skip
-    return _run(plan)
+    k = _validate.array_key
+    key = ("azp", k(a), k(b), k(a_scale), k(b_scale), k(azp_adj), k(azp), out_dtype, k(bias), k(out))
+    key += (dispatch._FORCED,)
+
+    def layout():
+        for x, arg in ((a, "a"), (b, "b")):
+            _validate.cupy_array(x, arg)
+            if x.dtype != np.int8:
+                raise TypeError(f"{arg} must hold INT8 codes as int8, got {x.dtype}")
+        if azp_adj is None:
+            raise TypeError("azp_adj must be an int32 CuPy array (N,), got None; without zero points use scaled_mm")
+        return operands.for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, "float8_e4m3fn", "float8_e4m3fn",
+                               azp_adj=azp_adj, azp=azp)  # fmt: skip
+
+    if type(a) is not cupy.ndarray or azp_adj is None:
+        layout()  # raises, naming the argument
+    arrays = operands.mm_arrays(a, b, a_scale, b_scale, bias, out, azp_adj=azp_adj, azp=azp)
+    named = (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("azp_adj", azp_adj), ("azp", azp))
+    return _run(key, layout, arrays, named + (("bias", bias), ("out", out)))

@@ -1,5 +1,6 @@
 """The W8A8 matmul on the mma.sync tensor cores (kernels/scaled_mm_mma.cu: FP8 on compute capability
-8.9 and newer, INT8 on 8.0 and newer): its kernel family, tile configurations, K split and launch."""
+8.9 and newer, INT8 on 8.0 and newer): its kernel family, tile table, cost model (tile and K split)
+and the plan of its launch."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import NamedTuple
 import cupy
 import numpy as np
 
-from .. import _device, _dtypes, _jit, _launch, _validate
-from ..weight import _cache
+from .. import _device, _dtypes, _jit, _validate, _workspace
+from .._launch import ARG, Launch
+from .._sizes import ceil_div
 from . import args as _args
-from .args import BLOCK_K, MODE_END, MODE_K_COL, MODES, Operands
+from .args import BLOCK_K, MODE_END, MODE_K_COL, MODES
 
 
 class Config(NamedTuple):
@@ -82,38 +84,36 @@ def split(tiles: int, nkb: int, slots: int) -> tuple:
     return -(-nkb // per), per
 
 
-def launch(ops: Operands) -> None:
-    """Run ``ops`` on the current stream (writes ``ops.out2``): the configuration for M, K split
-    where the tiles cannot fill the GPU."""
-    M, N, K = ops.M, ops.N, ops.K
-    if M == 0 or N == 0:
-        return
-    device = ops.device
-    cfg = config(M, N, _device.sm_count(device))
-    ty = _dtypes.input_type(ops.out2.dtype, "out_dtype").ctype
-    k = _jit.kernel(device, FAMILY, "scaled_mm_mma", ops.a_format, ops.b_format, ty, ops.mode, *cfg)
-    smem = smem_bytes(cfg, ops.mode)
-    occ = _cache.occupancy(device, k, THREADS, smem)  # also raises the kernel's shared-memory limit
-    tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
-    nkb = -(-K // BLOCK_K)
-    splits, per = split(tiles, nkb, occ * _device.sm_count(device))
-    if splits > 1:  # float32 partial tiles (part, tile, BM, BN) and per-tile arrival counters
-        ws = cupy.empty((splits, tiles, cfg.bm, cfg.bn), dtype=np.float32)
-        _validate.keep_if_capturing(ws)
-        counters = _cache.split_counters(device, tiles)
-    else:
-        ws = counters = 0
-    kargs = (
-        ops.a,
-        ops.b,
-        ops.sa,
-        ops.sb,
-        0 if ops.azp is None else ops.azp,
-        0 if ops.adj is None else ops.adj,
-        0 if ops.bias is None else ops.bias,
-        ops.out2,
-        ws,
-        counters,
-        _args.mm_args(ops, splits, per),
-    )
-    _launch.launch(k, (tiles, 1, splits), (THREADS,), kargs, smem, pdl=False)
+class MmLaunch:
+    """The planned launch of one call layout: the kernel's Launch (arguments: a, b, their scales,
+    zero points, column term, bias, the output, the workspace and arrival counters of a K split)
+    and the K split's workspace shape (None for none) and counters."""
+
+    __slots__ = ("launch", "ws", "counters", "device")
+
+    def __init__(self, L):
+        M, N, K = L.M, L.N, L.K
+        self.device = device = L.device
+        cfg = config(M, N, _device.sm_count(device))
+        ty = _dtypes.input_type(L.out_dtype, "out_dtype").ctype
+        fa, fb = _args.FORMAT_IDS[L.a_format], _args.FORMAT_IDS[L.b_format]
+        k = _jit.kernel(device, FAMILY, "scaled_mm_mma", fa, fb, ty, L.mode, *cfg)
+        smem = smem_bytes(cfg, L.mode)
+        occ = _workspace.occupancy(device, k, THREADS, smem)  # also raises the kernel's shared-memory limit
+        tiles = ceil_div(M, cfg.bm) * ceil_div(N, cfg.bn)
+        nkb = ceil_div(K, BLOCK_K)
+        parts, per = split(tiles, nkb, occ * _device.sm_count(device))
+        # float32 partial tiles (part, tile, BM, BN) and per-tile arrival counters
+        self.ws = (parts, tiles, cfg.bm, cfg.bn) if parts > 1 else None
+        self.counters = tiles if parts > 1 else 0
+        args = (ARG,) * 10 + (_args.mm_args(L, parts, per),)
+        self.launch = Launch(k, (tiles, 1, parts), (THREADS,), args, smem=smem)
+
+    def __call__(self, ops) -> None:
+        """Launch on the current stream for a call's Operands."""
+        ws = counters = None
+        if self.ws is not None:
+            ws = cupy.empty(self.ws, dtype=np.float32)
+            _validate.keep_if_capturing(ws)
+            counters = _workspace.split_counters(self.device, self.counters)
+        self.launch(ops.a, ops.b, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)

@@ -1,29 +1,35 @@
-"""The W8A8 matmul's arguments turned into :class:`~cupyquant.w8a8.args.Operands`, in two steps:
-``for_matmul`` / ``for_mm`` check everything and derive the kernels' scale addressing without
-allocating anything (a :class:`Plan`); :func:`build` then makes what the launch needs (copies of
-operands whose rows are not 16-byte aligned, float32 copies of scales the kernels cannot read as
-stored, the output) and returns the Operands.
+"""The W8A8 matmul's arguments, in two steps: ``for_matmul`` / ``for_mm`` check everything and
+derive the kernels' view of a call, a :class:`Layout` (shapes, strides, formats, the scale
+addressing, and what each call must convert), which depends only on the arguments' shapes,
+strides, dtypes, alignments and schemes, so that a call keyed on those reuses it; :func:`build`
+then makes, for each call, what the launch needs from that call's arrays (copies of operands whose
+rows are not 16-byte aligned, float32 copies of scales the kernels cannot read as stored, the
+output): :class:`Operands`.
 
 Scale addressing (kernels/scaled_mm.cuh): a's scale of row m and 128-k block kb is word
 ``(m / sa_rows) * sa_batch + (m % sa_rows) * sa_m + kb * sa_k`` (or byte ``kb % 4`` of the word at
 ``(kb / 4) * sa_k`` when packed UE8M0); b's is ``sb[(n >> sb_shift) * sb_n + kb * sb_k]``; an INT8
 a's zero point is word ``(m / zp_rows) * zp_batch + (m % zp_rows) * zp_m``. The
-pure functions here (:func:`a_scale_addressing`, :func:`infer_a_scale`, :func:`infer_b_scale`,
-:func:`mode_of`) work on shapes and strides only, so they are tested without a GPU.
+pure functions here (:func:`~cupyquant._scales.group_scale_addressing`, :func:`infer_a_scale`,
+:func:`infer_b_scale`, :func:`mode_of`) work on shapes and strides only, so they are tested
+without a GPU.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cupy
 import numpy as np
 
-from .. import _dtypes, _validate
+from .. import _dtypes, _scales, _validate
+from .._sizes import ceil_div
 from ..quantized import QuantizedTensor
-from ..weight.container import QuantizedWeight
-from .args import BLOCK_K, FORMAT_IDS, MODE_END, MODE_K_COL, MODE_K_TILE, Operands
+from ..weight import layout as _weight_layout
+from ..weight.container import QuantizedWeight, check_weight
+from .args import BLOCK_K, MODE_END, MODE_K_COL, MODE_K_TILE
 
 #: K must be a multiple of this: TMA boxes and the 16-byte rows of the 8-bit operands
 K_MULTIPLE = 16
@@ -49,34 +55,13 @@ def mode_of(sa_k: int, sb_n: int, sb_k: int, sb_shift: int) -> int:
 
 def n_blocks(K: int) -> int:
     """128-k blocks of a K axis (the last one shorter where 128 does not divide K)."""
-    return -(-K // BLOCK_K)
+    return ceil_div(K, BLOCK_K)
 
 
-def _words(strides, itemsize: int, arg: str) -> tuple:
-    if any(st < 0 or st % itemsize for st in strides):
-        raise ValueError(f"{arg} must have non-negative strides that are multiples of {itemsize} bytes, got {strides}")
-    return tuple(st // itemsize for st in strides)
-
-
-def a_scale_addressing(lead: tuple, scale_shape: tuple, scale_strides: tuple, per_token: bool) -> tuple:
-    """``(sa_rows, sa_batch, sa_m, sa_k)`` in 4-byte words of a token or group scale array of
-    ``scale_shape`` (``lead + (n_cols,)``) and byte ``scale_strides``, for an activation whose
-    leading shape is ``lead`` (``(*B, M)``; ``()`` for one row). The batch axes must collapse into
-    one stride (the "row" and "col" layouts of cupyquant.groupwise do)."""
-    words = _words(scale_strides, 4, "a.scale")
-    if not lead:
-        return 1, 0, 0, 0 if per_token else words[-1]
-    M = lead[-1]
-    sa_m = words[-2]
-    sa_k = 0 if per_token else words[-1]
-    batch = [(n, st) for n, st in zip(lead[:-1], words[:-2]) if n != 1]
-    sa_batch = batch[-1][1] if batch else 0
-    for (_, outer), (n_inner, inner) in zip(batch[:-1], batch[1:]):
-        if outer != inner * n_inner:
-            raise ValueError(
-                f"a.scale's batch axes must collapse into one stride (shape {scale_shape}, strides {scale_strides})"
-            )
-    return max(M, 1), sa_batch, sa_m, sa_k
+def a_scale_addressing(lead: tuple, scale_shape: tuple, scale_strides: tuple, per_token: bool, arg="a.scale") -> tuple:
+    """``(sa_rows, sa_batch, sa_m, sa_k)`` in 4-byte words of a token or group scale array
+    (:func:`cupyquant._scales.group_scale_addressing`)."""
+    return _scales.group_scale_addressing(lead, scale_shape, scale_strides, per_token, arg)
 
 
 def infer_a_scale(shape: tuple, dtype, M: int, K: int) -> str:
@@ -85,7 +70,7 @@ def infer_a_scale(shape: tuple, dtype, M: int, K: int) -> str:
     (M, ceil(K / 128))) or ``"packed"`` (int32 (M, ceil(ceil(K / 128) / 4)), UE8M0 bytes)."""
     shape, dtype, nkb = tuple(shape), np.dtype(dtype), n_blocks(K)
     if dtype == np.int32:
-        want = (M, -(-nkb // 4))
+        want = (M, ceil_div(nkb, 4))
         if shape == want:
             return "packed"
         raise ValueError(f"a_scale: int32 scales are packed UE8M0 words and must have shape {want}, got {shape}")
@@ -115,13 +100,13 @@ def infer_b_scale(shape: tuple, dtype, N: int, K: int) -> str:
         return "tensor"
     if shape in ((N,), (N, 1)):
         return "channel"
-    if shape == (-(-N // BLOCK_K), nkb):
+    if shape == (ceil_div(N, BLOCK_K), nkb):
         return "block"
     if shape == (N, nkb):
         return "group"
     raise ValueError(
         f"b_scale of shape {shape} fits none of: 1 element (per tensor), ({N},) or ({N}, 1) (per channel), "
-        f"({-(-N // BLOCK_K)}, {nkb}) (128 x 128 blocks), ({N}, {nkb}) (1 x 128 groups) for b of shape ({N}, {K})"
+        f"({ceil_div(N, BLOCK_K)}, {nkb}) (128 x 128 blocks), ({N}, {nkb}) (1 x 128 groups) for b of shape ({N}, {K})"
     )
 
 
@@ -130,51 +115,90 @@ def b_scale_addressing(kind: str, scale_strides: tuple) -> tuple:
     names) with byte ``scale_strides``."""
     if kind == "tensor":
         return 0, 0, 0
-    words = _words(scale_strides, 4, "b_scale")
+    words = _scales.word_strides(scale_strides, 4, "b_scale")
     if kind == "channel":
         return words[0], 0, 0
     return words[0], words[1], 7 if kind == "block" else 0
 
 
 # ------------------------------------------------------------------ the validated call
-@dataclass
-class Plan:
-    """A validated call, nothing allocated: the (M, K) / (N, K) uint8 views, the scale arrays and
-    their addressing, and what :func:`build` must make (``sa_unpack``: packed per-token UE8M0
-    words to expand into float32; ``sb_convert``: ``"bits16"`` (bfloat16), ``"half"`` or
-    ``"e8m0"`` to turn into float32; ``b_plain``: a prepared weight to convert; INT8 with zero
-    points: ``azp`` (None where ``adj`` already holds a per-tensor zero point's product) and its
-    addressing, ``adj`` the int32 (N,) column term, or ``"sum"``: b's code sums, made by build)."""
+@dataclass(frozen=True)
+class Layout:
+    """A validated call as the kernels read it, without its arrays: the (M, K) and (N, K) operands
+    (rows ``lda`` / ``ldb`` bytes apart, or copied where ``copy_a`` / ``copy_b``: their start or
+    row stride is not 16-byte aligned), the scale addressing and what :func:`build` must make at
+    each call (``sa_unpack``: packed per-token UE8M0 words to expand into float32; ``sb_convert``:
+    ``"bits16"`` (bfloat16), ``"half"`` or ``"e8m0"`` to turn into float32; ``b_plain``: a
+    prepared weight to convert; INT8 with zero points: ``azp`` (a's zero points given; without
+    them and with ``adj``, z = 1) and their addressing, ``adj`` ``"array"`` (the int32 (N,) column
+    term given) or ``"sum"`` (b's code sums, made by build)), the output (``ldy`` elements between
+    rows of a given ``out``, 0 for a new one)."""
 
-    a: cupy.ndarray
-    b: cupy.ndarray | None
     a_format: str
     b_format: str
-    sa: cupy.ndarray
+    M: int
+    N: int
+    K: int
+    lda: int
+    ldb: int
+    copy_a: bool
+    copy_b: bool
     sa_rows: int
     sa_batch: int
     sa_m: int
     sa_k: int
     sa_packed: bool
     sa_unpack: bool
-    sb: cupy.ndarray | None
     sb_n: int
     sb_k: int
     sb_shift: int
     sb_convert: str | None
-    weight: QuantizedWeight | None
     b_plain: bool
-    azp: cupy.ndarray | None
+    azp: bool
     zp_rows: int
     zp_batch: int
     zp_m: int
-    adj: cupy.ndarray | str | None
-    bias: cupy.ndarray | None
-    out: cupy.ndarray | None
+    adj: str | None
+    bias: bool
     out_dtype: np.dtype
     lead: tuple
-    N: int
+    ldy: int
     device: int
+
+    @property
+    def mode(self) -> int:
+        """The kernels' MmMode (after build's conversions, which leave the K-addressing as it is)."""
+        sa_k = 0 if self.sa_unpack else self.sa_k
+        return mode_of(sa_k, self.sb_n, self.sb_k, self.sb_shift)
+
+
+class Arrays(NamedTuple):
+    """A call's arrays: a's codes (``[..., K]``), scales and zero points, b's codes (None for a
+    prepared weight), scales and the weight itself (None for raw codes), the column term (a code
+    sum or vLLM's ``azp_adj``), the bias and the output buffer."""
+
+    a: cupy.ndarray
+    sa: cupy.ndarray
+    azp: cupy.ndarray | None
+    b: cupy.ndarray | None
+    sb: cupy.ndarray
+    weight: QuantizedWeight | None
+    adj: cupy.ndarray | None
+    bias: cupy.ndarray | None
+    out: cupy.ndarray | None
+
+
+def matmul_arrays(a, b, bias, out) -> Arrays:
+    """The arrays of a :func:`cupyquant.scaled_matmul` call (checked by :func:`for_matmul`)."""
+    if type(b) is QuantizedWeight:
+        adj = b.code_sum if a.zero_point is not None else None
+        return Arrays(a.data, a.scale, a.zero_point, b.data, b.scale, b, adj, bias, out)
+    return Arrays(a.data, a.scale, a.zero_point, b.data, b.scale, None, None, bias, out)
+
+
+def mm_arrays(a, b, a_scale, b_scale, bias, out, azp_adj=None, azp=None) -> Arrays:
+    """The arrays of a :func:`cupyquant.scaled_mm` / :func:`cupyquant.scaled_mm_azp` call."""
+    return Arrays(a, a_scale, azp, b, b_scale, None, azp_adj, bias, out)
 
 
 def out_dtype_of(out_dtype) -> np.dtype:
@@ -279,7 +303,7 @@ def _a_of_tensor(a) -> dict:
         raise ValueError(f"a.scheme.scale_layout={s.scale_layout!r}: expected 'row' or 'col'")
     packed = _dtypes.scale_dtype(s.scale_dtype, "a.scheme.scale_dtype", ("float32", "float8_e8m0fnu")) != "float32"
     ng = 1 if g == "token" else n_blocks(K)
-    want_shape = lead + ((-(-ng // 4)) if packed else ng,)
+    want_shape = lead + (ceil_div(ng, 4) if packed else ng,)
     want_dtype = np.dtype(np.int32 if packed else np.float32)
     if tuple(sc.shape) != want_shape or sc.dtype != want_dtype:
         raise ValueError(f"a.scale must be {want_dtype.name} of shape {want_shape}, got {sc.dtype} {sc.shape}")
@@ -301,17 +325,15 @@ def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
         )
     N, K = w.shape
     g = s.granularity
-    if s.format == _INT8 and (g != "channel" or s.scale_layout != "plain"):
+    if s.format == _INT8 and (g != "channel" or w.data_layout != "plain"):
         raise ValueError(
             f"b: an INT8 weight must be quantized per output channel in the plain layout "
-            f"(quantize_weight(w, 'int8', group_size=None)), got granularity {g!r}, layout {s.scale_layout!r}"
+            f"(quantize_weight(w, 'int8', group_size=None)), got granularity {g!r}, data_layout {w.data_layout!r}"
         )
-    prepared = s.scale_layout == "prepared"
+    prepared = w.data_layout == "prepared"
     if prepared:
         if g == "block":
             raise ValueError("b: a weight of 128 x 128 blocks has no prepared layout; pass the plain weight")
-        from ..weight.quantize import check_weight
-
         check_weight(w)  # the prepared shapes; build() converts it (plain_of)
         data = None
     else:
@@ -331,7 +353,7 @@ def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
     elif g == "block":
         if tuple(s.block) != (BLOCK_K, BLOCK_K):
             raise ValueError(f"b.scheme.block={s.block}: weight blocks must be (128, 128)")
-        want, kind = (-(-N // BLOCK_K), nkb), "block"
+        want, kind = (ceil_div(N, BLOCK_K), nkb), "block"
     else:
         raise ValueError(f"b.scheme.granularity={g!r} is not supported: expected 'channel', 'group' or 'block'")
     sc = w.scale
@@ -383,7 +405,7 @@ def _b_of_tensor(b: QuantizedTensor, device: int) -> dict:
         )
     packed = _dtypes.scale_dtype(s.scale_dtype, "b.scheme.scale_dtype", ("float32", "float8_e8m0fnu")) != "float32"
     ng = 1 if g == "token" else n_blocks(K)
-    want = (N, -(-ng // 4) if packed else ng)
+    want = (N, ceil_div(ng, 4) if packed else ng)
     want_dtype = np.dtype(np.int32 if packed else np.float32)
     if tuple(sc.shape) != want or sc.dtype != want_dtype:
         raise ValueError(f"b.scale must be {want_dtype.name} of shape {want}, got {sc.dtype} {sc.shape}")
@@ -417,7 +439,31 @@ def _bias_and_out(bias, out, out_dtype, lead, N, device, inputs) -> tuple:
     return bias, out
 
 
-def for_matmul(a, b, out_dtype, bias, out) -> Plan:
+def _layout(A: dict, B: dict, N: int, K: int, bias, out, od, device) -> Layout:
+    """The Layout of a call from its checked pieces (the dicts of _a_of_tensor / _b_of_* and the
+    raw checks, which hold the call's arrays too)."""
+    a, b = A["a"], B.get("b")
+    ldy = 0
+    if out is not None:
+        ldy = _validate.rows_view(out, "out")[2]
+    return Layout(
+        a_format=A["a_format"], b_format=B["b_format"], M=a.shape[0], N=N, K=K,
+        lda=a.strides[0], ldb=0 if b is None else b.strides[0],
+        copy_a=not _rows_aligned(a), copy_b=b is not None and not _rows_aligned(b),
+        sa_rows=A["sa_rows"], sa_batch=A["sa_batch"], sa_m=A["sa_m"], sa_k=A["sa_k"], sa_packed=A["sa_packed"],
+        sa_unpack=A["sa_unpack"], sb_n=B["sb_n"], sb_k=B["sb_k"], sb_shift=B["sb_shift"],
+        sb_convert=B["sb_convert"], b_plain=B["b_plain"], azp=A["azp"] is not None, zp_rows=A["zp_rows"],
+        zp_batch=A["zp_batch"], zp_m=A["zp_m"], adj=A["adj"] if A["adj"] in (None, "sum") else "array",
+        bias=bias is not None, out_dtype=od, lead=A["lead"], ldy=ldy, device=device,
+    )  # fmt: skip
+
+
+def _rows_aligned(x: cupy.ndarray) -> bool:
+    """Whether the (rows, K) view ``x`` starts 16-byte aligned with rows a multiple of 16 bytes apart."""
+    return x.data.ptr % ROW_ALIGN == 0 and (x.shape[0] <= 1 or x.strides[0] % ROW_ALIGN == 0)
+
+
+def for_matmul(a, b, out_dtype, bias, out) -> Layout:
     """Validate :func:`cupyquant.scaled_matmul`'s arguments (nothing allocated or launched)."""
     A = _a_of_tensor(a)
     device = A["a"].data.device_id
@@ -430,7 +476,8 @@ def for_matmul(a, b, out_dtype, bias, out) -> Plan:
             f"b must be a cupyquant.QuantizedWeight (quantize_weight(w, 'float8_e4m3fn', ...)) or a QuantizedTensor "
             f"of FP8 weights, got {type(b).__name__}; raw arrays go to cupyquant.scaled_mm"
         )
-    check_k(A["a"].shape[1], B.pop("Kb"))
+    K = A["a"].shape[1]
+    check_k(K, B.pop("Kb"))
     check_pair(A["a_format"], B["b_format"])
     if A["azp"] is not None:  # b's code sums: kept with an INT8 QuantizedWeight, else made by build()
         A["adj"] = getattr(b, "code_sum", None) if isinstance(b, QuantizedWeight) else None
@@ -441,7 +488,7 @@ def for_matmul(a, b, out_dtype, bias, out) -> Plan:
     od = out_dtype_of(out_dtype)
     inputs = [("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale)]
     bias, out = _bias_and_out(bias, out, od, A["lead"], B["N"], device, inputs)
-    return Plan(**A, **B, bias=bias, out=out, out_dtype=od, device=device)
+    return _layout(A, B, B["N"], K, bias, out, od, device)
 
 
 def check_pair(a_format: str, b_format: str, a_arg: str = "a", b_arg: str = "b") -> None:
@@ -467,7 +514,7 @@ def _raw_format(x, fmt, arg: str) -> str:
     return _fp8(fmt, f"{arg}_format")
 
 
-def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format, azp_adj=None, azp=None) -> Plan:
+def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format, azp_adj=None, azp=None) -> Layout:
     """Validate :func:`cupyquant.scaled_mm`'s (and with ``azp_adj``, :func:`cupyquant.scaled_mm_azp`'s)
     arguments (nothing allocated or launched)."""
     af = _raw_format(a, a_format, "a")
@@ -513,31 +560,18 @@ def for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format, azp
     else:
         st = a_scale.strides if a_scale.ndim == 2 else a_scale.strides + (4,)
         shape = a_scale.shape if a_scale.ndim == 2 else a_scale.shape + (1,)
-        sa = a_scale_addressing((M,), shape, tuple(st), ka == "token")
+        sa = a_scale_addressing((M,), shape, tuple(st), ka == "token", "a_scale")
     sb = b_scale_addressing(kb, tuple(b_scale.strides) if b_scale.ndim == 2 else tuple(b_scale.strides) + (4,))
     od = out_dtype_of(out_dtype)
     inputs = [("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("azp_adj", azp_adj), ("azp", azp)]
     bias, out = _bias_and_out(bias, out, od, (M,), N, device, [(n, x) for n, x in inputs if x is not None])
-    return Plan(
-        a=am, b=bm, a_format=af, b_format=bf, sa=a_scale, sa_rows=sa[0], sa_batch=sa[1], sa_m=sa[2], sa_k=sa[3],
-        sa_packed=ka == "packed", sa_unpack=False, sb=b_scale, sb_n=sb[0], sb_k=sb[1], sb_shift=sb[2],
-        sb_convert=None, weight=None, b_plain=False, **zp, bias=bias, out=out, out_dtype=od, lead=(M,), N=N,
-        device=device,
-    )  # fmt: skip
+    A = dict(a=am, a_format=af, sa_rows=sa[0], sa_batch=sa[1], sa_m=sa[2], sa_k=sa[3], sa_packed=ka == "packed",
+             sa_unpack=False, lead=(M,), **zp)  # fmt: skip
+    B = dict(b=bm, b_format=bf, sb_n=sb[0], sb_k=sb[1], sb_shift=sb[2], sb_convert=None, b_plain=False)
+    return _layout(A, B, N, K, bias, out, od, device)
 
 
 # ------------------------------------------------------------------ the allocations of a call
-def _aligned(x: cupy.ndarray, keep: list) -> cupy.ndarray:
-    """``x`` (rows, K) itself if its start and row stride are 16-byte aligned, else a contiguous copy
-    in a fresh (aligned) allocation."""
-    if x.data.ptr % ROW_ALIGN == 0 and (x.shape[0] <= 1 or x.strides[0] % ROW_ALIGN == 0):
-        return x
-    y = cupy.empty(x.shape, dtype=x.dtype)
-    y[...] = x
-    keep.append(y)
-    return y
-
-
 def _e8m0_to_f32(words: cupy.ndarray, n: int, keep: list) -> cupy.ndarray:
     """Packed UE8M0 words ``(..., n_words)`` (any strides) -> float32 ``(..., n)``, C order:
     ``2^(e - 127)`` built from bits (e = 0 gives the subnormal 2^-127, 255 NaN), no arithmetic."""
@@ -561,72 +595,95 @@ def _to_f32(sc: cupy.ndarray, how: str, keep: list) -> cupy.ndarray:
 
 
 def _weight_scale_f32(w: QuantizedWeight, sc: cupy.ndarray, how: str, keep: list) -> cupy.ndarray:
-    """The float32 copy of a weight's 16-bit scales, made once per weight and kept on it (attribute
-    ``_f32_scale``, checked against the scale array it was made from). Not cached while a CUDA graph
-    is being captured (the copy would be filled only when the graph is replayed). A later call on
+    """The float32 copy of a weight's 16-bit scales, made once per weight and kept on it (its
+    ``_f32_scale``, which assigning a new ``scale`` drops). Not kept when made while a CUDA graph is
+    being captured (the copy would be filled only when the graph is replayed). A later call on
     another stream waits for the copy (an event) until it has completed."""
     stream = cupy.cuda.get_current_stream()
-    if stream.is_capturing():
-        return _to_f32(sc, how, keep)
-    cached = getattr(w, "_f32_scale", None)
-    if cached is not None and cached[0] is sc and cached[1] == (sc.data.ptr, sc.shape, sc.dtype):
-        event, made_on, f = cached[2], cached[3], cached[4]
+    cached = w._f32_scale
+    if cached is not None:
+        event, made_on, f = cached
         if event is not None:
             if event.done:
-                w._f32_scale = cached[:2] + (None, made_on, f)
+                w._f32_scale = (None, made_on, f)
             elif made_on != stream.ptr:
                 stream.wait_event(event)
         return f
+    if stream.is_capturing():
+        return _to_f32(sc, how, keep)
     f = _to_f32(sc, how, [])
     event = cupy.cuda.Event(disable_timing=True)
     event.record(stream)
-    w._f32_scale = (sc, (sc.data.ptr, sc.shape, sc.dtype), event, stream.ptr, f)
+    w._f32_scale = (event, stream.ptr, f)
     return f
 
 
-def build(p: Plan) -> Operands:
-    """Make what the launch needs (call on ``p.device``, after the architecture check)."""
-    keep: list = []
-    a = _aligned(p.a, keep)
-    sa, rows, batch, sa_m, sa_k = p.sa, p.sa_rows, p.sa_batch, p.sa_m, p.sa_k
-    if p.sa_unpack:
-        sa = _e8m0_to_f32(p.sa, 1, keep)
-        rows, batch, sa_m, sa_k = max(a.shape[0], 1), 0, 1, 0
-    b, sb = p.b, p.sb
-    if p.b_plain:
-        from ..weight.quantize import plain_of
+class Operands(NamedTuple):
+    """What one launch reads: a's and b's codes (the (M, K) and (N, K) matrices, rows ``Layout.lda``
+    / ``ldb`` bytes apart, or 16-byte aligned copies with rows ``K`` bytes apart), the scale arrays
+    as the kernels address them, the zero points and column term (None where absent), the bias, the
+    (M, N) output's address and row stride (elements), and what the call returns (``[..., N]``)."""
 
-        w = plain_of(p.weight)
+    a: cupy.ndarray
+    lda: int
+    b: cupy.ndarray
+    ldb: int
+    sa: cupy.ndarray
+    sb: cupy.ndarray
+    azp: cupy.ndarray | None
+    adj: cupy.ndarray | None
+    bias: cupy.ndarray | None
+    out2: int
+    ldy: int
+    result: cupy.ndarray
+
+
+def _copy_rows(x: cupy.ndarray, rows: int, K: int, ld: int, keep: list) -> cupy.ndarray:
+    """A contiguous copy (a fresh, aligned allocation) of the (rows, K) 8-bit matrix at x's data
+    pointer with rows ``ld`` bytes apart."""
+    view = cupy.ndarray((rows, K), dtype=x.dtype, memptr=x.data, strides=(ld, 1))
+    y = cupy.empty((rows, K), dtype=x.dtype)
+    y[...] = view
+    keep.append(y)
+    return y
+
+
+def build(L: Layout, arr: Arrays) -> Operands:
+    """Make what the launch of ``L`` needs from a call's arrays (call on ``L.device``, after the
+    architecture check)."""
+    keep: list = []
+    a, lda = arr.a, L.lda
+    if L.copy_a:
+        a, lda = _copy_rows(a, L.M, L.K, lda, keep), L.K
+    sa = arr.sa
+    if L.sa_unpack:
+        sa = _e8m0_to_f32(sa, 1, keep)
+    b, ldb, sb = arr.b, L.ldb, arr.sb
+    if L.b_plain:
+        w = _weight_layout.plain_of(arr.weight)
         keep += [w.data, w.scale]
-        b, sb = _matrix(w.data, "b.data"), w.scale
-        if sb.dtype == np.float32:
-            sb = cupy.ascontiguousarray(sb)
-        else:
-            sb = _to_f32(sb, p.sb_convert, keep)
-    elif p.sb_convert == "e8m0":
-        sb = _e8m0_to_f32(sb, p.sb_n if p.sb_k else 1, keep)
-    elif p.sb_convert is not None:
-        sb = _weight_scale_f32(p.weight, sb, p.sb_convert, keep)
-    b = _aligned(b, keep)
-    adj = p.adj
-    if isinstance(adj, str):  # b's code sums (a QuantizedTensor weight, or a weight made without them)
-        adj = b.sum(axis=1, dtype=np.int32)
-        keep.append(adj)
-    M, N = a.shape[0], p.N
-    if p.out is None:
-        result = cupy.empty(p.lead + (N,), dtype=p.out_dtype)
-        out2 = result.reshape(M, N)
-    else:
-        result = p.out
-        _, _, ldy = _validate.rows_view(result, "out")
-        out2 = cupy.ndarray(
-            (M, N), dtype=p.out_dtype, memptr=result.data, strides=(ldy * result.itemsize, result.itemsize)
+        b, ldb, sb = w.data, L.K, w.scale
+        sb = cupy.ascontiguousarray(sb) if sb.dtype == np.float32 else _to_f32(sb, L.sb_convert, keep)
+    elif L.sb_convert == "e8m0":
+        sb = _e8m0_to_f32(sb, L.sb_n if L.sb_k else 1, keep)
+    elif L.sb_convert is not None:
+        sb = _weight_scale_f32(arr.weight, sb, L.sb_convert, keep)
+    if L.copy_b:
+        b, ldb = _copy_rows(b, L.N, L.K, ldb, keep), L.K
+    adj = arr.adj
+    if L.adj == "sum":  # b's code sums (a QuantizedTensor weight, or a weight made without them)
+        bm = (
+            b
+            if ldb == L.K and b.ndim == 2
+            else cupy.ndarray((L.N, L.K), dtype=b.dtype, memptr=b.data, strides=(ldb, 1))
         )
-    _validate.keep_if_capturing(*keep)
-    return Operands(
-        a=a, b=b, a_format=FORMAT_IDS[p.a_format], b_format=FORMAT_IDS[p.b_format], sa=sa, sb=sb,
-        sa_rows=rows, sa_batch=batch, sa_m=sa_m, sa_k=sa_k, sa_packed=p.sa_packed,
-        sb_n=p.sb_n, sb_k=p.sb_k, sb_shift=p.sb_shift, mode=mode_of(sa_k, p.sb_n, p.sb_k, p.sb_shift),
-        azp=p.azp, adj=adj, zp_rows=p.zp_rows, zp_batch=p.zp_batch, zp_m=p.zp_m,
-        bias=p.bias, out2=out2, result=result, device=p.device,
-    )  # fmt: skip
+        adj = bm.sum(axis=1, dtype=np.int32)
+        keep.append(adj)
+    if arr.out is None:
+        result = cupy.empty(L.lead + (L.N,), dtype=L.out_dtype)
+        ldy = L.N
+    else:
+        result, ldy = arr.out, L.ldy
+    if keep:
+        _validate.keep_if_capturing(*keep)
+    return Operands(a, lda, b, ldb, sa, sb, arr.azp, adj, arr.bias, result.data.ptr, ldy, result)

@@ -1,5 +1,5 @@
-"""The Hopper W8A8 kernel (kernels/scaled_mm_sm90.cu): its instantiations, tile choice, K split and
-launch."""
+"""The Hopper W8A8 kernel (kernels/scaled_mm_sm90.cu): its tile table, its cost model (tile and K
+split) and the plan of its launch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import cupy
 import numpy as np
 
-from .. import _device, _dtypes, _jit, _launch, _validate
-from ..weight import _cache
+from .. import _device, _dtypes, _jit, _launch, _validate, _workspace
+from .._launch import ARG, Blob, Launch
+from .._sizes import ceil_div
 from . import args as A
 
 
@@ -67,7 +68,7 @@ FAMILY = _jit.register(
         for cfg in INT8_CONFIGS
         for ty in _dtypes.INPUT_CTYPES
     ],
-    specific_targets=("90",),
+    specific_targets=_device.WGMMA_TARGETS,
     specific_required=True,
 )
 
@@ -113,54 +114,45 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
     return -(-nkb // per), per
 
 
-def _tensor_map(x: cupy.ndarray, box_rows: int) -> np.ndarray:
-    """The TMA map of an (rows, K) FP8 operand in boxes of 128 k by ``box_rows`` (cached by address,
-    shape, stride and box: encoding one is about 8 us of driver work)."""
-    return _cache.act_tensor_map(x, x.shape[0], x.shape[1], A.BLOCK_K, box_rows, elem_bytes=1)
+class MmLaunch:
+    """The planned launch of one call layout: the kernel's Launch (arguments: the tensor maps of a
+    and b, given at each call, then a's and b's scales, zero points, column term, bias, the output,
+    the workspace and arrival counters of a K split), the TMA boxes' rows of a and b, and the K
+    split's workspace (its float32 elements, 0 for none) and counters."""
 
+    __slots__ = ("launch", "box_a", "box_b", "ws", "counters", "M", "N", "K", "device")
 
-def launch(ops: A.Operands, cfg: Sm90Config | None = None, parts: int | None = None) -> None:
-    """Launch ``ops`` on the current stream; ``cfg`` and ``parts`` (K split) default to the plan."""
-    device = ops.device
-    M, N, K = ops.M, ops.N, ops.K
-    sms = _device.sm_count(device)
-    cfg = config(M, N, K, sms, ops.a_format == A.INT8_ID) if cfg is None else cfg
-    tiles_n, tiles_m = -(-N // cfg.bn), -(-M // cfg.bm)
-    nkb = -(-K // A.BLOCK_K)
-    if parts is None:
-        parts, per = splits(tiles_n * tiles_m, nkb, sms)
-    else:
-        per = -(-nkb // parts)
-        parts = -(-nkb // per)
-    ty = _dtypes.input_type(ops.out2.dtype, "out_dtype").ctype
-    k = _jit.kernel(device, FAMILY, "scaled_mm_sm90", ops.a_format, ops.b_format, ty, ops.mode, *cfg.targs)
-    _cache.raise_smem_limit(device, k, cfg.smem)
-    ws = counters = 0
-    if parts > 1:
-        ws = cupy.empty(parts * tiles_n * tiles_m * cfg.bm * cfg.bn, dtype=np.float32)
-        _validate.keep_if_capturing(ws)
-        counters = _cache.split_counters(device, tiles_n * tiles_m)
-    p = A.mm_args(ops, parts, per)
-    tma, tmb = _tensor_map(ops.a, cfg.bm), _tensor_map(ops.b, cfg.bn)
-    bias = ops.bias if ops.bias is not None else 0
-    work = tiles_n * tiles_m * parts
-    _launch.launch(
-        k,
-        (min(work, sms),),
-        (cfg.threads,),
-        (
-            tma,
-            tmb,
-            ops.sa,
-            ops.sb,
-            0 if ops.azp is None else ops.azp,
-            0 if ops.adj is None else ops.adj,
-            bias,
-            ops.out2,
-            ws,
-            counters,
-            p,
-        ),
-        cfg.smem,
-        pdl=False,
-    )
+    def __init__(self, L, cfg: Sm90Config | None = None, parts: int | None = None):
+        self.M, self.N, self.K, self.device = M, N, K, device = L.M, L.N, L.K, L.device
+        sms = _device.sm_count(device)
+        cfg = config(M, N, K, sms, L.a_format == "int8") if cfg is None else cfg
+        tiles_n, tiles_m = ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)
+        nkb = ceil_div(K, A.BLOCK_K)
+        if parts is None:
+            parts, per = splits(tiles_n * tiles_m, nkb, sms)
+        else:
+            per = ceil_div(nkb, parts)
+            parts = ceil_div(nkb, per)
+        ty = _dtypes.input_type(L.out_dtype, "out_dtype").ctype
+        fa, fb = A.FORMAT_IDS[L.a_format], A.FORMAT_IDS[L.b_format]
+        k = _jit.kernel(device, FAMILY, "scaled_mm_sm90", fa, fb, ty, L.mode, *cfg.targs)
+        _workspace.raise_smem_limit(device, k, cfg.smem)
+        self.ws = parts * tiles_n * tiles_m * cfg.bm * cfg.bn if parts > 1 else 0
+        self.counters = tiles_n * tiles_m if parts > 1 else 0
+        self.box_a, self.box_b = cfg.bm, cfg.bn
+        tm = Blob(_launch.TENSOR_MAP.itemsize)
+        args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per),)
+        work = tiles_n * tiles_m * parts
+        self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem)
+
+    def __call__(self, ops) -> None:
+        """Launch on the current stream for a call's Operands."""
+        dev = self.device
+        tma = _workspace.tensor_map(ops.a.data.ptr, self.M, self.K, ops.lda, dev, A.BLOCK_K, self.box_a, 1)
+        tmb = _workspace.tensor_map(ops.b.data.ptr, self.N, self.K, ops.ldb, dev, A.BLOCK_K, self.box_b, 1)
+        ws = counters = None
+        if self.ws:
+            ws = cupy.empty(self.ws, dtype=np.float32)
+            _validate.keep_if_capturing(ws)
+            counters = _workspace.split_counters(dev, self.counters)
+        self.launch(tma, tmb, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)
