@@ -340,7 +340,7 @@ def rms_norm_quantize(
                 scale, global_scale, out, scale_out,
             ),
         )  # fmt: skip
-    ub = plan.ub and scale_ub
+    ub = scale_ub if plan.ub else None
     if residual is not None or out is not None or scale_out is not None:  # depend on the addresses
         plan.disjoint.check((x.data.ptr, weight.data.ptr, _ptr(ub), _ptr(residual), _ptr(out), _ptr(scale_out)))
         if scale_out is not None and plan.lay is not None:

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 import cupyquant as cq
-from cupyquant import _jit
+from cupyquant import _device, _jit
 from cupyquant import reference as ref
 
 N_THREADS = 8
@@ -41,7 +41,7 @@ def main() -> dict:
     build = _jit._build_module
 
     def counting_build(family, expression, device):
-        arch = cupy.cuda.Device(device).compute_capability
+        arch = _device.arch(device)
         with count_lock:
             builds[f"{family}@sm_{arch}:{expression}"] += 1
         return build(family, expression, device)

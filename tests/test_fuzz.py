@@ -969,7 +969,7 @@ def _run_nvfp4(cupy, case, hs, f):
 
 
 def _check_weight(qw, E, p, f):
-    f.check(qw.scheme == E["scheme"], f"scheme {qw.scheme!r}, expected {E['scheme']!r}")
+    f.check(qw.scheme.format == E["scheme"], f"scheme {qw.scheme!r}, expected {E['scheme']!r}")
     f.check(qw.group_size == p["group_size"], f"group_size {qw.group_size}")
     f.bits(qw.data, E["data"], "data")
     f.bits(qw.scale, E["scales"], "scales")

@@ -322,7 +322,7 @@ def _weight_case(scheme, group_size):
     ws = _rows(w, rows)
     got = {"data": _rows(qw.data, rows), "scales": _rows(qw.scale, rows), "dequantized": _rows(y, rows)}
     if qw.zeros is not None:
-        got["zeros"] = _rows(qw.zeros, rows)
+        got["zeros"] = _rows(qw.zero_point, rows)
     del w, y, bits
     gc.collect()
     # the matmul over all N output columns (each weight byte read), checked at the sampled ones

@@ -9,7 +9,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
 
 import cupyquant as cq
 from cupyquant import _block_scale, _testing
@@ -346,8 +346,7 @@ CHUNK = 1 << 28
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
 def test_fp8_software_conversion_equals_hardware_for_every_float(fmt):
     """All 2^32 float32 bit patterns through cvt.rn.satfinite (sm_89+) and the software path."""
-    if int(cupy.cuda.Device().compute_capability) < 89:
-        pytest.skip("no FP8 conversion instruction below sm_89: both paths are the software one")
+    require_arch("fp8_mma")  # no FP8 conversion instruction below sm_89: both paths are the software one
     for base in range(0, 1 << 32, CHUNK):
         hw = _testing._conversion_check(fmt, base, CHUNK, True)
         sw = _testing._conversion_check(fmt, base, CHUNK, False)

@@ -185,10 +185,10 @@ def test_amax_alone(in_dtype):
 
 
 def _amax_stride_vectors():
-    from cupyquant import _launch
+    from cupyquant import per_tensor
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return sms * _launch.AMAX_BLOCKS_PER_SM * _launch.AMAX_BLOCK
+    return sms * per_tensor.AMAX_BLOCKS_PER_SM * per_tensor.AMAX_BLOCK
 
 
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)

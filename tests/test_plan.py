@@ -11,6 +11,7 @@ import pytest
 
 import cupyquant as cq
 import cupyquant.weight
+from cupyquant import _device
 from cupyquant.weight import decode, dispatch, sm90_gemm
 from cupyquant.weight.formats import weight_scheme
 
@@ -359,7 +360,7 @@ def test_matmul_path_table(arch):
     """The table of matmul's docstring, for each architecture (no GPU needed: arch is given)."""
     doc = cq.matmul.__doc__
     for M, (N, K), other, hopper in DOC_PATHS:
-        want = hopper if arch == "90" else other
+        want = hopper if arch and _device.caps_of_arch(arch).wgmma else other
         for scheme in ("int4", "uint4", "float8_e4m3fn"):
             shell = _shell(scheme, (N, K))  # only its shape is read
             got = cq.weight.matmul_path(M, shell, arch=arch or "0", sms=132)

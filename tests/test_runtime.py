@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 from conftest import assert_bits_equal, heavy_tailed, poisoned  # noqa: E402
 
 import cupyquant as cq  # noqa: E402
-from cupyquant import _jit  # noqa: E402
+from cupyquant import _device, _jit  # noqa: E402
 from cupyquant import reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -115,7 +115,7 @@ def _qt(q) -> list:
 
 def _qw(w) -> list:
     """The device arrays of a QuantizedWeight."""
-    return [a for a in (w.data, w.scales, w.zeros) if a is not None]
+    return [a for a in (w.data, w.scale, w.zero_point) if a is not None]
 
 
 def _dq(q, dtype=None) -> list:
@@ -456,7 +456,7 @@ def test_first_calls_from_threads_compile_each_instantiation_once(tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not report["problems"], "\n".join(report["problems"])
     assert report["finished"] == report["threads"] == 8
-    arch = cupy.cuda.Device(0).compute_capability
+    arch = _device.arch(0)
     builds = report["builds"]
     assert {f"{f}@sm_{arch}" for f in FAMILIES} <= {b.split(":")[0] for b in builds}, f"built: {builds}"
     assert all(n == 1 for n in builds.values()), f"an instantiation was built more than once: {builds}"
@@ -507,7 +507,7 @@ def test_array_on_the_second_gpu_is_quantized_there():
     qw = cq.quantize_weight(w, "int4", group_size=128)
     wd, wsc, _ = ref.quantize_weight(wh, "int4", group_size=128)
     assert_bits_equal(qw.data, wd, "int4 data")
-    assert_bits_equal(qw.scales, wsc, "int4 scales")
+    assert_bits_equal(qw.scale, wsc, "int4 scales")
     mm = cq.matmul(a, qw)
     # the same product on device 0: the same kernel on the same kind of GPU gives the same bits
     mm0 = cq.matmul(cupy.asarray(ah), cq.quantize_weight(cupy.asarray(wh), "int4", group_size=128))

@@ -69,7 +69,7 @@ def test_quantize_and_dequantize_bit_exact(w_dtype, scheme, sym, group_size):
     for shape in [(256, 256), (1000, 384), (7, 1024), (3, 128)]:
         wh = _weights(shape, _seed(shape, w_dtype, scheme, group_size), w_dtype)
         qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
-        assert qw.scheme == scheme and qw.shape == shape and qw.dtype == np.dtype(w_dtype)
+        assert qw.scheme.format == scheme and qw.shape == shape and qw.dtype == np.dtype(w_dtype)
         d, s, z = _check_quantized(qw, wh, scheme, group_size)
         for out_dtype in W_DTYPES:
             want = ref.dequantize_weight(d, s, z, scheme, out_dtype)
@@ -140,7 +140,7 @@ def test_to_host_and_repr():
     assert q8.to_host()["codes"].dtype == ml_dtypes.float8_e4m3fn and q8.to_host()["zero_point"] is None
     # the ml_dtypes type names the FP8 scheme as the string does (as in quantize_fp8)
     q8t = cq.quantize_weight(cupy.asarray(wh), ml_dtypes.float8_e4m3fn, group_size=None)
-    assert q8t.scheme == "float8_e4m3fn"
+    assert q8t.scheme.format == "float8_e4m3fn"
     np.testing.assert_array_equal(q8t.data.get(), q8.data.get())
 
 

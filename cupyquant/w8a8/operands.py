@@ -453,7 +453,7 @@ def _layout(A: dict, B: dict, N: int, K: int, bias, out, od, device) -> Layout:
         sa_rows=A["sa_rows"], sa_batch=A["sa_batch"], sa_m=A["sa_m"], sa_k=A["sa_k"], sa_packed=A["sa_packed"],
         sa_unpack=A["sa_unpack"], sb_n=B["sb_n"], sb_k=B["sb_k"], sb_shift=B["sb_shift"],
         sb_convert=B["sb_convert"], b_plain=B["b_plain"], azp=A["azp"] is not None, zp_rows=A["zp_rows"],
-        zp_batch=A["zp_batch"], zp_m=A["zp_m"], adj=A["adj"] if A["adj"] in (None, "sum") else "array",
+        zp_batch=A["zp_batch"], zp_m=A["zp_m"], adj=A["adj"] if A["adj"] is None or isinstance(A["adj"], str) else "array",
         bias=bias is not None, out_dtype=od, lead=A["lead"], ldy=ldy, device=device,
     )  # fmt: skip
 
