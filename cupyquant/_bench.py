@@ -15,6 +15,8 @@ import time
 import cupy
 import numpy as np
 
+from ._sizes import ceil_div
+
 
 def device_name() -> str:
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
@@ -27,7 +29,7 @@ def l2_bytes() -> int:
 
 def copies_for(nbytes_per_set: int, factor: int = 4) -> int:
     """How many input sets to rotate over so that they span ``factor`` times the L2."""
-    return max(1, -(-factor * l2_bytes() // max(1, nbytes_per_set)))
+    return max(1, ceil_div(factor * l2_bytes(), max(1, nbytes_per_set)))
 
 
 def time_events(fn, args_list, warmup: int = 5, reps: int = 50, record=None) -> float:

@@ -32,6 +32,7 @@ import threading
 import numpy as np
 
 from ._jit import KernelLaunchError
+from ._sizes import round_up
 
 #: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -213,7 +214,7 @@ class Launch:
         offsets, off = [], 0
         for n in sizes:
             offsets.append(off)
-            off += -(-n // _SLOT_ALIGN) * _SLOT_ALIGN
+            off += round_up(n, _SLOT_ALIGN)
         self._offsets = offsets
         self._buf = np.zeros(max(off, 8) // 8 + _SLOT_ALIGN // 8, np.uint64)
         base = -self._buf.ctypes.data % _SLOT_ALIGN  # bytes to the first aligned address

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _device
+from ._sizes import ceil_div
 
 #: The weight's shape (N, K) and the seed of its Gaussian values (standard deviation 0.02).
 WEIGHT_SEED = 20261122
@@ -80,7 +81,7 @@ def expand_scale(s, rows: int, cols: int, xp=np):
             return 1
         if n == 1:
             return total
-        if n == -(-total // 128):
+        if n == ceil_div(total, 128):
             return 128
         raise ValueError(f"s has {n} scales along an axis of {total}: not 1, {total} or ceil({total}/128)")
 

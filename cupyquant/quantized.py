@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from . import _dtypes, _layouts
+from ._sizes import ceil_div
 
 if TYPE_CHECKING:  # the runtime import of this module must not import CuPy
     import cupy
@@ -130,7 +131,7 @@ class QuantizedTensor:
             out = {"data": data.view(fmt.host_dtype)}
         out["scale"] = scale
         if self.scheme.granularity == "block":
-            kb = -(-self.shape[-1] // self.scheme.block[0])
+            kb = ceil_div(self.shape[-1], self.scheme.block[0])
             if self.scheme.scale_layout == "swizzled":
                 out["scale_swizzled"] = scale
                 scale = _layouts.unswizzle_scales(scale, self.shape[:-1], kb)

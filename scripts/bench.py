@@ -8,6 +8,7 @@
     python scripts/bench.py --w8a8               # the W8A8 FP8 and INT8 matmul (scripts/bench_w8a8.py)
     python scripts/bench.py --kv-cache           # the FP8 KV-cache write (scripts/bench_kv_cache.py)
     python scripts/bench.py --norm               # fused RMSNorm + quantization (scripts/bench_norm.py)
+    python scripts/bench.py --host               # host time per call of every op (scripts/bench_host.py)
     python scripts/bench.py --sweep --json sweep.json --plot sweep.png
                                                  # the inference shape sweep (scripts/bench_sweep.py)
 
@@ -35,6 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_w8a8 next to this file
 
+import bench_host  # noqa: E402
 import bench_kv_cache  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_sweep  # noqa: E402
@@ -659,6 +661,11 @@ def build_parser():
         help="seconds of graph replays per timing (3 to 20 replays)",
     )
     w.add_argument("--w8a8-fast-accum", action="store_true", help="torch._scaled_mm with use_fast_accum=True")
+    h = p.add_argument_group("host time per call (scripts/bench_host.py)")
+    h.add_argument(
+        "--host", action="store_true", help="every public op's host time per call against a bare replay of its launches"
+    )
+    h.add_argument("--host-json", help="--host: write the rows to this file")
     k = p.add_argument_group("FP8 KV-cache write (scripts/bench_kv_cache.py)")
     k.add_argument("--kv-cache", action="store_true", help="quantize_kv_cache against the copy bandwidth and torch")
     k.add_argument(
@@ -674,6 +681,8 @@ def build_parser():
 
 def main(argv=None):
     a = build_parser().parse_args(argv)
+    if a.host:
+        return bench_host.main(["--json", a.host_json] if a.host_json else [])
     if a.sweep or a.from_json:
         return bench_sweep.main_sweep(a, sys.modules[__name__])
     if a.w8a8:

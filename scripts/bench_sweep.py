@@ -22,8 +22,8 @@ Each cell reports:
 
 ``--sweep-floor`` adds, per op at M = 1, the host time of a bare launch: the op's own kernels,
 recorded from one call, launched again through ``cupy.RawKernel`` with the same arguments, plus one
-``cupy.empty`` per output array. That is the floor CuPy allows an op; ``host us`` is measured
-against it.
+``cupy.empty`` per output array (scripts/bench_host.py, which does this for every public op). That
+is the floor CuPy allows an op; ``host us`` is measured against it.
 
 ``--json`` keeps every cell, and ``--plot sweep.png`` (matplotlib, the ``bench`` extra) draws,
 per op, GB/s against bytes moved for ours and ``torch.compile`` with the copy bandwidth as a line;
@@ -207,61 +207,18 @@ def io_bytes(op: SweepOp, M: int, K: int) -> int:
     return in_bytes(op, M, K) + op.out_bytes(M, K)
 
 
-class _Recorder:
-    """Stands in for a compiled kernel: records each launch (grid, block, args), then launches."""
-
-    def __init__(self, kernel, launches):
-        self._k, self._launches = kernel, launches
-
-    def __call__(self, grid, block, args, **kw):
-        self._launches.append((self._k, grid, block, args, kw))
-        return self._k(grid, block, args, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self._k, name)
-
-
-def record_launches(cq, fn, *args):
-    """The result of ``fn(*args)`` and the kernel launches it made: ``(kernel, grid, block, args,
-    kw)`` as passed to each ``cupy.RawKernel``."""
-    from cupyquant import _jit
-
-    launches = []
-    real = _jit.kernel
-    _jit.kernel = lambda *a: _Recorder(real(*a), launches)
-    try:
-        result = fn(*args)
-    finally:
-        _jit.kernel = real
-    return result, launches
-
-
-def _outputs(result):
-    arrays = [result] if not hasattr(result, "scale") else [result.data, result.scale]
-    arrays += [a for a in (getattr(result, "amax", None), getattr(result, "global_scale", None)) if a is not None]
-    return [(a.shape, a.dtype) for a in arrays]
-
-
 def host_and_floor(cq, bench, fn, args, rounds: int = 7, calls: int = 300) -> tuple:
-    """Host seconds per call of ``fn(*args)`` and of its bare launches (its recorded kernels through
-    ``cupy.RawKernel`` with the same arguments, and ``cupy.empty`` of each output it returns), in
-    alternating loops, the least of ``rounds`` each: the host's clock moves by up to 2x between
-    loops a second apart, so the two are only compared when measured side by side."""
-    import cupy
+    """Host seconds per call of ``fn(*args)`` and of its bare launches (bench_host.bare_replay: its
+    recorded kernels through ``cupy.RawKernel`` with the same arguments, and ``cupy.empty`` of each
+    output it returns), in alternating loops, the least of ``rounds`` each: the host's clock moves by
+    up to 2x between loops a second apart, so the two are only compared when measured side by side."""
+    import bench_host
 
-    result, launches = record_launches(cq, fn, *args)
-    outs = _outputs(result)
-
-    def bare():
-        for shape, dtype in outs:
-            cupy.empty(shape, dtype)
-        for k, grid, block, kargs, kw in launches:
-            k(grid, block, kargs, **kw)
-
+    bare_replay = bench_host.bare_replay(lambda: fn(*args))
     ours = floor = float("inf")
     for _ in range(rounds):
         ours = min(ours, bench.host_seconds_per_call(fn, [args], calls=calls, rounds=1))
-        floor = min(floor, bench.host_seconds_per_call(bare, [()], calls=calls, rounds=1))
+        floor = min(floor, bench.host_seconds_per_call(bare_replay, [()], calls=calls, rounds=1))
     return ours, floor
 
 

@@ -68,7 +68,7 @@ def config(M: int, N: int, sms: int) -> Config:
     small, mid, large = CONFIGS
     if M <= small.bm:
         return small
-    if M <= mid.bm or -(-M // large.bm) * -(-N // large.bn) < sms:
+    if M <= mid.bm or ceil_div(M, large.bm) * ceil_div(N, large.bn) < sms:
         return mid
     return large
 
@@ -77,11 +77,11 @@ def split(tiles: int, nkb: int, slots: int) -> tuple:
     """(parts, 128-k blocks a part) of K: one part where the tiles fill the ``slots`` (blocks that
     run at once), else as many as fill them with at least MIN_BLOCKS_PER_SPLIT blocks a part; every
     part has at least one block."""
-    parts = 1 if tiles >= slots else max(1, min(nkb // MIN_BLOCKS_PER_SPLIT, -(-slots // tiles)))
+    parts = 1 if tiles >= slots else max(1, min(nkb // MIN_BLOCKS_PER_SPLIT, ceil_div(slots, tiles)))
     if parts == 1:
         return 1, max(nkb, 1)
-    per = -(-nkb // parts)
-    return -(-nkb // per), per
+    per = ceil_div(nkb, parts)
+    return ceil_div(nkb, per), per
 
 
 class MmLaunch:

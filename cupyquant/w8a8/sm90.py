@@ -90,8 +90,8 @@ def config(M: int, N: int, K: int, sms: int, int8: bool = False) -> Sm90Config:
         if int8 and K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
             return INT8_WIDE
         return LARGE
-    tiles_large = -(-M // LARGE.bm) * -(-N // LARGE.bn)
-    tiles_small = -(-M // SMALL.bm) * -(-N // SMALL.bn)
+    tiles_large = ceil_div(M, LARGE.bm) * ceil_div(N, LARGE.bn)
+    tiles_small = ceil_div(M, SMALL.bm) * ceil_div(N, SMALL.bn)
     if 2 * tiles_large <= sms and (tiles_small <= sms or K < 8192):
         return SMALL
     return LARGE
@@ -99,7 +99,7 @@ def config(M: int, N: int, K: int, sms: int, int8: bool = False) -> Sm90Config:
 
 def _waves(M: int, N: int, cfg: Sm90Config, sms: int) -> int:
     """Rounds of one tile per SM that an (M, N) output takes in ``cfg``'s tiles."""
-    return -(-(-(-M // cfg.bm) * -(-N // cfg.bn)) // sms)
+    return ceil_div(ceil_div(M, cfg.bm) * ceil_div(N, cfg.bn), sms)
 
 
 def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
@@ -110,8 +110,8 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
     if 2 * tiles > sms:
         return 1, nkb
     s = max(1, min(sms // max(tiles, 1), nkb // MIN_KB_PER_SPLIT))
-    per = -(-nkb // s)
-    return -(-nkb // per), per
+    per = ceil_div(nkb, s)
+    return ceil_div(nkb, per), per
 
 
 class MmLaunch:

@@ -175,7 +175,7 @@ def decode_estimate(cfg: DecodeConfig, blocks: int, sms: int, nchunks: int) -> f
     rounds: waves of (blocks per SM x SMs) blocks, each as long as a warp's chunks (plus
     DECODE.block_chunks) times max(1, KB in flight per SM / DECODE.inflight_kb)."""
     slots = cfg.blocks_per_sm * sms
-    per_warp = -(-nchunks // cfg.warps) + DECODE.block_chunks
+    per_warp = ceil_div(nchunks, cfg.warps) + DECODE.block_chunks
     kb = cfg.row_tiles * min(cfg.warps, nchunks)  # per block: warps past the chunks stream nothing
     total, left = 0.0, blocks
     while left > 0:

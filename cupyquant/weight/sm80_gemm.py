@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .. import _dtypes, _jit
+from .._sizes import ceil_div
 from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS
 from .problem import GEMM_BN, Problem, gemm_args, gemm_steps
 
@@ -85,9 +86,9 @@ def splits(tiles: int, iters_total: int, blocks: int):
     keeping at least MIN_SPLIT_STAGES stages per split."""
     if tiles >= blocks:
         return 1, iters_total
-    splits = max(1, min(iters_total // MIN_SPLIT_STAGES, -(-blocks // tiles)))
-    iters = -(-iters_total // splits)
-    return -(-iters_total // iters), iters
+    splits = max(1, min(iters_total // MIN_SPLIT_STAGES, ceil_div(blocks, tiles)))
+    iters = ceil_div(iters_total, splits)
+    return ceil_div(iters_total, iters), iters
 
 
 # ---------------------------------------------------------------- launches

@@ -119,7 +119,7 @@ def sm90_estimate(rows: int, tiles: int, splits: int, iters: int, sms: int, M: i
         cluster = splits == 2 and CLUSTER_SPLITS
     blocks = tiles * splits
     one, per = SM90.stage(rows)
-    per_sm = -(-blocks // sms)  # blocks on the busiest SM (32/64 rows, two a SM) or waves (one a SM)
+    per_sm = ceil_div(blocks, sms)  # blocks on the busiest SM (32/64 rows, two a SM) or waves (one a SM)
     stage = one if per_sm == 1 else per * per_sm
     tile_rows = min(rows, M)
     if splits == 1:
@@ -130,7 +130,7 @@ def sm90_estimate(rows: int, tiles: int, splits: int, iters: int, sms: int, M: i
     else:
         fixed, per_row = SM90.workspace_split_us
         split = fixed + per_row * splits * rows
-    return SM90.call_us + stage * -(-iters // splits) + split
+    return SM90.call_us + stage * ceil_div(iters, splits) + split
 
 
 def wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
@@ -149,7 +149,7 @@ def sm90_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
     for rows in (256, 128, 64, 32):
         if rows == 32 and M > 32:
             break  # the 32-row tile serves M <= 32 only (two tiles of 32 rows read the weights twice)
-        tiles = -(-N // BN) * -(-M // rows)
+        tiles = ceil_div(N, BN) * ceil_div(M, rows)
         for splits in (1, 2, 3, 4, 6, 8):
             if splits > iters:
                 break
