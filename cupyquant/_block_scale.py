@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _dtypes, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
-from ._sizes import ceil_div
+from ._sizes import VECTOR_BYTES, ceil_div
 
 THREADS = 256  # THREADS in block_scale.cuh
 TILE_K = 256  # TILE_K in block_scale.cuh: elements per tile row (tiles are 128 rows high)
@@ -89,8 +89,8 @@ class QuantPlan:
         if rows and K:
             vec = (
                 K % 16 == 0
-                and x.data.ptr % 16 == 0
-                and (row_stride * x.itemsize) % 16 == 0
+                and x.data.ptr % VECTOR_BYTES == 0
+                and (row_stride * x.itemsize) % VECTOR_BYTES == 0
                 and (out is None or out.data.ptr % (16 if fmt.bits == 8 else 8) == 0)
             )
             k = _jit.kernel(device, family, name, self.in_t.ctype, *ftargs, vec, not FORCE_SOFTWARE)
@@ -143,7 +143,7 @@ def _dequant_plan(family, name, targs, q, out_t, out, nv: bool):
         dtype=DEQUANT_ARGS,
     )[()]  # fmt: skip
     # pieces of 8 elements: 4 (FP4) or 8 (FP8) bytes in, 8 elements out per load/store
-    y_aligned = out is None or out.data.ptr % 16 == 0
+    y_aligned = out is None or out.data.ptr % VECTOR_BYTES == 0
     vec = K % 8 == 0 and q.data.data.ptr % (4 if fmt.bits == 4 else 8) == 0 and y_aligned
     k = _jit.kernel(device, family, name, *targs, vec)
     spans = ceil_div(K, 8 * DEQUANT_PIECES)

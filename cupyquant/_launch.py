@@ -41,8 +41,6 @@ ATTR_CLUSTER_DIMENSION = 4
 #: CUDA_ERROR_INVALID_CONTEXT (cuda.h): a thread whose first CUDA call is a driver launch has no
 #: current context yet; the runtime makes the device's primary context current
 _INVALID_CONTEXT = 201
-#: The largest grid y and z (the x dimension goes to 2^31 - 1)
-MAX_GRID_YZ = 65535
 
 
 class LaunchAttribute(ctypes.Structure):

@@ -12,6 +12,7 @@ import cupy
 import numpy as np
 
 from . import _checks, _dtypes
+from ._sizes import VECTOR_BYTES
 
 
 def cupy_array(a, arg: str) -> cupy.ndarray:
@@ -216,7 +217,7 @@ def scale_out(
         raise TypeError(f"{arg} must have dtype {dtype.name}, got {a.dtype}")
     if strides is None:
         c_contiguous(a, arg)
-        if a.data.ptr % 16:
+        if a.data.ptr % VECTOR_BYTES:
             raise ValueError(f"{arg} must start 16-byte aligned")
     else:
         if nbytes and tuple(a.strides) != tuple(strides):
@@ -225,7 +226,7 @@ def scale_out(
                 f"got {a.strides}: allocate it with {alloc}"
             )
         mem = a.data.mem
-        if a.data.ptr % 16 or a.data.ptr - mem.ptr + nbytes > mem.size:
+        if a.data.ptr % VECTOR_BYTES or a.data.ptr - mem.ptr + nbytes > mem.size:
             raise ValueError(f"{arg} must start 16-byte aligned in an allocation that covers the layout's padding")
     same_device(a, arg, device, "x")
     disjoint(a, arg, inputs, nbytes=nbytes)

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _checks, _dtypes, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
-from ._sizes import MAX_GRID_YZ, ceil_div
+from ._sizes import MAX_GRID_YZ, VECTOR_BYTES, ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
@@ -221,11 +221,13 @@ class _Plan:
         self.scheme = scheme(fmt.name, group_size, K_out, packed, scale_layout)
         self.q_shape, self.q_dtype, self.lay, self.s_dtype, self.azp = out_shape, q_dtype, lay, s_dtype, azp
         aligned = (
-            x.data.ptr % 16 == 0 and (row_stride * x.itemsize) % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+            x.data.ptr % VECTOR_BYTES == 0
+            and (row_stride * x.itemsize) % VECTOR_BYTES == 0
+            and (out is None or out.data.ptr % VECTOR_BYTES == 0)
         )
         kernel, grid, block, mid = None, (), (), ()
         if silu and rows and K_out:
-            vec = aligned and (K_out * x.itemsize) % 16 == 0
+            vec = aligned and (K_out * x.itemsize) % VECTOR_BYTES == 0
             kernel = _jit.kernel(device, FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
             grid, block = grid2d(rows, K_out // 16)
             mid = (np.int64(rows), np.int32(K_out), np.int32(group_size))
@@ -494,7 +496,7 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
     n_groups = 1 if azp else (K // G if G else 0)
     lay = _scales.group_layout(shape, n_groups, q.scheme.scale_layout, packed and not azp)
     sa = _scales.group_scale_args(lay, 0, packed and not azp, False)
-    y_aligned = out is None or out.data.ptr % 16 == 0
+    y_aligned = out is None or out.data.ptr % VECTOR_BYTES == 0
     vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
     if azp:
         kernel = _jit.kernel(device, FAMILY, "token_dequantize_azp", out_t.ctype, vec)

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _checks, _device, _dtypes, _jit, _plans, _scales, _validate, groupwise, mx, nvfp4, per_tensor
 from ._launch import ARG, Launch
-from ._sizes import ceil_div, round_up
+from ._sizes import VECTOR_BYTES, ceil_div, round_up
 from .quantized import QuantizedTensor
 
 SCHEMES = ("token", "group", "tensor", "mx", "nvfp4")
@@ -222,9 +222,9 @@ class _Plan:
             ptrs = [x.data.ptr, weight.data.ptr] + ([residual.data.ptr] if residual is not None else [])
             vec = (
                 H % 8 == 0
-                and all(p % 16 == 0 for p in ptrs)
-                and (x_stride * x.itemsize) % 16 == 0
-                and (r_stride * x.itemsize) % 16 == 0
+                and all(p % VECTOR_BYTES == 0 for p in ptrs)
+                and (x_stride * x.itemsize) % VECTOR_BYTES == 0
+                and (r_stride * x.itemsize) % VECTOR_BYTES == 0
                 and (out is None or out.data.ptr % 8 == 0)
             )
             kernel = _jit.kernel(device, FAMILY, "rms_norm_quantize", in_t.ctype, _SCHEME_ID[scheme], fmt.ctag)

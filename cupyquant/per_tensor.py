@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _device, _dtypes, _jit, _launch, _plans, _validate
 from ._launch import ARG, Launch
-from ._sizes import ceil_div
+from ._sizes import VECTOR_BYTES, ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _AMAX, _DEVICE = _validate.ScaleSource.AMAX, _validate.ScaleSource.DEVICE
@@ -64,7 +64,7 @@ class AmaxLaunch:
         self.launch = None
         if n:
             device = x.data.device_id
-            vec = x.data.ptr % 16 == 0
+            vec = x.data.ptr % VECTOR_BYTES == 0
             per_block = AMAX_BLOCK * (16 // x.itemsize if vec else 1)
             grid = max(1, min(ceil_div(n, per_block), _device.sm_count(device) * AMAX_BLOCKS_PER_SM))
             k = _jit.kernel(device, FAMILY, "fp8_amax", in_t.ctype, vec)
@@ -211,7 +211,7 @@ class _Fp8Plan:
             _validate.out_array(out, "out", x.shape, np.uint8, device, inputs=(("x", x),))
         self.disjoint = _validate.Disjoint((("x", x), ("out", out)), 1)
         self.amax = _amax_plan(x) if self.mode == _AMAX else None
-        vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        vec = x.data.ptr % VECTOR_BYTES == 0 and (out is None or out.data.ptr % VECTOR_BYTES == 0)
         k = _jit.kernel(device, FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, self.mode, vec)
         grid = (_flat_grid(x.size, vec, device, 16),)
         self.launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(x.size), ARG, value, ARG))
@@ -259,7 +259,7 @@ class _Int8Plan:
             _validate.out_array(out, "out", x.shape, np.int8, device, inputs=(("x", x),))
         self.disjoint = _validate.Disjoint((("x", x), ("scale", scale_dev), ("zero_point", zp_dev), ("out", out)), 3)
         self.azp = zero_point is not None
-        vec = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        vec = x.data.ptr % VECTOR_BYTES == 0 and (out is None or out.data.ptr % VECTOR_BYTES == 0)
         k = _jit.kernel(device, FAMILY, "int8_quantize", in_t.ctype, self.azp, vec)
         grid = (_flat_grid(x.size, vec, device, 16),)
         args = (ARG, ARG, np.int64(x.size), ARG, scale_value, ARG, np.int32(zp_value), ARG, ARG)
@@ -344,7 +344,7 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> tuple:
         _validate.out_array(out, "out", q.shape, out_t.dtype, device, inputs=(("q.data", q.data),))
     disjoint = _validate.Disjoint((("q.data", q.data), ("out", out)), 1)
     n = q.data.size
-    vec = q.data.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    vec = q.data.data.ptr % VECTOR_BYTES == 0 and (out is None or out.data.ptr % VECTOR_BYTES == 0)
     # two units of 16 // itemsize elements per thread (see fp8_dequantize)
     grid = (_flat_grid(n, vec, device, 2 * (16 // out_t.dtype.itemsize)),)
     if fmt.name == "int8":

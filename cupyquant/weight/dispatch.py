@@ -14,6 +14,7 @@ import cupy
 import numpy as np
 
 from .. import _device, _plans, _validate, _workspace
+from .._sizes import VECTOR_BYTES
 from . import decode, layout, sm80_gemm, sm90_gemm
 from .container import QuantizedWeight, check_weight
 from .formats import CHUNK, FP4_BLOCK
@@ -190,7 +191,9 @@ class _Plan:
             row_stride = _validate.rows_view(a, "a")[2]
         except ValueError:
             row_stride = None
-        self.copy_a = bool(M) and (row_stride is None or a.data.ptr % 16 or (row_stride * a.itemsize) % 16)
+        self.copy_a = bool(M) and (
+            row_stride is None or a.data.ptr % VECTOR_BYTES or (row_stride * a.itemsize) % VECTOR_BYTES
+        )
         lda = K if self.copy_a else row_stride
         self.row_bytes = lda * a.itemsize
         self.prepare = w.data_layout != "prepared"  # the kernels read the prepared layout: a copy per call
