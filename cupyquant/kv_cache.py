@@ -477,7 +477,7 @@ def dequantize_kv_cache(
     *,
     scale: float | cupy.ndarray | str,
     layout: str = "NHD",
-    dtype: str | type | np.dtype = "bfloat16",
+    out_dtype: str | type | np.dtype = "bfloat16",
     cache_dtype: str | type | np.dtype = "float8_e4m3fn",
     scale_cache: cupy.ndarray | None = None,
     out: cupy.ndarray | None = None,
@@ -498,7 +498,7 @@ def dequantize_kv_cache(
         or (heads,), or ``"dynamic"`` with ``scale_cache``.
     layout : str
         ``"NHD"`` (default) or ``"HND"``.
-    dtype : str or numpy dtype
+    out_dtype : str or numpy dtype
         The output dtype: float32, float16 or bfloat16 (default).
     cache_dtype : str or ml_dtypes type
         The cache's FP8 format, ``"float8_e4m3fn"`` (default) or ``"float8_e5m2"``.
@@ -506,13 +506,13 @@ def dequantize_kv_cache(
         float32 ``[blocks, block_size, heads]`` ("NHD") or ``[blocks, heads, block_size]`` ("HND"),
         with ``scale="dynamic"`` only.
     out : cupy.ndarray, optional
-        A C-contiguous buffer of the result's shape and ``dtype``.
+        A C-contiguous buffer of the result's shape and ``out_dtype``.
 
     Returns
     -------
     cupy.ndarray
         ``[n, block_size, heads, head_dim]`` ("NHD") or ``[n, heads, block_size, head_dim]`` ("HND")
-        in ``dtype``.
+        in ``out_dtype``.
 
     Raises
     ------
@@ -521,11 +521,11 @@ def dequantize_kv_cache(
 
     Notes
     -----
-    ``y = round_rn(float(q) * s)``, the product in IEEE float32, then to ``dtype`` (NaN as CUDA's
+    ``y = round_rn(float(q) * s)``, the product in IEEE float32, then to ``out_dtype`` (NaN as CUDA's
     canonical NaN); ``s`` the scale of the element's head, or its row's scale-cache entry.
     """
     fmt = _dtypes.element_format(cache_dtype, "cache_dtype", allowed=_FP8)
-    out_t = _dtypes.input_type(dtype, "dtype")
+    out_t = _dtypes.input_type(out_dtype, "out_dtype")
     hnd = _layout(layout)
     _validate.cupy_array(cache, "cache")
     device = cache.data.device_id

@@ -134,11 +134,11 @@ def run_kv_cache(run, h):
                 y = run.op(
                     cq.dequantize_kv_cache(
                         vc, cupy.asarray(ids), scale=sv if mode != "dynamic" else "dynamic", layout=layout,
-                        cache_dtype=fmt, scale_cache=vs, dtype=BF16,
+                        cache_dtype=fmt, scale_cache=vs, out_dtype=BF16,
                     )
                 )  # fmt: skip
                 ey = ref.dequantize_kv_cache(
                     evc, ids, scale=sv if mode != "dynamic" else "dynamic", layout=layout, cache_dtype=fmt,
-                    scale_cache=evs, dtype=BF16,
+                    scale_cache=evs, out_dtype=BF16,
                 )  # fmt: skip
                 run.same(f"{tag} dequantized", y, ey)

@@ -470,13 +470,14 @@ def _with(obj, **attrs):
     return obj
 
 
-# dequantize_weight(w, dtype, *, out): w (64, 256) bf16 int4 g128
+# dequantize_weight(w, out_dtype, *, out): w (64, 256) bf16 int4 g128
 f = "dequantize_weight"
 DW = cq.dequantize_weight
 cpu(f, "numpy", lambda w: DW(w(np.zeros((64, 128), U8))), TypeError, "w")
 cpu(f, "quantized_tensor", lambda w: DW(_host_qt()), TypeError, "w")
 cpu(f, "host_arrays", lambda w: DW(_watch_qw(w, _host_qw())), TypeError, "w.data")
-row(f, "option_dtype", lambda w: DW(_watch_qw(w, _qw()), "int8"), TypeError, "dtype")
+row(f, "option_out_dtype", lambda w: DW(_watch_qw(w, _qw()), "int8"), TypeError, "out_dtype")
+row(f, "option_out_dtype_keyword", lambda w: DW(_watch_qw(w, _qw()), out_dtype=np.int32), TypeError, "out_dtype")
 row(
     f,
     "data_noncontig",
@@ -916,13 +917,21 @@ def _watch_q(w, q):
     return q
 
 
-# dequantize(q, dtype, *, out), and the methods
+# dequantize(q, out_dtype, *, out), and the methods
 f = "dequantize"
 D = cq.dequantize
 cpu(f, "numpy", lambda w: D(w(np.zeros(8, U8))), TypeError, "q")
 cpu(f, "host_arrays", lambda w: D(_watch_q(w, _host_qt())), TypeError, "q.data")
-row(f, "option_dtype", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "int8"), TypeError, "dtype")
-row(f, "option_dtype_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "float8_e4m3fn"), TypeError, "dtype")
+row(f, "option_out_dtype", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "int8"), TypeError, "out_dtype")
+row(
+    f,
+    "option_out_dtype_fp8",
+    lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "float8_e4m3fn"),
+    TypeError,
+    "out_dtype",
+)
+row(f, "option_out_dtype_keyword", lambda w: D(_watch_q(w, G(_x())), out_dtype=np.float64), TypeError, "out_dtype")
+row(f, "option_out_dtype_weight", lambda w: D(_watch_qw(w, _qw()), out_dtype="int8"), TypeError, "out_dtype")
 row(f, "out_numpy", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(np.zeros(64, F32))), TypeError, "out")
 row(f, "out_shape_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((65,), F32))), ValueError, "out")
 row(f, "out_dtype_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((64,), F16))), TypeError, "out")
@@ -969,12 +978,19 @@ row(f, "out_shape_nvfp4", lambda w: D(_watch_q(w, N4(_x())), out=w(_P((4, 128), 
 row(f, "out_dtype_weight", lambda w: D(_watch_qw(w, _qw()), out=w(_P((64, 256), F32))), TypeError, "out")
 
 f = "QuantizedTensor.dequantize"
-row(f, "option_dtype", lambda w: _watch_q(w, cq.quantize_fp8(_x((64,)))).dequantize("int8"), TypeError, "dtype")
+row(
+    f,
+    "option_out_dtype",
+    lambda w: _watch_q(w, cq.quantize_fp8(_x((64,)))).dequantize(out_dtype="int8"),
+    TypeError,
+    "out_dtype",
+)
 row(f, "out_shape", lambda w: _watch_q(w, G(_x())).dequantize(out=w(_P((4, 255), F32))), ValueError, "out")
 row(f, "out_dtype", lambda w: _watch_q(w, M(_x())).dequantize(out=w(_P((4, 256), I8))), TypeError, "out")
 
 f = "QuantizedWeight.dequantize"
-row(f, "option_dtype", lambda w: _watch_qw(w, _qw()).dequantize("float8_e4m3fn"), TypeError, "dtype")
+row(f, "option_out_dtype", lambda w: _watch_qw(w, _qw()).dequantize("float8_e4m3fn"), TypeError, "out_dtype")
+row(f, "option_out_dtype_keyword", lambda w: _watch_qw(w, _qw()).dequantize(out_dtype="int8"), TypeError, "out_dtype")
 row(f, "out_shape", lambda w: _watch_qw(w, _qw()).dequantize(out=w(_P((64, 255), BF16))), ValueError, "out")
 
 
@@ -1114,18 +1130,25 @@ row(
     "value_cache",
 )
 
-# dequantize_kv_cache(cache, block_ids, *, scale, layout, dtype, cache_dtype, scale_cache, out)
+# dequantize_kv_cache(cache, block_ids, *, scale, layout, out_dtype, cache_dtype, scale_cache, out)
 f = "dequantize_kv_cache"
 DK = cq.dequantize_kv_cache
 cpu(f, "numpy", lambda w: DK(np.zeros((3, 4, 2, 64), U8), np.zeros(1, np.int64), scale=0.1), TypeError, "cache")
 row(f, "cache_dtype", lambda w: DK(w(_P((3, 4, 2, 64), F32)), cupy.zeros(1, np.int64), scale=0.1), TypeError, "cache")
 row(f, "block_ids_dtype", lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, F32), scale=0.1), TypeError, "block_ids")
+cpu(
+    f,
+    "option_out_dtype",
+    lambda w: DK(w(np.zeros((3, 4, 2, 64), U8)), np.zeros(1, np.int64), scale=0.1, out_dtype="int8"),
+    TypeError,
+    "out_dtype",
+)
 row(
     f,
-    "option_dtype",
-    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, dtype="int8"),
+    "option_out_dtype",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, out_dtype="int8"),
     TypeError,
-    "dtype",
+    "out_dtype",
 )
 row(
     f,

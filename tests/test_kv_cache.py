@@ -82,14 +82,14 @@ def test_reference_dequantize_by_hand():
     cache[2, 1, 1] = [0x38, 0xC0]  # 1.0, -2.0
     cache[2, 0, 0] = [0x7F, 0x40]  # NaN, 2.0
     y = ref.dequantize_kv_cache(
-        cache, np.array([2, 7], np.int32), scale=np.array([0.5, 4.0], np.float32), dtype=np.float32
+        cache, np.array([2, 7], np.int32), scale=np.array([0.5, 4.0], np.float32), out_dtype=np.float32
     )
     assert y.shape == (2, 2, 2, 2)
     np.testing.assert_array_equal(y[0, 1, 1], [4.0, -8.0])  # head 1: scale 4
     assert np.isnan(y[0, 0, 0, 0]) and y[0, 0, 0, 1] == 1.0  # head 0: scale 0.5
     assert np.isnan(y[1]).all() and (y[1].view(np.uint32) == 0x7FFFFFFF).all()  # id 7 is past the cache
     sc = np.full((3, 2, 2), 0.25, np.float32)
-    y2 = ref.dequantize_kv_cache(cache, np.array([2], np.int64), scale="dynamic", scale_cache=sc, dtype=np.float16)
+    y2 = ref.dequantize_kv_cache(cache, np.array([2], np.int64), scale="dynamic", scale_cache=sc, out_dtype=np.float16)
     assert y2.dtype == np.float16 and y2[0, 1, 1, 1] == -0.5
 
 
@@ -111,8 +111,8 @@ def test_reference_hnd_is_nhd_transposed():
         layout="HND",
     )
     np.testing.assert_array_equal(kh, kn.transpose(0, 2, 1, 3))
-    yn = ref.dequantize_kv_cache(kn, np.array([1, 0]), scale=0.1, dtype=np.float32)
-    yh = ref.dequantize_kv_cache(kh, np.array([1, 0]), scale=0.1, dtype=np.float32, layout="HND")
+    yn = ref.dequantize_kv_cache(kn, np.array([1, 0]), scale=0.1, out_dtype=np.float32)
+    yh = ref.dequantize_kv_cache(kh, np.array([1, 0]), scale=0.1, out_dtype=np.float32, layout="HND")
     np.testing.assert_array_equal(yh, yn.transpose(0, 2, 1, 3))
 
 
@@ -180,8 +180,8 @@ def test_reference_refuses_bad_arrays():
         ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale="dynamic")
     with pytest.raises(ValueError, match="^cache_dtype"):
         ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale=1.0, cache_dtype="int8")
-    with pytest.raises(TypeError, match="^dtype"):
-        ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale=1.0, dtype=np.int32)
+    with pytest.raises(TypeError, match="^out_dtype"):
+        ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale=1.0, out_dtype=np.int32)
 
 
 _W = dict(scale_k=1.0, scale_v=1.0)
@@ -196,7 +196,7 @@ _W = dict(scale_k=1.0, scale_v=1.0)
         ("write", dict(_W, check_slots=1), TypeError, "check_slots"),
         ("read", dict(scale=1.0), TypeError, "cache"),
         ("read", dict(scale=1.0, layout="HDN"), ValueError, "layout"),
-        ("read", dict(scale=1.0, dtype="int8"), TypeError, "dtype"),
+        ("read", dict(scale=1.0, out_dtype="int8"), TypeError, "out_dtype"),
         ("read", dict(scale=1.0, cache_dtype="e4m3"), ValueError, "cache_dtype"),
         ("empty_scales", {}, TypeError, "cache"),
         ("scales_shape", dict(cache_shape=(3, 4, 2)), ValueError, "cache_shape"),
@@ -435,14 +435,14 @@ def test_dequantize_matches_reference(out_dtype, fmt, layout, mode):
         scale_h = rng.uniform(0.01, 2.0, heads).astype(np.float32)
         scale, kw, rkw = cupy.asarray(scale_h), {}, {}
     y = cq.dequantize_kv_cache(
-        cache, cupy.asarray(ids_h), scale=scale, layout=layout, dtype=out_dtype, cache_dtype=fmt, **kw
+        cache, cupy.asarray(ids_h), scale=scale, layout=layout, out_dtype=out_dtype, cache_dtype=fmt, **kw
     )
-    e = ref.dequantize_kv_cache(ch, ids_h, scale=scale_h, layout=layout, dtype=out_dtype, cache_dtype=fmt, **rkw)
+    e = ref.dequantize_kv_cache(ch, ids_h, scale=scale_h, layout=layout, out_dtype=out_dtype, cache_dtype=fmt, **rkw)
     assert y.dtype == np.dtype(out_dtype) and y.shape == e.shape
     assert_bits_equal(y, e, "dequantized")
     out = poisoned(e.shape, out_dtype)
     y2 = cq.dequantize_kv_cache(
-        cache, cupy.asarray(ids_h), scale=scale, layout=layout, dtype=out_dtype, cache_dtype=fmt, out=out, **kw
+        cache, cupy.asarray(ids_h), scale=scale, layout=layout, out_dtype=out_dtype, cache_dtype=fmt, out=out, **kw
     )
     assert y2 is out
     assert_bits_equal(out, e, "dequantized into out")
@@ -459,7 +459,7 @@ def test_round_trip_through_the_cache():
     cq.quantize_kv_cache(
         key, value, kc, vc, slots, scale_k="dynamic", scale_v="dynamic", key_scale_cache=ksc, value_scale_cache=vsc
     )
-    y = cq.dequantize_kv_cache(kc, cupy.arange(4), scale="dynamic", scale_cache=ksc, dtype=np.float32)
+    y = cq.dequantize_kv_cache(kc, cupy.arange(4), scale="dynamic", scale_cache=ksc, out_dtype=np.float32)
     x = kh.astype(np.float32).reshape(4, 16, 4, 128)
     err = np.abs(y.get() - x) / np.abs(x).max(axis=-1, keepdims=True)
     assert err.max() <= 2.0**-4  # E4M3: 3 mantissa bits

@@ -516,7 +516,7 @@ def test_dequantize_errors(fmt, monkeypatch):
     cases = [
         (lambda: qw.dequantize(out=poisoned((16, shape[1] + 1), BF16)), ValueError, "^out must have shape"),
         (lambda: qw.dequantize(np.float16, out=out), TypeError, "^out must"),
-        (lambda: qw.dequantize("float8_e4m3fn"), TypeError, "^dtype"),
+        (lambda: qw.dequantize("float8_e4m3fn"), TypeError, "^out_dtype"),
         (lambda: qw.dequantize(out=cupy.asnumpy(out)), TypeError, "^out must be a cupy.ndarray"),
     ]
     if fmt == "nvfp4":

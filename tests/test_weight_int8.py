@@ -518,7 +518,7 @@ def test_dequantize_errors(monkeypatch):
     cases = [
         (lambda: qw.dequantize(out=poisoned((16, 34), BF16)), ValueError, "^out must have shape"),
         (lambda: qw.dequantize(np.float16, out=out), TypeError, "^out must"),
-        (lambda: qw.dequantize("int8"), TypeError, "^dtype"),
+        (lambda: qw.dequantize("int8"), TypeError, "^out_dtype"),
         (lambda: qw.dequantize(out=cupy.asnumpy(out)), TypeError, "^out must be a cupy.ndarray"),
         (lambda: cq.dequantize_weight(qw.data), TypeError, "^w must be a QuantizedWeight"),
     ]

@@ -175,16 +175,16 @@ def quantize_kv_cache(
 
 
 def dequantize_kv_cache(
-    cache, block_ids, *, scale, layout="NHD", dtype="bfloat16", cache_dtype="float8_e4m3fn", scale_cache=None
+    cache, block_ids, *, scale, layout="NHD", out_dtype="bfloat16", cache_dtype="float8_e4m3fn", scale_cache=None
 ) -> np.ndarray:
     """The dequantizing read of cache blocks: ``y[i] = round_to(fp8_to_float(cache[block_ids[i]]) * s,
-    dtype)``, the product in IEEE float32, ``s`` the static scale of the element's head (a positive
+    out_dtype)``, the product in IEEE float32, ``s`` the static scale of the element's head (a positive
     float, or a float32 array of shape (1,) or (heads,)) or, for ``scale="dynamic"``, the entry of
     ``scale_cache`` at the element's block, offset and head. An id outside ``[0, blocks)`` gives a
     block of NaNs. The result has the cache's layout: ``[n, block_size, heads, head_dim]`` ("NHD")
     or ``[n, heads, block_size, head_dim]`` ("HND")."""
     fmt = _dtypes.element_format(cache_dtype, "cache_dtype", allowed=_dtypes.FP8_NAMES)
-    out_t = _dtypes.input_type(dtype, "dtype")
+    out_t = _dtypes.input_type(out_dtype, "out_dtype")
     hnd = _hnd(layout)
     c = _in_block_view(_cache(cache, "cache"), hnd)
     blocks, block_size, heads, head_dim = c.shape

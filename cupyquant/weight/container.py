@@ -336,12 +336,12 @@ class QuantizedWeight:
             data, scale, zero_point, scheme, self.shape, self.dtype, code_sum=code_sum, scale_2=self.scale_2
         )
 
-    def dequantize(self, dtype=None, *, out=None):
-        """``(N, K)`` in ``dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
+    def dequantize(self, out_dtype=None, *, out=None):
+        """``(N, K)`` in ``out_dtype`` (default: the original weight's), ``(q - zero_point) * scale``,
         bit-exact with :func:`cupyquant.reference.dequantize_weight`."""
         from .quantize import dequantize_weight
 
-        return dequantize_weight(self, dtype, out=out)
+        return dequantize_weight(self, out_dtype, out=out)
 
     def copy(self) -> "QuantizedWeight":
         """A copy with its own device arrays (same layout), ``code_sum`` included."""

@@ -459,11 +459,11 @@ def plain_of(w: QuantizedWeight) -> QuantizedWeight:
     return w._with(data, scales, zeros, "plain")
 
 
-def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarray:
-    """``(N, K)`` weights in ``dtype`` (default the original's): ``round(float(q - z) * s)``
+def dequantize_weight(w: QuantizedWeight, out_dtype=None, *, out=None) -> cupy.ndarray:
+    """``(N, K)`` weights in ``out_dtype`` (default the original's): ``round(float(q - z) * s)``
     (``s = w.scale``, ``z = w.zero_point``, 8 for int4) or ``round(fp8(q) * s)``, the product in
     float32 (exact for scales of float16 or bfloat16; a float32 scale, as block weights have, makes
-    it an IEEE float32 product rounded once more to ``dtype``, as ``(fp8(q) * s).to(dtype)`` does
+    it an IEEE float32 product rounded once more to ``out_dtype``, as ``(fp8(q) * s).to(out_dtype)`` does
     in PyTorch). Block weights: ``s = w.scale[n // 128, k // 128]``. INT8 weights:
     ``round(float32(q) * s)`` with the row's scale, likewise (exact for float16 and bfloat16
     scales). NVFP4: ``round(e2m1(q) * float32(e4m3(s) * scale_2))``, MXFP4:
@@ -475,14 +475,14 @@ def dequantize_weight(w: QuantizedWeight, dtype=None, *, out=None) -> cupy.ndarr
     Raises
     ------
     TypeError
-        ``w`` is not a :class:`QuantizedWeight` on the GPU; ``dtype`` is not float32, float16 or
+        ``w`` is not a :class:`QuantizedWeight` on the GPU; ``out_dtype`` is not float32, float16 or
         bfloat16; ``out`` is not a CuPy array of that dtype.
     ValueError
         ``out`` of the wrong shape or device, not C-contiguous, or overlapping ``w``'s buffers
         (NVFP4's ``scale_2`` included); ``w``'s arrays do not match its shape and format.
     """
     check_weight(w)
-    out_t = _dtypes.input_type(w.dtype if dtype is None else dtype, "dtype")
+    out_t = _dtypes.input_type(w.dtype if out_dtype is None else out_dtype, "out_dtype")
     device = w.data.data.device_id
     N, K = w.shape
     if out is not None:
