@@ -30,6 +30,7 @@ import pytest
 from conftest import poisoned
 
 import cupyquant as cq
+from cupyquant.kv_cache import kv_scale_cache_shape
 from cupyquant.quantized import QuantizedTensor, Scheme
 from cupyquant.weight import QuantizedWeight
 
@@ -1118,7 +1119,15 @@ row(
     ValueError,
     "slot_mapping",
 )
-row(f, "option_layout", lambda w: _kv(w, layout="HDN"), ValueError, "layout")
+cpu(
+    f,
+    "option_kv_layout",
+    lambda w: K(w(np.ones((4, 2, 64), F32)), None, None, None, None, scale_k=0.1, scale_v=0.1, kv_layout="HDN"),
+    ValueError,
+    "kv_layout",
+)
+row(f, "option_kv_layout", lambda w: _kv(w, kv_layout="HDN"), ValueError, "kv_layout")
+row(f, "option_kv_layout_lowercase", lambda w: _kv(w, kv_layout="nhd"), ValueError, "kv_layout")
 row(f, "option_scale_k", lambda w: _kv(w, scale_k=-1.0), ValueError, "scale_k")
 row(f, "option_scale_mixed", lambda w: _kv(w, scale_k="dynamic"), ValueError, "scale_k")
 row(f, "option_dtype", lambda w: _kv(w, dtype="int8"), ValueError, "dtype")
@@ -1130,7 +1139,7 @@ row(
     "value_cache",
 )
 
-# dequantize_kv_cache(cache, block_ids, *, scale, layout, out_dtype, cache_dtype, scale_cache, out)
+# dequantize_kv_cache(cache, block_ids, *, scale, kv_layout, out_dtype, cache_dtype, scale_cache, out)
 f = "dequantize_kv_cache"
 DK = cq.dequantize_kv_cache
 cpu(f, "numpy", lambda w: DK(np.zeros((3, 4, 2, 64), U8), np.zeros(1, np.int64), scale=0.1), TypeError, "cache")
@@ -1150,6 +1159,20 @@ row(
     TypeError,
     "out_dtype",
 )
+cpu(
+    f,
+    "option_kv_layout",
+    lambda w: DK(w(np.zeros((3, 4, 2, 64), U8)), np.zeros(1, np.int64), scale=0.1, kv_layout="HDN"),
+    ValueError,
+    "kv_layout",
+)
+row(
+    f,
+    "option_kv_layout",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, kv_layout=None),
+    ValueError,
+    "kv_layout",
+)
 row(
     f,
     "option_scale_cache_missing",
@@ -1165,10 +1188,23 @@ row(
     "out",
 )
 
-# empty_kv_scale_cache(cache, layout)
+# empty_kv_scale_cache(cache, kv_layout)
 f = "empty_kv_scale_cache"
-cpu(f, "numpy", lambda w: cq.empty_kv_scale_cache(np.zeros((3, 4, 2, 64), U8)), TypeError, "cache")
-row(f, "option_layout", lambda w: cq.empty_kv_scale_cache(cupy.zeros((3, 4, 2, 64), U8), "XYZ"), ValueError, "layout")
+EK = cq.empty_kv_scale_cache
+cpu(f, "numpy", lambda w: EK(np.zeros((3, 4, 2, 64), U8)), TypeError, "cache")
+row(f, "option_kv_layout", lambda w: EK(cupy.zeros((3, 4, 2, 64), U8), "XYZ"), ValueError, "kv_layout")
+row(
+    f,
+    "option_kv_layout_keyword",
+    lambda w: EK(cupy.zeros((3, 4, 2, 64), U8), kv_layout="hnd"),
+    ValueError,
+    "kv_layout",
+)
+
+# kv_scale_cache_shape(cache_shape, kv_layout): pure Python
+f = "kv_scale_cache_shape"
+cpu(f, "option_kv_layout", lambda w: kv_scale_cache_shape((3, 4, 2, 64), kv_layout="XYZ"), ValueError, "kv_layout")
+cpu(f, "shape", lambda w: kv_scale_cache_shape((3, 4, 2)), ValueError, "cache_shape")
 
 
 # ------------------------------------------------------------------ the test
