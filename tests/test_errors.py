@@ -17,6 +17,12 @@ array on a second GPU; skipped below two), ``out_shape`` / ``out_dtype`` / ``out
 host-built result objects, size helpers, and options that the wrappers check before they look at
 ``x`` (``dtype``, ``rounding``, weight ``symmetric``); the other rows need CuPy arrays and carry the
 ``gpu`` mark.
+
+A call that breaks the signature itself (a keyword-only argument given by position, a required one
+left out) gets Python's own TypeError, raised before the function runs, whose message begins with the
+function's name and parentheses (``quantize_int8() takes 1 positional argument but 2 were given``,
+``quantize_int8() missing 1 required keyword-only argument: 'scale'``): such rows name
+``quantize_int8()``.
 """
 
 from __future__ import annotations
@@ -708,15 +714,23 @@ row(
     "a_scale",
 )
 
+# quantize_int8(x, *, scale, zero_point, out): the static scale is required, by keyword
 f = "quantize_int8"
-cpu(f, "numpy", lambda w: cq.quantize_int8(w(_h((64,))), 0.5), TypeError, "x")
-row(f, "dtype_int32", lambda w: cq.quantize_int8(w(cupy.arange(64, dtype=np.int32)), 0.5), TypeError, "x")
-row(f, "noncontig", lambda w: cq.quantize_int8(w(_x((128,)))[::2], 0.5), ValueError, "x")
-row(f, "option_scale_none", lambda w: cq.quantize_int8(w(_x((64,))), None), TypeError, "scale")
-row(f, "option_scale_negative", lambda w: cq.quantize_int8(w(_x((64,))), -1.0), ValueError, "scale")
-row(f, "option_zero_point_float", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, 1.5), TypeError, "zero_point")
-row(f, "option_zero_point_range", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, 2**31), ValueError, "zero_point")
-row(f, "out_dtype", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, out=w(_P((64,), U8))), TypeError, "out")
+I8Q = cq.quantize_int8
+cpu(f, "numpy", lambda w: I8Q(w(_h((64,))), scale=0.5), TypeError, "x")
+cpu(f, "scale_positional", lambda w: I8Q(w(_h((64,))), 0.5), TypeError, "quantize_int8()")
+cpu(f, "scale_and_zero_point_positional", lambda w: I8Q(w(_h((64,))), 0.5, 3), TypeError, "quantize_int8()")
+cpu(f, "scale_missing", lambda w: I8Q(w(_h((64,)))), TypeError, "quantize_int8()")
+cpu(f, "scale_missing_with_zero_point", lambda w: I8Q(w(_h((64,))), zero_point=3), TypeError, "quantize_int8()")
+row(f, "dtype_int32", lambda w: I8Q(w(cupy.arange(64, dtype=np.int32)), scale=0.5), TypeError, "x")
+row(f, "noncontig", lambda w: I8Q(w(_x((128,)))[::2], scale=0.5), ValueError, "x")
+row(f, "scale_positional", lambda w: I8Q(w(_x((64,))), 0.5), TypeError, "quantize_int8()")
+row(f, "scale_missing", lambda w: I8Q(w(_x((64,))), out=w(_P((64,), I8))), TypeError, "quantize_int8()")
+row(f, "option_scale_none", lambda w: I8Q(w(_x((64,))), scale=None), TypeError, "scale")
+row(f, "option_scale_negative", lambda w: I8Q(w(_x((64,))), scale=-1.0), ValueError, "scale")
+row(f, "option_zero_point_float", lambda w: I8Q(w(_x((64,))), scale=0.5, zero_point=1.5), TypeError, "zero_point")
+row(f, "option_zero_point_range", lambda w: I8Q(w(_x((64,))), scale=0.5, zero_point=2**31), ValueError, "zero_point")
+row(f, "out_dtype", lambda w: I8Q(w(_x((64,))), scale=0.5, out=w(_P((64,), U8))), TypeError, "out")
 
 f = "scaled_mm_azp"
 SMA = cq.scaled_mm_azp
