@@ -1072,6 +1072,20 @@ row(
     ValueError,
     "scale_layout",
 )
+row(
+    f,
+    "option_layout_tensor",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="tensor", scale=1.0, scale_layout="row"),
+    ValueError,
+    "scale_layout",
+)
+row(
+    f,
+    "option_layout_scalar",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scale_layout="scalar"),
+    ValueError,
+    "scale_layout",
+)
 row(f, "option_eps", lambda w: R(w(_x((4, 256), BF16)), _wn(), eps=-1.0), ValueError, "eps")
 row(f, "out_shape", lambda w: R(w(_x((4, 256), BF16)), _wn(), out=w(_P((4, 255), U8))), ValueError, "out")
 row(
