@@ -90,6 +90,8 @@ MX_FORMATS = _dtypes.MX_NAMES
 #: The group sizes of quantize_groupwise and silu_mul_quantize (None: per token, groupwise only).
 GROUP_SIZES = (32, 64, 128, 256)
 MX_ROUNDINGS = ("ceil", "floor")
+#: Paged KV-cache layouts: "NHD" is [blocks, block_size, heads, head_dim], "HND" [blocks, heads, block_size, head_dim].
+KV_LAYOUTS = ("NHD", "HND")
 
 
 def at_least_1d(ndim: int, arg: str = "x") -> None:
@@ -127,6 +129,13 @@ def mx_rounding(rounding) -> str:
     if rounding not in MX_ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not supported; expected one of {MX_ROUNDINGS}")
     return rounding
+
+
+def kv_layout_is_hnd(kv_layout) -> bool:
+    """Whether ``kv_layout`` is "HND" (else "NHD"); ValueError naming ``kv_layout`` for anything else."""
+    if not isinstance(kv_layout, str) or kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout={kv_layout!r} is not supported; expected one of {KV_LAYOUTS}")
+    return kv_layout == "HND"
 
 
 def weight_group_size(K: int, group_size) -> int:

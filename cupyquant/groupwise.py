@@ -115,6 +115,7 @@ def empty_scales(
         :func:`silu_mul_quantize`).
     group_size : int or None
     scale_layout : {"row", "col"}
+        The scales' layout, as for :func:`quantize_groupwise`.
     scale_dtype : {"float32", "float8_e8m0fnu"}
 
     Returns
@@ -433,6 +434,7 @@ def silu_mul_quantize(
     group_size : {32, 64, 128, 256}
         Must divide H.
     scale_layout : {"row", "col"}
+        The scales' layout, as for :func:`quantize_groupwise`.
     scale_ub : float or cupy.ndarray, optional
         Upper bound of the *decode* scale ``s`` (``r ~ q * s``): vLLM's fused kernel clamps the
         scale, not the amax. A positive float or a one-element float32 device array.

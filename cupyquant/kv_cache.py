@@ -23,8 +23,6 @@ _FAMILY = _jit.register(
     + _jit.product("kv_cache_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
 )
 
-#: Cache layouts: "NHD" is [blocks, block_size, heads, head_dim], "HND" [blocks, heads, block_size, head_dim].
-LAYOUTS = ("NHD", "HND")
 _BLOCK = 256  # threads per block (KV_BLOCK in kv_cache.cu)
 _UNITS_PER_LANE = {True: 2, False: 8}  # KVUnits in kv_cache.cu
 _MAX_ROWS = (1 << 31) - 1  # rows split into (token, head) with 32-bit arithmetic
@@ -50,13 +48,6 @@ _READ_ARGS = np.dtype(
 
 
 # ------------------------------------------------------------------ layouts and arguments
-def _layout(layout) -> bool:
-    """Whether ``layout`` is "HND" (else "NHD"); ValueError naming ``layout`` for anything else."""
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not supported; expected one of {LAYOUTS}")
-    return layout == "HND"
-
-
 def _dims(cache_shape, hnd: bool) -> tuple:
     """(blocks, block_size, heads, head_dim) of a cache shape in its layout."""
     b, d1, d2, d = cache_shape
@@ -71,22 +62,23 @@ def _strides(block_size: int, heads: int, row: int, hnd: bool) -> tuple:
     return block_size * heads * row, heads * row, row
 
 
-def kv_scale_cache_shape(cache_shape, layout: str = "NHD") -> tuple:
-    """The shape of the float32 scale cache that goes with a cache of ``cache_shape``: ``[blocks,
-    block_size, heads]`` for "NHD", ``[blocks, heads, block_size]`` for "HND" (the cache's shape
-    without head_dim)."""
-    _layout(layout)
+def kv_scale_cache_shape(cache_shape, kv_layout: str = "NHD") -> tuple:
+    """The shape of the float32 scale cache that goes with a cache of ``cache_shape`` in ``kv_layout``:
+    ``[blocks, block_size, heads]`` for "NHD", ``[blocks, heads, block_size]`` for "HND" (the cache's
+    shape without head_dim)."""
+    _checks.kv_layout_is_hnd(kv_layout)
     shape = _checks.shape_tuple(cache_shape, "cache_shape")
     if len(shape) != 4:
         raise ValueError(f"cache_shape must have 4 dimensions, got {shape}")
     return shape[:3]
 
 
-def empty_kv_scale_cache(cache: cupy.ndarray, layout: str = "NHD") -> cupy.ndarray:
-    """An uninitialized float32 scale cache for ``cache`` (see :func:`kv_scale_cache_shape`), on its
-    device: the ``key_scale_cache`` / ``value_scale_cache`` of dynamic :func:`quantize_kv_cache`."""
+def empty_kv_scale_cache(cache: cupy.ndarray, kv_layout: str = "NHD") -> cupy.ndarray:
+    """An uninitialized float32 scale cache for ``cache`` in ``kv_layout`` (see
+    :func:`kv_scale_cache_shape`), on its device: the ``key_scale_cache`` / ``value_scale_cache`` of
+    dynamic :func:`quantize_kv_cache`."""
     _validate.cupy_array(cache, "cache")
-    shape = kv_scale_cache_shape(cache.shape, layout)
+    shape = kv_scale_cache_shape(cache.shape, kv_layout)
     with _validate.on_device_of(cache):
         return cupy.empty(shape, dtype=np.float32)
 
@@ -221,19 +213,19 @@ def _scale_sig(v):
     return float if isinstance(v, float) else None
 
 
-def _write_key(arrays, ptrs, scale_k, scale_v, dtype, layout):
+def _write_key(arrays, ptrs, scale_k, scale_v, dtype, kv_layout):
     """The plan signature of a quantize_kv_cache call (``arrays`` key, value, slot_mapping, the two
     caches and the two scale caches or None), or None where a check could not be keyed."""
     sig = tuple(None if a is None else (a.shape, a.strides, a.dtype, a.data.device_id) for a in arrays)
     sk, sv = _scale_sig(scale_k), _scale_sig(scale_v)
     if sk is None or sv is None:
         return None
-    return sig, tuple(p & 15 for p in ptrs), sk, sv, dtype, layout
+    return sig, tuple(p & 15 for p in ptrs), sk, sv, dtype, kv_layout
 
 
-def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale_v, dtype, layout, ksc, vsc):
+def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale_v, dtype, kv_layout, ksc, vsc):
     fmt = _dtypes.element_format(dtype, "dtype", allowed=_FP8)
-    hnd = _layout(layout)
+    hnd = _checks.kv_layout_is_hnd(kv_layout)
     in_t = _rows_input(key, "key")
     device = key.data.device_id
     if _rows_input(value, "value") is not in_t:
@@ -249,7 +241,7 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
     blocks, block_size, c_heads, c_dim = _dims(key_cache.shape, hnd)
     if (c_heads, c_dim) != (heads, head_dim):
         raise ValueError(
-            f"key_cache ({layout} {key_cache.shape}) must hold {heads} heads of {head_dim} (key's), "
+            f"key_cache ({kv_layout} {key_cache.shape}) must hold {heads} heads of {head_dim} (key's), "
             f"got {c_heads} heads of {c_dim}"
         )
     _index_array(slot_mapping, "slot_mapping", device)
@@ -257,7 +249,7 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         raise ValueError(f"slot_mapping must have at most key's {tokens} tokens, got {slot_mapping.size}")
     sk, sv = _scales(scale_k, scale_v, heads, device)
     if sk.dynamic:
-        sshape = kv_scale_cache_shape(key_cache.shape, layout)
+        sshape = kv_scale_cache_shape(key_cache.shape, kv_layout)
         for sc, arg in ((ksc, "key_scale_cache"), (vsc, "value_scale_cache")):
             if sc is None:
                 raise ValueError(f"{arg} is needed with scale_k='dynamic': allocate it with empty_kv_scale_cache()")
@@ -348,7 +340,7 @@ def quantize_kv_cache(
     scale_k: float | cupy.ndarray | str,
     scale_v: float | cupy.ndarray | str,
     dtype: str | type | np.dtype = "float8_e4m3fn",
-    layout: str = "NHD",
+    kv_layout: str = "NHD",
     key_scale_cache: cupy.ndarray | None = None,
     value_scale_cache: cupy.ndarray | None = None,
     check_slots: bool = False,
@@ -362,7 +354,7 @@ def quantize_kv_cache(
         head_dim contiguous, the token and head axes may be strided (views of a fused qkv).
     key_cache, value_cache : cupy.ndarray
         uint8 (FP8 bit patterns), C-contiguous, ``[blocks, block_size, heads, head_dim]`` for
-        ``layout="NHD"`` or ``[blocks, heads, block_size, head_dim]`` for ``"HND"``; written in
+        ``kv_layout="NHD"`` or ``[blocks, heads, block_size, head_dim]`` for ``"HND"``; written in
         place at the given slots only.
     slot_mapping : cupy.ndarray
         int32 or int64, 1-D, contiguous, ``n <= tokens`` entries: token ``t < n`` goes to slot
@@ -375,7 +367,7 @@ def quantize_kv_cache(
         (both, or neither): one scale per token and head, written to the scale caches.
     dtype : str or ml_dtypes type
         ``"float8_e4m3fn"`` (default) or ``"float8_e5m2"``.
-    layout : str
+    kv_layout : str
         ``"NHD"`` (default) or ``"HND"``.
     key_scale_cache, value_scale_cache : cupy.ndarray, optional
         Dynamic scales only (required there): float32, C-contiguous, the cache's shape without
@@ -392,7 +384,7 @@ def quantize_kv_cache(
         An argument is not a CuPy array of the right dtype, or a scale is of no accepted type.
     ValueError
         Shapes, layouts, devices or options that do not fit together, a non-contiguous cache, an
-        unsupported ``dtype`` or ``layout``, a float scale not positive and finite, dynamic and
+        unsupported ``dtype`` or ``kv_layout``, a float scale not positive and finite, dynamic and
         static scales mixed, missing (dynamic) or extra (static) scale caches, written buffers
         overlapping each other or an input; with ``check_slots``, a bad ``slot_mapping``. Raised
         before any launch, with every buffer untouched.
@@ -419,12 +411,12 @@ def quantize_kv_cache(
         v is None or type(v) is cupy.ndarray for v in arrays[5:]
     ):
         ptrs = [0 if v is None else v.data.ptr for v in arrays]
-        sig = _write_key(arrays, ptrs, scale_k, scale_v, dtype, layout)
+        sig = _write_key(arrays, ptrs, scale_k, scale_v, dtype, kv_layout)
     plan = _WRITE_PLANS.lookup(sig)
     if plan is None:
         plan = _WRITE_PLANS.keep(
             sig,
-            _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale_v, dtype, layout, ksc, vsc),
+            _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale_v, dtype, kv_layout, ksc, vsc),
         )
     if ptrs is None:  # arrays of a CuPy subclass: checked by the plan, not keyed
         ptrs = [0 if v is None else v.data.ptr for v in arrays]
@@ -476,8 +468,8 @@ def dequantize_kv_cache(
     block_ids: cupy.ndarray,
     *,
     scale: float | cupy.ndarray | str,
-    layout: str = "NHD",
-    dtype: str | type | np.dtype = "bfloat16",
+    kv_layout: str = "NHD",
+    out_dtype: str | type | np.dtype = "bfloat16",
     cache_dtype: str | type | np.dtype = "float8_e4m3fn",
     scale_cache: cupy.ndarray | None = None,
     out: cupy.ndarray | None = None,
@@ -496,9 +488,9 @@ def dequantize_kv_cache(
     scale : float, cupy.ndarray or "dynamic"
         As ``scale_k`` of :func:`quantize_kv_cache`: a positive float, a float32 array of shape (1,)
         or (heads,), or ``"dynamic"`` with ``scale_cache``.
-    layout : str
+    kv_layout : str
         ``"NHD"`` (default) or ``"HND"``.
-    dtype : str or numpy dtype
+    out_dtype : str or numpy dtype
         The output dtype: float32, float16 or bfloat16 (default).
     cache_dtype : str or ml_dtypes type
         The cache's FP8 format, ``"float8_e4m3fn"`` (default) or ``"float8_e5m2"``.
@@ -506,13 +498,13 @@ def dequantize_kv_cache(
         float32 ``[blocks, block_size, heads]`` ("NHD") or ``[blocks, heads, block_size]`` ("HND"),
         with ``scale="dynamic"`` only.
     out : cupy.ndarray, optional
-        A C-contiguous buffer of the result's shape and ``dtype``.
+        A C-contiguous buffer of the result's shape and ``out_dtype``.
 
     Returns
     -------
     cupy.ndarray
         ``[n, block_size, heads, head_dim]`` ("NHD") or ``[n, heads, block_size, head_dim]`` ("HND")
-        in ``dtype``.
+        in ``out_dtype``.
 
     Raises
     ------
@@ -521,12 +513,12 @@ def dequantize_kv_cache(
 
     Notes
     -----
-    ``y = round_rn(float(q) * s)``, the product in IEEE float32, then to ``dtype`` (NaN as CUDA's
+    ``y = round_rn(float(q) * s)``, the product in IEEE float32, then to ``out_dtype`` (NaN as CUDA's
     canonical NaN); ``s`` the scale of the element's head, or its row's scale-cache entry.
     """
     fmt = _dtypes.element_format(cache_dtype, "cache_dtype", allowed=_FP8)
-    out_t = _dtypes.input_type(dtype, "dtype")
-    hnd = _layout(layout)
+    out_t = _dtypes.input_type(out_dtype, "out_dtype")
+    hnd = _checks.kv_layout_is_hnd(kv_layout)
     _validate.cupy_array(cache, "cache")
     device = cache.data.device_id
     _cache(cache, "cache", device)

@@ -167,8 +167,10 @@ class _Plan:
             sch = groupwise.scheme(fmt.name, gs, H, packed, scale_layout)
             g_elems = gs or 0
         elif scheme == "tensor":
-            if scale_layout is not None:
-                raise ValueError("scale_layout does not apply to scheme 'tensor' (one float32 scale)")
+            if scale_layout not in (None, "scalar"):
+                raise ValueError(
+                    f"scale_layout={scale_layout!r} is not supported by scheme 'tensor'; expected 'scalar' (one float32 scale)"
+                )
             given = _validate.scale_arg(scale, "scale", device)
             if given.mode == _validate.ScaleSource.AMAX:
                 raise ValueError("scale= is required by scheme 'tensor': the static decode scale (y ~ q * scale)")
@@ -290,9 +292,10 @@ def rms_norm_quantize(
     group_size : {32, 64, 128, 256}, optional
         "group" only; default 128. Must divide H.
     scale_layout : str, optional
-        "token"/"group": ``"row"`` (default) or ``"col"``; "mx"/"nvfp4": ``"dense"`` or
-        ``"swizzled"`` (defaults ``"dense"`` for mx and ``"swizzled"`` for nvfp4, as the
-        quantizers). "mx" needs H % 32 == 0, "nvfp4" H % 16 == 0.
+        The scales' layout, as the scheme's quantizer takes it: "token"/"group": ``"row"``
+        (default) or ``"col"``; "tensor": ``"scalar"`` (the one float32 scale; the default);
+        "mx"/"nvfp4": ``"dense"`` or ``"swizzled"`` (defaults ``"dense"`` for mx and
+        ``"swizzled"`` for nvfp4, as the quantizers). "mx" needs H % 32 == 0, "nvfp4" H % 16 == 0.
     scale_pow2, scale_dtype, scale_ub
         "token"/"group" only, as in :func:`quantize_groupwise`.
     scale : float or cupy.ndarray

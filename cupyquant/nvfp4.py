@@ -61,6 +61,8 @@ def quantize_nvfp4(
         one element (read on the device). None: ``amax`` is reduced on the device and ``S_enc``
         derived there, with no host synchronization.
     scale_layout : {"swizzled", "dense"}
+        The scales' layout: ``"swizzled"`` (default, the 128x4 layout of :mod:`cupyquant.mx`) or
+        ``"dense"``.
     out, scale_out : cupy.ndarray, optional
         uint8 buffers: ``x.shape[:-1] + (ceil(K/2),)`` and :func:`block_scale_shape` ``(x.shape,
         16, scale_layout)``.

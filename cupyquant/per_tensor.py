@@ -268,9 +268,9 @@ class _Int8Plan:
 
 def quantize_int8(
     x: cupy.ndarray,
+    *,
     scale: float | cupy.ndarray,
     zero_point: int | cupy.ndarray | None = None,
-    *,
     out: cupy.ndarray | None = None,
 ) -> QuantizedTensor:
     """Static per-tensor INT8, symmetric or with a zero point (vLLM ``static_scaled_int8_quant``).
@@ -280,8 +280,9 @@ def quantize_int8(
     x : cupy.ndarray
         float32, float16 or bfloat16, C-contiguous (any offset), any shape.
     scale : float or cupy.ndarray
-        The *decode* scale ``s`` (``x ~ (q - zero_point) * s``): a positive finite Python float, or
-        a float32 CuPy array of one element, read on the device as it is (never copied to the host).
+        Required, by keyword: the *decode* scale ``s`` (``x ~ (q - zero_point) * s``), a positive
+        finite Python float, or a float32 CuPy array of one element, read on the device as it is
+        (never copied to the host).
     zero_point : int or cupy.ndarray, optional
         None: symmetric. Otherwise the zero point ``z``: a Python int in the int32 range, or an
         int32 CuPy array of one element, read on the device.

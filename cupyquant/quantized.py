@@ -107,10 +107,10 @@ class QuantizedTensor:
         return sum(a.nbytes for a in arrays if a is not None)
 
     def dequantize(
-        self, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
+        self, out_dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
     ) -> cupy.ndarray:
-        """Same as :func:`cupyquant.dequantize` (``dtype`` defaults to the original dtype)."""
-        return dequantize(self, dtype, out=out)
+        """Same as :func:`cupyquant.dequantize` (``out_dtype`` defaults to the original dtype)."""
+        return dequantize(self, out_dtype, out=out)
 
     def to_host(self) -> dict:
         """Copy to NumPy (this synchronizes).
@@ -158,17 +158,17 @@ class QuantizedTensor:
 
 
 def dequantize(
-    q: QuantizedTensor, dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
+    q: QuantizedTensor, out_dtype: np.dtype | type | str | None = None, *, out: cupy.ndarray | None = None
 ) -> cupy.ndarray:
     """Dequantize a :class:`QuantizedTensor` on the GPU.
 
     Parameters
     ----------
     q : QuantizedTensor or QuantizedWeight
-    dtype : float32, float16 or bfloat16, optional
+    out_dtype : float32, float16 or bfloat16, optional
         Output dtype (name or type); defaults to ``q.dtype``, the dtype that was quantized.
     out : cupy.ndarray, optional
-        Output buffer of shape ``q.shape`` and dtype ``dtype``.
+        Output buffer of shape ``q.shape`` and dtype ``out_dtype``.
 
     Returns
     -------
@@ -177,22 +177,22 @@ def dequantize(
     Raises
     ------
     TypeError
-        ``q`` is not a QuantizedTensor, or its arrays are not CuPy arrays, or ``dtype``/``out`` has an
-        unsupported dtype.
+        ``q`` is not a QuantizedTensor, or its arrays are not CuPy arrays, or ``out_dtype``/``out`` has
+        an unsupported dtype.
     ValueError
         ``out`` has the wrong shape, is not contiguous, or is on another device.
 
     Notes
     -----
     Each family's formula is in its module: per tensor, ``y = round(float(q) * scale)`` with the
-    product in IEEE float32, rounded to nearest even into ``dtype``. INT8 with zero points:
+    product in IEEE float32, rounded to nearest even into ``out_dtype``. INT8 with zero points:
     ``y = round(float32(q - zero_point) * scale)``, ``q - zero_point`` computed exactly (64-bit
     integers) and rounded once to float32 (exact while its magnitude is at most 2^24), then the
     IEEE float32 product.
     """
     by_type = _TYPE_DEQUANTIZERS.get(type(q))
     if by_type is not None:
-        return by_type(q, dtype, out=out)
+        return by_type(q, out_dtype, out=out)
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q must be a cupyquant.QuantizedTensor or QuantizedWeight, got {type(q).__name__}")
     from . import _validate  # imports CuPy, which this module must not at import
@@ -203,7 +203,7 @@ def dequantize(
         _validate.cupy_array(q.global_scale, "q.global_scale")
     if q.zero_point is not None:
         _check_zero_point(q, _validate)
-    out_type = _dtypes.input_type(q.dtype if dtype is None else dtype, "dtype")
+    out_type = _dtypes.input_type(q.dtype if out_dtype is None else out_dtype, "out_dtype")
     fn = _DEQUANTIZERS.get(q.scheme.family)
     if fn is None:
         from . import _all_families
@@ -235,7 +235,7 @@ def _check_zero_point(q: QuantizedTensor, _validate) -> None:
 
 #: kernel family -> its dequantizer ``fn(q, out_type, out)``, filled by the op modules at import.
 _DEQUANTIZERS: dict = {}
-#: container type -> ``fn(q, dtype, out=out)``, for containers other than QuantizedTensor.
+#: container type -> ``fn(q, out_dtype, out=out)``, for containers other than QuantizedTensor.
 _TYPE_DEQUANTIZERS: dict = {}
 
 
@@ -246,5 +246,5 @@ def register_dequantizer(family: str, fn: Callable) -> None:
 
 
 def register_container(cls: type, fn: Callable) -> None:
-    """Declare how :func:`dequantize` takes a container of another type (``fn(q, dtype, out=out)``)."""
+    """Declare how :func:`dequantize` takes a container of another type (``fn(q, out_dtype, out=out)``)."""
     _TYPE_DEQUANTIZERS[cls] = fn

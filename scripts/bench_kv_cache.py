@@ -44,7 +44,7 @@ class Case:
     heads: int
     head_dim: int
     mode: str  # "static" or "dynamic"
-    layout: str = "NHD"
+    kv_layout: str = "NHD"
 
     @property
     def label(self) -> str:
@@ -119,7 +119,7 @@ def _make_sets(cupy, cq, c: Case, fmt: str, copies: int):
     qh = Q_PER_KV * c.heads
     blocks = -(-CACHE_FACTOR * c.tokens // BLOCK_SIZE)
     shape = (blocks, BLOCK_SIZE, c.heads, c.head_dim)
-    if c.layout == "HND":
+    if c.kv_layout == "HND":
         shape = (blocks, c.heads, BLOCK_SIZE, c.head_dim)
     sets = []
     for _ in range(copies):
@@ -127,7 +127,7 @@ def _make_sets(cupy, cq, c: Case, fmt: str, copies: int):
         kc, vc = cupy.zeros(shape, np.uint8), cupy.zeros(shape, np.uint8)
         ksc = vsc = None
         if c.mode == "dynamic":
-            ksc, vsc = cq.empty_kv_scale_cache(kc, c.layout), cq.empty_kv_scale_cache(vc, c.layout)
+            ksc, vsc = cq.empty_kv_scale_cache(kc, c.kv_layout), cq.empty_kv_scale_cache(vc, c.kv_layout)
         slots = cupy.asarray(nprng.permutation(blocks * BLOCK_SIZE)[: c.tokens].astype(np.int64))
         sets.append((qkv, qkv[:, qh : qh + c.heads], qkv[:, qh + c.heads :], kc, vc, slots, ksc, vsc))
     return sets
@@ -150,7 +150,7 @@ def bench_case(cupy, cq, bench, torch, c: Case, fmt: str, copy_bw: float, reps: 
             scale_k=sk,
             scale_v=sv,
             dtype=fmt,
-            layout=c.layout,
+            kv_layout=c.kv_layout,
             key_scale_cache=ksc,
             value_scale_cache=vsc,
         )
@@ -161,7 +161,7 @@ def bench_case(cupy, cq, bench, torch, c: Case, fmt: str, copy_bw: float, reps: 
     row = {
         "case": c.label,
         "mode": c.mode,
-        "layout": c.layout,
+        "layout": c.kv_layout,
         "us": t * 1e6,
         "GB/s": nbytes / t / 1e9,
         "% copy": 100 * nbytes / t / copy_bw,
@@ -169,7 +169,7 @@ def bench_case(cupy, cq, bench, torch, c: Case, fmt: str, copy_bw: float, reps: 
         "% of it": 100 * tc / t,
         "host us": bench.host_seconds_per_call(ours, sets, calls=200) * 1e6,
     }
-    if torch is not None and c.layout == "NHD":
+    if torch is not None and c.kv_layout == "NHD":
         row.update(_bench_torch(cupy, torch, bench, c, fmt, sets, calls, ours, t, reps))
     return row
 
@@ -227,7 +227,7 @@ def main_kv_cache(a, bench) -> None:
     torch loader and table runner)."""
     cases = parse_cases(a.kv_cache_cases)
     if a.list:
-        print("\n".join(f"{c.label} {c.mode} {c.layout}" for c in cases))
+        print("\n".join(f"{c.label} {c.mode} {c.kv_layout}" for c in cases))
         return
     import cupy
 

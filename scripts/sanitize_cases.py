@@ -298,8 +298,8 @@ def run_group(run: Run):
             run.same(f"{tag} scale", np.ascontiguousarray(q.scale.get()), es)
             run.same(f"{tag} zero point", np.ascontiguousarray(q.zero_point.get()), ez)
         for zp in (None, 3):
-            q = run.op(cq.quantize_int8(x, 0.05, zero_point=zp, out=poison(shape, np.int8)))
-            run.same(f"int8 static {shape} zp {zp}", q.data, ref.quantize_int8(xh, 0.05, zp)[0])
+            q = run.op(cq.quantize_int8(x, scale=0.05, zero_point=zp, out=poison(shape, np.int8)))
+            run.same(f"int8 static {shape} zp {zp}", q.data, ref.quantize_int8(xh, scale=0.05, zero_point=zp)[0])
 
 
 # ------------------------------------------------------------------ MXFP8 / MXFP4 / NVFP4

@@ -90,19 +90,21 @@ def run_kv_cache(run, h):
     """``h``: scripts/sanitize_cases.py (its data makers and checks)."""
     i = 0
     for tokens, heads, head_dim in [(1, 1, 8), (5, 2, 72), (9, 3, 100), (33, 4, 128)]:
-        for layout in ("NHD", "HND"):
+        for kv_layout in ("NHD", "HND"):
             for mode in ("static", "per_head", "dynamic"):
                 i += 1
                 dt = IN_DTYPES[i % 3]
                 fmt = ("float8_e4m3fn", "float8_e5m2")[i % 2]
                 blocks, bs = 3, 16
-                kh = h.host_data((tokens, heads, head_dim), dt, h.seed_of("kv k", tokens, layout, mode), specials=True)
-                vh = h.host_data((tokens, heads, head_dim), dt, h.seed_of("kv v", tokens, layout, mode))
+                kh = h.host_data(
+                    (tokens, heads, head_dim), dt, h.seed_of("kv k", tokens, kv_layout, mode), specials=True
+                )
+                vh = h.host_data((tokens, heads, head_dim), dt, h.seed_of("kv v", tokens, kv_layout, mode))
                 slots = np.random.default_rng(i).permutation(blocks * bs)[:tokens].astype(np.int64)
                 slots[::3] = -1
                 if tokens > 1:
                     slots[1] = blocks * bs + 5  # past the cache: skipped
-                shape = (blocks, bs, heads, head_dim) if layout == "NHD" else (blocks, heads, bs, head_dim)
+                shape = (blocks, bs, heads, head_dim) if kv_layout == "NHD" else (blocks, heads, bs, head_dim)
                 kc, vc = h.poison(shape, np.uint8), h.poison(shape, np.uint8)
                 kc_h, vc_h = kc.get(), vc.get()
                 ks = vs = ks_h = vs_h = None
@@ -118,14 +120,14 @@ def run_kv_cache(run, h):
                 run.op(
                     cq.quantize_kv_cache(
                         k, cupy.asarray(vh), kc, vc, cupy.asarray(slots), scale_k=cupy.asarray(sk) if mode == "per_head" else sk,
-                        scale_v=sv, dtype=fmt, layout=layout, key_scale_cache=ks, value_scale_cache=vs,
+                        scale_v=sv, dtype=fmt, kv_layout=kv_layout, key_scale_cache=ks, value_scale_cache=vs,
                     )
                 )  # fmt: skip
                 ekc, evc, eks, evs = ref.quantize_kv_cache(
-                    kh, vh, kc_h, vc_h, slots, scale_k=sk, scale_v=sv, dtype=fmt, layout=layout,
+                    kh, vh, kc_h, vc_h, slots, scale_k=sk, scale_v=sv, dtype=fmt, kv_layout=kv_layout,
                     key_scale_cache=ks_h, value_scale_cache=vs_h,
                 )  # fmt: skip
-                tag = f"kv ({tokens}, {heads}, {head_dim}) {layout} {mode} {fmt} {dt.name}"
+                tag = f"kv ({tokens}, {heads}, {head_dim}) {kv_layout} {mode} {fmt} {dt.name}"
                 run.same(f"{tag} key cache", kc, ekc)
                 run.same(f"{tag} value cache", vc, evc)
                 if ks is not None:
@@ -133,12 +135,12 @@ def run_kv_cache(run, h):
                 ids = np.array([2, 0, 7], np.int64)  # 7: past the cache, a block of NaNs
                 y = run.op(
                     cq.dequantize_kv_cache(
-                        vc, cupy.asarray(ids), scale=sv if mode != "dynamic" else "dynamic", layout=layout,
-                        cache_dtype=fmt, scale_cache=vs, dtype=BF16,
+                        vc, cupy.asarray(ids), scale=sv if mode != "dynamic" else "dynamic", kv_layout=kv_layout,
+                        cache_dtype=fmt, scale_cache=vs, out_dtype=BF16,
                     )
                 )  # fmt: skip
                 ey = ref.dequantize_kv_cache(
-                    evc, ids, scale=sv if mode != "dynamic" else "dynamic", layout=layout, cache_dtype=fmt,
-                    scale_cache=evs, dtype=BF16,
+                    evc, ids, scale=sv if mode != "dynamic" else "dynamic", kv_layout=kv_layout, cache_dtype=fmt,
+                    scale_cache=evs, out_dtype=BF16,
                 )  # fmt: skip
                 run.same(f"{tag} dequantized", y, ey)

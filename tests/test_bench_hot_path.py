@@ -43,7 +43,7 @@ def test_norm_scheme_arguments_are_the_ops(bench):
 def test_kv_cases_and_bytes(bench):
     bk = bench.bench_kv_cache
     cases = bk.parse_cases(None)
-    assert {c.mode for c in cases} == {"static", "dynamic"} and {c.layout for c in cases} == {"NHD", "HND"}
+    assert {c.mode for c in cases} == {"static", "dynamic"} and {c.kv_layout for c in cases} == {"NHD", "HND"}
     c = bk.Case(4096, 8, 128, "static")
     n = 4096 * 8 * 128
     assert bk.io_bytes(c) == 2 * 2 * n + 8 * 4096 + 2 * n

@@ -17,6 +17,12 @@ array on a second GPU; skipped below two), ``out_shape`` / ``out_dtype`` / ``out
 host-built result objects, size helpers, and options that the wrappers check before they look at
 ``x`` (``dtype``, ``rounding``, weight ``symmetric``); the other rows need CuPy arrays and carry the
 ``gpu`` mark.
+
+A call that breaks the signature itself (a keyword-only argument given by position, a required one
+left out) gets Python's own TypeError, raised before the function runs, whose message begins with the
+function's name and parentheses (``quantize_int8() takes 1 positional argument but 2 were given``,
+``quantize_int8() missing 1 required keyword-only argument: 'scale'``): such rows name
+``quantize_int8()``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import pytest
 from conftest import poisoned
 
 import cupyquant as cq
+from cupyquant.kv_cache import kv_scale_cache_shape
 from cupyquant.quantized import QuantizedTensor, Scheme
 from cupyquant.weight import QuantizedWeight
 from cupyquant.weight.formats import weight_scheme
@@ -472,13 +479,14 @@ def _with(obj, **attrs):
     return obj
 
 
-# dequantize_weight(w, dtype, *, out): w (64, 256) bf16 int4 g128
+# dequantize_weight(w, out_dtype, *, out): w (64, 256) bf16 int4 g128
 f = "dequantize_weight"
 DW = cq.dequantize_weight
 cpu(f, "numpy", lambda w: DW(w(np.zeros((64, 128), U8))), TypeError, "w")
 cpu(f, "quantized_tensor", lambda w: DW(_host_qt()), TypeError, "w")
 cpu(f, "host_arrays", lambda w: DW(_watch_qw(w, _host_qw())), TypeError, "w.data")
-row(f, "option_dtype", lambda w: DW(_watch_qw(w, _qw()), "int8"), TypeError, "dtype")
+row(f, "option_out_dtype", lambda w: DW(_watch_qw(w, _qw()), "int8"), TypeError, "out_dtype")
+row(f, "option_out_dtype_keyword", lambda w: DW(_watch_qw(w, _qw()), out_dtype=np.int32), TypeError, "out_dtype")
 row(
     f,
     "data_noncontig",
@@ -708,15 +716,23 @@ row(
     "a_scale",
 )
 
+# quantize_int8(x, *, scale, zero_point, out): the static scale is required, by keyword
 f = "quantize_int8"
-cpu(f, "numpy", lambda w: cq.quantize_int8(w(_h((64,))), 0.5), TypeError, "x")
-row(f, "dtype_int32", lambda w: cq.quantize_int8(w(cupy.arange(64, dtype=np.int32)), 0.5), TypeError, "x")
-row(f, "noncontig", lambda w: cq.quantize_int8(w(_x((128,)))[::2], 0.5), ValueError, "x")
-row(f, "option_scale_none", lambda w: cq.quantize_int8(w(_x((64,))), None), TypeError, "scale")
-row(f, "option_scale_negative", lambda w: cq.quantize_int8(w(_x((64,))), -1.0), ValueError, "scale")
-row(f, "option_zero_point_float", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, 1.5), TypeError, "zero_point")
-row(f, "option_zero_point_range", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, 2**31), ValueError, "zero_point")
-row(f, "out_dtype", lambda w: cq.quantize_int8(w(_x((64,))), 0.5, out=w(_P((64,), U8))), TypeError, "out")
+I8Q = cq.quantize_int8
+cpu(f, "numpy", lambda w: I8Q(w(_h((64,))), scale=0.5), TypeError, "x")
+cpu(f, "scale_positional", lambda w: I8Q(w(_h((64,))), 0.5), TypeError, "quantize_int8()")
+cpu(f, "scale_and_zero_point_positional", lambda w: I8Q(w(_h((64,))), 0.5, 3), TypeError, "quantize_int8()")
+cpu(f, "scale_missing", lambda w: I8Q(w(_h((64,)))), TypeError, "quantize_int8()")
+cpu(f, "scale_missing_with_zero_point", lambda w: I8Q(w(_h((64,))), zero_point=3), TypeError, "quantize_int8()")
+row(f, "dtype_int32", lambda w: I8Q(w(cupy.arange(64, dtype=np.int32)), scale=0.5), TypeError, "x")
+row(f, "noncontig", lambda w: I8Q(w(_x((128,)))[::2], scale=0.5), ValueError, "x")
+row(f, "scale_positional", lambda w: I8Q(w(_x((64,))), 0.5), TypeError, "quantize_int8()")
+row(f, "scale_missing", lambda w: I8Q(w(_x((64,))), out=w(_P((64,), I8))), TypeError, "quantize_int8()")
+row(f, "option_scale_none", lambda w: I8Q(w(_x((64,))), scale=None), TypeError, "scale")
+row(f, "option_scale_negative", lambda w: I8Q(w(_x((64,))), scale=-1.0), ValueError, "scale")
+row(f, "option_zero_point_float", lambda w: I8Q(w(_x((64,))), scale=0.5, zero_point=1.5), TypeError, "zero_point")
+row(f, "option_zero_point_range", lambda w: I8Q(w(_x((64,))), scale=0.5, zero_point=2**31), ValueError, "zero_point")
+row(f, "out_dtype", lambda w: I8Q(w(_x((64,))), scale=0.5, out=w(_P((64,), U8))), TypeError, "out")
 
 f = "scaled_mm_azp"
 SMA = cq.scaled_mm_azp
@@ -918,13 +934,21 @@ def _watch_q(w, q):
     return q
 
 
-# dequantize(q, dtype, *, out), and the methods
+# dequantize(q, out_dtype, *, out), and the methods
 f = "dequantize"
 D = cq.dequantize
 cpu(f, "numpy", lambda w: D(w(np.zeros(8, U8))), TypeError, "q")
 cpu(f, "host_arrays", lambda w: D(_watch_q(w, _host_qt())), TypeError, "q.data")
-row(f, "option_dtype", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "int8"), TypeError, "dtype")
-row(f, "option_dtype_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "float8_e4m3fn"), TypeError, "dtype")
+row(f, "option_out_dtype", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "int8"), TypeError, "out_dtype")
+row(
+    f,
+    "option_out_dtype_fp8",
+    lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), "float8_e4m3fn"),
+    TypeError,
+    "out_dtype",
+)
+row(f, "option_out_dtype_keyword", lambda w: D(_watch_q(w, G(_x())), out_dtype=np.float64), TypeError, "out_dtype")
+row(f, "option_out_dtype_weight", lambda w: D(_watch_qw(w, _qw()), out_dtype="int8"), TypeError, "out_dtype")
 row(f, "out_numpy", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(np.zeros(64, F32))), TypeError, "out")
 row(f, "out_shape_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((65,), F32))), ValueError, "out")
 row(f, "out_dtype_fp8", lambda w: D(_watch_q(w, cq.quantize_fp8(_x((64,)))), out=w(_P((64,), F16))), TypeError, "out")
@@ -971,12 +995,19 @@ row(f, "out_shape_nvfp4", lambda w: D(_watch_q(w, N4(_x())), out=w(_P((4, 128), 
 row(f, "out_dtype_weight", lambda w: D(_watch_qw(w, _qw()), out=w(_P((64, 256), F32))), TypeError, "out")
 
 f = "QuantizedTensor.dequantize"
-row(f, "option_dtype", lambda w: _watch_q(w, cq.quantize_fp8(_x((64,)))).dequantize("int8"), TypeError, "dtype")
+row(
+    f,
+    "option_out_dtype",
+    lambda w: _watch_q(w, cq.quantize_fp8(_x((64,)))).dequantize(out_dtype="int8"),
+    TypeError,
+    "out_dtype",
+)
 row(f, "out_shape", lambda w: _watch_q(w, G(_x())).dequantize(out=w(_P((4, 255), F32))), ValueError, "out")
 row(f, "out_dtype", lambda w: _watch_q(w, M(_x())).dequantize(out=w(_P((4, 256), I8))), TypeError, "out")
 
 f = "QuantizedWeight.dequantize"
-row(f, "option_dtype", lambda w: _watch_qw(w, _qw()).dequantize("float8_e4m3fn"), TypeError, "dtype")
+row(f, "option_out_dtype", lambda w: _watch_qw(w, _qw()).dequantize("float8_e4m3fn"), TypeError, "out_dtype")
+row(f, "option_out_dtype_keyword", lambda w: _watch_qw(w, _qw()).dequantize(out_dtype="int8"), TypeError, "out_dtype")
 row(f, "out_shape", lambda w: _watch_qw(w, _qw()).dequantize(out=w(_P((64, 255), BF16))), ValueError, "out")
 
 
@@ -1043,6 +1074,20 @@ row(
     ValueError,
     "scale_layout",
 )
+row(
+    f,
+    "option_layout_tensor",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scheme="tensor", scale=1.0, scale_layout="row"),
+    ValueError,
+    "scale_layout",
+)
+row(
+    f,
+    "option_layout_scalar",
+    lambda w: R(w(_x((4, 256), BF16)), _wn(), scale_layout="scalar"),
+    ValueError,
+    "scale_layout",
+)
 row(f, "option_eps", lambda w: R(w(_x((4, 256), BF16)), _wn(), eps=-1.0), ValueError, "eps")
 row(f, "out_shape", lambda w: R(w(_x((4, 256), BF16)), _wn(), out=w(_P((4, 255), U8))), ValueError, "out")
 row(
@@ -1104,7 +1149,15 @@ row(
     ValueError,
     "slot_mapping",
 )
-row(f, "option_layout", lambda w: _kv(w, layout="HDN"), ValueError, "layout")
+cpu(
+    f,
+    "option_kv_layout",
+    lambda w: K(w(np.ones((4, 2, 64), F32)), None, None, None, None, scale_k=0.1, scale_v=0.1, kv_layout="HDN"),
+    ValueError,
+    "kv_layout",
+)
+row(f, "option_kv_layout", lambda w: _kv(w, kv_layout="HDN"), ValueError, "kv_layout")
+row(f, "option_kv_layout_lowercase", lambda w: _kv(w, kv_layout="nhd"), ValueError, "kv_layout")
 row(f, "option_scale_k", lambda w: _kv(w, scale_k=-1.0), ValueError, "scale_k")
 row(f, "option_scale_mixed", lambda w: _kv(w, scale_k="dynamic"), ValueError, "scale_k")
 row(f, "option_dtype", lambda w: _kv(w, dtype="int8"), ValueError, "dtype")
@@ -1116,18 +1169,39 @@ row(
     "value_cache",
 )
 
-# dequantize_kv_cache(cache, block_ids, *, scale, layout, dtype, cache_dtype, scale_cache, out)
+# dequantize_kv_cache(cache, block_ids, *, scale, kv_layout, out_dtype, cache_dtype, scale_cache, out)
 f = "dequantize_kv_cache"
 DK = cq.dequantize_kv_cache
 cpu(f, "numpy", lambda w: DK(np.zeros((3, 4, 2, 64), U8), np.zeros(1, np.int64), scale=0.1), TypeError, "cache")
 row(f, "cache_dtype", lambda w: DK(w(_P((3, 4, 2, 64), F32)), cupy.zeros(1, np.int64), scale=0.1), TypeError, "cache")
 row(f, "block_ids_dtype", lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, F32), scale=0.1), TypeError, "block_ids")
+cpu(
+    f,
+    "option_out_dtype",
+    lambda w: DK(w(np.zeros((3, 4, 2, 64), U8)), np.zeros(1, np.int64), scale=0.1, out_dtype="int8"),
+    TypeError,
+    "out_dtype",
+)
 row(
     f,
-    "option_dtype",
-    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, dtype="int8"),
+    "option_out_dtype",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, out_dtype="int8"),
     TypeError,
-    "dtype",
+    "out_dtype",
+)
+cpu(
+    f,
+    "option_kv_layout",
+    lambda w: DK(w(np.zeros((3, 4, 2, 64), U8)), np.zeros(1, np.int64), scale=0.1, kv_layout="HDN"),
+    ValueError,
+    "kv_layout",
+)
+row(
+    f,
+    "option_kv_layout",
+    lambda w: DK(w(_P((3, 4, 2, 64), U8)), cupy.zeros(1, np.int64), scale=0.1, kv_layout=None),
+    ValueError,
+    "kv_layout",
 )
 row(
     f,
@@ -1144,10 +1218,23 @@ row(
     "out",
 )
 
-# empty_kv_scale_cache(cache, layout)
+# empty_kv_scale_cache(cache, kv_layout)
 f = "empty_kv_scale_cache"
-cpu(f, "numpy", lambda w: cq.empty_kv_scale_cache(np.zeros((3, 4, 2, 64), U8)), TypeError, "cache")
-row(f, "option_layout", lambda w: cq.empty_kv_scale_cache(cupy.zeros((3, 4, 2, 64), U8), "XYZ"), ValueError, "layout")
+EK = cq.empty_kv_scale_cache
+cpu(f, "numpy", lambda w: EK(np.zeros((3, 4, 2, 64), U8)), TypeError, "cache")
+row(f, "option_kv_layout", lambda w: EK(cupy.zeros((3, 4, 2, 64), U8), "XYZ"), ValueError, "kv_layout")
+row(
+    f,
+    "option_kv_layout_keyword",
+    lambda w: EK(cupy.zeros((3, 4, 2, 64), U8), kv_layout="hnd"),
+    ValueError,
+    "kv_layout",
+)
+
+# kv_scale_cache_shape(cache_shape, kv_layout): pure Python
+f = "kv_scale_cache_shape"
+cpu(f, "option_kv_layout", lambda w: kv_scale_cache_shape((3, 4, 2, 64), kv_layout="XYZ"), ValueError, "kv_layout")
+cpu(f, "shape", lambda w: kv_scale_cache_shape((3, 4, 2)), ValueError, "cache_shape")
 
 
 # ------------------------------------------------------------------ the test

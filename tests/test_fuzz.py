@@ -1199,7 +1199,7 @@ def _check_arguments_accepted(case: Case, hs: dict, E: dict) -> None:
         _validate.positive_finite_scalar(float(v), name)
         _validate.positive_finite_scalar(np.float32(v), name)
     if p.get("deq_dtype") is not None:
-        assert _dtypes.input_type(_arg(p["deq_dtype"], p["deq_as"]), "dtype").dtype == _deq_dtype(p)
+        assert _dtypes.input_type(_arg(p["deq_dtype"], p["deq_as"]), "out_dtype").dtype == _deq_dtype(p)
     if kind in ("fp8", "weight") or (kind == "nvfp4" and p["global_scale"] == "dynamic"):
         assert x.flags.c_contiguous, (p["view"], x.strides)
     elif kind != "matmul":

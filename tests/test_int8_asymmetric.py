@@ -135,21 +135,21 @@ def test_per_token_asymmetric_round_trip_error():
 
 def test_static_int8_hand_worked():
     x = np.array([0.25, 0.75, -0.25, 1000.0, np.nan, np.inf, -np.inf, -4.95], F32)
-    q, s, z = ref.quantize_int8(x, 0.5)
+    q, s, z = ref.quantize_int8(x, scale=0.5)
     assert z is None and s.tolist() == [0.5] and s.dtype == np.float32
     # x / 0.5 = 0.5, 1.5, -0.5, 2000, NaN, inf, -inf, -9.9 -> half to even, saturate, NaN -> 0
     assert q.tolist() == [0, 2, 0, 127, 0, 127, -128, -10]
-    q, s, z = ref.quantize_int8(x, 0.5, 3)
+    q, s, z = ref.quantize_int8(x, scale=0.5, zero_point=3)
     assert z.tolist() == [3] and z.dtype == np.int32
     # x * (1 / 0.5) -> int32_rn -> + 3; inf: INT32_MAX + 3 wraps (vLLM's int32 sum), -128
     assert q.tolist() == [3, 5, 3, 127, 3, -128, -128, -7]
     # vLLM divides without a zero point and multiplies by 1 / s with one: -4.95 / 0.1 = -49.499996,
     # -4.95 * float32(1 / 0.1) = -49.5
-    assert ref.quantize_int8(np.array([-4.95], F32), 0.1)[0].tolist() == [-49]
-    assert ref.quantize_int8(np.array([-4.95], F32), 0.1, 0)[0].tolist() == [-50]
+    assert ref.quantize_int8(np.array([-4.95], F32), scale=0.1)[0].tolist() == [-49]
+    assert ref.quantize_int8(np.array([-4.95], F32), scale=0.1, zero_point=0)[0].tolist() == [-50]
     # a scale given as an array is used as it is (as the op reads a device array): 0 and NaN too
-    assert ref.quantize_int8(np.array([1.0, 0.0, -1.0], F32), np.zeros(1, F32))[0].tolist() == [127, 0, -128]
-    assert ref.quantize_int8(np.array([1.0], F32), np.full(1, np.nan, F32))[0].tolist() == [0]
+    assert ref.quantize_int8(np.array([1.0, 0.0, -1.0], F32), scale=np.zeros(1, F32))[0].tolist() == [127, 0, -128]
+    assert ref.quantize_int8(np.array([1.0], F32), scale=np.full(1, np.nan, F32))[0].tolist() == [0]
 
 
 def test_static_int8_dequantize_hand_worked():
@@ -177,11 +177,11 @@ def test_reference_argument_checks():
         with pytest.raises(ValueError, match=arg):
             ref.quantize_groupwise(x, dtype, **args)
     with pytest.raises(TypeError, match="zero_point"):
-        ref.quantize_int8(x, 1.0, 1.5)
+        ref.quantize_int8(x, scale=1.0, zero_point=1.5)
     with pytest.raises(ValueError, match="zero_point"):
-        ref.quantize_int8(x, 1.0, 2**31)
+        ref.quantize_int8(x, scale=1.0, zero_point=2**31)
     with pytest.raises(ValueError, match="scale"):
-        ref.quantize_int8(x, -1.0)
+        ref.quantize_int8(x, scale=-1.0)
     with pytest.raises(ValueError, match="zero_point"):
         ref.dequantize_groupwise(np.zeros((2, 8), np.int8), np.ones((2, 1), F32), "int8", zero_point=np.zeros(2))
     with pytest.raises(ValueError, match="zero_point"):
@@ -404,10 +404,10 @@ def test_per_token_graph_capture_and_no_sync():
     zbuf = cq.empty_scales(x.shape, None, "col").view(cupy.int32)
     kw = dict(group_size=None, symmetric=False, scale_layout="col", out=qbuf, scale_out=sbuf, zero_point_out=zbuf)
     cq.quantize_groupwise(x, "int8", **kw).dequantize()  # compile (compiling may synchronize)
-    cq.quantize_int8(x, 0.5, 3).dequantize()
+    cq.quantize_int8(x, scale=0.5, zero_point=3).dequantize()
     with cupyx.allow_synchronize(False):
         cq.quantize_groupwise(x, "int8", **kw).dequantize()
-        cq.quantize_int8(x, 0.5, 3).dequantize()
+        cq.quantize_int8(x, scale=0.5, zero_point=3).dequantize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
@@ -435,11 +435,13 @@ def run_static(xh, scale, zp_mode, scale_mode="float", zp=-17, x=None, out=None)
     out = poisoned(xh.shape, np.int8) if out is None else out
     s_arg = scale if scale_mode == "float" else cupy.asarray([scale], np.float32)
     z_arg = {"none": None, "int": zp, "device": cupy.asarray([zp], np.int32)}[zp_mode]
-    q = cq.quantize_int8(x, s_arg, z_arg, out=out)
+    q = cq.quantize_int8(x, scale=s_arg, zero_point=z_arg, out=out)
     assert q.data is out and q.shape == xh.shape and q.dtype == xh.dtype
     assert q.scheme.format == "int8" and q.scheme.granularity == "tensor" and q.scheme.block is None
     eq, es, ez = ref.quantize_int8(
-        xh, np.array([scale], np.float32) if scale_mode == "device" else scale, None if zp_mode == "none" else zp
+        xh,
+        scale=np.array([scale], np.float32) if scale_mode == "device" else scale,
+        zero_point=None if zp_mode == "none" else zp,
     )
     assert_bits_equal(q.data, eq, "q")
     assert q.scale.shape == (1,) and q.scale.dtype == np.float32
@@ -517,7 +519,7 @@ def test_static_every_code_dequantizes_exactly():
     cupy = _cupy()
     qb = np.tile(np.arange(-128, 128, dtype=np.int8), 9)
     for s, zp in [(1.0, None), (1e-3, 3), (2.0**-140, -100), (1e36, 77), (0.25, INT32_MIN), (0.5, 2**24 + 1)]:
-        q = cq.quantize_int8(cupy.zeros(qb.shape, np.float32), s, zp)
+        q = cq.quantize_int8(cupy.zeros(qb.shape, np.float32), scale=s, zero_point=zp)
         q.data[...] = cupy.asarray(qb)
         for out_dtype in IN_DTYPES:
             expected = ref.dequantize_int8(qb, np.float32(s), zp, out_dtype)
@@ -609,7 +611,7 @@ def test_static_bad_arguments_leave_out_untouched():
         args = dict(x=x, scale=0.5, zero_point=3, out=out)
         args.update(kw)
         with pytest.raises(exc, match=what):
-            cq.quantize_int8(args.pop("x"), args.pop("scale"), args.pop("zero_point"), **args)
+            cq.quantize_int8(args.pop("x"), **args)
         np.testing.assert_array_equal(out.get(), before)
 
 
@@ -625,9 +627,9 @@ def test_zero_point_attribute_and_dequantize_checks():
     assert q.nbytes == 30 + 10 * 4 + 10 * 4
     assert "zero_point=int32" in repr(q) and "zero_point" not in repr(cq.quantize_groupwise(x, "int8", group_size=None))
     assert cq.quantize_groupwise(x, "int8", group_size=None).zero_point is None
-    p = cq.quantize_int8(x, 0.1, 2)
+    p = cq.quantize_int8(x, scale=0.1, zero_point=2)
     assert p.nbytes == 30 + 4 + 4 and p.to_host()["zero_point"].tolist() == [2]
-    assert cq.quantize_int8(x, 0.1).to_host().keys() == {"data", "scale"}
+    assert cq.quantize_int8(x, scale=0.1).to_host().keys() == {"data", "scale"}
     # positional construction without a zero point keeps working; the keyword comes last
     qs = QuantizedTensor(q.data, q.scale, q.scheme, q.shape, q.dtype)
     assert qs.zero_point is None

@@ -17,7 +17,7 @@ from cupyquant import reference as ref
 BF16 = np.dtype(ml_dtypes.bfloat16)
 IN_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 FORMATS = ["float8_e4m3fn", "float8_e5m2"]
-LAYOUTS = ["NHD", "HND"]
+KV_LAYOUTS = ["NHD", "HND"]
 QMAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 
 
@@ -25,8 +25,8 @@ def _id(v):
     return np.dtype(v).name if not isinstance(v, (str, tuple, int)) else str(v)
 
 
-def _cache_shape(blocks, block_size, heads, head_dim, layout):
-    return (blocks, block_size, heads, head_dim) if layout == "NHD" else (blocks, heads, block_size, head_dim)
+def _cache_shape(blocks, block_size, heads, head_dim, kv_layout):
+    return (blocks, block_size, heads, head_dim) if kv_layout == "NHD" else (blocks, heads, block_size, head_dim)
 
 
 # ------------------------------------------------------------------ the reference, by hand
@@ -63,7 +63,7 @@ def test_reference_dynamic_bytes_and_scales():
         np.array([1, 0], np.int64),
         scale_k="dynamic",
         scale_v="dynamic",
-        layout="HND",
+        kv_layout="HND",
         key_scale_cache=ksc,
         value_scale_cache=ksc,
     )
@@ -82,14 +82,14 @@ def test_reference_dequantize_by_hand():
     cache[2, 1, 1] = [0x38, 0xC0]  # 1.0, -2.0
     cache[2, 0, 0] = [0x7F, 0x40]  # NaN, 2.0
     y = ref.dequantize_kv_cache(
-        cache, np.array([2, 7], np.int32), scale=np.array([0.5, 4.0], np.float32), dtype=np.float32
+        cache, np.array([2, 7], np.int32), scale=np.array([0.5, 4.0], np.float32), out_dtype=np.float32
     )
     assert y.shape == (2, 2, 2, 2)
     np.testing.assert_array_equal(y[0, 1, 1], [4.0, -8.0])  # head 1: scale 4
     assert np.isnan(y[0, 0, 0, 0]) and y[0, 0, 0, 1] == 1.0  # head 0: scale 0.5
     assert np.isnan(y[1]).all() and (y[1].view(np.uint32) == 0x7FFFFFFF).all()  # id 7 is past the cache
     sc = np.full((3, 2, 2), 0.25, np.float32)
-    y2 = ref.dequantize_kv_cache(cache, np.array([2], np.int64), scale="dynamic", scale_cache=sc, dtype=np.float16)
+    y2 = ref.dequantize_kv_cache(cache, np.array([2], np.int64), scale="dynamic", scale_cache=sc, out_dtype=np.float16)
     assert y2.dtype == np.float16 and y2[0, 1, 1, 1] == -0.5
 
 
@@ -108,11 +108,11 @@ def test_reference_hnd_is_nhd_transposed():
         slots,
         scale_k=0.1,
         scale_v=0.1,
-        layout="HND",
+        kv_layout="HND",
     )
     np.testing.assert_array_equal(kh, kn.transpose(0, 2, 1, 3))
-    yn = ref.dequantize_kv_cache(kn, np.array([1, 0]), scale=0.1, dtype=np.float32)
-    yh = ref.dequantize_kv_cache(kh, np.array([1, 0]), scale=0.1, dtype=np.float32, layout="HND")
+    yn = ref.dequantize_kv_cache(kn, np.array([1, 0]), scale=0.1, out_dtype=np.float32)
+    yh = ref.dequantize_kv_cache(kh, np.array([1, 0]), scale=0.1, out_dtype=np.float32, kv_layout="HND")
     np.testing.assert_array_equal(yh, yn.transpose(0, 2, 1, 3))
 
 
@@ -124,16 +124,16 @@ def test_reference_repeated_slot_keeps_the_last_token():
 
 
 # ------------------------------------------------------------------ checks without a GPU
-def _host_args(layout="NHD"):
+def _host_args(kv_layout="NHD"):
     key = np.zeros((4, 2, 8), np.float32)
-    cache = np.zeros(_cache_shape(3, 4, 2, 8, layout), np.uint8)
+    cache = np.zeros(_cache_shape(3, 4, 2, 8, kv_layout), np.uint8)
     return key, key, cache, cache.copy(), np.arange(4, dtype=np.int32)
 
 
 @pytest.mark.parametrize(
     "kw, exc, arg",
     [
-        (dict(layout="NDH"), ValueError, "layout"),
+        (dict(kv_layout="NDH"), ValueError, "kv_layout"),
         (dict(dtype="int8"), ValueError, "dtype"),
         (dict(scale_k="dynamik", scale_v="dynamic"), ValueError, "scale_k"),
         (dict(scale_k="dynamic"), ValueError, "scale_k and scale_v"),
@@ -180,8 +180,8 @@ def test_reference_refuses_bad_arrays():
         ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale="dynamic")
     with pytest.raises(ValueError, match="^cache_dtype"):
         ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale=1.0, cache_dtype="int8")
-    with pytest.raises(TypeError, match="^dtype"):
-        ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale=1.0, dtype=np.int32)
+    with pytest.raises(TypeError, match="^out_dtype"):
+        ref.dequantize_kv_cache(kc, np.zeros(1, np.int32), scale=1.0, out_dtype=np.int32)
 
 
 _W = dict(scale_k=1.0, scale_v=1.0)
@@ -191,16 +191,16 @@ _W = dict(scale_k=1.0, scale_v=1.0)
     "fn, kw, exc, arg",
     [
         ("write", _W, TypeError, "key"),  # NumPy arrays where the op takes CuPy ones
-        ("write", dict(_W, layout="nhd"), ValueError, "layout"),
+        ("write", dict(_W, kv_layout="nhd"), ValueError, "kv_layout"),
         ("write", dict(_W, dtype="float16"), ValueError, "dtype"),
         ("write", dict(_W, check_slots=1), TypeError, "check_slots"),
         ("read", dict(scale=1.0), TypeError, "cache"),
-        ("read", dict(scale=1.0, layout="HDN"), ValueError, "layout"),
-        ("read", dict(scale=1.0, dtype="int8"), TypeError, "dtype"),
+        ("read", dict(scale=1.0, kv_layout="HDN"), ValueError, "kv_layout"),
+        ("read", dict(scale=1.0, out_dtype="int8"), TypeError, "out_dtype"),
         ("read", dict(scale=1.0, cache_dtype="e4m3"), ValueError, "cache_dtype"),
         ("empty_scales", {}, TypeError, "cache"),
         ("scales_shape", dict(cache_shape=(3, 4, 2)), ValueError, "cache_shape"),
-        ("scales_shape", dict(cache_shape=(3, 4, 2, 8), layout="XYZ"), ValueError, "layout"),
+        ("scales_shape", dict(cache_shape=(3, 4, 2, 8), kv_layout="XYZ"), ValueError, "kv_layout"),
     ],
 )
 def test_op_checks_without_a_gpu(fn, kw, exc, arg):
@@ -269,25 +269,25 @@ def _scale_arg(cupy, mode, heads, seed, which):
     return "dynamic", "dynamic"
 
 
-def _run_both(cupy, key, value, kh, vh, slots, *, fmt, layout, mode, blocks, block_size, seed):
+def _run_both(cupy, key, value, kh, vh, slots, *, fmt, kv_layout, mode, blocks, block_size, seed):
     """Write with the op into pre-filled caches and with the reference into copies; compare every
     byte of both caches (and both scale caches)."""
     tokens, heads, head_dim = key.shape
     rng = np.random.default_rng(seed)
-    shape = _cache_shape(blocks, block_size, heads, head_dim, layout)
+    shape = _cache_shape(blocks, block_size, heads, head_dim, kv_layout)
     pre = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(2)]
     kc, vc = cupy.asarray(pre[0]), cupy.asarray(pre[1])
     sk, sk_h = _scale_arg(cupy, mode, heads, seed, 0)
     sv, sv_h = _scale_arg(cupy, mode, heads, seed, 1)
     kw, ref_kw = {}, {}
     if mode == "dynamic":
-        ksc, vsc = cq.empty_kv_scale_cache(kc, layout), cq.empty_kv_scale_cache(vc, layout)  # poisoned
+        ksc, vsc = cq.empty_kv_scale_cache(kc, kv_layout), cq.empty_kv_scale_cache(vc, kv_layout)  # poisoned
         kw = dict(key_scale_cache=ksc, value_scale_cache=vsc)
         ref_kw = dict(key_scale_cache=ksc.get(), value_scale_cache=vsc.get())
     slots_d = cupy.asarray(slots)
-    cq.quantize_kv_cache(key, value, kc, vc, slots_d, scale_k=sk, scale_v=sv, dtype=fmt, layout=layout, **kw)
+    cq.quantize_kv_cache(key, value, kc, vc, slots_d, scale_k=sk, scale_v=sv, dtype=fmt, kv_layout=kv_layout, **kw)
     ek, ev, eks, evs = ref.quantize_kv_cache(
-        kh, vh, pre[0], pre[1], slots, scale_k=sk_h, scale_v=sv_h, dtype=fmt, layout=layout, **ref_kw
+        kh, vh, pre[0], pre[1], slots, scale_k=sk_h, scale_v=sv_h, dtype=fmt, kv_layout=kv_layout, **ref_kw
     )
     assert_bits_equal(kc, ek, "key_cache")
     assert_bits_equal(vc, ev, "value_cache")
@@ -299,12 +299,12 @@ def _run_both(cupy, key, value, kh, vh, slots, *, fmt, layout, mode, blocks, blo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["float", "tensor", "head", "dynamic"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_write_matches_reference(in_dtype, fmt, layout, mode):
+def test_write_matches_reference(in_dtype, fmt, kv_layout, mode):
     cupy = _cupy()
-    seed = zlib.crc32(repr((np.dtype(in_dtype).name, fmt, layout, mode)).encode())
+    seed = zlib.crc32(repr((np.dtype(in_dtype).name, fmt, kv_layout, mode)).encode())
     rng = np.random.default_rng(seed)
     tokens, heads, head_dim, blocks, block_size = 301, 3, 128, 29, 16
     key, value, kh, vh = _fused_views(cupy, tokens, heads, head_dim, in_dtype, seed)
@@ -318,7 +318,7 @@ def test_write_matches_reference(in_dtype, fmt, layout, mode):
         vh,
         slots,
         fmt=fmt,
-        layout=layout,
+        kv_layout=kv_layout,
         mode=mode,
         blocks=blocks,
         block_size=block_size,
@@ -339,7 +339,7 @@ def test_odd_head_dims(head_dim, in_dtype, mode):
     tokens, heads, blocks, block_size = 41, 2, 7, 5  # block_size not a power of two
     key, value, kh, vh = _fused_views(cupy, tokens, heads, head_dim, in_dtype, seed, q_heads=1)
     slots = _slots(rng, tokens, blocks * block_size, np.int64)
-    for layout in LAYOUTS:
+    for kv_layout in KV_LAYOUTS:
         _run_both(
             cupy,
             key,
@@ -348,7 +348,7 @@ def test_odd_head_dims(head_dim, in_dtype, mode):
             vh,
             slots,
             fmt="float8_e4m3fn",
-            layout=layout,
+            kv_layout=kv_layout,
             mode=mode,
             blocks=blocks,
             block_size=block_size,
@@ -374,7 +374,7 @@ def test_misaligned_views_take_the_scalar_path(offset):
             kh,
             slots,
             fmt="float8_e5m2",
-            layout="NHD",
+            kv_layout="NHD",
             mode=mode,
             blocks=3,
             block_size=16,
@@ -407,23 +407,23 @@ def test_special_values(in_dtype, fmt, mode):
     vh = -kh
     key, value = cupy.asarray(kh), cupy.asarray(vh)
     slots = np.array([5, 0, 3, 9, 1, 7], np.int32)
-    for layout in LAYOUTS:
+    for kv_layout in KV_LAYOUTS:
         _run_both(
-            cupy, key, value, kh, vh, slots, fmt=fmt, layout=layout, mode=mode, blocks=3, block_size=4, seed=heads
+            cupy, key, value, kh, vh, slots, fmt=fmt, kv_layout=kv_layout, mode=mode, blocks=3, block_size=4, seed=heads
         )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["head", "dynamic"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
-def test_dequantize_matches_reference(out_dtype, fmt, layout, mode):
+def test_dequantize_matches_reference(out_dtype, fmt, kv_layout, mode):
     cupy = _cupy()
-    seed = zlib.crc32(repr((np.dtype(out_dtype).name, fmt, layout, mode)).encode())
+    seed = zlib.crc32(repr((np.dtype(out_dtype).name, fmt, kv_layout, mode)).encode())
     rng = np.random.default_rng(seed)
     blocks, block_size, heads, head_dim = 13, 16, 3, 72 if mode == "head" else 100
-    shape = _cache_shape(blocks, block_size, heads, head_dim, layout)
+    shape = _cache_shape(blocks, block_size, heads, head_dim, kv_layout)
     ch = rng.integers(0, 256, shape, dtype=np.uint8)  # every bit pattern, NaNs included
     cache = cupy.asarray(ch)
     ids_h = np.array([4, 0, 12, -1, 13, 4, 7], np.int64 if seed % 2 else np.int32)  # -1, 13: NaN blocks
@@ -435,14 +435,23 @@ def test_dequantize_matches_reference(out_dtype, fmt, layout, mode):
         scale_h = rng.uniform(0.01, 2.0, heads).astype(np.float32)
         scale, kw, rkw = cupy.asarray(scale_h), {}, {}
     y = cq.dequantize_kv_cache(
-        cache, cupy.asarray(ids_h), scale=scale, layout=layout, dtype=out_dtype, cache_dtype=fmt, **kw
+        cache, cupy.asarray(ids_h), scale=scale, kv_layout=kv_layout, out_dtype=out_dtype, cache_dtype=fmt, **kw
     )
-    e = ref.dequantize_kv_cache(ch, ids_h, scale=scale_h, layout=layout, dtype=out_dtype, cache_dtype=fmt, **rkw)
+    e = ref.dequantize_kv_cache(
+        ch, ids_h, scale=scale_h, kv_layout=kv_layout, out_dtype=out_dtype, cache_dtype=fmt, **rkw
+    )
     assert y.dtype == np.dtype(out_dtype) and y.shape == e.shape
     assert_bits_equal(y, e, "dequantized")
     out = poisoned(e.shape, out_dtype)
     y2 = cq.dequantize_kv_cache(
-        cache, cupy.asarray(ids_h), scale=scale, layout=layout, dtype=out_dtype, cache_dtype=fmt, out=out, **kw
+        cache,
+        cupy.asarray(ids_h),
+        scale=scale,
+        kv_layout=kv_layout,
+        out_dtype=out_dtype,
+        cache_dtype=fmt,
+        out=out,
+        **kw,
     )
     assert y2 is out
     assert_bits_equal(out, e, "dequantized into out")
@@ -459,7 +468,7 @@ def test_round_trip_through_the_cache():
     cq.quantize_kv_cache(
         key, value, kc, vc, slots, scale_k="dynamic", scale_v="dynamic", key_scale_cache=ksc, value_scale_cache=vsc
     )
-    y = cq.dequantize_kv_cache(kc, cupy.arange(4), scale="dynamic", scale_cache=ksc, dtype=np.float32)
+    y = cq.dequantize_kv_cache(kc, cupy.arange(4), scale="dynamic", scale_cache=ksc, out_dtype=np.float32)
     x = kh.astype(np.float32).reshape(4, 16, 4, 128)
     err = np.abs(y.get() - x) / np.abs(x).max(axis=-1, keepdims=True)
     assert err.max() <= 2.0**-4  # E4M3: 3 mantissa bits
@@ -498,7 +507,7 @@ def test_cuda_graph_capture_replays_and_no_sync():
 
     def step():
         cq.quantize_kv_cache(key, value, kc, vc, slots, **dyn)
-        cq.quantize_kv_cache(key, value, kc2, vc2, slots, scale_k=s_head, scale_v=0.75, layout="NHD")
+        cq.quantize_kv_cache(key, value, kc2, vc2, slots, scale_k=s_head, scale_v=0.75, kv_layout="NHD")
 
     step()  # compile outside the capture
     with cupyx.allow_synchronize(False):
@@ -569,7 +578,7 @@ def test_bad_arguments_name_themselves_and_leave_the_caches_untouched():
         ((key, value, kc.view(np.int8), vc, slots), base, TypeError, "key_cache"),
         ((key, value, kc, cupy.zeros((4, 4, 2, 16), np.uint8)[::2], slots), base, ValueError, "value_cache"),
         ((key, value, kc, vc.reshape(2, 2, 4, 16), slots), base, ValueError, "value_cache"),
-        ((key, value, kc, vc, slots), dict(base, layout="HND"), ValueError, "key_cache"),
+        ((key, value, kc, vc, slots), dict(base, kv_layout="HND"), ValueError, "key_cache"),
         ((key, value, kc, vc, slots.astype(np.uint32)), base, TypeError, "slot_mapping"),
         ((key, value, kc, vc, cupy.arange(7, dtype=np.int32)), base, ValueError, "slot_mapping"),
         ((key, value, kc, vc, cupy.arange(12, dtype=np.int32)[::2]), base, ValueError, "slot_mapping"),

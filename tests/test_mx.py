@@ -458,7 +458,7 @@ def test_validation_errors():
         (lambda: cq.quantize_nvfp4(x, scale_layout="col"), ValueError, "scale_layout"),
         (lambda: cq.quantize_nvfp4(x, out=out), ValueError, "out must have shape"),
         (lambda: cq.block_scale_shape((4, 64), 8), ValueError, "block_size=8"),
-        (lambda: cq.dequantize(cq.quantize_mx(x), "int8"), TypeError, "dtype must be float32"),
+        (lambda: cq.dequantize(cq.quantize_mx(x), "int8"), TypeError, "^out_dtype must be float32"),
         (
             lambda: cq.dequantize(cq.quantize_mx(x), out=cupy.empty((4, 64), np.float16)),
             TypeError,

@@ -44,6 +44,7 @@ CASES = [
     ("mx", "float4_e2m1fn", {"scale_layout": "swizzled"}),
     ("nvfp4", None, {"global_scale": 150.0}),
     ("nvfp4", None, {"global_scale": "device:2688.0", "scale_layout": "dense"}),
+    ("tensor", "float8_e4m3fn", {"scale": 0.02, "scale_layout": "scalar"}),
 ]
 
 
@@ -155,6 +156,7 @@ def _own_quantizer(y, scheme, fmt, dkw):
         gs = None if scheme == "token" else kw.pop("group_size", 128)
         return cq.quantize_groupwise(y, fmt, group_size=gs, **kw)
     if scheme == "tensor":
+        kw.pop("scale_layout", None)  # "scalar": quantize_fp8's one scale has no other layout
         return cq.quantize_fp8(y, fmt, **kw)
     if scheme == "mx":
         return cq.quantize_mx(y, fmt, **kw)
@@ -366,6 +368,7 @@ def test_validation_errors():
             "scale_layout",
             lambda: cq.rms_norm_quantize(x, w, scheme="tensor", scale=1.0, scale_layout="row"),
         ),
+        (ValueError, "scale_layout", lambda: cq.rms_norm_quantize(x, w, scale_layout="scalar")),
         (ValueError, "weight", lambda: cq.rms_norm_quantize(x, w[:128])),
         (TypeError, "weight", lambda: cq.rms_norm_quantize(x, w.astype(np.float32))),
         (TypeError, "weight", lambda: cq.rms_norm_quantize(x, w.get())),

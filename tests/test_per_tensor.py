@@ -305,7 +305,7 @@ def test_gpu_validation_errors_name_the_argument():
     with pytest.raises(ValueError, match="x must be C-contiguous"):
         cq.quantize_fp8(cupy.ones((8, 8), np.float32)[:, ::2])
     q = cq.quantize_fp8(cupy.ones(8, np.float32))
-    with pytest.raises(TypeError, match="dtype must be float32, float16 or bfloat16"):
+    with pytest.raises(TypeError, match="^out_dtype must be float32, float16 or bfloat16"):
         q.dequantize(np.int8)
     with pytest.raises(ValueError, match="out must have shape"):
         q.dequantize(np.float32, out=cupy.empty(9, np.float32))

@@ -343,7 +343,7 @@ def test_quantizers_and_int8_weight(path, a_q):
             if a_q.startswith("token"):
                 qa = cq.quantize_groupwise(x, "int8", group_size=None, scale_layout=layout, symmetric=a_q == "token")
             else:
-                qa = cq.quantize_int8(x, 0.045, zero_point=-7 if a_q.endswith("zp") else None)
+                qa = cq.quantize_int8(x, scale=0.045, zero_point=-7 if a_q.endswith("zp") else None)
             host = qa.to_host()
             a = host["data"].reshape(-1, K).view(np.int8)
             sa = host["scale"].reshape(-1)

@@ -8,13 +8,9 @@ import numpy as np
 from .. import _checks, _dtypes
 from ._common import _as_f32, cast_fp8, fp8_to_float, round_to
 
-KV_LAYOUTS = ("NHD", "HND")
-
-
-def _hnd(layout) -> bool:
-    if not isinstance(layout, str) or layout not in KV_LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not supported; expected one of {KV_LAYOUTS}")
-    return layout == "HND"
+#: The values of ``kv_layout``: "NHD" is [blocks, block_size, heads, head_dim], "HND" [blocks, heads,
+#: block_size, head_dim].
+KV_LAYOUTS = _checks.KV_LAYOUTS
 
 
 def _rows(x, arg: str) -> np.ndarray:
@@ -90,7 +86,7 @@ def quantize_kv_cache(
     scale_k,
     scale_v,
     dtype="float8_e4m3fn",
-    layout="NHD",
+    kv_layout="NHD",
     key_scale_cache=None,
     value_scale_cache=None,
 ):
@@ -98,9 +94,9 @@ def quantize_kv_cache(
     key_scale_cache, value_scale_cache)`` (the scale caches None unless dynamic).
 
     ``key``, ``value``: ``[tokens, heads, head_dim]`` float32/float16/bfloat16. Caches: uint8
-    ``[blocks, block_size, heads, head_dim]`` ("NHD") or ``[blocks, heads, block_size, head_dim]``
-    ("HND"); scale caches float32, the cache's shape without head_dim. ``slot_mapping``: int32 or
-    int64 of ``n <= tokens`` entries. For token ``t < n`` with ``slot = slot_mapping[t]`` in
+    ``[blocks, block_size, heads, head_dim]`` (``kv_layout="NHD"``) or ``[blocks, heads, block_size,
+    head_dim]`` ("HND"); scale caches float32, the cache's shape without head_dim. ``slot_mapping``:
+    int32 or int64 of ``n <= tokens`` entries. For token ``t < n`` with ``slot = slot_mapping[t]`` in
     ``[0, blocks * block_size)`` and each head ``h``, the row ``x = key[t, h, :]`` (and likewise
     ``value``) goes to block ``slot // block_size``, offset ``slot % block_size``, head ``h``:
 
@@ -118,7 +114,7 @@ def quantize_kv_cache(
     lands unspecified.
     """
     fmt = _dtypes.element_format(dtype, allowed=_dtypes.FP8_NAMES)
-    hnd = _hnd(layout)
+    hnd = _checks.kv_layout_is_hnd(kv_layout)
     dyn_k, dyn_v = _is_dynamic(scale_k, "scale_k"), _is_dynamic(scale_v, "scale_v")
     if dyn_k != dyn_v:
         raise ValueError("scale_k and scale_v must both be 'dynamic' or both static")
@@ -175,17 +171,17 @@ def quantize_kv_cache(
 
 
 def dequantize_kv_cache(
-    cache, block_ids, *, scale, layout="NHD", dtype="bfloat16", cache_dtype="float8_e4m3fn", scale_cache=None
+    cache, block_ids, *, scale, kv_layout="NHD", out_dtype="bfloat16", cache_dtype="float8_e4m3fn", scale_cache=None
 ) -> np.ndarray:
     """The dequantizing read of cache blocks: ``y[i] = round_to(fp8_to_float(cache[block_ids[i]]) * s,
-    dtype)``, the product in IEEE float32, ``s`` the static scale of the element's head (a positive
+    out_dtype)``, the product in IEEE float32, ``s`` the static scale of the element's head (a positive
     float, or a float32 array of shape (1,) or (heads,)) or, for ``scale="dynamic"``, the entry of
     ``scale_cache`` at the element's block, offset and head. An id outside ``[0, blocks)`` gives a
     block of NaNs. The result has the cache's layout: ``[n, block_size, heads, head_dim]`` ("NHD")
     or ``[n, heads, block_size, head_dim]`` ("HND")."""
     fmt = _dtypes.element_format(cache_dtype, "cache_dtype", allowed=_dtypes.FP8_NAMES)
-    out_t = _dtypes.input_type(dtype, "dtype")
-    hnd = _hnd(layout)
+    out_t = _dtypes.input_type(out_dtype, "out_dtype")
+    hnd = _checks.kv_layout_is_hnd(kv_layout)
     c = _in_block_view(_cache(cache, "cache"), hnd)
     blocks, block_size, heads, head_dim = c.shape
     ids = _index_array(block_ids, "block_ids")

@@ -95,12 +95,12 @@ def _given_zero_point(v) -> np.int32:
     return np.int32(int(v))
 
 
-def quantize_int8(x, scale, zero_point=None):
+def quantize_int8(x, *, scale, zero_point=None):
     """Static per-tensor INT8, vLLM ``static_scaled_int8_quant``
     (csrc/quantization/compressed_tensors/int8_quant_kernels.cu); returns ``(q, scale, zero_point)``:
     int8 codes in ``x.shape``, float32 (1,) and int32 (1,) or None. ``x ~ (q - z) * s``.
 
-    ``scale`` is the decode scale ``s``: a positive finite real, or a float32 one-element array
+    ``scale`` (required, by keyword) is the decode scale ``s``: a positive finite real, or a float32 one-element array
     whose value is used as it is (as the op reads a device array). ``zero_point``: None, an integer
     in the int32 range or an int32 one-element array.
 

@@ -207,7 +207,7 @@ def dequantize_weight(w: QuantizedWeight, out_dtype=None, *, out=None) -> cupy.n
     """``(N, K)`` weights in ``out_dtype`` (default the original's): ``round(float(q - z) * s)``
     (``s = w.scale``, ``z = w.zero_point``, 8 for int4) or ``round(fp8(q) * s)``, the product in
     float32 (exact for scales of float16 or bfloat16; a float32 scale, as block weights have, makes
-    it an IEEE float32 product rounded once more to ``dtype``, as ``(fp8(q) * s).to(dtype)`` does
+    it an IEEE float32 product rounded once more to ``out_dtype``, as ``(fp8(q) * s).to(out_dtype)`` does
     in PyTorch). Block weights: ``s = w.scale[n // 128, k // 128]``. INT8 weights:
     ``round(float32(q) * s)`` with the row's scale, likewise (exact for float16 and bfloat16
     scales). NVFP4: ``round(e2m1(q) * float32(e4m3(s) * scale_2))``, MXFP4:
@@ -219,7 +219,7 @@ def dequantize_weight(w: QuantizedWeight, out_dtype=None, *, out=None) -> cupy.n
     Raises
     ------
     TypeError
-        ``w`` is not a :class:`QuantizedWeight` on the GPU; ``dtype`` is not float32, float16 or
+        ``w`` is not a :class:`QuantizedWeight` on the GPU; ``out_dtype`` is not float32, float16 or
         bfloat16; ``out`` is not a CuPy array of that dtype.
     ValueError
         ``out`` of the wrong shape or device, not C-contiguous, or overlapping ``w``'s buffers
