@@ -35,6 +35,7 @@ MODULES = [
     ("weight", "Weight-only INT4/FP8 and the matmul"),
     ("w8a8", "W8A8 FP8 and INT8 matmul"),
     ("_jit", "Errors"),
+    ("_device", "GPU capabilities"),
 ]
 
 SECTIONS = ("Parameters", "Returns", "Raises", "Attributes", "Notes", "Examples", "See Also", "Warns", "Yields")
