@@ -13,11 +13,13 @@ import cupy
 import numpy as np
 
 from . import _checks, _dtypes, _jit, _plans, _validate
+from ._launch import ARG, Launch
+from ._sizes import VECTOR_BYTES, ceil_div
 
 _FP8 = _dtypes.FP8_NAMES
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _FP8)
 _BOOLS = (False, True)
-_FAMILY = _jit.register(
+FAMILY = _jit.register(
     "kv_cache",
     _jit.product("kv_cache_write", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS)
     + _jit.product("kv_cache_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
@@ -26,7 +28,6 @@ _FAMILY = _jit.register(
 _BLOCK = 256  # threads per block (KV_BLOCK in kv_cache.cu)
 _UNITS_PER_LANE = {True: 2, False: 8}  # KVUnits in kv_cache.cu
 _MAX_ROWS = (1 << 31) - 1  # rows split into (token, head) with 32-bit arithmetic
-_NULL = np.uint64(0)  # a null pointer argument
 
 # The kernels' KVWriteArgs and KVReadArgs, field for field (C alignment).
 _WRITE_ARGS = np.dtype(
@@ -131,7 +132,7 @@ def _log2_or_minus1(n: int) -> int:
 
 def _team_log2(units: int, vec: bool) -> int:
     """log2 of the lanes per row: the fewest (up to 32) that leave each lane its units in registers."""
-    need = -(-units // _UNITS_PER_LANE[vec])
+    need = ceil_div(units, _UNITS_PER_LANE[vec])
     return min(5, max(0, (need - 1).bit_length()))
 
 
@@ -181,46 +182,18 @@ def _scale_cache(sc, arg: str, shape, device: int) -> None:
 
 # ------------------------------------------------------------------ the write
 class _WritePlan(NamedTuple):
-    kernel: object  # None: nothing to launch
-    grid: tuple
-    args: np.void
+    launch: object  # None: nothing to launch
     num_slots: int
-    spans: tuple  # per array of _NAMES: its bytes [lo, hi) relative to its data pointer, or None
+    disjoint: _validate.Disjoint  # the written buffers against everything else, by address
 
 
-#: quantize_kv_cache plans, per argument signature (shapes, strides, dtypes, devices, alignments, options)
+#: quantize_kv_cache plans, per argument signature (shapes, strides, dtypes, devices, alignments,
+#: static scale values, options)
 _WRITE_PLANS = _plans.Plans()
 #: The arrays of a write, inputs first, then the buffers it writes (_FIRST_WRITTEN on).
 _NAMES = ("key", "value", "slot_mapping", "scale_k", "scale_v")
 _NAMES += ("key_cache", "value_cache", "key_scale_cache", "value_scale_cache")
 _FIRST_WRITTEN = 5
-
-
-def _span(a) -> tuple | None:
-    """The bytes ``a`` (a CuPy array or None) covers relative to its data pointer; None for no array
-    or no elements."""
-    if not isinstance(a, cupy.ndarray) or not a.size:
-        return None
-    return _validate.span(a)
-
-
-def _scale_sig(v):
-    """What of a scale argument a plan depends on (its value is checked at each call)."""
-    if type(v) is cupy.ndarray:
-        return v.shape, v.strides, v.dtype, v.data.device_id
-    if isinstance(v, str):
-        return v
-    return float if isinstance(v, float) else None
-
-
-def _write_key(arrays, ptrs, scale_k, scale_v, dtype, kv_layout):
-    """The plan signature of a quantize_kv_cache call (``arrays`` key, value, slot_mapping, the two
-    caches and the two scale caches or None), or None where a check could not be keyed."""
-    sig = tuple(None if a is None else (a.shape, a.strides, a.dtype, a.data.device_id) for a in arrays)
-    sk, sv = _scale_sig(scale_k), _scale_sig(scale_v)
-    if sk is None or sv is None:
-        return None
-    return sig, tuple(p & 15 for p in ptrs), sk, sv, dtype, kv_layout
 
 
 def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale_v, dtype, kv_layout, ksc, vsc):
@@ -262,13 +235,16 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
     if rows > _MAX_ROWS:
         raise ValueError(f"slot_mapping * heads = {rows} rows is more than {_MAX_ROWS}")
     num_slots = blocks * block_size
-    spans = tuple(_span(v) for v in (key, value, slot_mapping, sk.array, sv.array, key_cache, value_cache, ksc, vsc))
+    named = zip(_NAMES, (key, value, slot_mapping, sk.array, sv.array, key_cache, value_cache, ksc, vsc))
+    disjoint = _validate.Disjoint(tuple(named), _FIRST_WRITTEN)
     if not (rows and head_dim and num_slots):
-        return _WritePlan(None, (), None, num_slots, spans)
+        return _WritePlan(None, num_slots, disjoint)
     item = key.itemsize
     vec = (
         head_dim % 8 == 0
-        and all(a.data.ptr % 16 == 0 and all(st % 16 == 0 for st in a.strides[:2]) for a in (key, value))
+        and all(
+            a.data.ptr % VECTOR_BYTES == 0 and all(st % VECTOR_BYTES == 0 for st in a.strides[:2]) for a in (key, value)
+        )
         and all(c.data.ptr % 8 == 0 for c in (key_cache, value_cache))
     )
     units = head_dim // 8 if vec else head_dim
@@ -297,22 +273,11 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         _WRITE_ARGS,
     )[()]
     with _validate.on_device_of(key):
-        k = _jit.kernel(device, _FAMILY, "kv_cache_write", in_t.ctype, fmt.ctag, vec)
-    rows_per_block = _BLOCK >> tpr_log2
-    return _WritePlan(k, (-(-rows // rows_per_block), 2), args, num_slots, spans)
-
-
-def _check_disjoint(ptrs, spans) -> None:
-    """The written buffers share no memory with each other or with any input (``ptrs`` and
-    ``spans`` per array of _NAMES)."""
-    iv = [None if sp is None else (p + sp[0], p + sp[1]) for p, sp in zip(ptrs, spans)]
-    for i in range(_FIRST_WRITTEN, len(iv)):
-        if iv[i] is None:
-            continue
-        lo, hi = iv[i]
-        for j in range(i):
-            if iv[j] is not None and lo < iv[j][1] and iv[j][0] < hi:
-                raise ValueError(f"{_NAMES[i]} overlaps {_NAMES[j]}; give a separate buffer")
+        k = _jit.kernel(device, FAMILY, "kv_cache_write", in_t.ctype, fmt.ctag, vec)
+    grid = (ceil_div(rows, _BLOCK >> tpr_log2), 2)
+    # key, value, the caches, slot_mapping, the device scales (or null) and the values, the scale caches
+    launch = Launch(k, grid, (_BLOCK,), (ARG,) * 7 + (sk.value, sv.value, ARG, ARG, args))
+    return _WritePlan(launch, num_slots, disjoint)
 
 
 def _check_slots(slot_mapping, num_slots: int) -> None:
@@ -405,61 +370,30 @@ def quantize_kv_cache(
     if not isinstance(check_slots, (bool, np.bool_)):
         raise TypeError(f"check_slots must be a bool, got {type(check_slots).__name__}")
     ksc, vsc = key_scale_cache, value_scale_cache
-    arrays = (key, value, slot_mapping, key_cache, value_cache, ksc, vsc)
-    sig = ptrs = None
-    if all(type(v) is cupy.ndarray for v in arrays[:5]) and all(
-        v is None or type(v) is cupy.ndarray for v in arrays[5:]
-    ):
-        ptrs = [0 if v is None else v.data.ptr for v in arrays]
-        sig = _write_key(arrays, ptrs, scale_k, scale_v, dtype, kv_layout)
-    plan = _WRITE_PLANS.lookup(sig)
+    k = _validate.array_key
+    key_ = (k(key), k(value), k(slot_mapping), k(key_cache), k(value_cache), k(ksc), k(vsc))
+    key_ += (_validate.scale_key(scale_k), _validate.scale_key(scale_v), dtype, kv_layout)
+    plan = _WRITE_PLANS.lookup(key_)
     if plan is None:
         plan = _WRITE_PLANS.keep(
-            sig,
+            key_,
             _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale_v, dtype, kv_layout, ksc, vsc),
         )
-    if ptrs is None:  # arrays of a CuPy subclass: checked by the plan, not keyed
-        ptrs = [0 if v is None else v.data.ptr for v in arrays]
-    # per call (the plan checked the rest): the scale values and the buffers' addresses
-    sk, sk_value = _scale_value(scale_k, "scale_k")
-    sv, sv_value = _scale_value(scale_v, "scale_v")
-    _check_disjoint(ptrs[:3] + [_ptr(scale_k), _ptr(scale_v)] + ptrs[3:], plan.spans)
+    # per call (the plan checked the rest): the buffers' addresses
+    sk = scale_k if type(scale_k) is cupy.ndarray else None
+    sv = scale_v if type(scale_v) is cupy.ndarray else None
+    arrays = (key, value, slot_mapping, sk, sv, key_cache, value_cache, ksc, vsc)
+    plan.disjoint.check(tuple(0 if a is None else a.data.ptr for a in arrays))
     if check_slots:
         _check_slots(slot_mapping, plan.num_slots)
-    if plan.kernel is None:
+    if plan.launch is None:
         return
     with _validate.on_device_of(key):
-        plan.kernel(
-            plan.grid,
-            (_BLOCK,),
-            (
-                key,
-                value,
-                key_cache,
-                value_cache,
-                slot_mapping,
-                sk,
-                sv,
-                sk_value,
-                sv_value,
-                _NULL if ksc is None else ksc,
-                _NULL if vsc is None else vsc,
-                plan.args,
-            ),
-        )
+        plan.launch(key, value, key_cache, value_cache, slot_mapping, sk, sv, ksc, vsc)
 
 
-def _ptr(v) -> int:
-    return v.data.ptr if type(v) is cupy.ndarray else 0
-
-
-def _scale_value(v, arg: str) -> tuple:
-    """(device array or a null pointer, value) of a scale whose kind the plan has checked."""
-    if type(v) is cupy.ndarray:
-        return v, np.float32(0)
-    if isinstance(v, str):
-        return _NULL, np.float32(0)
-    return _NULL, _validate.positive_finite_scalar(v, arg)
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
 
 
 # ------------------------------------------------------------------ the read
@@ -516,66 +450,73 @@ def dequantize_kv_cache(
     ``y = round_rn(float(q) * s)``, the product in IEEE float32, then to ``out_dtype`` (NaN as CUDA's
     canonical NaN); ``s`` the scale of the element's head, or its row's scale-cache entry.
     """
-    fmt = _dtypes.element_format(cache_dtype, "cache_dtype", allowed=_FP8)
-    out_t = _dtypes.input_type(out_dtype, "out_dtype")
-    hnd = _checks.kv_layout_is_hnd(kv_layout)
-    _validate.cupy_array(cache, "cache")
-    device = cache.data.device_id
-    _cache(cache, "cache", device)
-    blocks, block_size, heads, head_dim = _dims(cache.shape, hnd)
-    _index_array(block_ids, "block_ids", device)
-    sc = _scale(scale, "scale", heads, device, "cache")
-    if sc.dynamic:
-        if scale_cache is None:
-            raise ValueError("scale_cache is needed with scale='dynamic'")
-        _scale_cache(scale_cache, "scale_cache", cache.shape[:3], device)
-    elif scale_cache is not None:
-        raise ValueError("scale_cache is only for scale='dynamic'")
-    n = block_ids.size
-    shape = (n,) + tuple(cache.shape[1:])
+    k = _validate.array_key
+    key = (k(cache), k(block_ids), _validate.scale_key(scale), kv_layout, out_dtype, cache_dtype, k(scale_cache))
+    key += (k(out),)
+    plan = _READ_PLANS.lookup(key)
+    if plan is None:
+        plan = _READ_PLANS.keep(
+            key, _ReadPlan(cache, block_ids, scale, kv_layout, out_dtype, cache_dtype, scale_cache, out)
+        )
+    sc = scale if type(scale) is cupy.ndarray else None
     if out is not None:
-        inputs = (("cache", cache), ("block_ids", block_ids), ("scale", sc.array), ("scale_cache", scale_cache))
-        _validate.out_array(out, "out", shape, out_t.dtype, device, inputs=inputs)
-    rows_per_block = block_size * heads
-    rows = n * rows_per_block
-    if rows > _MAX_ROWS:
-        raise ValueError(f"block_ids selects {rows} rows, more than {_MAX_ROWS}")
+        plan.disjoint.check((cache.data.ptr, block_ids.data.ptr, _ptr(sc), _ptr(scale_cache), out.data.ptr))
     with _validate.on_device_of(cache):
-        y = cupy.empty(shape, dtype=out_t.dtype) if out is None else out
+        y = cupy.empty(plan.shape, dtype=plan.out_dtype) if out is None else out
+        if plan.launch is not None:
+            plan.launch(cache, block_ids, y, sc, scale_cache)
+    return y
+
+
+#: dequantize_kv_cache plans, per argument signature
+_READ_PLANS = _plans.Plans()
+
+
+class _ReadPlan:
+    """A checked dequantize_kv_cache call: the output's shape and dtype, the launch (None: nothing to
+    launch; arguments the cache, block_ids, y, the device scale or null, the scale cache or null),
+    and the overlap check of ``out``."""
+
+    __slots__ = ("shape", "out_dtype", "launch", "disjoint")
+
+    def __init__(self, cache, block_ids, scale, kv_layout, out_dtype, cache_dtype, scale_cache, out):
+        fmt = _dtypes.element_format(cache_dtype, "cache_dtype", allowed=_FP8)
+        out_t = _dtypes.input_type(out_dtype, "out_dtype")
+        hnd = _checks.kv_layout_is_hnd(kv_layout)
+        _validate.cupy_array(cache, "cache")
+        device = cache.data.device_id
+        _cache(cache, "cache", device)
+        blocks, block_size, heads, head_dim = _dims(cache.shape, hnd)
+        _index_array(block_ids, "block_ids", device)
+        sc = _scale(scale, "scale", heads, device, "cache")
+        if sc.dynamic:
+            if scale_cache is None:
+                raise ValueError("scale_cache is needed with scale='dynamic'")
+            _scale_cache(scale_cache, "scale_cache", cache.shape[:3], device)
+        elif scale_cache is not None:
+            raise ValueError("scale_cache is only for scale='dynamic'")
+        n = block_ids.size
+        self.shape = (n,) + tuple(cache.shape[1:])
+        self.out_dtype = out_t.dtype
+        inputs = (("cache", cache), ("block_ids", block_ids), ("scale", sc.array), ("scale_cache", scale_cache))
+        if out is not None:
+            _validate.out_array(out, "out", self.shape, out_t.dtype, device, inputs=inputs)
+        self.disjoint = _validate.Disjoint(inputs + (("out", out),), 4)
+        rows_per_block = block_size * heads
+        rows = n * rows_per_block
+        if rows > _MAX_ROWS:
+            raise ValueError(f"block_ids selects {rows} rows, more than {_MAX_ROWS}")
+        self.launch = None
         if not (rows and head_dim):
-            return y
-        vec = head_dim % 8 == 0 and cache.data.ptr % 8 == 0 and y.data.ptr % 16 == 0
+            return
+        y_aligned = out is None or out.data.ptr % VECTOR_BYTES == 0
+        vec = head_dim % 8 == 0 and cache.data.ptr % 8 == 0 and y_aligned
         tpr_log2 = _team_log2(head_dim // 8 if vec else head_dim, vec)
         args = np.array(
-            (
-                rows,
-                blocks,
-                rows_per_block,
-                heads,
-                head_dim,
-                block_size,
-                int(hnd),
-                int(block_ids.dtype == np.int64),
-                sc.stride,
-                int(sc.dynamic),
-                tpr_log2,
-                0,
-            ),
+            (rows, blocks, rows_per_block, heads, head_dim, block_size, int(hnd), int(block_ids.dtype == np.int64),
+             sc.stride, int(sc.dynamic), tpr_log2, 0),
             _READ_ARGS,
-        )[()]
-        k = _jit.kernel(device, _FAMILY, "kv_cache_dequantize", out_t.ctype, fmt.ctag, vec)
-        grid = (-(-rows // (_BLOCK >> tpr_log2)),)
-        k(
-            grid,
-            (_BLOCK,),
-            (
-                cache,
-                block_ids,
-                y,
-                _NULL if sc.array is None else sc.array,
-                sc.value,
-                _NULL if scale_cache is None else scale_cache,
-                args,
-            ),
-        )
-    return y
+        )[()]  # fmt: skip
+        k = _jit.kernel(device, FAMILY, "kv_cache_dequantize", out_t.ctype, fmt.ctag, vec)
+        grid = (ceil_div(rows, _BLOCK >> tpr_log2),)
+        self.launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, ARG, ARG, sc.value, ARG, args))
