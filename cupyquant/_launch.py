@@ -200,7 +200,7 @@ class Launch:
     driver refuses the launch."""
 
     __slots__ = ("kernel", "grid", "block", "smem", "pdl", "cluster", "_args", "_buf", "_words", "_slots",
-                 "_params", "_cfg", "_attrs", "_fn", "_lock", "_offsets", "_raw", "_blobs")  # fmt: skip
+                 "_params", "_cfg", "_attrs", "_fn", "_lock", "_offsets", "_raw", "_blobs", "_last")  # fmt: skip
 
     def __init__(self, kernel, grid, block, args, *, smem: int = 0, pdl: bool = False, cluster=None, fields=()):
         self.kernel = kernel
@@ -229,6 +229,7 @@ class Launch:
                 v = np.asarray(a)
                 raw[o : o + v.dtype.itemsize] = np.frombuffer(v.tobytes(), np.uint8)
         self._blobs = any(isinstance(a, Blob) for a in self._args)
+        self._last = {}  # blob slot -> the array last copied there (the same object is not copied again)
         for i, name in fields:
             slots.append((base + offsets[i] + np.asarray(self._args[i]).dtype.fields[name][1]) // 8)
         self._slots = tuple(slots)
@@ -265,10 +266,12 @@ class Launch:
                 self._go(stream)
 
     def _copy_blobs(self, values) -> None:
-        words, start = self._words, self._buf.ctypes.data
+        words, start, last = self._words, self._buf.ctypes.data, self._last
         for slot, v in zip(self._slots, values):
             if slot < 0:
-                ctypes.memmove(start + ~slot, v.ctypes.data, v.nbytes)
+                if last.get(slot) is not v:  # a cached tensor map comes back as the same object
+                    ctypes.memmove(start + ~slot, v.ctypes.data, v.nbytes)
+                    last[slot] = v
             else:
                 words[slot] = v if type(v) is int else (0 if v is None else v.data.ptr)
 

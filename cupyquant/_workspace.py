@@ -52,6 +52,35 @@ def split_counters(device, n: int) -> cupy.ndarray:
     return buf[:n]
 
 
+# ---------------------------------------------------------------- K-split workspaces
+# The float32 partial tiles of a K split through memory are written and read within one launch, so
+# the launches on a stream can share one buffer, as they share the counters: one per device and
+# stream, kept up to WORKSPACE_KEEP_BYTES (a larger one is allocated for its call). Under a graph
+# capture a call gets a buffer of its own, kept with the graph. Allocating it at every call cost
+# 4-5 us of host time (cupy.empty and the capture check) at M = 1 on an H200 host.
+WORKSPACE_KEEP_BYTES = 64 << 20
+stream_workspaces: dict = {}
+
+
+def split_buffers(device, ws_elems: int, n_counters: int) -> tuple:
+    """(float32 workspace of at least ``ws_elems`` elements, ``n_counters`` zeroed arrival counters)
+    for one split-K launch on the current stream."""
+    stream = cupy.cuda.get_current_stream()
+    nbytes = 4 * ws_elems
+    if nbytes > WORKSPACE_KEEP_BYTES or stream.is_capturing():
+        ws = cupy.empty(ws_elems, dtype=np.float32)
+        _validate.keep_if_capturing(ws)
+        return ws, split_counters(device, n_counters)
+    key = (device, stream.ptr)
+    ws = stream_workspaces.pop(key, None)
+    if ws is None or ws.size < ws_elems:
+        ws = cupy.empty(ws_elems, dtype=np.float32)
+    stream_workspaces[key] = ws  # (re)inserted last: the most recently used
+    while len(stream_workspaces) > COUNTER_STREAMS:
+        del stream_workspaces[next(iter(stream_workspaces))]
+    return ws, split_counters(device, n_counters)
+
+
 # ---------------------------------------------------------------- activation tensor maps
 # Encoding a tensor map is host work in the driver (7.6 us a map on an H100 host, 0.5 us for a
 # cached one); matmul's activations are usually the same few buffers from call to call, so the maps

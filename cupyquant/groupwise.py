@@ -132,12 +132,22 @@ def empty_scales(
         An empty ``shape`` or a negative dimension; an unsupported ``group_size``,
         ``scale_layout`` or ``scale_dtype``; a group size that does not divide ``shape[-1]``.
     """
-    shape = _checks.shape_tuple(shape)
-    if not shape:
-        raise ValueError("shape must have at least one dimension")
-    packed = _scales.group_scale_packed(scale_layout, scale_dtype)
-    lay = _scales.group_layout(shape, _checks.group_count(shape[-1], group_size), scale_layout, packed)
-    return lay.empty(np.int32 if packed else np.float32)
+    key = (shape, tuple(map(type, shape)) if type(shape) is tuple else [], group_size, type(group_size))
+    key += (scale_layout, scale_dtype)
+    plan = _EMPTY_SCALES.lookup(key)
+    if plan is None:
+        shape = _checks.shape_tuple(shape)
+        if not shape:
+            raise ValueError("shape must have at least one dimension")
+        packed = _scales.group_scale_packed(scale_layout, scale_dtype)
+        lay = _scales.group_layout(shape, _checks.group_count(shape[-1], group_size), scale_layout, packed)
+        plan = _EMPTY_SCALES.keep(key, (lay, np.dtype(np.int32 if packed else np.float32)))
+    lay, dtype = plan
+    return lay.empty(dtype)
+
+
+#: empty_scales' layouts, per argument signature
+_EMPTY_SCALES = _plans.Plans()
 
 
 def scheme(fmt_name: str, group_size, K: int, packed: bool, scale_layout: str) -> Scheme:

@@ -44,24 +44,24 @@ def per_call(fn, calls: int) -> float:
     return t / calls
 
 
-def _outputs(result) -> list:
-    """(shape, dtype) of each array an op returned."""
+def _arrays(result) -> list:
+    """The arrays an op returned."""
     import cupy
 
     if result is None:
         return []
     if isinstance(result, tuple):
-        return [o for r in result for o in _outputs(r)]
+        return [o for r in result for o in _arrays(r)]
     if isinstance(result, cupy.ndarray):
-        return [(result.shape, result.dtype)]
+        return [result]
     names = ("data", "scale", "amax", "global_scale", "zero_point", "code_sum", "scale_2")
-    return [(a.shape, a.dtype) for a in (getattr(result, n, None) for n in names) if isinstance(a, cupy.ndarray)]
+    return [a for a in (getattr(result, n, None) for n in names) if isinstance(a, cupy.ndarray)]
 
 
-def bare_replay(fn, owns_outputs: bool = True):
-    """A function that replays the launches ``fn()`` made and allocates what it returned, or None
-    where the library cannot record its launches. ``owns_outputs``: False where the caller gives
-    every output (out=), so the replay allocates none."""
+def bare_replay(fn, given=()):
+    """A function that replays the launches ``fn()`` made and allocates the arrays it returned but
+    for those the caller gave (``given``: out= buffers), or None where the library cannot record its
+    launches."""
     import cupy
 
     try:
@@ -70,7 +70,8 @@ def bare_replay(fn, owns_outputs: bool = True):
         return None
     with recording() as rec:
         result = fn()
-    outs = _outputs(result) if owns_outputs else []
+    given_ptrs = {g.data.ptr for g in given}
+    outs = [(a.shape, a.dtype) for a in _arrays(result) if a.data.ptr not in given_ptrs]
     steps = []
     for kernel, grid, block, args, smem, launch in rec:
         if launch is None:  # ("memset", ptr, value, nbytes)
@@ -106,7 +107,7 @@ def _given(spec) -> bool:
 
 
 def cases():
-    """name -> (make() -> the call to time, whether the op allocates its outputs)."""
+    """name -> (the call to time, the buffers it is given as out=)."""
     import cupy
 
     import cupyquant as cq
@@ -122,25 +123,29 @@ def cases():
     w_small = arr((256, K))
     c = {}
 
-    def add(name, fn, owns=True):
-        c[name] = (fn, owns)
+    def add(name, fn, given=()):
+        c[name] = (fn, given)
 
     add("quantize_fp8 dynamic", lambda: cq.quantize_fp8(x))
     add("quantize_fp8 static", lambda: cq.quantize_fp8(x, scale=0.5))
     q8 = cupy.empty((1, K), np.uint8)
-    add("quantize_fp8 dynamic out=", lambda: cq.quantize_fp8(x, out=q8))
+    add("quantize_fp8 dynamic out=", lambda: cq.quantize_fp8(x, out=q8), (q8,))
     add("amax", lambda: cq.amax(x))
     add("quantize_int8 static", lambda: cq.quantize_int8(x, scale=0.5))
     add("quantize_groupwise token fp8", lambda: cq.quantize_groupwise(x, group_size=None))
     add("quantize_groupwise group128 fp8", lambda: cq.quantize_groupwise(x, group_size=128))
     gs = cq.empty_scales((1, K), 128)
-    add("quantize_groupwise group128 out=", lambda: cq.quantize_groupwise(x, group_size=128, out=q8, scale_out=gs))
+    add(
+        "quantize_groupwise group128 out=",
+        lambda: cq.quantize_groupwise(x, group_size=128, out=q8, scale_out=gs),
+        (q8, gs),
+    )
     add("quantize_groupwise token int8 azp", lambda: cq.quantize_groupwise(x, "int8", group_size=None, symmetric=False))
     add("silu_mul_quantize group128", lambda: cq.silu_mul_quantize(x2, group_size=128))
     add("quantize_mx mxfp8", lambda: cq.quantize_mx(x))
     add("quantize_mx mxfp4", lambda: cq.quantize_mx(x, "float4_e2m1fn"))
     ms = cupy.empty(cq.block_scale_shape((1, K), 32, "dense"), np.uint8)
-    add("quantize_mx mxfp8 out=", lambda: cq.quantize_mx(x, out=q8, scale_out=ms))
+    add("quantize_mx mxfp8 out=", lambda: cq.quantize_mx(x, out=q8, scale_out=ms), (q8, ms))
     add("quantize_nvfp4 dynamic", lambda: cq.quantize_nvfp4(x))
     add("quantize_nvfp4 static", lambda: cq.quantize_nvfp4(x, global_scale=100.0))
     add("rms_norm_quantize token", lambda: cq.rms_norm_quantize(x, wn))
@@ -148,15 +153,11 @@ def cases():
     add("rms_norm_quantize group128", lambda: cq.rms_norm_quantize(x, wn, scheme="group"))
     add("rms_norm_quantize nvfp4", lambda: cq.rms_norm_quantize(x, wn, scheme="nvfp4", global_scale=100.0))
     ts = cq.empty_scales((1, K), None)
-    add("rms_norm_quantize token out=", lambda: cq.rms_norm_quantize(x, wn, out=q8, scale_out=ts))
+    add("rms_norm_quantize token out=", lambda: cq.rms_norm_quantize(x, wn, out=q8, scale_out=ts), (q8, ts))
     key, value = arr((1, 8, 128)), arr((1, 8, 128))
     kc, vc = cupy.zeros((64, 16, 8, 128), np.uint8), cupy.zeros((64, 16, 8, 128), np.uint8)
     slots = cupy.asarray(np.array([5], np.int64))
-    add(
-        "quantize_kv_cache static",
-        lambda: cq.quantize_kv_cache(key, value, kc, vc, slots, scale_k=0.5, scale_v=0.5),
-        owns=False,
-    )
+    add("quantize_kv_cache static", lambda: cq.quantize_kv_cache(key, value, kc, vc, slots, scale_k=0.5, scale_v=0.5))
     blocks = cupy.asarray(np.array([0], np.int32))
     add("dequantize_kv_cache", lambda: cq.dequantize_kv_cache(kc, blocks, scale=0.5))
     for label, q in (
@@ -170,7 +171,7 @@ def cases():
         add(f"dequantize {label}", lambda q=q: cq.dequantize(q))
     yq = cupy.empty((1, K), BF16)
     qg = cq.quantize_groupwise(x, group_size=128)
-    add("dequantize group128 fp8 out=", lambda: cq.dequantize(qg, out=yq))
+    add("dequantize group128 fp8 out=", lambda: cq.dequantize(qg, out=yq), (yq,))
     w4 = cq.prepare_weight(cq.quantize_weight(W, "int4", group_size=128))
     w8 = cq.prepare_weight(cq.quantize_weight(W, "float8_e4m3fn", group_size=None))
     wn4 = cq.prepare_weight(cq.quantize_weight(W, "nvfp4"))
@@ -178,7 +179,7 @@ def cases():
     add("matmul fp8 channel", lambda: cq.matmul(x, w8))
     add("matmul nvfp4", lambda: cq.matmul(x, wn4))
     y = cupy.empty((1, K), BF16)
-    add("matmul int4 g128 out=", lambda: cq.matmul(x, w4, out=y))
+    add("matmul int4 g128 out=", lambda: cq.matmul(x, w4, out=y), (y,))
     wf = cq.quantize_weight(W, "float8_e4m3fn", group_size=None)
     wb = cq.quantize_weight(W, "float8_e4m3fn", block_size=(128, 128))
     wi = cq.quantize_weight(W, "int8", group_size=None)
@@ -190,7 +191,7 @@ def cases():
     add("scaled_matmul fp8 tensor x channel", lambda: cq.scaled_matmul(a_ten, wf))
     add("scaled_matmul fp8 group x block", lambda: cq.scaled_matmul(a_grp, wb))
     add("scaled_matmul int8 token x channel", lambda: cq.scaled_matmul(a_i8, wi))
-    add("scaled_matmul fp8 token x channel out=", lambda: cq.scaled_matmul(a_tok, wf, out=y))
+    add("scaled_matmul fp8 token x channel out=", lambda: cq.scaled_matmul(a_tok, wf, out=y), (y,))
     sa, sb = cupy.ones((1, 1), np.float32), cupy.ones((K, 1), np.float32)
     add("scaled_mm fp8 token x channel", lambda: cq.scaled_mm(a_tok.data, wf.data, sa, sb))
     a_az = cq.quantize_groupwise(x, "int8", group_size=None, symmetric=False)
@@ -208,10 +209,10 @@ def cases():
     return c
 
 
-def measure(fn, owns: bool, rounds: int, calls: int) -> dict:
+def measure(fn, given, rounds: int, calls: int) -> dict:
     for _ in range(20):
         fn()
-    bare = bare_replay(fn, owns)
+    bare = bare_replay(fn, given)
     if bare is not None:
         for _ in range(20):
             bare()
@@ -239,10 +240,10 @@ def main(argv=None) -> int:
     rows = {}
     want = None if a.ops is None else [s.strip() for s in a.ops.split(",")]
     print(f"{'op':44} {'launches':>8} {'outputs':>7} {'bare us':>8} {'ours us':>8} {'x bare':>6}")
-    for name, (fn, owns) in cases().items():
+    for name, (fn, given) in cases().items():
         if want and not any(w in name for w in want):
             continue
-        r = rows[name] = measure(fn, owns, a.rounds, a.calls)
+        r = rows[name] = measure(fn, given, a.rounds, a.calls)
         launches = f"{r['launches']}+{r['memsets']}m" if r.get("memsets") else str(r.get("launches", "-"))
         bare = f"{r['bare_us']:8.1f}" if "bare_us" in r else f"{'-':>8}"
         ratio = f"{r['x_bare']:6.2f}" if r.get("x_bare") is not None else f"{'-':>6}"

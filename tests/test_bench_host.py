@@ -33,11 +33,12 @@ def test_every_case_runs_and_replays():
     the op's launches and allocations (matmul: one launch, one output; quantize_fp8 dynamic: two
     launches and a memset, three outputs)."""
     host = load_script("bench_host")
-    rows = {name: host.measure(fn, owns, rounds=1, calls=2) for name, (fn, owns) in host.cases().items()}
+    rows = {name: host.measure(fn, given, rounds=1, calls=2) for name, (fn, given) in host.cases().items()}
     for name, r in rows.items():
         assert r["ours_us"] > 0 and r["bare_us"] > 0, name
     assert (rows["matmul int4 g128"]["launches"], rows["matmul int4 g128"]["outputs"]) == (1, 1)
     r = rows["quantize_fp8 dynamic"]
     assert (r["launches"], r["memsets"], r["outputs"]) == (2, 1, 3)
     assert rows["matmul int4 g128 out="]["outputs"] == 0
+    assert rows["quantize_fp8 dynamic out="]["outputs"] == 2  # its scale and amax: q is given
     assert inspect.getdoc(host).startswith("Host time per call")

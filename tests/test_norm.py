@@ -333,13 +333,19 @@ def test_cuda_graph_replay_updates_the_residual():
 
 
 def test_plans_are_memoized():
+    """One plan per signature: a repeated call, and a device scale of the same shape (its value is
+    read on the device, its address given at each call), reuse theirs."""
     x = cupy.asarray(heavy_tailed((3, 256), 1, BF16))
     w = cupy.asarray(_weight(256, BF16, 2))
     norm._PLANS.clear()
     cq.rms_norm_quantize(x, w)
     cq.rms_norm_quantize(x, w)
-    cq.rms_norm_quantize(x, w, scheme="tensor", scale=cupy.ones(1, np.float32))  # device scale: not memoized
     assert len(norm._PLANS) == 1
+    s1, s2 = cupy.ones(1, np.float32), cupy.full(1, 2.0, np.float32)
+    q1 = cq.rms_norm_quantize(x, w, scheme="tensor", scale=s1)
+    q2 = cq.rms_norm_quantize(x, w, scheme="tensor", scale=s2)
+    assert len(norm._PLANS) == 2
+    assert float(q1.scale[0]) == 1.0 and float(q2.scale[0]) == 2.0, "each call's own scale"
 
 
 def _untouched(a, before):

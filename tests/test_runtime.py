@@ -102,7 +102,7 @@ def _update_in_place(d: dict, h: dict) -> None:
         d[k].set(v)
     for key, (scheme, group_size) in WEIGHTS.items():
         new = cq.quantize_weight(d["w"], scheme, group_size=group_size)
-        for part in ("data", "scales", "zeros"):
+        for part in ("data", "scale", "zero_point"):
             if getattr(new, part) is not None:
                 _copy_into(getattr(d[key], part), getattr(new, part))
     cupy.cuda.Device().synchronize()

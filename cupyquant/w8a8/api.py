@@ -33,17 +33,18 @@ def _tensor_key(q):
 def _run(key, make_layout, arrays: operands.Arrays, named) -> cupy.ndarray:
     """One call: its plan (made by ``make_layout()`` at its first signature, which checks every
     argument; then the GPU's capability and the kernel's launch), the overlap check of ``out``
-    (``named``: the call's arrays, by name, the output last), the operands and the launch."""
+    (``named()``: the call's arrays, by name, the output last), the operands and the launch."""
     entry = _PLANS.lookup(key)
     if entry is None:
         L = make_layout()
         dispatch.check_arch(L.device, L.a_format == "int8")
         with _validate.on_device_of(arrays.a):
             launch = dispatch.plan(L) if L.M and L.N else None
-        entry = _PLANS.keep(key, (L, launch, _validate.Disjoint(named, len(named) - 1)))
+        n = named()
+        entry = _PLANS.keep(key, (L, launch, _validate.Disjoint(n, len(n) - 1)))
     L, launch, disjoint = entry
     if arrays.out is not None:
-        disjoint.check(tuple(0 if x is None else x.data.ptr for _, x in named))
+        disjoint.check(tuple(0 if x is None else x.data.ptr for _, x in named()))
     with _validate.on_device_of(arrays.a):
         ops = operands.build(L, arrays)
         if launch is not None:
@@ -140,8 +141,12 @@ def scaled_matmul(a, b, *, out_dtype="bfloat16", bias=None, out=None) -> cupy.nd
     if type(a) is not QuantizedTensor or type(b) not in (QuantizedWeight, QuantizedTensor):
         operands.for_matmul(a, b, out_dtype, bias, out)  # raises, naming the argument
     arrays = operands.matmul_arrays(a, b, bias, out)
-    named = (("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale), ("bias", bias))
-    return _run(key, lambda: operands.for_matmul(a, b, out_dtype, bias, out), arrays, named + (("out", out),))
+
+    def named():
+        return (("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale), ("bias", bias),
+                ("out", out))  # fmt: skip
+
+    return _run(key, lambda: operands.for_matmul(a, b, out_dtype, bias, out), arrays, named)
 
 
 def scaled_mm(
@@ -214,12 +219,11 @@ def scaled_mm(
     key = ("mm", k(a), k(b), k(a_scale), k(b_scale), out_dtype, k(bias), k(out), a_format, b_format)
     key += (dispatch._FORCED,)
     arrays = operands.mm_arrays(a, b, a_scale, b_scale, bias, out)
-    named = (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("bias", bias), ("out", out))
     return _run(
         key,
         lambda: operands.for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format),
         arrays,
-        named,
+        lambda: (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("bias", bias), ("out", out)),
     )
 
 
@@ -291,5 +295,5 @@ def scaled_mm_azp(
     if type(a) is not cupy.ndarray or azp_adj is None:
         layout()  # raises, naming the argument
     arrays = operands.mm_arrays(a, b, a_scale, b_scale, bias, out, azp_adj=azp_adj, azp=azp)
-    named = (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("azp_adj", azp_adj), ("azp", azp))
-    return _run(key, layout, arrays, named + (("bias", bias), ("out", out)))
+    names = ("a", "b", "a_scale", "b_scale", "azp_adj", "azp", "bias", "out")
+    return _run(key, layout, arrays, lambda: tuple(zip(names, (a, b, a_scale, b_scale, azp_adj, azp, bias, out))))

@@ -4,12 +4,10 @@ and the plan of its launch."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
-import cupy
-import numpy as np
-
-from .. import _device, _dtypes, _jit, _validate, _workspace
+from .. import _device, _dtypes, _jit, _workspace
 from .._launch import ARG, Launch
 from .._sizes import ceil_div
 from . import args as _args
@@ -113,7 +111,5 @@ class MmLaunch:
         """Launch on the current stream for a call's Operands."""
         ws = counters = None
         if self.ws is not None:
-            ws = cupy.empty(self.ws, dtype=np.float32)
-            _validate.keep_if_capturing(ws)
-            counters = _workspace.split_counters(self.device, self.counters)
+            ws, counters = _workspace.split_buffers(self.device, math.prod(self.ws), self.counters)
         self.launch(ops.a, ops.b, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)

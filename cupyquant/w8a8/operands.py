@@ -164,6 +164,7 @@ class Layout:
     lead: tuple
     ldy: int
     device: int
+    simple: bool  # nothing to copy, expand or sum at a call (16-bit weight scales are cached)
 
     @property
     def mode(self) -> int:
@@ -455,6 +456,8 @@ def _layout(A: dict, B: dict, N: int, K: int, bias, out, od, device) -> Layout:
         sb_convert=B["sb_convert"], b_plain=B["b_plain"], azp=A["azp"] is not None, zp_rows=A["zp_rows"],
         zp_batch=A["zp_batch"], zp_m=A["zp_m"], adj=A["adj"] if A["adj"] is None or isinstance(A["adj"], str) else "array",
         bias=bias is not None, out_dtype=od, lead=A["lead"], ldy=ldy, device=device,
+        simple=_rows_aligned(a) and (b is None or _rows_aligned(b)) and not A["sa_unpack"] and not B["b_plain"]
+        and B["sb_convert"] in (None, "half", "bits16") and not isinstance(A["adj"], str),
     )  # fmt: skip
 
 
@@ -651,6 +654,20 @@ def _copy_rows(x: cupy.ndarray, rows: int, K: int, ld: int, keep: list) -> cupy.
 def build(L: Layout, arr: Arrays) -> Operands:
     """Make what the launch of ``L`` needs from a call's arrays (call on ``L.device``, after the
     architecture check)."""
+    if L.simple:
+        sb = arr.sb
+        if L.sb_convert is not None:
+            made: list = []
+            sb = _weight_scale_f32(arr.weight, sb, L.sb_convert, made)
+            if made:  # converted for a call being captured: kept with the graph
+                _validate.keep_if_capturing(*made)
+        if arr.out is None:
+            result = cupy.empty(L.lead + (L.N,), dtype=L.out_dtype)
+            return Operands(
+                arr.a, L.lda, arr.b, L.ldb, arr.sa, sb, arr.azp, arr.adj, arr.bias, result.data.ptr, L.N, result
+            )
+        out = arr.out
+        return Operands(arr.a, L.lda, arr.b, L.ldb, arr.sa, sb, arr.azp, arr.adj, arr.bias, out.data.ptr, L.ldy, out)
     keep: list = []
     a, lda = arr.a, L.lda
     if L.copy_a:

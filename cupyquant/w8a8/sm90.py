@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cupy
-import numpy as np
-
-from .. import _device, _dtypes, _jit, _launch, _validate, _workspace
+from .. import _device, _dtypes, _jit, _launch, _workspace
 from .._launch import ARG, Blob, Launch
 from .._sizes import ceil_div
 from . import args as A
@@ -120,7 +117,7 @@ class MmLaunch:
     the workspace and arrival counters of a K split), the TMA boxes' rows of a and b, and the K
     split's workspace (its float32 elements, 0 for none) and counters."""
 
-    __slots__ = ("launch", "box_a", "box_b", "ws", "counters", "M", "N", "K", "device")
+    __slots__ = ("launch", "box_a", "box_b", "ws", "counters", "M", "N", "K", "device", "_maps")
 
     def __init__(self, L, cfg: Sm90Config | None = None, parts: int | None = None):
         self.M, self.N, self.K, self.device = M, N, K, device = L.M, L.N, L.K, L.device
@@ -144,15 +141,20 @@ class MmLaunch:
         args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per),)
         work = tiles_n * tiles_m * parts
         self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem)
+        self._maps = (None, None, None, None)  # a's and b's (address, row stride, map) of the last call
 
     def __call__(self, ops) -> None:
         """Launch on the current stream for a call's Operands."""
         dev = self.device
-        tma = _workspace.tensor_map(ops.a.data.ptr, self.M, self.K, ops.lda, dev, A.BLOCK_K, self.box_a, 1)
-        tmb = _workspace.tensor_map(ops.b.data.ptr, self.N, self.K, ops.ldb, dev, A.BLOCK_K, self.box_b, 1)
+        ka, ta, kb, tb = self._maps
+        pa, pb = (ops.a.data.ptr, ops.lda), (ops.b.data.ptr, ops.ldb)
+        if pa != ka:
+            ta = _workspace.tensor_map(pa[0], self.M, self.K, pa[1], dev, A.BLOCK_K, self.box_a, 1)
+        if pb != kb:
+            tb = _workspace.tensor_map(pb[0], self.N, self.K, pb[1], dev, A.BLOCK_K, self.box_b, 1)
+        self._maps = (pa, ta, pb, tb)
+        tma, tmb = ta, tb
         ws = counters = None
         if self.ws:
-            ws = cupy.empty(self.ws, dtype=np.float32)
-            _validate.keep_if_capturing(ws)
-            counters = _workspace.split_counters(dev, self.counters)
+            ws, counters = _workspace.split_buffers(dev, self.ws, self.counters)
         self.launch(tma, tmb, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)

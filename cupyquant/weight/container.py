@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _plans
 from ..quantized import Scheme
 from . import checkpoint, checks, layout, quant
 from .formats import CHUNK, DATA_LAYOUTS, DEFAULT_BLOCK_SIZE, FP4_SCALE_DTYPES
@@ -93,14 +94,13 @@ class QuantizedWeight:
             raise TypeError(f"scheme must be a cupyquant.Scheme, got {type(scheme).__name__}")
         if data_layout not in DATA_LAYOUTS:
             raise ValueError(f"data_layout must be one of {DATA_LAYOUTS}, got {data_layout!r}")
-        self.data, self.scale, self.zero_point = data, scale, zero_point
-        self.scheme = scheme
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.data_layout = data_layout
         if code_sum is None and scheme.format == "int8":
             code_sum = quant.code_sums(data)
-        self.code_sum = code_sum
-        self.scale_2 = scale_2
+        # a new object has nothing derived to drop: its attributes are set without __setattr__
+        self.__dict__.update(
+            data=data, scale=scale, zero_point=zero_point, scheme=scheme, shape=tuple(shape), dtype=np.dtype(dtype),
+            data_layout=data_layout, code_sum=code_sum, scale_2=scale_2,
+        )  # fmt: skip
 
     # What the ops keep with a weight, made again when any of its arrays or attributes is replaced
     # (__setattr__) and never copied (__getstate__, which copy, deepcopy and pickle use): whether a
@@ -343,18 +343,26 @@ def check_weight(w) -> None:
 
 
 def dequantize(w: QuantizedWeight, out_dtype=None, out=None):
-    """:func:`cupyquant.dequantize_weight` (its docstring says what it computes and checks)."""
+    """:func:`cupyquant.dequantize_weight` (its docstring says what it computes and checks); the
+    checks are made once per signature of the weight, ``out_dtype`` and ``out``."""
     import cupy
 
     from .. import _dtypes, _validate
 
-    check_weight(w)
-    out_t = _dtypes.input_type(w.dtype if out_dtype is None else out_dtype, "out_dtype")
-    device = w.data.data.device_id
+    key = (w._signature() if type(w) is QuantizedWeight else [w], out_dtype, _validate.array_key(out))
+    plan = _DEQUANTIZE_PLANS.lookup(key)
+    if plan is None:
+        check_weight(w)
+        out_t = _dtypes.input_type(w.dtype if out_dtype is None else out_dtype, "out_dtype")
+        inputs = (("w.data", w.data), ("w.scale", w.scale), ("w.scale_2", w.scale_2))
+        if out is not None:
+            _validate.out_array(out, "out", w.shape, out_t.dtype, w.data.data.device_id, inputs=inputs)
+        plan = _DEQUANTIZE_PLANS.keep(key, (out_t, _validate.Disjoint(inputs + (("out", out),), 3)))
+    out_t, disjoint = plan
     N, K = w.shape
     if out is not None:
-        inputs = (("w.data", w.data), ("w.scale", w.scale), ("w.scale_2", w.scale_2))
-        _validate.out_array(out, "out", (N, K), out_t.dtype, device, inputs=inputs)
+        scale_2 = w.scale_2
+        disjoint.check((w.data.data.ptr, w.scale.data.ptr, 0 if scale_2 is None else scale_2.data.ptr, out.data.ptr))
     with _validate.on_device_of(w.data):
         if w.data_layout == "prepared":
             w = layout.plain_of(w)
@@ -363,6 +371,9 @@ def dequantize(w: QuantizedWeight, out_dtype=None, out=None):
         if N and K:
             quant.dequantize(w, out_t, y)
     return y
+
+
+_DEQUANTIZE_PLANS = _plans.Plans()
 
 
 def prepare(w: QuantizedWeight) -> QuantizedWeight:

@@ -340,9 +340,7 @@ def _run(plan: _Plan, a, w, y) -> None:
             continue
         ws = counters = None
         if st.ws_shape is not None:  # float32 partial tiles (whole, tile-major), per-tile arrival counters
-            ws = cupy.empty(st.ws_shape, dtype=np.float32)
-            _validate.keep_if_capturing(ws)
-            counters = _workspace.split_counters(plan.device, st.counters)
+            ws, counters = _workspace.split_buffers(plan.device, math.prod(st.ws_shape), st.counters)
         if st.tmaps is None:
             launch(a_ptr + st.a_off, data, scale, zp, s2, y_ptr + st.y_off, ws, counters)
             continue
