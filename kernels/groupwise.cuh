@@ -29,7 +29,7 @@ __device__ __forceinline__ unsigned ue8m0_of(float s) {  // the exponent byte of
 __device__ __forceinline__ float pow2_ceil(float s) { return __uint_as_float(ue8m0_of(s) << 23); }
 
 // Runtime parameters shared by the quantizers: where scales go and how they are made. Passed by value
-// from a NumPy structured scalar with the same fields (cupyquant.groupwise._SCALE_ARGS, align=True).
+// from a NumPy structured scalar with the same fields (cupyquant._scales.SCALE_ARGS, align=True).
 // The scale buffer itself is a kernel argument of its own (words), so that the host passes the same
 // ScaleArgs to every launch of a plan; each kernel stores it into sa.words first.
 struct ScaleArgs {

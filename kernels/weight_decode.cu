@@ -1,6 +1,6 @@
 // weight_decode.cu: the decode matmul y = a @ dequant(w).T for weight-only INT4 and FP8 weights
 // (few rows of a), dequantizing the weights in registers from the prepared layout
-// (cupyquant/weight/quantize.py prepare_weight). Numerics: each product exact, float32 sums in an
+// (cupyquant/weight/layout.py prepared_of). Numerics: each product exact, float32 sums in an
 // order of the kernel's own (see w16_decode); reference: a @ cupyquant.reference.dequantize_weight(w).T
 // within float32 summation error.
 
@@ -46,14 +46,14 @@ using namespace cq;
 //
 // K order. The sum over K does not care in which order the products come, so each thread's VALS
 // consecutive k are assigned to the mma's k slots (2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) in
-// the order that is cheapest. INT4 (fragment order, weight/quantize.py prepare_weight): the lane's two pieces
+// the order that is cheapest. INT4 (fragment order, weight/layout.py prepared_of): the lane's two pieces
 // are the words of k16 steps 2t and 2t + 1 of lanes (g, t'), t' = 0..3; word t' of piece sl is an A
 // fragment as it stands (k 32 t + 16 sl + 2 t' + {0, 1, 8, 9}; weight_mma.cuh frag_codes: one lop3
 // a register, plus one shift a word for fp16 and three for bf16), and it meets the activation
 // registers of those k pairs, 8 sl + t' and 8 sl + t' + 4, as loaded. FP8 step j takes word j's
 // bytes (0, 1) and (2, 3) in order.
 // Where the groups are whole chunks (SCALE_AFTER_SUM), the layout's chunks have their 4 x 4 blocks of 8 k
-// transposed (weight/quantize.py k_permuted): the lane's k 32 t + 8 q + r of the layout are the
+// transposed (weight/layout.py k_permuted): the lane's k 32 t + 8 q + r of the layout are the
 // chunk's 32 q + 8 t + r, so each of its four 16-byte activation loads is one quarter of a 64-byte
 // piece that the four lanes t of a row read together (without it, 16-byte pieces 64 bytes apart:
 // twice the L2 sectors and four times the tag lookups a load; 4096^2 M = 16 on the H100 5.6 us
@@ -66,8 +66,8 @@ using namespace cq;
 // weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
 static constexpr int DECODE_STAGES = 2;  // weight chunks in flight per warp (the ring's slots)
 static constexpr int DECODE_MAX_SPLITS = 8;  // blocks of a K split (a portable cluster's size)
-// Configurations (cupyquant/weight/configs.py DECODE_CONFIGS; each row's fields are the template
-// arguments WARPS ... EVEN_ODD_SUMS, and plan.py says which shapes take which):
+// Configurations (cupyquant/weight/decode.py DECODE_CONFIGS; each row's fields are the template
+// arguments WARPS ... EVEN_ODD_SUMS, and its decode_config says which shapes take which):
 //   WARPS          warps per block (4, 8 or 16), which split the block's K between them;
 //   BLOCKS_PER_SM  the launch bounds' minimum blocks per SM: the register budget (3 blocks of 8
 //                  warps: 80 registers; 4: 64; one block a SM: up to 255);
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
 
     // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes,
-    // in the prepared layout (weight/quantize.py prepare_weight): tile n16 of 16 rows holds chunk c at
+    // in the prepared layout (weight/layout.py prepared_of): tile n16 of 16 rows holds chunk c at
     // (n16 * nchunks + c) KB (FP8: row i of the tile at 64 i; INT4: fragment order, the lane's
     // pieces at 512 h + 16 lane either way); scales [n16][group][16], zero codes
     // [n16][group][8 bytes] (row i in nibble i % 2 of byte i / 2). Rows past N are the zero padding
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     const T* arow[MT];
 #pragma unroll
     // K_PERMUTED (SCALE_AFTER_SUM: whole-chunk groups): the prepared chunk's 4 x 4 blocks of 8 k are transposed
-    // (weight/quantize.py k_permuted), so this lane's k 32 t + 8 q + r (of the layout) are the chunk's k
+    // (weight/layout.py k_permuted), so this lane's k 32 t + 8 q + r (of the layout) are the chunk's k
     // 32 q + 8 t + r, and quarter q of the four lanes t is one 64-byte piece of an activation row
     // (FP4 weights are always in this order)
     constexpr bool K_PERMUTED = (SCALE_AFTER_SUM && !FP8) || FP4;

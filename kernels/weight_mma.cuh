@@ -61,7 +61,7 @@ __device__ __forceinline__ unsigned lop3_and_or(unsigned a, unsigned mask, unsig
     return d;
 }
 
-// Fragment-ordered INT4 (weight/quantize.py prepare_weight): a lane's 32-bit word of a k16 step holds the 8
+// Fragment-ordered INT4 (weight/layout.py prepared_of): a lane's 32-bit word of a k16 step holds the 8
 // codes of its A fragment, register j % 4 in nibble j (half 0) and nibble j + 4 (half 1); registers
 // 0 and 2 are row g, 1 and 3 row g + 8. frag_codes gives register j with the magic exponent ORed in:
 // fp16 1024 + q (j even: mask 0x000f000f) or 1024 + 16 q (j odd: mask 0x00f000f0), from the word

@@ -1,7 +1,7 @@
 // weight_sm80_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 and FP4 weights
 // (prefill sizes of M), reading the prepared layout of weight_decode.cu's matmul (tiles of 16 weight rows
 // by 128 k stored as 1 KB each, scales and zero codes per tile and group: see weight/quantize.py
-// prepare_weight; FP4 scale bytes per tile and chunk: weight/fp4.py). Numerics as weight_decode.cu's
+// prepare_weight; FP4 scale bytes per tile and chunk: weight/layout.py). Numerics as weight_decode.cu's
 // decode matmul: each product exact, float32 sums (see sm80_w16_gemm).
 
 #include "common.cuh"
@@ -28,7 +28,7 @@ using namespace cq;
 // 2 i + t / 2, MXFP4 group i of the chunk.)
 // Sub-block i (k = 32t + 8i .. + 7) gives two k16 mma steps h = 0, 1, whose slots (2t, 2t + 1) and
 // (2t + 8, 2t + 9) take k pairs 4h, 4h + 1 and 4h + 2, 4h + 3 of the sub-block, so the activation
-// registers go to the mma as loaded. The weights are in fragment order (weight/quantize.py prepare_weight),
+// registers go to the mma as loaded. The weights are in fragment order (weight/layout.py prepared_of),
 // built for a lane that takes k 2t, 2t + 1, 2t + 8, 2t + 9 of every k16 step: lane (g, t) here reads
 // the words of steps 2t and 2t + 1 of the four lanes (g, t'), which hold exactly its 32 k, and takes
 // each B register from the word and register that hold its k pair (weight_mma.cuh frag_codes: one
@@ -50,7 +50,7 @@ struct GemmArgs {
     int gshift;  // group of k: k >> gshift (log2 G; 62 for one group per row)
     int splits;  // gridDim.z
     int iters;   // stages of K per split (the last split may have fewer)
-    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight/quantize.py k_permuted; whole-chunk groups, FP4)
+    int kperm;   // 1: the chunks' 4 x 4 blocks of 8 k are transposed (weight/layout.py k_permuted; whole-chunk groups, FP4)
 };
 
 // Position of 16-byte chunk c of activation row r within the row. Lanes (g, t), g = 0, 1, of a

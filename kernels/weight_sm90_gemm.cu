@@ -1,7 +1,7 @@
 // weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4 and FP4 (NVFP4, MXFP4) weights on Hopper's warpgroup tensor-core
 // instructions (wgmma, sm_90a only), reading the prepared layout of weight_decode.cu's matmul (tiles of 16
 // weight rows by 128 k stored as 1 KB each, scales and zero codes per tile and group: see
-// weight/quantize.py prepare_weight; FP4: weight/fp4.py). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
+// weight/layout.py prepared_of; FP4: weight/layout.py). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
 // other target the kernel is an empty stub that traps, and the host never launches it there.
 //
 // Organisation. sm90_wgmma.cuh holds the generated wgmma wrappers (Wgmma<T, N>::mma, wg_fence,
@@ -48,7 +48,7 @@
 // 1024 + 16 q; 128 + q); one FMA with the multiplier and the zero bias gives q - z exactly, and a
 // second multiplies by the group's scale: round(s * (q - z)) in a's dtype, bit-identical to
 // w.dequantize(a.dtype). K_PERMUTED (groups of whole chunks: the layout's 4 x 4 blocks of 8 k of each
-// chunk are transposed, weight/quantize.py k_permuted): the layout's k16 step j of a chunk holds the chunk's
+// chunk are transposed, weight/layout.py k_permuted): the layout's k16 step j of a chunk holds the chunk's
 // blocks of 8 k 8 (j % 2) + j / 2 and that + 4, not two adjacent blocks, so a real step s of
 // half hh takes a0, a1 from the low or high registers of the word of layout step hh + 4 (s % 2) and
 // a2, a3 from those of layout step hh + 4 (s % 2) + 2 (registers 2 (s / 2) and 2 (s / 2) + 1 of
@@ -80,7 +80,7 @@
 //
 // The 128-row tile (WS in the kernel) adds a producer warpgroup (warps 8-11): thread 256 loads each
 // stage's activations with two TMA boxes (64 k by 128 rows of a, the 128-byte swizzle the wgmma
-// descriptor describes; the host encodes the tensor map, weight/_cache.py act_tensor_map; in the last M
+// descriptor describes; the host encodes the tensor map, cupyquant/_workspace.py tensor_map; in the last M
 // tile, where M is not a multiple of 128, boxes of that tile's rows rounded up to 8 from a second
 // map, rows past M read as zeros) and the 128 producer threads copy the weights, scales and zero
 // codes by cp.async into the same slots as the other tiles' copies. A ring of mbarriers replaces the stage
@@ -120,7 +120,7 @@ struct WgArgs {
     int iters;   // stages of K per split (the last split may have fewer)
     int early;   // 1: the first stages' weights and scales are copied before the PDL wait (weight/dispatch.py early_ok)
 };
-// A CUtensorMap (cuTensorMapEncodeTiled, weight/_cache.py act_tensor_map): the launch's rows of a, boxes of
+// A CUtensorMap (cuTensorMapEncodeTiled, cupyquant/_workspace.py tensor_map): the launch's rows of a, boxes of
 // 64 k by 128 rows in the 128-byte swizzle (tm), and where M is not a multiple of 128, by the last
 // tile's rows rounded up to 8 (tm_tail). Passed by value (__grid_constant__), as TMA reads it; the
 // 64- and 256-row tiles do not read them, nor the 128-row tile tm_tail where M is a multiple of 128

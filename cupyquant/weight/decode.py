@@ -64,7 +64,7 @@ R64_W8_B1 = DecodeConfig("r64_w8_b1", 8, 1, 4, 1, False)  # the 64-row blocks on
 # dependent mma that sets the pace of a short K; its scales are loaded two chunks ahead
 R32_W8_B1_EVEN_ODD = DecodeConfig("r32_w8_b1_even_odd", 8, 1, 2, 2, True)
 
-#: Every decode configuration (plan.py says which serves which shapes).
+#: Every decode configuration (decode_config, below, says which serves which shapes).
 DECODE_CONFIGS = (
     R16_W8_B3,
     R16_W8_B4,
