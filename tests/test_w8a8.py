@@ -27,7 +27,7 @@ cupy = pytest.importorskip("cupy")  # the operands' shape rules live in a module
 
 import cupyquant as cq  # noqa: E402
 from cupyquant import _device, _scales  # noqa: E402
-from cupyquant.w8a8 import args, dispatch, operands  # noqa: E402
+from cupyquant.w8a8 import args, build, dispatch, operands  # noqa: E402
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -563,7 +563,7 @@ def test_operands_addressing_of_real_layouts():
 
     def call(qa, b):
         L = operands.for_matmul(qa, b, "bfloat16", None, None)
-        return L, operands.build(L, operands.matmul_arrays(qa, b, None, None)), args.mm_args(L)
+        return L, build.operands(L, build.matmul_arrays(qa, b, None, None)), args.mm_args(L)
 
     qa = cq.quantize_groupwise(x, group_size=128, scale_layout="col")
     L, ops, p = call(qa, w)
@@ -658,7 +658,7 @@ def test_unsupported_gpu_raises_before_allocating(monkeypatch):
     def no_alloc(*a, **k):
         raise AssertionError("allocated before the architecture check")
 
-    monkeypatch.setattr(operands, "build", no_alloc)
+    monkeypatch.setattr(build, "operands", no_alloc)
     with pytest.raises(cq.UnsupportedGPUError):
         cq.scaled_matmul(qa, qb)
 

@@ -30,7 +30,7 @@ cupy = pytest.importorskip("cupy")  # the operands' rules live in modules that i
 
 import cupyquant as cq  # noqa: E402
 from cupyquant import _device  # noqa: E402
-from cupyquant.w8a8 import dispatch, operands, sm90  # noqa: E402
+from cupyquant.w8a8 import build, dispatch, operands, sm90  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 OUT_DTYPES = [BF16, np.dtype(np.float16), np.dtype(np.float32)]
@@ -293,7 +293,7 @@ def test_k_splits_and_wide_tiles(path):
         want = _want(a, b, sa, sb, azp, BF16)
         qa, qb = _a_tensor(a, sa, azp), _b_tensor(b, sb)
         L = operands.for_matmul(qa, qb, "bfloat16", None, None)
-        ops = operands.build(L, operands.matmul_arrays(qa, qb, None, None))
+        ops = build.operands(L, build.matmul_arrays(qa, qb, None, None))
         for cfg in sm90.INT8_CONFIGS:
             for parts in (1, 3):
                 ops.result[...] = cupy.nan

@@ -2,7 +2,7 @@
 library's scales and zero points.
 
 Modules: ``args`` (the kernels' argument struct and numbers), ``operands`` (argument checks, the
-kernels' view of a call and its scale addressing, the per-call operands), one module per kernel,
+kernels' view of a call and its scale addressing), ``build`` (a call's operands from its arrays), one module per kernel,
 each holding its tile table, its cost model and the plan of its launch: ``sm90`` and ``mma``;
 ``dispatch`` (the choice of kernel) and ``api`` (:func:`scaled_matmul`, :func:`scaled_mm`,
 :func:`scaled_mm_azp`, with their plans memoized per argument signature).

@@ -16,7 +16,7 @@ import numpy as np
 from .. import _plans, _validate
 from ..quantized import QuantizedTensor
 from ..weight.container import QuantizedWeight
-from . import dispatch, operands
+from . import build, dispatch, operands
 
 #: Planned calls per argument signature: (layout, planned launch or None, overlap check of ``out``).
 _PLANS = _plans.Plans()
@@ -30,7 +30,7 @@ def _tensor_key(q):
     return q.scheme, q.shape, k(q.data), k(q.scale), k(q.zero_point)
 
 
-def _run(key, make_layout, arrays: operands.Arrays, named) -> cupy.ndarray:
+def _run(key, make_layout, arrays: build.Arrays, named) -> cupy.ndarray:
     """One call: its plan (made by ``make_layout()`` at its first signature, which checks every
     argument; then the GPU's capability and the kernel's launch), the overlap check of ``out``
     (``named()``: the call's arrays, by name, the output last), the operands and the launch."""
@@ -46,7 +46,7 @@ def _run(key, make_layout, arrays: operands.Arrays, named) -> cupy.ndarray:
     if arrays.out is not None:
         disjoint.check(tuple(0 if x is None else x.data.ptr for _, x in named()))
     with _validate.on_device_of(arrays.a):
-        ops = operands.build(L, arrays)
+        ops = build.operands(L, arrays)
         if launch is not None:
             launch(ops)
     return ops.result
@@ -140,7 +140,7 @@ def scaled_matmul(a, b, *, out_dtype="bfloat16", bias=None, out=None) -> cupy.nd
     key += (dispatch._FORCED,)
     if type(a) is not QuantizedTensor or type(b) not in (QuantizedWeight, QuantizedTensor):
         operands.for_matmul(a, b, out_dtype, bias, out)  # raises, naming the argument
-    arrays = operands.matmul_arrays(a, b, bias, out)
+    arrays = build.matmul_arrays(a, b, bias, out)
 
     def named():
         return (("a.data", a.data), ("a.scale", a.scale), ("b.data", b.data), ("b.scale", b.scale), ("bias", bias),
@@ -218,7 +218,7 @@ def scaled_mm(
     k = _validate.array_key
     key = ("mm", k(a), k(b), k(a_scale), k(b_scale), out_dtype, k(bias), k(out), a_format, b_format)
     key += (dispatch._FORCED,)
-    arrays = operands.mm_arrays(a, b, a_scale, b_scale, bias, out)
+    arrays = build.mm_arrays(a, b, a_scale, b_scale, bias, out)
     return _run(
         key,
         lambda: operands.for_mm(a, b, a_scale, b_scale, out_dtype, bias, out, a_format, b_format),
@@ -294,6 +294,6 @@ def scaled_mm_azp(
 
     if type(a) is not cupy.ndarray or azp_adj is None:
         layout()  # raises, naming the argument
-    arrays = operands.mm_arrays(a, b, a_scale, b_scale, bias, out, azp_adj=azp_adj, azp=azp)
+    arrays = build.mm_arrays(a, b, a_scale, b_scale, bias, out, azp_adj=azp_adj, azp=azp)
     names = ("a", "b", "a_scale", "b_scale", "azp_adj", "azp", "bias", "out")
     return _run(key, layout, arrays, lambda: tuple(zip(names, (a, b, a_scale, b_scale, azp_adj, azp, bias, out))))
