@@ -18,7 +18,7 @@ from ._sizes import ceil_div
 
 _BOOLS = (False, True)
 _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
-_FAMILY = _jit.register(
+FAMILY = _jit.register(
     "testing",
     _jit.product("cvt_check", _MX_TAGS, _BOOLS) + _jit.product("e8m0_check", _BOOLS),
     specific_targets=_device.FP4_CVT_TARGETS,
@@ -34,8 +34,8 @@ def _conversion_check(dtype, base: int, n: int, hardware: bool, patterns=None) -
     codes = cupy.empty((n,), dtype=np.uint8)
     device = codes.data.device_id
     if dtype == "float8_e8m0fnu":
-        k = _jit.kernel(device, _FAMILY, "e8m0_check", bool(hardware))
+        k = _jit.kernel(device, FAMILY, "e8m0_check", bool(hardware))
     else:
-        k = _jit.kernel(device, _FAMILY, "cvt_check", _dtypes.element_format(dtype).ctag, bool(hardware))
+        k = _jit.kernel(device, FAMILY, "cvt_check", _dtypes.element_format(dtype).ctag, bool(hardware))
     Launch(k, (ceil_div(n, 256),), (256,), (ARG, np.uint32(base), np.int64(n), ARG))(patterns, codes)
     return codes
