@@ -87,6 +87,9 @@ def weight_int8_k(K: int, arg: str = "w") -> None:
 PER_TENSOR_FORMATS = _dtypes.FP8_NAMES
 GROUPWISE_FORMATS = _dtypes.FP8_NAMES + ("int8",)
 MX_FORMATS = _dtypes.MX_NAMES
+#: The scale layouts of quantize_groupwise, silu_mul_quantize and their reference: C order, or
+#: DeepGEMM's TMA-aligned column-major layout.
+GROUPWISE_SCALE_LAYOUTS = ("row", "col")
 #: The group sizes of quantize_groupwise and silu_mul_quantize (None: per token, groupwise only).
 GROUP_SIZES = (32, 64, 128, 256)
 MX_ROUNDINGS = ("ceil", "floor")
@@ -110,6 +113,13 @@ def group_count(K: int, group_size, arg: str = "group_size") -> int:
     return K // group_size
 
 
+def groupwise_scale_layout(scale_layout) -> str:
+    """``scale_layout`` of the groupwise ops and their reference: one of :data:`GROUPWISE_SCALE_LAYOUTS`."""
+    if scale_layout not in GROUPWISE_SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {GROUPWISE_SCALE_LAYOUTS}")
+    return scale_layout
+
+
 def not_per_token(group_size, op: str) -> None:
     """For ops that have groups only (no ``group_size=None``)."""
     if group_size is None:
@@ -121,6 +131,16 @@ def gate_up_width(K: int, arg: str = "x") -> int:
     if K % 2:
         raise ValueError(f"{arg}'s last axis must be even ([gate | up]), got {K}")
     return K // 2
+
+
+def norm_eps(eps) -> np.float32:
+    """RMSNorm's ``eps``: a real number (not a bool), finite and >= 0; returned as the float32 the
+    kernel adds to the mean square."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return np.float32(eps)
 
 
 def mx_rounding(rounding) -> str:

@@ -87,7 +87,7 @@ _FAMILY = _jit.register(
 )
 _FORMATS = _checks.GROUPWISE_FORMATS
 _GROUP_SIZES = _checks.GROUP_SIZES
-_LAYOUTS = ("row", "col")
+_LAYOUTS = _checks.GROUPWISE_SCALE_LAYOUTS
 
 # The kernels' ScaleArgs struct, field for field (C alignment). "words" is left 0: the scale buffer is
 # passed as a kernel argument of its own, so that one ScaleArgs serves every launch of a plan.
@@ -158,8 +158,7 @@ def _n_cols(n_groups: int, packed: bool) -> int:
 
 
 def _scale_kind(scale_layout, scale_dtype):
-    if scale_layout not in _LAYOUTS:
-        raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {_LAYOUTS}")
+    _checks.groupwise_scale_layout(scale_layout)
     return _dtypes.scale_dtype(scale_dtype, allowed=("float32", "float8_e8m0fnu")) == "float8_e8m0fnu"
 
 

@@ -255,6 +255,17 @@ def test_scale_buffer_packs_ue8m0_little_endian_with_zero_padding():
     assert buf.tolist() == [0x04030201, 0, 0, 0, 0x00000605, 0, 0, 0]
 
 
+@pytest.mark.parametrize("layout", ["ROW", "column", "dense", None])
+def test_scale_layout_must_exist(layout):
+    """Any layout but "row" and "col" is refused, as quantize_groupwise refuses it (a layout that is
+    not "row" would otherwise be laid out as "col")."""
+    match = rf"^scale_layout={layout!r} is not supported; expected one of \('row', 'col'\)"
+    with pytest.raises(ValueError, match=match):
+        ref.scale_buffer(np.ones((2, 3), np.float32), (2, 384), layout)
+    with pytest.raises(ValueError, match=match):
+        ref.scale_word_offsets((2, 384), 3, layout)
+
+
 def test_dequantize_groupwise_hand_worked():
     q = _groups_of_32([0x38, 0xB8], [0x40, 0x00]).astype(np.uint8)  # 1, -1 | 2, 0 in E4M3
     y = ref.dequantize_groupwise(q, np.array([[0.5, 4.0]], np.float32), group_size=32)
