@@ -143,7 +143,7 @@ def dequantize_weight(
     if fp8:
         v = fp8_to_float(data[:, :K], "float8_e4m3fn")
     else:
-        q = unpack_fp4(data, K).astype(np.int32)
+        q = unpack_fp4(data[:, : -(-K // 2)], K).astype(np.int32)
         z = 8 if scheme == "int4" else unpack_fp4(zeros, ng).astype(np.int32)
         zz = np.broadcast_to(np.asarray(z), (N, ng))
         v = (q.reshape(N, ng, K // ng) - zz[..., None]).astype(np.float32).reshape(N, K)
