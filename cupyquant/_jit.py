@@ -3,10 +3,11 @@
 Each kernel *family* is one CUDA file ``kernels/<family>.cu``. At the first request of one of its
 template instantiations on a device, the family's source (with its local ``#include "x.cuh"``
 lines inlined) is compiled by NVRTC through ``cupy.RawModule`` for that device's architecture with
-that one instantiation as its name expression: a call compiles only what it launches (about 0.1 to
-0.4 s each, where the whole of a family takes seconds). CuPy keeps each binary in its disk cache
-(``CUPY_CACHE_DIR``), keyed on the source, the options, the name expressions, the NVRTC version and
-the architecture; this module memoizes the loaded kernels per device.
+that one instantiation as its name expression: a call compiles only what it launches (0.1 to 0.4 s
+for a quantizer's instantiation, up to 2 s for a matmul's, where a whole family takes 2 s to
+2 minutes on one core). CuPy keeps each binary in its disk cache (``CUPY_CACHE_DIR``), keyed on the
+source, the options, the name expressions, the NVRTC version and the architecture; this module
+memoizes the loaded kernels per device.
 
 Adding a kernel family takes three steps:
 
