@@ -219,7 +219,8 @@ def cuda_include_dir() -> str:
     raise CudaHeadersNotFoundError(
         "cupyquant needs the CUDA runtime headers (cuda_fp16.h, cuda_fp8.h) for NVRTC and found none in "
         + ", ".join(str(c) for c in candidates)
-        + ". Install them with `pip install cupyquant[cu13]` (or [cu12]), i.e. the nvidia-cuda-runtime "
+        + ". Install them with `pip install cupyquant[cu13]` (or [cu12]; from a clone of the repository, "
+        '`pip install ".[cu13]"`), i.e. the nvidia-cuda-runtime '
         f"wheel, or point {CUDA_INCLUDE_ENV} at a CUDA toolkit's include directory."
     )
 
