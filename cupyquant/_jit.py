@@ -16,8 +16,9 @@ Adding a kernel family takes three steps:
    memory layout and the ``cupyquant.reference`` function it must match bit for bit.
 2. Write the op module and declare the family there with :func:`register`: its name and every
    instantiation its wrapper may ask for (build them with :func:`product` from the module's own
-   configuration tables and those in ``_dtypes``). A CPU test compiles all of them with NVRTC for
-   sm_80, sm_89, sm_90, sm_100 and sm_120.
+   configuration tables and those in ``_dtypes``). A CPU test (``tests/test_jit.py``) compiles
+   each of them with NVRTC for the targets of sm_80, sm_89, sm_90, sm_100, sm_120 and the
+   family-specific ones that run it.
 3. In the wrapper: validate arguments, then ``kernel(device, family, name, *targs)`` and launch it
    on the current stream. Asking for an unregistered expression raises, so the registry cannot fall
    behind the wrappers.
@@ -65,6 +66,9 @@ class KernelCompileError(RuntimeError):
             f"with options {' '.join(self.options)}\nNVRTC log:\n{log}"
         )
 
+    def __reduce__(self):  # pickled with its fields (a process pool's worker raises it to its parent)
+        return type(self), (self.family, self.expression, self.options, self.log)
+
 
 class CudaHeadersNotFoundError(RuntimeError):
     """The CUDA runtime headers (cuda_fp16.h, cuda_fp8.h, ...) NVRTC needs were not found."""
@@ -82,6 +86,9 @@ class KernelLaunchError(RuntimeError):
         self.code = code
         self.message = message
         super().__init__(f"{call} failed: error {code} ({message})")
+
+    def __reduce__(self):
+        return type(self), (self.call, self.code, self.message)
 
 
 def expr(name: str, *targs) -> str:
@@ -130,6 +137,12 @@ def register(family: str, expressions, *, specific_targets=(), specific_required
     if specific_required:
         _SPECIFIC_REQUIRED.add(family)
     return family
+
+
+def specific_only(family: str) -> bool:
+    """Whether the family has no portable build: it runs only on its family-specific targets
+    (registered with ``specific_required``) and is a stub that traps everywhere else."""
+    return family in _SPECIFIC_REQUIRED
 
 
 def arch_specific_families() -> frozenset:
