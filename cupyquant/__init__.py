@@ -66,7 +66,8 @@ def __getattr__(name: str):
         raise ModuleNotFoundError(
             f"cupyquant.{name} needs CuPy, which is not installed ({e}). Install cupyquant with the extra that "
             'matches the "CUDA Version" that `nvidia-smi` shows: pip install "cupyquant[cu13]" for 13.x, '
-            'pip install "cupyquant[cu12]" for 12.x. cupyquant.reference (NumPy only) works without CuPy.',
+            'pip install "cupyquant[cu12]" for 12.x (from a clone of the repository: pip install ".[cu13]" or '
+            '".[cu12]"). cupyquant.reference (NumPy only) works without CuPy.',
             name=e.name,
         ) from e
     globals()[name] = value

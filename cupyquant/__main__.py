@@ -3,20 +3,24 @@
 Quantizes a deterministic heavy-tailed bf16 tensor (2048 x 2048, generated here: Student-t values
 times per-column magnitudes that span e^+-2, with a few outlier columns 30x larger, as LLM
 activations have) with every scheme the library has (the fused SiLU*Mul takes its two column halves
-as gate and up; the fused RMSNorm rows normalize each row with a built-in weight), dequantizes it, and prints per scheme: bits per element (scales included), SNR in
-dB, the largest relative error over elements that land on a value in the format's normal range (scaled |x| between the smallest normal and the max), whether
-the bytes and scales equal ``cupyquant.reference`` exactly, and the quantizer's bandwidth (input read
-once + output written once, on the tensor tiled to 256M elements so that the L2 cache and launch
-overhead do not flatter it) with its percentage of the device's copy bandwidth measured in the same
-run. A second table reads the tensor as a (2048, 2048) weight for the weight-only schemes: bits per
-weight, SNR, bytes = reference, and the M = 1 matmul time against cuBLAS fp16 on the tensor tiled to
-8192 x 8192. A third reads the tensor as the activations of the W8A8 matmul (scaled_matmul) against a
-Gaussian weight: FP8 per-token x per-channel and in 1x128 x 128x128 blocks, INT8 per-token (with and
-without zero points) x per-channel: SNR against the float64 product of the bf16 operands, the
-kernels' error bound checked on every element (INT8: the reference's result bit for bit), and the
-time of a 4096 x 4096 x 4096 call against cuBLAS bf16 (a row the GPU has no tensor cores for says
-so in one line). Exit status: 0 when every scheme matches the reference and every W8A8 element is
-within its bound, 2 when one is not, 1 with no GPU.
+as gate and up; the fused RMSNorm rows normalize each row with a built-in weight), dequantizes it,
+and prints per scheme: bits per element (scales included), SNR in dB, the largest relative error
+over elements that land on a value in the format's normal range (scaled |x| between the smallest
+normal and the max), whether the bytes and scales equal ``cupyquant.reference`` exactly, and the
+quantizer's bandwidth (input read once + output written once, on the tensor tiled to 256M elements
+so that the L2 cache and launch overhead do not flatter it) with its percentage of the device's copy
+bandwidth measured in the same run.
+
+A second table reads the tensor as a (2048, 2048) weight for the weight-only schemes: bits per
+weight, SNR, bytes = reference, and the M = 1 matmul time against cuBLAS fp16 on the tensor tiled
+to 8192 x 8192.
+
+A third reads the tensor as the activations of the W8A8 matmul (scaled_matmul) against a Gaussian
+weight: FP8 per-token x per-channel and in 1x128 x 128x128 blocks, INT8 per-token (with and without
+zero points) x per-channel: SNR against the float64 product of the bf16 operands, the kernels' error
+bound checked on every element (INT8: the reference's result bit for bit), and the time of a
+4096 x 4096 x 4096 call against cuBLAS bf16 (a row the GPU has no tensor cores for says so in one
+line).
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ from typing import Callable
 import numpy as np
 
 SHAPE = (2048, 2048)
+
+#: Exit statuses. 2 is argparse's own for a command-line error; a mismatch has a status of its own
+#: so that a script can tell "the bytes differ" from "it was called wrongly".
+EXIT_OK, EXIT_NO_GPU, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+EPILOG = f"""exit status: {EXIT_OK} when every scheme's bytes and scales equal cupyquant.reference and every
+W8A8 element is within its error bound; {EXIT_NO_GPU} without a usable GPU (the reason in one line);
+{EXIT_USAGE} for a command-line error; {EXIT_MISMATCH} when a scheme's bytes differ from the reference or
+a W8A8 element breaks its bound (its row shows NO)."""
+#: The widest line of ``--help``, whatever the terminal's width.
+HELP_WIDTH = 100
 
 
 def builtin_tensor() -> np.ndarray:
@@ -189,7 +203,8 @@ def entries(xh):
 
 INSTALL_HINT = (
     'pip install "cupyquant[cu13]" if `nvidia-smi` shows "CUDA Version: 13.x", '
-    'pip install "cupyquant[cu12]" if it shows 12.x'
+    'pip install "cupyquant[cu12]" if it shows 12.x (from a clone of the repository: '
+    'pip install ".[cu13]" or ".[cu12]")'
 )
 _CUDA_ERROR_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
 _CUDA_ERROR_NO_DEVICE = 100  # cudaErrorNoDevice
@@ -250,20 +265,41 @@ def _gpu_or_reason():
 
 def _parse_args(argv):
     import argparse
+    import shutil
+    import textwrap
+
+    class Formatter(argparse.HelpFormatter):
+        """argparse's help at most HELP_WIDTH columns wide (narrower on a narrower terminal), the
+        description's and epilog's paragraphs kept apart and each refilled to that width."""
+
+        def __init__(self, prog):
+            super().__init__(prog, width=min(HELP_WIDTH, shutil.get_terminal_size().columns - 2))
+
+        def _fill_text(self, text, width, indent):
+            paragraphs = (" ".join(p.split()) for p in text.strip().split("\n\n"))
+            return "\n\n".join(
+                textwrap.fill(p, width, initial_indent=indent, subsequent_indent=indent) for p in paragraphs
+            )
 
     p = argparse.ArgumentParser(
-        prog="python -m cupyquant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m cupyquant", description=__doc__, epilog=EPILOG, formatter_class=Formatter
     )
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    """Parse the command line, check for a GPU, print the report; returns the exit status (EPILOG)."""
     _parse_args(argv)
     reason = _gpu_or_reason()
     if reason:
         print(f"cupyquant: the report needs a GPU; found {reason}.", file=sys.stderr)
-        return 1
+        return EXIT_NO_GPU
+    return EXIT_OK if _report() else EXIT_MISMATCH
 
+
+def _report() -> bool:
+    """Print the three tables; True when every scheme matches the reference and every W8A8 element
+    is within its bound."""
     import cupy
     import ml_dtypes
 
@@ -323,7 +359,7 @@ def main(argv=None) -> int:
     from cupyquant import _report_w8a8
 
     all_equal &= _report_w8a8.w8a8_report(xh, x)
-    return 0 if all_equal else 2
+    return bool(all_equal)
 
 
 WEIGHT_SCHEMES = (

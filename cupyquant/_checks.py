@@ -125,6 +125,33 @@ def gate_up_width(K: int, arg: str = "x") -> int:
     return K // 2
 
 
+def norm_eps(eps) -> np.float32:
+    """RMSNorm's ``eps``: a real number (not a bool), finite and >= 0; returned as the float32 the
+    kernel adds to the mean square."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return np.float32(eps)
+
+
+def small_codes(a, arg: str, hi: int, what: str, bits_of=None) -> np.ndarray:
+    """An array of integer codes in ``[0, hi]`` (FP4 codes, bytes) as uint8: any integer dtype (Python
+    ints included) with its values checked, or an array of the one-byte ml_dtypes type ``bits_of``
+    read as its bit patterns. Floats are a TypeError (a cast would truncate them), values outside
+    the range a ValueError (a cast would wrap them)."""
+    a = np.asarray(a)
+    if bits_of is not None and a.dtype == np.dtype(bits_of):
+        return a.view(np.uint8)
+    if a.dtype.kind not in "biu":
+        raise TypeError(f"{arg} must be integers in [0, {hi}] ({what}), got dtype {a.dtype}")
+    if a.dtype == np.uint8 and hi >= 255:
+        return a
+    if a.size and (a.min() < 0 or a.max() > hi):
+        raise ValueError(f"{arg} must be in [0, {hi}] ({what}), got values from {a.min()} to {a.max()}")
+    return a.astype(np.uint8)
+
+
 def mx_rounding(rounding) -> str:
     if rounding not in MX_ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not supported; expected one of {MX_ROUNDINGS}")

@@ -3,10 +3,11 @@
 Each kernel *family* is one CUDA file ``kernels/<family>.cu``. At the first request of one of its
 template instantiations on a device, the family's source (with its local ``#include "x.cuh"``
 lines inlined) is compiled by NVRTC through ``cupy.RawModule`` for that device's architecture with
-that one instantiation as its name expression: a call compiles only what it launches (about 0.1 to
-0.4 s each, where the whole of a family takes seconds). CuPy keeps each binary in its disk cache
-(``CUPY_CACHE_DIR``), keyed on the source, the options, the name expressions, the NVRTC version and
-the architecture; this module memoizes the loaded kernels per device.
+that one instantiation as its name expression: a call compiles only what it launches (0.1 to 0.4 s
+for a quantizer's instantiation, up to 2 s for a matmul's, where a whole family takes 2 s to
+2 minutes on one core). CuPy keeps each binary in its disk cache (``CUPY_CACHE_DIR``), keyed on the
+source, the options, the name expressions, the NVRTC version and the architecture; this module
+memoizes the loaded kernels per device.
 
 Adding a kernel family takes three steps:
 
@@ -15,8 +16,9 @@ Adding a kernel family takes three steps:
    memory layout and the ``cupyquant.reference`` function it must match bit for bit.
 2. Write the op module and declare the family there with :func:`register`: its name and every
    instantiation its wrapper may ask for (build them with :func:`product` from the module's own
-   configuration tables and those in ``_dtypes``). A CPU test compiles all of them with NVRTC for
-   sm_80, sm_89, sm_90, sm_100 and sm_120.
+   configuration tables and those in ``_dtypes``). A CPU test (``tests/test_jit.py``) compiles
+   each of them with NVRTC for the targets of sm_80, sm_89, sm_90, sm_100, sm_120 and the
+   family-specific ones that run it.
 3. In the wrapper: validate arguments, then ``kernel(device, family, name, *targs)`` and launch it
    on the current stream. Asking for an unregistered expression raises, so the registry cannot fall
    behind the wrappers.
@@ -62,6 +64,9 @@ class KernelCompileError(RuntimeError):
             f"with options {' '.join(self.options)}\nNVRTC log:\n{log}"
         )
 
+    def __reduce__(self):  # pickled with its fields (a process pool's worker raises it to its parent)
+        return type(self), (self.family, self.expression, self.options, self.log)
+
 
 class CudaHeadersNotFoundError(RuntimeError):
     """The CUDA runtime headers (cuda_fp16.h, cuda_fp8.h, ...) NVRTC needs were not found."""
@@ -75,6 +80,9 @@ class KernelLaunchError(RuntimeError):
         self.code = code
         self.message = message
         super().__init__(f"{call} failed: error {code} ({message})")
+
+    def __reduce__(self):
+        return type(self), (self.call, self.code, self.message)
 
 
 def expr(name: str, *targs) -> str:
@@ -123,6 +131,12 @@ def register(family: str, expressions, *, specific_targets=(), specific_required
     if specific_required:
         _SPECIFIC_REQUIRED.add(family)
     return family
+
+
+def specific_only(family: str) -> bool:
+    """Whether the family has no portable build: it runs only on its family-specific targets
+    (registered with ``specific_required``) and is a stub that traps everywhere else."""
+    return family in _SPECIFIC_REQUIRED
 
 
 def arch_specific_families() -> frozenset:
@@ -212,7 +226,8 @@ def cuda_include_dir() -> str:
     raise CudaHeadersNotFoundError(
         "cupyquant needs the CUDA runtime headers (cuda_fp16.h, cuda_fp8.h) for NVRTC and found none in "
         + ", ".join(str(c) for c in candidates)
-        + ". Install them with `pip install cupyquant[cu13]` (or [cu12]), i.e. the nvidia-cuda-runtime "
+        + ". Install them with `pip install cupyquant[cu13]` (or [cu12]; from a clone of the repository, "
+        '`pip install ".[cu13]"`), i.e. the nvidia-cuda-runtime '
         f"wheel, or point {CUDA_INCLUDE_ENV} at a CUDA toolkit's include directory."
     )
 

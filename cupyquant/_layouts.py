@@ -3,13 +3,18 @@ swizzled block-scale layout. NumPy only, so that ``cupyquant.reference`` stays f
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+
+from . import _checks
 
 
 def pack_fp4(codes) -> np.ndarray:
     """Pack 4-bit codes two per byte along the last axis, element 2i in the low nibble of byte i;
     an odd last element gets a zero high nibble. ``(..., K) -> (..., ceil(K / 2))`` uint8."""
-    codes = np.asarray(codes, dtype=np.uint8) & 0xF
+    # codes: integers in [0, 15], or a float4_e2m1fn array read as its codes; a cast would wrap 16 to 0
+    codes = _checks.small_codes(codes, "codes", 15, "4-bit codes", bits_of=ml_dtypes.float4_e2m1fn)
+    _checks.at_least_1d(codes.ndim, "codes")
     K = codes.shape[-1]
     if K % 2:
         codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (1,), np.uint8)], axis=-1)
@@ -18,7 +23,14 @@ def pack_fp4(codes) -> np.ndarray:
 
 def unpack_fp4(packed, K: int) -> np.ndarray:
     """Inverse of :func:`pack_fp4`: ``(..., ceil(K / 2))`` bytes -> ``(..., K)`` codes."""
-    packed = np.asarray(packed, dtype=np.uint8)
+    # K is 2 B or 2 B - 1 for B bytes a row: the lengths whose packing has B bytes
+    packed = _checks.small_codes(packed, "packed", 255, "bytes")
+    _checks.at_least_1d(packed.ndim, "packed")
+    B = packed.shape[-1]
+    if isinstance(K, (bool, np.bool_)) or not isinstance(K, (int, np.integer)):
+        raise TypeError(f"K must be an int, got {type(K).__name__}")
+    if K not in (2 * B, 2 * B - 1) or K < 0:
+        raise ValueError(f"K must be {2 * B - 1} or {2 * B} for packed data of {B} bytes a row, got {K}")
     out = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (2 * packed.shape[-1],))
     return out[..., :K].astype(np.uint8)
 

@@ -67,12 +67,18 @@ def magic(d: int) -> tuple:
 
 
 # ---------------------------------------------------------------- group and token scales
+def group_scale_layout(scale_layout) -> str:
+    """Check a group scale layout (the ops' and the reference's ``scale_layout``)."""
+    if scale_layout not in GROUP_LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {GROUP_LAYOUTS}")
+    return scale_layout
+
+
 def group_scale_packed(scale_layout, scale_dtype) -> bool:
     """Check a group scale layout and dtype; whether the scales are packed UE8M0 words."""
     from . import _dtypes
 
-    if scale_layout not in GROUP_LAYOUTS:
-        raise ValueError(f"scale_layout={scale_layout!r} is not supported; expected one of {GROUP_LAYOUTS}")
+    group_scale_layout(scale_layout)
     return _dtypes.scale_dtype(scale_dtype, allowed=GROUP_SCALE_DTYPES) == "float8_e8m0fnu"
 
 

@@ -144,10 +144,7 @@ class _Plan:
                 raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
             _validate.same_device(residual, "residual", device, "x")
             r_stride = _validate.rows_view(residual, "residual")[2]
-        if not (isinstance(eps, (int, float, np.floating, np.integer)) and not isinstance(eps, bool)):
-            raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-        if not (np.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps must be finite and >= 0, got {eps}")
+        _checks.norm_eps(eps)
 
         sa, lay, s_shape, s_dtype, n_blocks, swizzled, given = _NO_SCALE_ARGS, None, None, np.uint8, 0, False, None
         g_elems = 0  # elements per scale of "group" (0 otherwise)

@@ -3,6 +3,7 @@ simulated, CuPy by an import blocker in a subprocess, CUDA runtime errors by a s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -46,6 +47,7 @@ def test_op_without_cupy_names_the_extras():
         "cupyquant.quantize_fp8 needs CuPy",
         'pip install "cupyquant[cu13]"',
         'pip install "cupyquant[cu12]"',
+        'from a clone of the repository: pip install ".[cu13]" or ".[cu12]"',  # the README's form
         "nvidia-smi",
         "CUDA Version",
     ):
@@ -55,14 +57,39 @@ def test_op_without_cupy_names_the_extras():
 def test_report_without_cupy_says_so():
     r = _python("import runpy; runpy.run_module('cupyquant', run_name='__main__')")
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert "CuPy is not installed" in r.stderr and 'pip install "cupyquant[cu13]"' in r.stderr, r.stderr
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr  # one line
+    for part in ("CuPy is not installed", 'pip install "cupyquant[cu13]"', 'pip install ".[cu13]"'):
+        assert part in r.stderr, (part, r.stderr)
     assert "Traceback" not in r.stderr
 
 
-def test_report_help_exits_0():
-    r = subprocess.run([sys.executable, "-m", "cupyquant", "--help"], cwd=ROOT, capture_output=True, text=True)
+@pytest.mark.parametrize("columns", ["40", "100", "300"])
+def test_report_help_exits_0_and_fits_100_columns(columns):
+    env = {**os.environ, "COLUMNS": columns}
+    r = subprocess.run([sys.executable, "-m", "cupyquant", "--help"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("usage: python -m cupyquant") and "Exit status" in r.stdout
+    assert r.stdout.startswith("usage: python -m cupyquant")
+    wide = [line for line in r.stdout.splitlines() if len(line) > min(100, int(columns))]
+    assert not wide, wide
+    text = " ".join(r.stdout.split())
+    assert "exit status: 0 when every scheme's bytes" in text
+    assert "1 without a usable GPU" in text and "2 for a command-line error" in text
+    assert "3 when a scheme's bytes differ from the reference" in text
+    assert "\n\nA second table" in r.stdout  # the description keeps its paragraphs
+
+
+def test_report_exit_statuses_are_distinct(monkeypatch, capsys):
+    """A mismatch exits 3, a command-line error 2 (argparse), no GPU 1, a clean report 0."""
+    assert (report.EXIT_OK, report.EXIT_NO_GPU, report.EXIT_USAGE, report.EXIT_MISMATCH) == (0, 1, 2, 3)
+    monkeypatch.setattr(report, "_gpu_or_reason", lambda: None)
+    monkeypatch.setattr(report, "_report", lambda: False)
+    assert report.main([]) == 3
+    monkeypatch.setattr(report, "_report", lambda: True)
+    assert report.main([]) == 0
+    with pytest.raises(SystemExit) as info:
+        report.main(["--no-such-flag"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
 
 
 class _CudaError(RuntimeError):

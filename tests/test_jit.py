@@ -1,40 +1,225 @@
-"""The JIT loader without a GPU: NVRTC compiles every registered instantiation for every target
-architecture, local includes are inlined, and failures raise the library's errors."""
+"""The JIT loader without a GPU: NVRTC compiles every registered instantiation for the targets that
+run it (and a sample of each family for the others), local includes are inlined, and failures raise
+the library's errors."""
 
 from __future__ import annotations
 
 import re
 import shutil
 
+import _nvrtc_pool
 import pytest
 from _scripts import load_script
 
 import cupyquant
 from cupyquant import _device, _jit
+from cupyquant.w8a8 import args as w8a8_args
 
 FAMILIES = sorted(cupyquant._all_families())
 
+# ---------------------------------------------------------------- what the compile test compiles
+# Every instantiation is compiled, in full, for every target that runs it (runs_on); every other
+# target compiles a sample that holds every value of every template argument of the family's
+# kernels (cover), so that each value's code still passes NVRTC and ptxas there. The targets are
+# the five of _device.NVRTC_TEST_TARGETS and each family-specific one ("90a", "100a", "120a"). What runs where:
+# - a family with no portable build (weight_sm90_gemm, scaled_mm_sm90: registered with
+#   specific_required) runs on its family-specific target only; elsewhere it is a stub that traps;
+# - scaled_mm_mma runs FP8 where the GPU has FP8 MMA (8.9 and newer; 9.0 where a test forces the
+#   path) and INT8 where it has INT8 MMA (8.0 and newer): _device.Caps; FP8 on sm_80 is the one
+#   sampled set it has;
+# - every other family runs on all five targets (the family-specific ones of mx, nvfp4 and testing
+#   too: an older NVRTC or a GPU without its own target takes the portable build).
+# The compiles are one job per (family, target), run by worker processes, one a core
+# (_nvrtc_pool), longest first, and the test below takes them in that order, so that results
+# stream; a run starts only the jobs of its selected tests. On 2 cores: 14 min, where every
+# instantiation on the five targets in one process took 25 min. The costs (seconds of one full
+# compile on one core; the family-specific target for the specific_only families) only order the
+# jobs.
+COMPILE_SECONDS = {
+    "scaled_mm_sm90": 121,
+    "scaled_mm_mma": 115,
+    "weight_sm90_gemm": 76,
+    "weight_decode": 50,
+    "groupwise": 45,
+    "weight_sm80_gemm": 22,
+    "rms_norm": 14,
+    "mx": 13,
+    "nvfp4": 5,
+    "per_tensor": 4,
+    "weight_quant": 4,
+    "kv_cache": 3,
+}
+#: What the worker counts in each PTX for the tests below.
+NEEDLES = (
+    "griddepcontrol.wait;",
+    "griddepcontrol.launch_dependents;",
+    "e2m1x2",
+    "ue8m0x2",
+    "cvt.rn.satfinite.e2m1x2.f32",
+    "cvt.rp.satfinite.ue8m0x2.f32",
+    "cvt.rn.satfinite.e4m3x2.f32",
+    "wgmma",
+    "fence.proxy.async.shared::cta",
+) + tuple(
+    f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}"
+    for bma, _, _ in cupyquant.weight.sm90_gemm.CONFIGS
+    for t in ("f16", "bf16")
+)
+
+
+def targets(family: str) -> tuple:
+    """NVRTC_TEST_TARGETS and the family's family-specific targets among them ("100a")."""
+    specific = _jit.specific_targets(family)
+    return _device.NVRTC_TEST_TARGETS + tuple(cc + "a" for cc in _device.NVRTC_TEST_TARGETS if cc in specific)
+
+
+def runs_on(family: str, expression: str) -> frozenset:
+    """The targets on which an instantiation runs (see above)."""
+    own = frozenset(t for t in targets(family) if t.endswith("a"))
+    if _jit.specific_only(family):
+        return own
+    if family == "scaled_mm_mma":
+        int8 = expression.startswith(f"scaled_mm_mma<{w8a8_args.INT8_ID}, {w8a8_args.INT8_ID},")
+        caps = {a: _device.caps_of_arch(a) for a in _device.NVRTC_TEST_TARGETS}
+        return frozenset(a for a, c in caps.items() if (c.int8_mma if int8 else c.fp8_mma))
+    return frozenset(_device.NVRTC_TEST_TARGETS) | own
+
+
+def _template_values(expression: str) -> set:
+    name, args = expression[:-1].split("<", 1)
+    return {(name, i, a) for i, a in enumerate(args.split(", "))}
+
+
+def cover(expressions) -> list:
+    """A small deterministic sample of ``expressions`` that holds every value of every template
+    argument of each kernel name: greedily, the expression that adds the most (name, position,
+    value) triples not yet held (the first in registry order on a tie); returned in registry order."""
+    expressions = list(expressions)
+    values = [_template_values(e) for e in expressions]
+    want, seen, chosen = set().union(*values) if values else set(), set(), set()
+    while seen != want:
+        i = max(range(len(expressions)), key=lambda i: (len(values[i] - seen), -i))
+        chosen.add(i)
+        seen |= values[i]
+    return [e for i, e in enumerate(expressions) if i in chosen]
+
+
+def _job(family: str, target: str) -> _nvrtc_pool.Job:
+    exprs = _jit.families()[family]
+    sample = set(cover([e for e in exprs if target not in runs_on(family, e)]))
+    chosen = tuple(e for e in exprs if target in runs_on(family, e) or e in sample)
+    return _nvrtc_pool.Job(
+        family,
+        target,
+        chosen,
+        NEEDLES,
+        log=(family, target) == ("weight_sm90_gemm", "90a"),  # its ptxas report (test_hopper_matmul_...)
+        cost=COMPILE_SECONDS.get(family, 1) * len(chosen) / len(exprs),
+    )
+
+
+JOBS = {(f, t): _job(f, t) for f in FAMILIES for t in targets(f)}
+#: The jobs longest first, as the pool starts them (ties in name order).
+BY_COST = sorted(JOBS, key=lambda k: (-JOBS[k].cost, k))
+#: The jobs of the tests that name no (family, target) in their parameters.
+JOBS_OF_TEST = {
+    "test_hopper_matmul_uses_wgmma_only_on_sm90a": [("weight_sm90_gemm", "90a"), ("weight_sm90_gemm", "90")]
+}
+
+
+@pytest.fixture(scope="module")
+def nvrtc(request):
+    """The compile results of the selected tests of this module, compiled by worker processes."""
+    keys = set()
+    for item in request.session.items:
+        if getattr(item, "module", None) is request.module and "nvrtc" in item.fixturenames:
+            params = getattr(item, "callspec", None)
+            if params is not None and "target" in params.params:
+                keys.add((params.params["family"], params.params["target"]))
+            keys.update(JOBS_OF_TEST.get(item.originalname, ()))
+    pool = _nvrtc_pool.Pool(JOBS[k] for k in keys)
+    yield pool
+    pool.close()
+
+
+def pdl_sites(expression: str, target: str) -> int:
+    """The griddepcontrol.wait (and .launch_dependents) sites of one instantiation on a target:
+    programmatic dependent launch exists from 9.0, and only the weight matmul kernels use it, once
+    each (each waits for the kernel before and releases the one after). The decode kernel
+    (w16_decode) has two call sites, one on each side of its first weight loads, of which a launch
+    takes one (weight_decode.cu, MatmulArgs.early); the Hopper kernel (built on sm_90a only) has a
+    second in its 128-row tile, whose producer warpgroup waits after its early weight copies and
+    its compute warps on their own."""
+    if not _device.caps_of_arch(target.rstrip("a")).pdl:
+        return 0
+    if expression.startswith("w16_decode<"):
+        return 2
+    if expression.startswith("sm80_w16_gemm<"):
+        return 1
+    if expression.startswith("sm90_w16_gemm<") and target == "90a":
+        return 2 if ", 128, " in expression else 1
+    return 0
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", _device.NVRTC_TEST_TARGETS)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_instantiation_compiles(family, arch):
-    ptx = []
-    lowered = _jit.compile_for_arch(family, arch, ptx_out=ptx)
-    exprs = _jit.families()[family]
-    assert set(lowered) == set(exprs)
-    assert len(set(lowered.values())) == len(exprs), "two expressions lowered to one symbol"
+@pytest.mark.parametrize("family, target", BY_COST, ids=[f"{f}-{t}" for f, t in BY_COST])
+def test_every_instantiation_compiles(family, target, nvrtc):
+    job = JOBS[family, target]
+    r = nvrtc.result(family, target)
+    lowered = r["lowered"]
+    assert set(lowered) == set(job.expressions)
+    assert len(set(lowered.values())) == len(lowered), "two expressions lowered to one symbol"
     assert all(name.startswith("_Z") for name in lowered.values())
-    # programmatic dependent launch: each matmul kernel waits for the kernel before (and releases
-    # the one after) once, on the targets that have it (9.0 and newer); nothing else does. The
-    # decode kernel (w16_decode) has two call sites, one on each side of its first weight loads,
-    # of which a launch takes one (weight_decode.cu, MatmulArgs.early)
-    sites = {"w16_decode": 2, "sm80_w16_gemm": 1}
-    pdl_sites = (
-        sum(n for e in exprs for k, n in sites.items() if e.startswith(k)) if _device.caps_of_arch(arch).pdl else 0
-    )
-    assert ptx[0].count("griddepcontrol.wait;") == pdl_sites
-    assert ptx[0].count("griddepcontrol.launch_dependents;") == pdl_sites
+    sites = sum(pdl_sites(e, target) for e in job.expressions)
+    assert r["counts"]["griddepcontrol.wait;"] == sites
+    assert r["counts"]["griddepcontrol.launch_dependents;"] == sites
+
+
+def test_each_instantiation_is_compiled_in_full_where_it_runs():
+    for family, exprs in _jit.families().items():
+        for e in exprs:
+            where = runs_on(family, e)
+            assert where, (family, e)  # it runs somewhere, so some target compiles it
+            for target in where:
+                assert e in JOBS[family, target].expressions, (family, target, e)
+    # the rules above, spelled out
+    fp8, int8 = (_jit.families()["scaled_mm_mma"][0], _jit.families()["scaled_mm_mma"][-1])
+    assert runs_on("scaled_mm_mma", fp8) == {"89", "90", "100", "120"}
+    assert runs_on("scaled_mm_mma", int8) == {"80", "89", "90", "100", "120"}
+    assert runs_on("scaled_mm_sm90", _jit.families()["scaled_mm_sm90"][0]) == {"90a"}
+    assert runs_on("weight_sm90_gemm", _jit.families()["weight_sm90_gemm"][0]) == {"90a"}
+    assert runs_on("mx", _jit.families()["mx"][0]) == {"80", "89", "90", "100", "120", "100a", "120a"}
+    assert runs_on("groupwise", _jit.families()["groupwise"][0]) == set(_device.NVRTC_TEST_TARGETS)
+    assert set(targets("groupwise")) == set(_device.NVRTC_TEST_TARGETS)
+
+
+def test_every_target_compiles_every_template_argument_value():
+    """A sampled target still compiles each value of each template argument of each kernel."""
+    sampled = 0
+    for (family, target), job in JOBS.items():
+        want = set().union(*map(_template_values, _jit.families()[family]))
+        assert set().union(*map(_template_values, job.expressions)) == want, (family, target)
+        sampled += len(job.expressions) < len(_jit.families()[family])
+    assert sampled >= 11  # scaled_mm_mma on sm_80, the two sm_90a-only families on five targets each
+
+
+def test_cover_takes_the_expressions_that_add_most():
+    exprs = _jit.product("k", ("a", "b"), (1, 2, 3), (True, False))
+    assert cover(exprs) == ["k<a, 1, true>", "k<a, 3, true>", "k<b, 2, false>"]
+    assert cover(exprs + _jit.product("j", (0,))) == ["k<a, 1, true>", "k<a, 3, true>", "k<b, 2, false>", "j<0>"]
+    assert cover([]) == []
+
+
+def test_compile_errors_cross_process_boundaries():
+    """A worker's KernelCompileError reaches the test with its fields (the pool pickles it)."""
+    import pickle
+
+    e = _jit.KernelCompileError("fam", "k<1>", ("-arch=sm_90",), "log text")
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.family, back.expression, back.options, back.log) == ("fam", "k<1>", ("-arch=sm_90",), "log text")
+    assert str(back) == str(e)
+    le = pickle.loads(pickle.dumps(_jit.KernelLaunchError("cuLaunchKernel", 1, "invalid value")))
+    assert (le.call, le.code, le.message) == ("cuLaunchKernel", 1, "invalid value")
 
 
 def test_registry_is_not_empty_and_has_no_duplicates():
@@ -131,26 +316,25 @@ BLACKWELL_CVTS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["100a", "120a"])
+@pytest.mark.parametrize("target", ["100a", "120a"])
 @pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
-def test_blackwell_targets_use_the_conversion_instructions(family, arch):
+def test_blackwell_targets_use_the_conversion_instructions(family, target, nvrtc):
     """On the family-specific Blackwell targets the block-scaled families (and the test kernels that
     check their conversions) use the e2m1x2 and ue8m0x2 conversions (and the fp8x2 one); on sm_90
     only the fp8x2 one exists."""
-    ptx = []
-    lowered = _jit.compile_for_arch(family, arch, ptx_out=ptx)
-    assert set(lowered) == set(_jit.families()[family])
+    r = nvrtc.result(family, target)
+    assert set(r["lowered"]) == set(_jit.families()[family])
     for cvt in BLACKWELL_CVTS[family]:
-        assert cvt in ptx[0], cvt
+        assert r["counts"][cvt], cvt
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", ["90"])
 @pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
-def test_hopper_uses_the_software_fp4_path(family):
-    ptx = []
-    _jit.compile_for_arch(family, "90", ptx_out=ptx)
-    assert "e2m1x2" not in ptx[0] and "ue8m0x2" not in ptx[0]
-    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[0]
+def test_hopper_uses_the_software_fp4_path(family, target, nvrtc):
+    counts = nvrtc.result(family, target)["counts"]
+    assert counts["e2m1x2"] == 0 and counts["ue8m0x2"] == 0
+    assert counts["cvt.rn.satfinite.e4m3x2.f32"]
 
 
 @pytest.mark.parametrize("family", sorted(BLACKWELL_CVTS))
@@ -179,7 +363,7 @@ def test_test_kernels_are_in_no_production_family():
 
 
 @pytest.mark.slow
-def test_hopper_matmul_uses_wgmma_only_on_sm90a():
+def test_hopper_matmul_uses_wgmma_only_on_sm90a(nvrtc):
     """weight_sm90_gemm is built for sm_90a, the only target with wgmma: there its kernels issue
     wgmma.mma_async with the A operand in registers (64 x BMA x 16 per instruction); on every other
     target they compile to stubs that the host never launches.
@@ -188,28 +372,25 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a():
     wgmma's input registers inside its pipeline, ptxas serializes the wgmmas and says so in the log
     ("Potential Performance Loss", C7513). Serialized wgmmas make the 256-row tile 29-40% slower
     (BENCHMARKS.md) with output bits unchanged, so only this catches it."""
-    ptx, log = [], []
-    lowered = _jit.compile_for_arch("weight_sm90_gemm", "90a", ptx_out=ptx, log_out=log)
+    r = nvrtc.result("weight_sm90_gemm", "90a")
+    lowered, log, counts = r["lowered"], r["log"], r["counts"]
     assert set(lowered) == set(_jit.families()["weight_sm90_gemm"])
-    assert "Potential Performance Loss" not in log[0], log[0]
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log[0])
-    assert len(spills) >= len(lowered), log[0]  # one report per kernel
-    assert all(st == ld == "0" for st, ld in spills), log[0]
-    for bma, _, _ in cupyquant.weight.configs.SM90_GEMM_CONFIGS:
+    assert "Potential Performance Loss" not in log, log
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) >= len(lowered), log  # one report per kernel
+    assert all(st == ld == "0" for st, ld in spills), log
+    for bma, _, _ in cupyquant.weight.sm90_gemm.CONFIGS:
         for t in ("f16", "bf16"):
-            assert f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}" in ptx[0]
-    assert "fence.proxy.async.shared::cta" in ptx[0]
-    # PDL, as the other matmul kernels: one wait a kernel, two in the 128-row tile's (its producer
-    # warpgroup waits after its early weight copies, its compute warps on their own)
+            assert counts[f"wgmma.mma_async.sync.aligned.m64n{bma}k16.f32.{t}.{t}"]
+    assert counts["fence.proxy.async.shared::cta"]
+    # PDL, as the other matmul kernels (pdl_sites): one wait a kernel, two in the 128-row tile's
     # (the 128-row tile: fp16 and bf16, INT4 in both prepared orders, FP4 in the k-permuted one)
     producers = sum(", 128, " in name for name in lowered)
     from cupyquant.weight import formats
 
     assert producers == 2 * (2 * len(formats.INT4_IDS) + len(formats.FP4_IDS)), sorted(lowered)
-    assert ptx[0].count("griddepcontrol.wait;") == len(lowered) + producers
-    ptx90 = []
-    _jit.compile_for_arch("weight_sm90_gemm", "90", ptx_out=ptx90)
-    assert "wgmma" not in ptx90[0].replace("sm90_w16_gemm", "")
+    assert counts["griddepcontrol.wait;"] == len(lowered) + producers
+    assert nvrtc.result("weight_sm90_gemm", "90")["counts"]["wgmma"] == 0  # the stubs
     assert _jit.specific_targets("weight_sm90_gemm") == _device.WGMMA_TARGETS == ("90",)
 
 

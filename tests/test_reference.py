@@ -255,6 +255,17 @@ def test_scale_buffer_packs_ue8m0_little_endian_with_zero_padding():
     assert buf.tolist() == [0x04030201, 0, 0, 0, 0x00000605, 0, 0, 0]
 
 
+@pytest.mark.parametrize("layout", ["ROW", "column", "dense", None])
+def test_scale_layout_must_exist(layout):
+    """Any layout but "row" and "col" is refused, as quantize_groupwise refuses it (a layout that is
+    not "row" would otherwise be laid out as "col")."""
+    match = rf"^scale_layout={layout!r} is not supported; expected one of \('row', 'col'\)"
+    with pytest.raises(ValueError, match=match):
+        ref.scale_buffer(np.ones((2, 3), np.float32), (2, 384), layout)
+    with pytest.raises(ValueError, match=match):
+        ref.scale_word_offsets((2, 384), 3, layout)
+
+
 def test_dequantize_groupwise_hand_worked():
     q = _groups_of_32([0x38, 0xB8], [0x40, 0x00]).astype(np.uint8)  # 1, -1 | 2, 0 in E4M3
     y = ref.dequantize_groupwise(q, np.array([[0.5, 4.0]], np.float32), group_size=32)
@@ -322,6 +333,55 @@ def test_pack_unpack_fp4():
     p = ref.pack_fp4(codes)
     assert p.tolist() == [[0x21, 0x43, 0x05]]  # element 0 in the low nibble, odd tail padded with 0
     assert ref.unpack_fp4(p, 5).tolist() == codes.tolist()
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: ref.pack_fp4(np.array([[1, 16]])), ValueError, r"^codes must be in \[0, 15\].*from 1 to 16"),
+        (lambda: ref.pack_fp4(np.array([3, 255], np.uint8)), ValueError, r"^codes must be in \[0, 15\]"),
+        (lambda: ref.pack_fp4([-1, 2]), ValueError, r"^codes must be in \[0, 15\]"),
+        (lambda: ref.pack_fp4(np.array([1.5, 2.0])), TypeError, "^codes must be integers"),
+        (lambda: ref.pack_fp4(np.uint8(3)), ValueError, "^codes must have at least one dimension"),
+        (
+            lambda: ref.unpack_fp4(np.zeros((2, 3), np.uint8), 7),
+            ValueError,
+            "^K must be 5 or 6 .* 3 bytes a row, got 7",
+        ),
+        (lambda: ref.unpack_fp4(np.zeros((2, 3), np.uint8), 4), ValueError, "^K must be 5 or 6"),
+        (lambda: ref.unpack_fp4(np.zeros((2, 3), np.uint8), -1), ValueError, "^K must be 5 or 6"),
+        (lambda: ref.unpack_fp4(np.zeros(0, np.uint8), -1), ValueError, "^K must be -1 or 0"),
+        (lambda: ref.unpack_fp4(np.zeros((2, 3), np.uint8), 6.0), TypeError, "^K must be an int"),
+        (lambda: ref.unpack_fp4(np.array([256, 1]), 4), ValueError, r"^packed must be in \[0, 255\]"),
+        (lambda: ref.unpack_fp4(np.array([1.0]), 2), TypeError, "^packed must be integers"),
+        (lambda: ref.e8m0_to_float(np.array([127, 256])), ValueError, r"^e must be in \[0, 255\].*from 127 to 256"),
+        (lambda: ref.e8m0_to_float([-1]), ValueError, r"^e must be in \[0, 255\]"),
+        (lambda: ref.e8m0_to_float(np.array([1.5])), TypeError, "^e must be integers"),
+        (
+            lambda: ref.dequantize_mx(np.zeros((1, 32), np.uint8), np.array([[300]]), "float8_e4m3fn"),
+            ValueError,
+            r"^scale must be in \[0, 255\]",
+        ),
+    ],
+)
+def test_fp4_packing_and_e8m0_refuse_what_they_would_wrap(call, exc, match):
+    """A cast to uint8 would wrap 16 to 0 and 256 to 0, truncate 1.5 to 1, and a K that does not
+    belong to the packed width would cut or drop codes: each is refused, naming the argument."""
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_fp4_packing_and_e8m0_take_every_valid_value():
+    codes = np.arange(16, dtype=np.int64)
+    assert ref.unpack_fp4(ref.pack_fp4(codes), 16).tolist() == codes.tolist()
+    assert ref.unpack_fp4(ref.pack_fp4(codes[:15]), 15).tolist() == codes[:15].tolist()
+    e2m1 = np.array([0.5, -6.0], ml_dtypes.float4_e2m1fn)  # read as its codes 0x1 and 0xf
+    assert ref.pack_fp4(e2m1).tolist() == [0xF1]
+    assert ref.unpack_fp4(np.zeros((2, 0), np.uint8), 0).shape == (2, 0)
+    e = np.arange(256)
+    want = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    for v in (e, e.astype(np.uint8), e.astype(np.int16), e.astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)):
+        np.testing.assert_array_equal(ref.e8m0_to_float(v), want)
 
 
 def test_e8m0_ceil_hand_worked():

@@ -94,6 +94,39 @@ def test_rms_norm_quantize_is_the_quantizer_of_y(scheme, kw):
         assert np.array_equal(np.atleast_1d(a).view(np.uint8), np.atleast_1d(b).view(np.uint8))
 
 
+@pytest.mark.parametrize(
+    "eps, exc",
+    [
+        (-1.0, ValueError),
+        (-1e-30, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (np.float32("-inf"), ValueError),
+        ("1e-6", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
+def test_eps_is_checked_as_the_op_checks_it(eps, exc):
+    """A negative or NaN eps gives NaN rows, an infinite one zeros: refused with rms_norm_quantize's
+    own error, before any work."""
+    x, w = np.ones((2, 16), F32), np.ones(16, F32)
+    match = "^eps must be finite and >= 0" if exc is ValueError else "^eps must be a real number"
+    with pytest.raises(exc, match=match):
+        ref.rms_norm(x, w, eps=eps)
+    with pytest.raises(exc, match=match):
+        ref.rms_norm_quantize(x, w, eps=eps)
+    with pytest.raises(exc, match=match):
+        ref.rms_norm(np.ones((2, 16), np.float64), w, eps=eps)  # eps first: the x check comes after
+
+
+@pytest.mark.parametrize("eps", [0, 0.0, 1e-6, np.float16(1e-3), np.int64(2)])
+def test_eps_takes_every_real_number_at_or_above_zero(eps):
+    y, _ = ref.rms_norm(np.array([3, 4], F32), np.array([1, 2], F32), eps=eps)
+    ms = (9 + 16) / 2
+    assert np.allclose(y, np.array([3, 8]) / np.sqrt(ms + float(np.float32(eps))), rtol=1e-6)
+
+
 def test_reference_refuses_bad_arguments():
     x = np.ones((2, 16), F32)
     with pytest.raises(ValueError, match="scheme"):

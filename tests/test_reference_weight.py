@@ -119,6 +119,17 @@ def test_uint4_hand_worked():
     assert ref.quantize_weight(w, "int4", group_size=32, symmetric=False)[2].tolist() == [[38]]
 
 
+def test_uint4_dequantization_needs_its_zero_points():
+    data, s, zeros = ref.quantize_weight(_group([4.5, -3, 1.25]), "uint4", group_size=32)
+    with pytest.raises(ValueError, match="^zeros must be given for uint4 weights"):
+        ref.dequantize_weight(data, s, None, "uint4")
+    with pytest.raises(ValueError, match="^zeros must have shape"):
+        ref.dequantize_weight(data, s, zeros[:, :0], "uint4")
+    # a K short of the data's width reads only the bytes that hold it
+    y = ref.dequantize_weight(data, s, zeros, "uint4")
+    np.testing.assert_array_equal(ref.dequantize_weight(data, s, zeros, "uint4", K=16), y[:, :16])
+
+
 def test_fp8_hand_worked():
     # amax 28 -> s = 28 / 448 = 2^-4. w / s: 28 -> 448 = 0x7e; -1 -> -16 = 2^4 -> 0xd8;
     # 2^-5 -> 0.5 -> 0x30; 0.1f -> 1.6000000238 -> nearest 1.625 -> 0x3d; ties to even:

@@ -98,7 +98,14 @@ def minus_zero_point(q, z) -> np.ndarray:
 
 def e8m0_to_float(e) -> np.ndarray:
     """UE8M0 bytes -> float32 (``2^(e - 127)``; 255 is NaN), as ml_dtypes decodes them."""
-    return np.asarray(e, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    return _e8m0_to_float(e, "e")
+
+
+def _e8m0_to_float(e, arg: str) -> np.ndarray:
+    """:func:`e8m0_to_float` of an argument named ``arg`` in the errors: integers in [0, 255] (a
+    cast would wrap 256 to 0) or an ml_dtypes ``float8_e8m0fnu`` array (read as its bytes)."""
+    b = _checks.small_codes(e, arg, 255, "E8M0 bytes", bits_of=ml_dtypes.float8_e8m0fnu)
+    return b.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
 
 
 def _blocks(xf: np.ndarray, block: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks, _dtypes
+from .. import _checks, _dtypes, _scales
 from ._common import (
     _as_f32,
     _given_scale,
@@ -291,6 +291,7 @@ def scale_word_offsets(shape, n_cols: int, scale_layout: str):
     ``M = shape[-2]`` tokens per batch (1 for 1-D), ``M_pad = round_up(M, 4)`` and the batch the
     product of the dimensions before, word ``b * n_cols * M_pad + c * M_pad + m``.
     """
+    _scales.group_scale_layout(scale_layout)
     lead = tuple(shape[:-1])
     rows = int(np.prod(lead)) if lead else 1
     if scale_layout == "row":
@@ -308,6 +309,7 @@ def scale_buffer(scale, shape, scale_layout: str) -> np.ndarray:
     """The raw scale buffer (uint32 words, padding zero) that cupyquant writes for logical scales
     ``scale`` (float32 ``(..., NG)``, or UE8M0 bytes uint8 ``(..., NG)`` packed four per word,
     group 4p + j in byte j of word p)."""
+    _scales.group_scale_layout(scale_layout)
     scale = np.asarray(scale)
     if scale.dtype == np.uint8:
         ng = scale.shape[-1]

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _checks, _dtypes
 from .._layouts import pack_fp4, unpack_fp4
-from ._common import _as_f32, _blocks, cast_fp8, e8m0_to_float, fp8_to_float, round_to
+from ._common import _as_f32, _blocks, _e8m0_to_float, cast_fp8, fp8_to_float, round_to
 
 MX_BLOCK = 32  # OCP MX v1.0 block
 #: The exponent of the largest power of two in each element format (OCP's emax_elem).
@@ -152,9 +152,8 @@ def dequantize_mx(data, scale, dtype="float8_e4m3fn", out_dtype=np.float32, *, K
         codes = data
         K = data.shape[-1]
     v = _blocks(elements_to_float(codes, name), MX_BLOCK)
-    scale = np.asarray(scale, dtype=np.uint8)
-    _checks.shape_of(scale, "scale", codes.shape[:-1] + (v.shape[-2],))
-    s = e8m0_to_float(scale)
+    s = _e8m0_to_float(scale, "scale")
+    _checks.shape_of(s, "scale", codes.shape[:-1] + (v.shape[-2],))
     with np.errstate(all="ignore"):
         y = (v * s[..., None]).astype(np.float32).reshape(codes.shape[:-1] + (v.shape[-2] * MX_BLOCK,))[..., :K]
     return round_to(y, out_dtype)

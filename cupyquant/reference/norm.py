@@ -56,6 +56,7 @@ def rms_norm(x, weight, *, eps=1e-6, residual=None):
     ``z * inv`` to ``T`` before the weight; its dynamic per-token quantized variant normalizes the
     unrounded float32 sum instead. Its sum of squares is a per-thread strided sum and a block
     reduction, whose order depends on the block size."""
+    eps = _checks.norm_eps(eps)
     xf = _as_f32(x)
     _checks.at_least_1d(xf.ndim)
     dtype = np.asarray(x).dtype
@@ -75,7 +76,7 @@ def rms_norm(x, weight, *, eps=1e-6, residual=None):
     H = xf.shape[-1]
     ss = sum_of_squares(zf)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        inv = (np.float32(1) / np.sqrt((ss / np.float32(H)).astype(np.float32) + np.float32(eps))).astype(np.float32)
+        inv = (np.float32(1) / np.sqrt((ss / np.float32(H)).astype(np.float32) + eps)).astype(np.float32)
         a = round_to((zf * inv[..., None]).astype(np.float32), dtype).astype(np.float32)
         y = round_to((a * w.astype(np.float32)).astype(np.float32), dtype)
     return y, z_out

@@ -119,6 +119,8 @@ def dequantize_weight(
             raise ValueError(f"K={K!r} must be 2 * data.shape[1] for {dtype} weights (or None), data {data.shape}")
         return dequantize_weight_fp4(data, scales, dtype, scale_2, out_dtype)
     scheme = weight_scheme(dtype, zeros is None and dtype != "uint4")
+    if scheme == "uint4" and zeros is None:
+        raise ValueError("zeros must be given for uint4 weights: their packed zero points, uint8 (N, ceil(ng / 2))")
     if scheme == "int8":
         if zeros is not None or K is not None or block_size is not None:
             raise ValueError("int8 weights take neither zeros, K nor block_size")
@@ -141,7 +143,7 @@ def dequantize_weight(
     if fp8:
         v = fp8_to_float(data[:, :K], "float8_e4m3fn")
     else:
-        q = unpack_fp4(data, K).astype(np.int32)
+        q = unpack_fp4(data[:, : -(-K // 2)], K).astype(np.int32)
         z = 8 if scheme == "int4" else unpack_fp4(zeros, ng).astype(np.int32)
         zz = np.broadcast_to(np.asarray(z), (N, ng))
         v = (q.reshape(N, ng, K // ng) - zz[..., None]).astype(np.float32).reshape(N, K)
