@@ -239,6 +239,7 @@ def options() -> tuple[str, ...]:
 
 _lock = threading.Lock()
 _kernels: dict = {}
+_kernel_device: dict = {}  # id of a kernel in _kernels -> its device (kept as long as the kernel)
 
 
 def specific_targets(family: str) -> tuple:
@@ -270,8 +271,9 @@ def _build_module(family: str, expression: str, device: int):
 
 
 def kernel(device: int, family: str, name: str, *targs):
-    """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on ``device``, which must
-    be the current device (wrappers run inside ``_validate.on_device_of``).
+    """The compiled ``cupy.RawKernel`` for ``name<targs...>`` of a family on ``device`` (compiled for
+    that device's architecture whichever device is current); :func:`function_ptr` gives its
+    ``CUfunction`` on that device.
 
     Each instantiation is compiled (or loaded from CuPy's disk cache) at its first request on a
     device and kept; later calls are one dictionary lookup keyed on the template arguments, so no string is built on
@@ -289,11 +291,27 @@ def _load(key):
     expression = expr(name, *targs)
     if expression not in _FAMILIES.get(family, ()):
         raise KeyError(f"{expression!r} is not registered for kernel family {family!r} in cupyquant._jit")
-    with _lock:  # first calls from many threads compile an instantiation once
+    import cupy
+
+    with _lock, cupy.cuda.Device(device):  # first calls from many threads compile an instantiation once
         k = _kernels.get(key)
         if k is None:
-            k = _kernels[key] = _build_module(family, expression, device).get_function(expression)
+            k = _build_module(family, expression, device).get_function(expression)
+            _kernel_device[id(k)] = device
+            _kernels[key] = k
     return k
+
+
+def function_ptr(k) -> int:
+    """The ``CUfunction`` of a kernel from :func:`kernel` on the device it was asked for (a
+    ``cupy.RawKernel`` loads its module per current device); another kernel's on the current device."""
+    device = _kernel_device.get(id(k))
+    if device is None:
+        return k.kernel.ptr
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return k.kernel.ptr
 
 
 def compile_for_arch(family: str, arch: str, expressions=None, ptx_out=None, log_out=None) -> dict[str, str]:

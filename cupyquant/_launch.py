@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-from ._jit import KernelLaunchError
+from ._jit import KernelLaunchError, function_ptr
 from ._sizes import round_up
 
 #: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
@@ -138,7 +138,7 @@ def max_active_clusters(kernel, block: int, shared_mem: int, cluster) -> int:
     attrs, nattrs = launch_attributes(False, cluster)
     cfg = LaunchConfig(cluster[0], cluster[1], cluster[2], block, 1, 1, shared_mem, None, attrs, nattrs)
     n = ctypes.c_int(0)
-    rc = _occupancy_fn(ctypes.byref(n), kernel.kernel.ptr, ctypes.byref(cfg))
+    rc = _occupancy_fn(ctypes.byref(n), function_ptr(kernel), ctypes.byref(cfg))
     if rc:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: error {rc} ({_error_string(rc)})")
     return n.value
@@ -194,8 +194,10 @@ class Launch:
     ``args`` holds one entry per kernel parameter: :data:`ARG` (a pointer given at each call), a
     :class:`Blob` (bytes given at each call), an int (a fixed pointer, 0 for null), a NumPy scalar,
     or a 0-d structured array / ``numpy.void`` (a struct passed by value; ``fields`` names its
-    ``(argument index, field)`` pairs whose pointer is given at each call, after the others). Calling the launch with those pointers (CuPy
-    arrays, ints, or None for null), in order, launches it on the current stream. Thread-safe.
+    ``(argument index, field)`` pairs whose pointer is given at each call, after the others). Calling the
+    launch with those pointers (CuPy arrays, ints, or None for null), in order, launches it on the
+    current stream; a plan whose calls never give the last pointers may leave them out (they stay
+    null). Thread-safe.
     Raises :class:`KernelLaunchError` (a ``RuntimeError``) with the driver's code and message if the
     driver refuses the launch."""
 
@@ -236,7 +238,7 @@ class Launch:
         self._words = (ctypes.c_uint64 * self._buf.size).from_buffer(self._buf)
         addr = self._buf.ctypes.data + base
         self._params = (ctypes.c_void_p * len(self._args))(*(addr + o for o in offsets))
-        self._fn = kernel.kernel.ptr
+        self._fn = function_ptr(kernel)
         self._cfg = None
         if self.pdl or cluster is not None:
             attrs, n = launch_attributes(self.pdl, cluster)
@@ -298,7 +300,7 @@ class Launch:
         args, raw = [], self._raw
         for a, o in zip(self._args, self._offsets):
             if a is ARG or isinstance(a, Blob):
-                args.append(next(it))
+                args.append(next(it, None))  # a pointer left out at the end of a call stays null
             elif isinstance(a, int):
                 args.append(a)
             else:

@@ -8,7 +8,7 @@ import cupy
 import numpy as np
 from cupy.cuda import driver as _driver
 
-from . import _device, _launch, _validate
+from . import _device, _jit, _launch, _validate
 
 # ---------------------------------------------------------------- K-split arrival counters
 # The arrival counters of a K split through the workspace (weight_mma.cuh split_k_finish) are zero
@@ -117,12 +117,18 @@ _one_block_set: set = set()
 _cluster_caps: dict = {}
 
 
+def _set_smem_limit(device, k, smem: int) -> None:
+    """The attribute on ``k``'s function on ``device`` (CuPy sets it on the current device's)."""
+    with cupy.cuda.Device(device):
+        k.max_dynamic_shared_size_bytes = smem
+
+
 def raise_smem_limit(device, k, smem: int) -> None:
     """Raise ``k``'s dynamic shared-memory limit past the 48 KiB default, once per kernel (the
     function keeps the attribute)."""
     key = (device, id(k))
     if key not in _smem_raised:
-        k.max_dynamic_shared_size_bytes = smem
+        _set_smem_limit(device, k, smem)
         _smem_raised.add(key)
 
 
@@ -132,8 +138,10 @@ def occupancy(device, k, threads: int, smem: int) -> int:
     key = (device, id(k))
     occ = _occupancy.get(key)
     if occ is None:
-        k.max_dynamic_shared_size_bytes = smem
-        occ = _occupancy[key] = max(1, _driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, threads, smem))
+        _set_smem_limit(device, k, smem)
+        with cupy.cuda.Device(device):
+            n = _driver.occupancyMaxActiveBlocksPerMultiprocessor(_jit.function_ptr(k), threads, smem)
+        occ = _occupancy[key] = max(1, n)
     return occ
 
 
@@ -147,7 +155,7 @@ def one_block_smem(device, k, smem: int) -> int:
     one = max(smem, smem_sm // 2 + 1024)
     key = (device, id(k))
     if key not in _one_block_set:
-        k.max_dynamic_shared_size_bytes = one
+        _set_smem_limit(device, k, one)
         _one_block_set.add(key)
     return one
 
@@ -160,6 +168,7 @@ def cluster_capacity(device, k, threads: int, smem: int) -> dict:
     cap = _cluster_caps.get(device)
     if cap is None:
         smem = one_block_smem(device, k, smem)
-        cap = {s: _launch.max_active_clusters(k, threads, smem, (1, 1, s)) for s in range(3, 9)}
+        with cupy.cuda.Device(device):
+            cap = {s: _launch.max_active_clusters(k, threads, smem, (1, 1, s)) for s in range(3, 9)}
         _cluster_caps[device] = cap
     return cap

@@ -351,7 +351,7 @@ def _run(plan: _Plan, a, w, y) -> None:
         if tail:
             tm_tail = _workspace.tensor_map(ptr, rows, plan.K, plan.row_bytes, plan.device, box_k, tail)
         launch(ptr, data, scale, zp, s2, y_ptr + st.y_off, ws, counters, tm, tm_tail)
-    if not w._read and plan.pdl and not plan.prepare and not cupy.cuda.get_current_stream().is_capturing():
+    if not w._read and not cupy.cuda.get_current_stream().is_capturing():
         w._read = True  # a captured call may never run
 
 
