@@ -151,12 +151,13 @@ ARG = object()
 
 class Blob:
     """Marks an argument of a :class:`Launch` passed by value and given at each call: a 0-d NumPy
-    array of ``nbytes`` bytes (a TMA tensor map, whose address is the call's)."""
+    array of ``dtype`` (a TMA tensor map, whose address is the call's)."""
 
-    __slots__ = ("nbytes",)
+    __slots__ = ("dtype", "nbytes")
 
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.nbytes = self.dtype.itemsize
 
 
 #: Alignment of each argument's slot in the parameter buffer (a tensor map's own alignment).
@@ -196,8 +197,8 @@ class Launch:
     or a 0-d structured array / ``numpy.void`` (a struct passed by value; ``fields`` names its
     ``(argument index, field)`` pairs whose pointer is given at each call, after the others). Calling the
     launch with those pointers (CuPy arrays, ints, or None for null), in order, launches it on the
-    current stream; a plan whose calls never give the last pointers may leave them out (they stay
-    null). Thread-safe.
+    current stream; a plan whose calls never give the last arguments may leave them out (they keep
+    their zero bytes: a null pointer, an empty tensor map). Thread-safe.
     Raises :class:`KernelLaunchError` (a ``RuntimeError``) with the driver's code and message if the
     driver refuses the launch."""
 
@@ -300,7 +301,10 @@ class Launch:
         args, raw = [], self._raw
         for a, o in zip(self._args, self._offsets):
             if a is ARG or isinstance(a, Blob):
-                args.append(next(it, None))  # a pointer left out at the end of a call stays null
+                v = next(it, None)  # an argument left out at the end of a call keeps its zero bytes
+                if v is None and isinstance(a, Blob):
+                    v = np.frombuffer(raw[o : o + a.nbytes].tobytes(), a.dtype)[0]
+                args.append(v)
             elif isinstance(a, int):
                 args.append(a)
             else:

@@ -107,7 +107,7 @@ def test_launch_params_point_at_each_value():
         _Kernel(),
         (5,),
         (256,),
-        (_launch.ARG, 0x40, np.float32(1.5), st, _launch.ARG, _launch.Blob(128)),
+        (_launch.ARG, 0x40, np.float32(1.5), st, _launch.ARG, _launch.Blob(_launch.TENSOR_MAP)),
         fields=((3, "ptr"),),
     )
     assert L.grid == (5, 1, 1) and L.block == (256, 1, 1) and L._cfg is None
@@ -124,6 +124,18 @@ def test_launch_params_point_at_each_value():
     assert L.param_bytes(3) == ctypes.string_at(params[3], st.dtype.itemsize)
     with pytest.raises(TypeError, match="0-d struct"):
         _launch.Launch(_Kernel(), (1,), (32,), (np.zeros(3, np.int64),))
+
+
+def test_recorded_call_shows_left_out_arguments_as_their_zero_bytes():
+    """A plan may leave out a call's last arguments (no split-K workspace, no tensor map): the
+    recording shows them as a launch passes them, a null pointer and an all-zero map."""
+    L = _launch.Launch(
+        _Kernel(), (1,), (32,), (_launch.ARG, _launch.ARG, _launch.ARG, _launch.Blob(_launch.TENSOR_MAP))
+    )
+    _patch(L, (0x7000,))
+    kernel, grid, block, args, smem, launch = L._record((0x7000,))
+    assert args[:3] == (0x7000, None, None) and launch is L
+    assert args[3].dtype == _launch.TENSOR_MAP and not args[3]["w"].any()
 
 
 def test_launch_attributes_of_pdl_and_cluster_launches():

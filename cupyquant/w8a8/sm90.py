@@ -137,7 +137,7 @@ class MmLaunch:
         self.ws = parts * tiles_n * tiles_m * cfg.bm * cfg.bn if parts > 1 else 0
         self.counters = tiles_n * tiles_m if parts > 1 else 0
         self.box_a, self.box_b = cfg.bm, cfg.bn
-        tm = Blob(_launch.TENSOR_MAP.itemsize)
+        tm = Blob(_launch.TENSOR_MAP)
         args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per),)
         work = tiles_n * tiles_m * parts
         self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem)

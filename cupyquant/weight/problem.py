@@ -119,7 +119,7 @@ def gemm_steps(p: Problem, k, threads: int, smem: int, rows: int, bk: int, split
             a = np.array(
                 (mrows, p.N, p.K, p.lda, p.K // p.group, p.gshift, splits, iters, int(flag)), dtype=args_dtype
             )[()]
-            tail = (Blob(_launch.TENSOR_MAP.itemsize),) * 2 if wide is not None else ()
+            tail = (Blob(_launch.TENSOR_MAP),) * 2 if wide is not None else ()
             launches.append(
                 Launch(
                     k,
