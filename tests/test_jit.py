@@ -31,7 +31,7 @@ FAMILIES = sorted(cupyquant._all_families())
 #   too: an older NVRTC or a GPU without its own target takes the portable build).
 # The compiles are one job per (family, target), run by worker processes, one a core
 # (_nvrtc_pool), longest first, and the test below takes them in that order, so that results
-# stream; a run starts only the jobs of its selected tests. On 2 cores: 14 min, where every
+# stream; a run starts only the jobs of its selected tests. On 2 cores: 15 min, where every
 # instantiation on the five targets in one process took 25 min. The costs (seconds of one full
 # compile on one core; the family-specific target for the specific_only families) only order the
 # jobs.
