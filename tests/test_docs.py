@@ -118,8 +118,71 @@ def test_troubleshooting_quotes_the_loaders_messages():
         "cupyquant needs the CUDA runtime headers (cuda_fp16.h, cuda_fp8.h) for NVRTC and found none in",
         "cupyquant could not compile kernel family",
         "cupyquant could not find its CUDA sources; looked in",
+        "(or [cu12]; from a clone of the repository, ",
     ):
         assert fragment in page, f"the page no longer quotes {fragment!r}"
         assert fragment in src, f"cupyquant._jit no longer says {fragment!r}: update the page"
     for var in (_jit.KERNEL_DIR_ENV, _jit.CUDA_INCLUDE_ENV):
         assert var in page
+
+
+PAGES = sorted(DOCS.glob("*.md")) + [ROOT / "README.md", ROOT / "BENCHMARKS.md"]
+
+
+def _prose_code(path: Path):
+    """The inline code spans of a page, outside its code blocks (docs/api.md is generated: left out)."""
+    return re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", path.read_text(), flags=re.S))
+
+
+@pytest.mark.parametrize("page", [p.name for p in PAGES if p.name != "api.md"])
+def test_pages_name_real_arguments(page):
+    """A call written in a page's prose, ``reference.f(a, b, k=v)`` or ``cq.f(x, k=v)``, names
+    keyword arguments the function has; a reference function is written with its own parameter
+    names, so its bare names are parameters too."""
+    pytest.importorskip("cupy")
+    import cupyquant
+    from cupyquant import reference
+
+    path = next(p for p in PAGES if p.name == page)
+    for code in _prose_code(path):
+        for m in re.finditer(r"(?<![\w.])(reference|cq|cupyquant)\.(\w+)\(([^()]*)\)", code):
+            fn = getattr(reference if m.group(1) == "reference" else cupyquant, m.group(2), None)
+            assert callable(fn), f"{page}: {m.group(0)}: no such function"
+            params = inspect.signature(fn).parameters
+            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
+                continue
+            for arg in (a.strip() for a in m.group(3).split(",")):
+                name, keyword, _ = arg.partition("=")
+                name = name.strip()
+                if name.isidentifier() and (keyword or m.group(1) == "reference"):
+                    assert name in params, f"{page}: {m.group(0)}: {m.group(2)} has no argument {name!r}"
+
+
+@pytest.mark.parametrize("page", [p.name for p in PAGES if p.name != "api.md"])
+def test_pages_make_no_promises(page):
+    """A page says what is known; "not profiled yet" and "not supported yet" go stale unseen."""
+    text = next(p for p in PAGES if p.name == page).read_text()
+    found = re.findall(r"\bnot (?:\w+ ){0,2}yet\b", text)
+    assert not found, f"{page}: {found}"
+
+
+def test_benchmarks_tables_pointed_to_are_there():
+    """ "the H200 table below" needs an H200 heading below it (and "above" one above)."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    for m in re.finditer(r"the (\S+) tables? (below|above)", text):
+        headings = re.findall(
+            r"^#+ .*" + re.escape(m.group(1)) + ".*$",
+            text[m.end() :] if m.group(2) == "below" else text[: m.start()],
+            re.M,
+        )
+        assert headings, f"BENCHMARKS.md: {m.group(0)!r} points to no such table"
+
+
+def test_weight_only_page_lists_every_checkpoint_format():
+    pytest.importorskip("cupy")
+    from cupyquant.weight.checkpoint import CHECKPOINT_FORMATS
+
+    text = (DOCS / "weight_only.md").read_text()
+    bullet = re.search(r"^- `format`: (.*(?:\n  .*)*)", text, re.M).group(1)
+    for fmt in CHECKPOINT_FORMATS:
+        assert f'"{fmt}"' in bullet, f"weight_only.md's format bullet does not name {fmt!r}"
