@@ -4,7 +4,7 @@
 // (cp.async.bulk.tensor), cp.async arrivals on an mbarrier, the warpgroup register split
 // (setmaxnreg, sm_90a only), and the stmatrix / st.shared stores of the epilogue. Shared addresses are
 // 32-bit shared-window addresses (__cvta_generic_to_shared). The cluster helpers (barrier.cluster,
-// mapa, ld.shared::cluster) are in weight_mma.cuh, shared with the decode kernel's K split.
+// mapa, ld.shared::cluster, remote mbarrier arrivals) are in cluster.cuh.
 #pragma once
 
 #include "common.cuh"
@@ -45,6 +45,18 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsig
                  "l"(map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+// the box of the tensor map at (k c0, row c1) into the shared memory of every block of the cluster
+// in `mask` (bit r: rank r), at the same offset dst in each, its bytes counted on each one's mbarrier
+// at offset bar
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const void* map, unsigned bar, int c0, int c1, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+        : "memory");
+}
+// the mbarrier initializations of this block are visible to the cluster's other blocks (before a
+// cluster barrier, ahead of their remote arrivals and multicast transactions)
+__device__ __forceinline__ void fence_mbarrier_init_cluster() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 // waits until every cp.async this thread has issued has completed
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 

@@ -2,6 +2,7 @@
 // fp16/bf16 pair arithmetic that dequantizes INT4 codes, and the m16n8k16 tensor-core multiply.
 #pragma once
 
+#include "cluster.cuh"
 #include "common.cuh"
 
 #define W_INT4 0   // symmetric, codes q - 8
@@ -220,42 +221,6 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
-// Thread-block clusters (compute capability 9.0 and newer): a barrier over the cluster's blocks
-// (release / acquire: the shared-memory stores before it are visible to the loads after it), this
-// block's rank, another block's shared address (mapa) and 16- or 4-byte loads from it
-// (distributed shared memory). Used by the K splits of weight_decode.cu and weight_sm90_gemm.cu.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// The last barrier of a cluster's K split, which only keeps each block's shared memory alive until
-// the others have read it: no release (a release at cluster scope is a MEMBAR.ALL.GPU in the SASS,
-// which would wait for this thread's global stores of y). Every load from another block's shared
-// memory has been consumed (summed, and the sum stored) before the arrive, so it has completed.
-__device__ __forceinline__ void cluster_sync_exit() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned map_shared_rank(unsigned addr, unsigned rank) {
-    unsigned d;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(addr), "r"(rank));
-    return d;
-}
-__device__ __forceinline__ float4 ld_shared_cluster_f4(unsigned addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-    return v;
-}
-__device__ __forceinline__ float ld_shared_cluster_f32(unsigned addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-#endif
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
