@@ -66,6 +66,7 @@ struct MmArgs {
     int splits;  // parts of K
     int kb_per_split;  // 128-k blocks a part (the last part may have fewer)
     int has_adj;  // INT8: subtract z(m) * adj(n)
+    int cluster;  // scaled_mm_sm90.cu: blocks of a cluster that share a's rows by TMA multicast (1 or 2)
 };
 
 __device__ __forceinline__ float fma_rn(float a, float b, float c) {
@@ -141,13 +142,14 @@ __device__ __forceinline__ void store_pair(TY* __restrict__ y, const TY* __restr
 // that is stored (identity for FP8, whose parts are scaled already; INT8's epilogue). Without a K
 // split the pairs are stored. With one, each part stores its partial tile (BM x BN, row-major, the
 // values' bits in float32 words) to its place in the workspace ws (part, tile of tiles), and the last
-// part of the tile to arrive (a counter per tile, reset by it for the next call) adds the parts (its
-// own and the others' loaded at the places of its own pairs: NP independent loads a part, one round
-// trip) and stores final of the sums, so that y does not depend on which part finishes first: float
-// sums in part order 0, 1, ... (in a second register set), int sums (exact, wrapping, any order)
-// into the thread's own registers. THREADS threads (tid 0 .. THREADS - 1, warps 0 .. THREADS / 32 - 1
-// of the block) call this and meet at named barrier 1, so that other warps of the block (a producer)
-// need not.
+// part of the tile to arrive (a counter per tile, reset by it for the next call) adds the parts
+// (loaded at the places of its own pairs: NP independent loads a part, one round trip) and stores
+// final of the sums, so that y does not depend on which part finishes first: float sums in part
+// order 0, 1, ..., its own part read back from ws like the others', into the pairs' registers (no
+// second register set); int sums (exact, wrapping, any order) into its own. THREADS threads (tid
+// 0 .. THREADS - 1, warps 0 .. THREADS / 32 - 1 of the block) call this and meet at named barrier 1,
+// so that other warps of the block (a producer) need not. SPLIT = false compiles the K split out
+// (the host never splits such a launch).
 __device__ __forceinline__ void named_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
 __device__ __forceinline__ float to_bits(float v) { return v; }
@@ -158,18 +160,10 @@ struct AsScaled {
     __device__ __forceinline__ float2 operator()(int, int, int, float v0, float v1) const { return make_float2(v0, v1); }
 };
 
-template <typename TY, typename V, int BM, int BN, int THREADS, int NP, typename Visit, typename Final>
-__device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
-                                            const MmArgs& p, i64 m0, i64 n0, i64 tile, i64 tiles, int part, int tid, Visit visit, Final final) {
-    auto store = [&](int i, int m, int n, V v0, V v1) {
-        if (m0 + m >= p.M || n0 + n >= p.N) return;
-        const float2 v = final(i, m, n, v0, v1);
-        store_pair<TY>(y, bias, p, m0 + m, n0 + n, v.x, v.y);
-    };
-    if (p.splits == 1) {
-        visit([&](int i, int m, int n, V& v0, V& v1) { store(i, m, n, v0, v1); });
-        return;
-    }
+// finish_tile's K split: store this part's partial, and the last part to arrive sums and stores
+template <typename TY, typename V, int BM, int BN, int THREADS, int NP, typename Visit, typename Store>
+__device__ __forceinline__ void finish_split(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
+                                             const MmArgs& p, i64 m0, i64 n0, i64 tile, i64 tiles, int part, int tid, Visit visit, Store store) {
     __shared__ int s_last;
     float* own = ws + ((i64)part * tiles + tile) * (BM * BN);
     visit([&](int, int m, int n, V& v0, V& v1) {  // rows past M are neither stored nor read back
@@ -204,22 +198,32 @@ __device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __rest
             });
         }
         visit([&](int i, int m, int n, int& v0, int& v1) { store(i, m, n, v0, v1); });
-    } else {
-        float2 s[NP];
+    } else {  // every part's partial, this one's too (stored above), summed from ws in part order into the pairs' own registers
 #pragma unroll 1
         for (int sp = 0; sp < p.splits; ++sp) {
-            if (sp == part) {
-                visit([&](int i, int, int, float& v0, float& v1) { s[i] = sp == 0 ? make_float2(v0, v1) : make_float2(add_rn(s[i].x, v0), add_rn(s[i].y, v1)); });
-            } else {
-                visit([&](int i, int m, int n, float&, float&) {
-                    const float2 x = load(sp, m, n);
-                    s[i] = sp == 0 ? x : make_float2(add_rn(s[i].x, x.x), add_rn(s[i].y, x.y));
-                });
-            }
+            visit([&](int, int m, int n, float& v0, float& v1) {
+                const float2 x = load(sp, m, n);
+                v0 = sp == 0 ? x.x : add_rn(v0, x.x), v1 = sp == 0 ? x.y : add_rn(v1, x.y);
+            });
         }
-        visit([&](int i, int m, int n, float&, float&) { store(i, m, n, s[i].x, s[i].y); });
+        visit([&](int i, int m, int n, float& v0, float& v1) { store(i, m, n, v0, v1); });
     }
     if (tid == 0) counters[tile] = 0;  // ready for the next call
+}
+
+template <typename TY, typename V, int BM, int BN, int THREADS, int NP, bool SPLIT = true, typename Visit, typename Final>
+__device__ __forceinline__ void finish_tile(TY* __restrict__ y, const TY* __restrict__ bias, float* __restrict__ ws, int* __restrict__ counters,
+                                            const MmArgs& p, i64 m0, i64 n0, i64 tile, i64 tiles, int part, int tid, Visit visit, Final final) {
+    auto store = [&](int i, int m, int n, V v0, V v1) {
+        if (m0 + m >= p.M || n0 + n >= p.N) return;
+        const float2 v = final(i, m, n, v0, v1);
+        store_pair<TY>(y, bias, p, m0 + m, n0 + n, v.x, v.y);
+    };
+    if (!SPLIT || p.splits == 1) {
+        visit([&](int i, int m, int n, V& v0, V& v1) { store(i, m, n, v0, v1); });
+        return;
+    }
+    if constexpr (SPLIT) finish_split<TY, V, BM, BN, THREADS, NP>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit, store);
 }
 
 }  // namespace cq
