@@ -6,10 +6,15 @@
 //
 // The grid is persistent: one block a SM takes work items w = blockIdx.x, + gridDim.x, ... (a tile
 // and, where K is split, a part of K; tiles in groups of RASTER rows that sweep N together, so that
-// the tiles running at once share a's and b's rows in L2). A tile is BM x BN of y (BM = 64 or 128
-// rows of a, BN = 64 or 128 rows of b), computed by BM / 64 consumer warpgroups, 64 rows each, with
-// one producer warpgroup (the last), which runs ahead into the next tile while the consumers store
-// the last one. K streams through
+// the tiles running at once share a's and b's rows in L2). A tile is BM x BN of y (BM = 64, 128 or
+// 256 rows of a, BN = 64 or 128 rows of b, 256 for INT8), computed by one consumer warpgroup (BM =
+// 64) or two, 64 rows each, or with BM = 256 128 rows each in two 64-row waves that share one
+// temporary accumulator set (FP8 per tensor and 128 x 128 blocks only: a wave's promotion needs no
+// per-column scales), with one producer warpgroup (the last), which runs ahead into the next tile
+// while the consumers store the last one. With p.cluster = 2 the grid is made of clusters of two
+// blocks that take neighbouring tiles in N (the same rows of a): each block's producer loads half of
+// those rows by TMA multicast into both blocks' slot, and a slot is free once both blocks' consumers
+// have released it (their empty barriers count both). K streams through
 // a ring of STAGES shared-memory slots, one 128-k scale block a slot: BM rows of a and BN rows of b,
 // 128 bytes each, loaded by the producer's thread with two TMA boxes (host-encoded tensor maps,
 // cupyquant/w8a8/sm90.py) in the 128-byte swizzle that the wgmma descriptors describe. Rows past M or
@@ -37,11 +42,13 @@
 // r = 2, 3), which the epilogue (scaled_mm.cuh finish_tile) stores as 4-byte (8-byte for float32)
 // pieces, or sums across the K split first.
 //
-// Registers: BM = 128 launches 384 threads with 168 each, and ptxas fits the whole kernel, the
-// consumers' code included, within those 168 (the block's sums and the running sums take 128 of them:
-// what keeps the tile at 128 x 128); setmaxnreg then gives the producer's unused registers back (40
-// for it, 232 for the consumers: 256 x 232 + 128 x 40 <= 64K). BM = 64 launches 256 threads (255 each).
+// Registers: BM = 128 and 256 launch 384 threads with 168 each; setmaxnreg gives the producer's
+// unused registers to the consumers (40 for it, 232 for them: 256 x 232 + 128 x 40 <= 64K), and
+// ptxas allocates the consumers' code within those 232. BM = 256 keeps 128 running sums and 64 block
+// sums a thread, which leaves no room for a K split's epilogue: that tile is never split (SPLIT).
+// BM = 64 launches 256 threads (255 each).
 
+#include "cluster.cuh"
 #include "common.cuh"
 #include "scaled_mm.cuh"
 #include "sm90_async.cuh"
@@ -56,19 +63,21 @@ struct alignas(64) TmaMap {
 };
 
 template <int FA, int FB, typename TY, int MODE, int BM, int BN, int STAGES>
-__global__ void __launch_bounds__(BM * 2 + 128, 1)
+__global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     scaled_mm_sm90(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const void* __restrict__ sa,
                    const float* __restrict__ sb, const int* __restrict__ azp, const int* __restrict__ adj, const TY* __restrict__ bias,
                    TY* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters, MmArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool INT = FA == S8;
     static_assert(!INT || (FB == S8 && MODE == MODE_END), "INT8 takes INT8 b and scales that do not vary along K");
-    static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
+    static_assert(BM == 64 || BM == 128 || (!INT && BM == 256 && MODE != MODE_K_COL), "one or two consumer warpgroups of one or two waves");
     static_assert(BN == 64 || BN == 128 || (INT && BN == 256), "wgmma widths of sm90_wgmma.cuh's wrappers; MODE_K_TILE needs BN | 128");
-    constexpr int CW = BM / 64;                        // consumer warpgroups
+    constexpr int CW = BM > 64 ? 2 : 1;                // consumer warpgroups
+    constexpr int WAVES = BM / (64 * CW);              // 64-row waves a consumer warpgroup multiplies in turn
+    constexpr bool SPLIT = WAVES == 1;                 // a K split's epilogue fits the registers (the host splits no other)
     constexpr int CT = CW * 128;                       // consumer threads
     constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;  // a multiple of 1024: every slot stays 1024-aligned
-    constexpr int ND = BN / 2;                         // accumulators a thread
+    constexpr int ND = BN / 2;                         // accumulators a thread a wave
     constexpr int RASTER = 8;                          // rows of tiles a group of work items sweeps N with
     extern __shared__ uint4 smem_raw[];
     __shared__ __align__(8) unsigned long long mb_full[STAGES], mb_empty[STAGES];
@@ -78,31 +87,43 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     const unsigned full0 = (unsigned)__cvta_generic_to_shared(mb_full), empty0 = (unsigned)__cvta_generic_to_shared(mb_empty);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int CL = p.cluster;  // 1, or 2: the cluster's blocks take tiles side by side in N (see above)
+    const unsigned rank = CL > 1 ? cluster_rank() : 0u;
     const i64 tiles_n = (p.N + BN - 1) / BN, tiles_m = (p.M + BM - 1) / BM, tiles = tiles_n * tiles_m;
-    const i64 work = tiles * p.splits;
+    const i64 groups_n = (tiles_n + CL - 1) / CL;  // columns of tiles a cluster takes together
+    const i64 units = tiles_m * groups_n, work = units * p.splits;
     const int nkb = (int)((p.K + 127) / 128);
-    // work item w: part w / tiles of K, tile w % tiles, in groups of RASTER rows of tiles that sweep
-    // N together, so that the blocks running at once share rows of a and of b in L2
+    // work item w of this block's cluster: part w / units of K, unit w % units, in groups of RASTER
+    // rows of units that sweep N together, so that the clusters running at once share rows of a and
+    // of b in L2; rank r of the cluster takes the unit's r-th tile (with CL = 2 and an odd number of
+    // tile columns, the last unit's second tile lies past N: it is computed from zeros, never stored)
     auto item = [&](i64 w, i64& m0, i64& n0, i64& tile, int& part, int& kb0, int& niter) {
-        part = (int)(w / tiles), tile = w % tiles;
-        const i64 group = tile / (RASTER * tiles_n), first = group * RASTER;
-        const i64 rows = min((i64)RASTER, tiles_m - first), in = tile - group * RASTER * tiles_n;
-        m0 = (first + in % rows) * BM, n0 = (in / rows) * BN;
+        part = (int)(w / units);
+        const i64 u = w % units, group = u / (RASTER * groups_n), first = group * RASTER;
+        const i64 rows = min((i64)RASTER, tiles_m - first), in = u - group * RASTER * groups_n;
+        const i64 mi = first + in % rows, ni = (in / rows) * CL + rank;
+        m0 = mi * BM, n0 = ni * BN, tile = mi * tiles_n + ni;
         kb0 = part * p.kb_per_split, niter = min(p.kb_per_split, nkb - kb0);  // >= 1: the host cuts K so
     };
+    const i64 w_first = blockIdx.x / CL, w_step = gridDim.x / CL;
 
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, CW * 4);
+        for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, CW * 4 * CL);
+        if (CL > 1) fence_mbarrier_init_cluster();
     }
-    __syncthreads();
+    if (CL > 1) {
+        cluster_sync_all();  // every block's barriers are initialized before the first multicast or remote arrival
+    } else {
+        __syncthreads();
+    }
 
     if (warp >= CW * 4) {  // the producer warpgroup: one thread issues the TMA loads of every tile
         if constexpr (CW > 1) setmaxnreg_dec<40>();
         if (tid == CT) {
             int it = 0;  // the ring's position, across tiles
 #pragma unroll 1
-            for (i64 w = blockIdx.x; w < work; w += gridDim.x) {
+            for (i64 w = w_first; w < work; w += w_step) {
                 i64 m0, n0, tile;
                 int part, kb0, niter;
                 item(w, m0, n0, tile, part, kb0, niter);
@@ -113,7 +134,11 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
                     const unsigned dst = sbase + (unsigned)(slot * STAGE), bar = full0 + 8 * slot;
                     mbar_expect_tx(bar, STAGE);
                     const int k = (kb0 + i) * 128;
-                    tma_load_2d(dst, &tma, bar, k, (int)m0);
+                    if (CL > 1) {  // this block's half of the rows of a, into both blocks' slot
+                        tma_load_2d_multicast(dst + rank * (A_BYTES / 2), &tma, bar, k, (int)(m0 + rank * (BM / 2)), (unsigned short)3);
+                    } else {
+                        tma_load_2d(dst, &tma, bar, k, (int)m0);
+                    }
                     tma_load_2d(dst + A_BYTES, &tmb, bar, k, (int)n0);
                 }
             }
@@ -123,63 +148,78 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
     if constexpr (CW > 1) setmaxnreg_inc<232>();
 
     const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
-    const int row0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows of the tile: row0, row0 + 8
+    const int row0 = wg * 64 * WAVES + (warp & 3) * 16 + g;  // this thread's rows of the tile: row0 + 64 w, + 8, for wave w
 
     // Descriptors: 128-byte swizzle (bits 62-63 = 1), 8-row groups 1024 bytes apart (SBO), LBO unused
     // by swizzled K-major layouts (1 by convention); the low word holds the start address / 16, which
     // stays below 2^14 (no carry into the high word), so a k32 step (+ 32 bytes) adds 2 to it.
     constexpr unsigned long long DESC_HI = (1ull << 62) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 16);
-    const unsigned adesc0 = (unsigned)DESC_HI | ((sbase + (unsigned)(wg * 64 * 128)) >> 4);
+    const unsigned adesc0 = (unsigned)DESC_HI | ((sbase + (unsigned)(wg * WAVES * 64 * 128)) >> 4);
+    constexpr unsigned WAVE_DESC = 64 * 128 >> 4;  // a wave's 64 rows of a further on
     const unsigned bdesc0 = (unsigned)DESC_HI | ((sbase + (unsigned)A_BYTES) >> 4);
     auto desc = [](unsigned lo) { return (DESC_HI & 0xffffffff00000000ull) | lo; };
 
     using Acc = typename cond_type<INT, int, float>::type;
-    Acc acc[ND];
+    // a slot's release: one arrival a consumer warp on its empty barrier, and with CL = 2 on the other
+    // block's too, whose producer also writes into this block's slot
+    const unsigned peer_empty0 = CL > 1 ? map_shared_rank(empty0, rank ^ 1u) : 0u;
+    auto release = [&](int slot) {
+        mbar_arrive(empty0 + 8 * slot);
+        if (CL > 1) mbar_arrive_cluster(peer_empty0 + 8 * slot);
+    };
+
+    Acc acc[WAVES * ND];  // wave w's in acc[w ND ...]
     float tmp[INT ? 1 : ND];
     int it = 0;  // the ring's position, across tiles (as the producer's)
 #pragma unroll 1
-    for (i64 w = blockIdx.x; w < work; w += gridDim.x) {
+    for (i64 w = w_first; w < work; w += w_step) {
         i64 m0, n0, tile;
         int part, kb0, niter;
         item(w, m0, n0, tile, part, kb0, niter);
-        // scale lookups of rows and columns past M and N read the last row's and column's (never stored)
-        const i64 ra0 = a_scale_row(p, min(m0 + row0, p.M - 1)), ra1 = a_scale_row(p, min(m0 + row0 + 8, p.M - 1));
+        // scale lookups of rows and columns past M and N read the last row's and column's (never stored);
+        // ra[2 w], ra[2 w + 1]: wave w's two rows
+        i64 ra[2 * WAVES];
+#pragma unroll
+        for (int r = 0; r < 2 * WAVES; ++r) ra[r] = a_scale_row(p, min(m0 + row0 + 64 * (r >> 1) + 8 * (r & 1), p.M - 1));
+        const i64 ra0 = ra[0], ra1 = ra[1];
         auto col = [&](int j, int c) { return min(n0 + 8 * j + 2 * t + c, p.N - 1); };
         // tmp too: the first wgmma of a block ignores it (scale-d = 0) but names it as an input, and
         // without this write it would stay live through the epilogue, whose K-split sums need the registers
 #pragma unroll
-        for (int i = 0; i < ND; ++i) acc[i] = Acc(0);
+        for (int i = 0; i < WAVES * ND; ++i) acc[i] = Acc(0);
 #pragma unroll
         for (int i = 0; i < (INT ? 1 : ND); ++i) tmp[i] = 0.0f;
 
-        // K_TILE: a block's scales (a's two rows, b's tile) are loaded SA blocks ahead, since an L2
+        // K_TILE: a block's scales (a's rows, b's tile) are loaded SA blocks ahead, since an L2
         // round trip is longer than a block's wgmmas, into a ring of SA + 1 register sets taken in
         // turn (blocks unrolled by SA + 1), so that no copy from a loaded set waits for its load (two
         // blocks ahead measure the same and spill the 128-row tile); K_COL: the column scales in the
         // block itself, for want of registers.
-        constexpr int SA = 1;
-        float sc[SA + 1][3];
-        // Cursors over the item's blocks: the two rows' scales of a as byte pointers (float32 words,
-        // or UE8M0 bytes, of which every fourth block steps to the next word) and b's tile scale,
-        // stepped a block at a time, so that a block's lookups are three loads and three adds, not
-        // the address arithmetic of a_scale and b_scale.
+        constexpr int SA = 1, NS = 2 * WAVES + 1;  // a set: a's scales of the thread's rows, then b's
+        float sc[SA + 1][NS];
+        // Cursors over the item's blocks: the rows' scales of a as byte pointers (float32 words, or
+        // UE8M0 bytes, of which every fourth block steps to the next word) and b's tile scale, stepped
+        // a block at a time, so that a block's lookups are loads and adds, not the address arithmetic
+        // of a_scale and b_scale.
         const bool packed = p.sa_packed;
         const i64 astep = packed ? 4 * p.sa_k - 3 : 4 * p.sa_k;
         int phase = kb0 & 3;
         const i64 aoff = packed ? 4 * ((i64)(kb0 >> 2) * p.sa_k) + phase : 4 * ((i64)kb0 * p.sa_k);
-        const unsigned char* pa0 = reinterpret_cast<const unsigned char*>(sa) + 4 * ra0 + aoff;
-        const unsigned char* pa1 = reinterpret_cast<const unsigned char*>(sa) + 4 * ra1 + aoff;
+        const unsigned char* pa[2 * WAVES];
+#pragma unroll
+        for (int r = 0; r < 2 * WAVES; ++r) pa[r] = reinterpret_cast<const unsigned char*>(sa) + 4 * ra[r] + aoff;
         const float* pb = sb + (min(n0, p.N - 1) >> p.sb_shift) * p.sb_n + (i64)kb0 * p.sb_k;
-        auto tile_scales = [&](float (&s)[3]) {  // the next block's, in block order
+        auto tile_scales = [&](float (&s)[NS]) {  // the next block's, in block order
             if (packed) {
-                s[0] = e8m0_to_float(__ldg(pa0)), s[1] = e8m0_to_float(__ldg(pa1));
                 const i64 d = phase == 3 ? astep : 1;
-                pa0 += d, pa1 += d, phase = (phase + 1) & 3;
+#pragma unroll
+                for (int r = 0; r < 2 * WAVES; ++r) s[r] = e8m0_to_float(__ldg(pa[r])), pa[r] += d;
+                phase = (phase + 1) & 3;
             } else {
-                s[0] = __ldg(reinterpret_cast<const float*>(pa0)), s[1] = __ldg(reinterpret_cast<const float*>(pa1));
-                pa0 += astep, pa1 += astep;
+#pragma unroll
+                for (int r = 0; r < 2 * WAVES; ++r) s[r] = __ldg(reinterpret_cast<const float*>(pa[r])), pa[r] += astep;
             }
-            s[2] = __ldg(pb), pb += p.sb_k;
+            s[NS - 1] = __ldg(pb), pb += p.sb_k;
         };
         if constexpr (MODE == MODE_K_TILE) {
 #pragma unroll
@@ -187,7 +227,7 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
                 if (j < niter) tile_scales(sc[j]);
         }
         // block i of the item: its scales in cur, block i + SA's loaded into nxt
-        auto block = [&](int i, float (&cur)[3], float (&nxt)[3]) {
+        auto block = [&](int i, float (&cur)[NS], float (&nxt)[NS]) {
             const int slot = it % STAGES, kb = kb0 + i;
             float sa0 = 0.0f, sa1 = 0.0f;
             float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
@@ -200,31 +240,41 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             }
             mbar_wait(full0 + 8 * slot, (unsigned)((it / STAGES) & 1));
             const unsigned off = (unsigned)(slot * (STAGE >> 4));
-            wg_fence();
             if constexpr (INT) {  // into acc (zeroed by the item's first step); the previous block's slot is released once it retires
+                wg_fence();
 #pragma unroll
                 for (int s = 0; s < 4; ++s) WgmmaS8<BN>::mma(acc, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), i > 0 || s > 0);
                 wg_commit();
                 wg_wait<1>();
                 __syncwarp();
-                if (lane == 0 && i > 0) mbar_arrive(empty0 + 8 * ((it + STAGES - 1) % STAGES));
+                if (lane == 0 && i > 0) release((it + STAGES - 1) % STAGES);
             } else {
+                // wave by wave through the one tmp set: its wgmmas, their wait, its promotion; the slot
+                // is released once the last wave's wgmmas have retired
 #pragma unroll
-                for (int s = 0; s < 4; ++s) WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
-                wg_commit();
-                wg_wait<0>();
-                __syncwarp();  // every lane's wgmmas of the slot are retired
-                if (lane == 0) mbar_arrive(empty0 + 8 * slot);
-                if constexpr (MODE == MODE_END) {
+                for (int w = 0; w < WAVES; ++w) {
+                    wg_fence();
 #pragma unroll
-                    for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
-                } else if constexpr (MODE == MODE_K_TILE) {
-                    const float s0 = mul_rn(cur[0], cur[2]), s1 = mul_rn(cur[1], cur[2]);
+                    for (int s = 0; s < 4; ++s)
+                        WgmmaFp8<FA, FB, BN>::mma(tmp, desc(adesc0 + w * WAVE_DESC + off + 2 * s), desc(bdesc0 + off + 2 * s), s);
+                    wg_commit();
+                    wg_wait<0>();
+                    if (w == WAVES - 1) {
+                        __syncwarp();  // every lane's wgmmas of the slot are retired
+                        if (lane == 0) release(slot);
+                    }
+                    float* aw = acc + w * ND;
+                    if constexpr (MODE == MODE_END) {
 #pragma unroll
-                    for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, acc[r]);
-                } else {
+                        for (int r = 0; r < ND; ++r) aw[r] = add_rn(aw[r], tmp[r]);
+                    } else if constexpr (MODE == MODE_K_TILE) {
+                        const float s0 = mul_rn(cur[2 * w], cur[NS - 1]), s1 = mul_rn(cur[2 * w + 1], cur[NS - 1]);
 #pragma unroll
-                    for (int r = 0; r < ND; ++r) acc[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), acc[r]);
+                        for (int r = 0; r < ND; ++r) aw[r] = fma_rn(tmp[r], (r & 2) ? s1 : s0, aw[r]);
+                    } else {
+#pragma unroll
+                        for (int r = 0; r < ND; ++r) aw[r] = fma_rn(tmp[r], mul_rn((r & 2) ? sa1 : sa0, sbc[2 * (r >> 2) + (r & 1)]), aw[r]);
+                    }
                 }
             }
             ++it;
@@ -235,20 +285,23 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             for (int j = 0; j <= SA; ++j)
                 if (i + j < niter) block(i + j, sc[j], sc[(j + SA) % (SA + 1)]);
         }
-        // this thread's pairs: pair 2 j is row row0, 2 j + 1 row row0 + 8, both columns 8 j + 2 t (+ 1), of
-        // acc or of its values converted in place
+        // this thread's pairs: pair (ND / 2) w + 2 j is row row0 + 64 w, pair (ND / 2) w + 2 j + 1 row
+        // row0 + 64 w + 8, both columns 8 j + 2 t (+ 1), of acc or of its values converted in place
         auto pairs = [&](auto& vals, auto f) {
 #pragma unroll
-            for (int j = 0; j < ND / 4; ++j) {
-                f(2 * j, row0, 8 * j + 2 * t, vals[4 * j], vals[4 * j + 1]);
-                f(2 * j + 1, row0 + 8, 8 * j + 2 * t, vals[4 * j + 2], vals[4 * j + 3]);
+            for (int w = 0; w < WAVES; ++w) {
+#pragma unroll
+                for (int j = 0; j < ND / 4; ++j) {
+                    f(w * ND / 2 + 2 * j, row0 + 64 * w, 8 * j + 2 * t, vals[w * ND + 4 * j], vals[w * ND + 4 * j + 1]);
+                    f(w * ND / 2 + 2 * j + 1, row0 + 64 * w + 8, 8 * j + 2 * t, vals[w * ND + 4 * j + 2], vals[w * ND + 4 * j + 3]);
+                }
             }
         };
         auto visit = [&](auto f) { pairs(acc, f); };
         if constexpr (INT) {  // the last block retires, its slot is released; then scaled_mm.cuh's integer epilogue
             wg_wait<0>();
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * ((it + STAGES - 1) % STAGES));
+            if (lane == 0) release((it + STAGES - 1) % STAGES);
             const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
             const int z0 = a_zero(p, azp, a_zero_row(p, min(m0 + row0, p.M - 1))), z1 = a_zero(p, azp, a_zero_row(p, min(m0 + row0 + 8, p.M - 1)));
             if (p.splits == 1) {  // in place, a column pair's scales and adj loaded once for both rows
@@ -276,18 +329,23 @@ __global__ void __launch_bounds__(BM * 2 + 128, 1)
             }
         } else {
             if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
-                const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
 #pragma unroll
-                for (int j = 0; j < ND / 4; ++j) {
-                    const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
-                    acc[4 * j] = mul_rn(acc[4 * j], mul_rn(sa0, sb0)), acc[4 * j + 1] = mul_rn(acc[4 * j + 1], mul_rn(sa0, sb1));
-                    acc[4 * j + 2] = mul_rn(acc[4 * j + 2], mul_rn(sa1, sb0)), acc[4 * j + 3] = mul_rn(acc[4 * j + 3], mul_rn(sa1, sb1));
+                for (int w = 0; w < WAVES; ++w) {
+                    const float s_a0 = a_scale(p, sa, ra[2 * w], 0), s_a1 = a_scale(p, sa, ra[2 * w + 1], 0);
+                    float* aw = acc + w * ND;
+#pragma unroll
+                    for (int j = 0; j < ND / 4; ++j) {
+                        const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
+                        aw[4 * j] = mul_rn(aw[4 * j], mul_rn(s_a0, sb0)), aw[4 * j + 1] = mul_rn(aw[4 * j + 1], mul_rn(s_a0, sb1));
+                        aw[4 * j + 2] = mul_rn(aw[4 * j + 2], mul_rn(s_a1, sb0)), aw[4 * j + 3] = mul_rn(aw[4 * j + 3], mul_rn(s_a1, sb1));
+                    }
                 }
             }
-            finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
-                                                       AsScaled());
+            finish_tile<TY, float, BM, BN, CT, WAVES * ND / 2, SPLIT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
+                                                                     AsScaled());
         }
     }
+    if (CL > 1) cluster_sync_all();  // the other block's last arrivals on this block's barriers have landed
 #else
     __trap();  // built only for sm_90a; the host never launches this stub
 #endif

@@ -616,6 +616,30 @@ def run_w8a8(run: Run):
                                         bias=cupy.asarray(bias), out=out))  # fmt: skip
             want = ref.scaled_mm_int8(a8, b8, sa8, sb8, azp=z8, azp_adj=adj, bias=bias, out_dtype=np.float16)
             run.same(f"w8a8 int8 {path} {M}x{N}x{K}", out, want)
+        if "sm90" in paths and M > 128:  # every Hopper tile forced, split where it takes one
+            _sm90_tiles(run, qa, qb, a_scales, b_scales, bias, f"{M}x{N}x{K}")
+
+
+def _sm90_tiles(run: Run, qa, qb, a_scales, b_scales, bias, what):
+    from cupyquant.w8a8 import build, operands, sm90
+
+    for ak, bk in (("tensor", "tensor"), ("group-col", "block"), ("group-packed", "block"), ("group-col", "group")):
+        sa, sb = cupy.asarray(a_scales[ak]), cupy.asarray(b_scales[bk])
+        a, b, bs = cupy.asarray(qa), cupy.asarray(qb), cupy.asarray(bias)
+        L = operands.for_mm(a, b, sa, sb, "float16", bs, None, "float8_e4m3fn", "float8_e4m3fn")
+        ops = build.operands(L, build.mm_arrays(a, b, sa, sb, bs, None))
+        r, _ = ref.scaled_mm(qa, qb, a_scales[ak], b_scales[bk], bias)
+        for cfg in sm90.CONFIGS:
+            if L.mode not in sm90.modes(cfg):
+                continue
+            for parts, cluster in ((1, 1), (1, 2), (2, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
+                ops.result[...] = cupy.nan
+                sm90.MmLaunch(L, cfg, parts, cluster)(ops)
+                run.same(
+                    f"w8a8 sm90 {cfg.bm}x{cfg.bn} parts {parts} cluster {cluster} {what} {ak} x {bk}",
+                    ops.result,
+                    ref.round_result(r, np.float16),
+                )
 
 
 RUNNERS = {

@@ -507,6 +507,47 @@ def test_quantizer_outputs_within_bound(path, fmt, a_q, b_q):
     _check_bound(y, r, S, BF16, what=f"{path} {fmt} {a_q} x {b_q}")
 
 
+# ================================================================== GPU: every Hopper tile, forced
+TILE_CASES = [
+    ("tensor", "tensor"),
+    ("token-row", "channel"),
+    ("group-col", "block"),
+    ("packed-row", "block"),
+    ("group-row", "group"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_kind,b_kind", TILE_CASES, ids=[f"{a}-{b}" for a, b in TILE_CASES])
+def test_every_sm90_tile_forced(a_kind, b_kind):
+    """Every tile of the Hopper kernel that the call's scaling mode is built for, alone and in
+    clusters of two that share a's rows (N = 520: five tile columns, so a cluster's last pair has a
+    tile past N), and with a K split where the tile takes one, on tails in M, N and K (M = 300: a
+    256-row tile's second half mostly past M): bit-exact on exact inputs, into a poisoned output."""
+    require_arch("wgmma")
+    from cupyquant.w8a8 import sm90
+
+    rng = np.random.default_rng(_seed("tiles", a_kind, b_kind))
+    M, N, K = 300, 520, 2064
+    qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
+    qb, cb, sb = _b_operand(b_kind, N, K, rng)
+    bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
+    r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
+    want = ref.round_result(r, BF16)
+    L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
+    ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+    ran = 0
+    for cfg in sm90.CONFIGS:
+        if L.mode not in sm90.modes(cfg):
+            continue
+        for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
+            ops.result[...] = cupy.nan
+            sm90.MmLaunch(L, cfg, parts, cluster)(ops)
+            assert_bits_equal(ops.result, want, f"{cfg} parts {parts} cluster {cluster} {a_kind} x {b_kind}")
+            ran += 1
+    assert ran == (6 if L.mode == args.MODE_K_COL else 8)
+
+
 # ================================================================== GPU: out=, streams, graphs, layouts
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", PATHS)
@@ -676,14 +717,21 @@ def test_empty_rows():
 def test_sm90_tile_choice():
     from cupyquant.w8a8 import sm90
 
-    small, large = sm90.SMALL, sm90.LARGE
+    small, large, wide = sm90.SMALL, sm90.LARGE, sm90.WIDE
     assert sm90.config(1, 4096, 4096, 132) == small
     assert sm90.config(64, 24576, 1536, 132) == small
     assert sm90.config(128, 7168, 2048, 132) == small  # 56 large tiles would leave half the SMs idle
     assert sm90.config(128, 2112, 7168, 132) == small
     assert sm90.config(65, 8192, 8192, 132) == large  # 256 small tiles: two waves over a long K
     assert sm90.config(65, 14336, 4096, 132) == large  # 112 large tiles fill the SMs
-    assert sm90.config(129, 2112, 7168, 132) == large
+    assert sm90.config(129, 2112, 7168, 132) == large  # 34 wide tiles would leave most SMs idle
+    assert sm90.config(512, 4096, 4096, 132) == large  # 64 wide tiles: half the SMs
+    assert sm90.config(1024, 4096, 4096, 132) == wide  # one round of 128 wide tiles against two of narrow
+    assert sm90.config(4096, 2112, 7168, 132) == wide  # 3 rounds x 1.6 against 5
+    assert sm90.config(8192, 8192, 8192, 132) == wide
+    assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_TILE) == wide
+    assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_COL) == large  # no two-wave K_COL tile
+    assert sm90.modes(wide) == (args.MODE_END, args.MODE_K_TILE) and sm90.modes(large) == args.MODES
     for cfg in sm90.CONFIGS:  # a ring of 128-k slots plus the alignment slack, within 227 KB
         assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 <= 227 * 1024
 

@@ -118,7 +118,7 @@ def test_int8_runs_from_ampere(monkeypatch):
 def test_sm90_int8_tile_choice():
     # 128 x 256 tiles where they still give every SM one; the FP8 tiles otherwise
     assert sm90.config(4096, 4096, 8192, 132, int8=True) == sm90.INT8_WIDE
-    assert sm90.config(4096, 4096, 8192, 132) == sm90.LARGE
+    assert sm90.config(4096, 4096, 8192, 132) == sm90.WIDE  # FP8: two waves a warpgroup
     assert sm90.config(4096, 4096, 4096, 132, int8=True) == sm90.LARGE  # K below INT8_WIDE_MIN_K
     assert sm90.config(1024, 2048, 8192, 132, int8=True) == sm90.LARGE  # 8 x 8 wide tiles < 132
     assert sm90.config(2048, 7168, 8192, 132, int8=True) == sm90.LARGE  # 4 rounds of wide, 7 of narrow tiles
@@ -278,7 +278,8 @@ def test_every_scaling_exact_and_within_bound(path, a_kind, b_kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", PATHS)
 def test_k_splits_and_wide_tiles(path):
-    """Few tiles over a long K (split into parts summed as integers), and the 128 x 256 Hopper tile."""
+    """Few tiles over a long K (split into parts summed as integers), and every Hopper tile forced,
+    alone, in clusters of two sharing a's rows, and split."""
     _need(path)
     with dispatch._forced_path(path):
         for M, N, K in ((1, 256, 8192), (16, 520, 16384), (300, 1000, 4096), (1024, 2048, 1024)):
@@ -295,10 +296,10 @@ def test_k_splits_and_wide_tiles(path):
         L = operands.for_matmul(qa, qb, "bfloat16", None, None)
         ops = build.operands(L, build.matmul_arrays(qa, qb, None, None))
         for cfg in sm90.INT8_CONFIGS:
-            for parts in (1, 3):
+            for parts, cluster in ((1, 1), (1, 2), (3, 1)):
                 ops.result[...] = cupy.nan
-                sm90.MmLaunch(L, cfg, parts)(ops)
-                assert_bits_equal(ops.result, want, f"sm90 {cfg} parts {parts}")
+                sm90.MmLaunch(L, cfg, parts, cluster)(ops)
+                assert_bits_equal(ops.result, want, f"sm90 {cfg} parts {parts} cluster {cluster}")
 
 
 # ================================================================== GPU: the library's quantizers

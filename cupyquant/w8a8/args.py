@@ -44,14 +44,16 @@ MM_ARGS = np.dtype(
         ("splits", np.int32),
         ("kb_per_split", np.int32),
         ("has_adj", np.int32),
+        ("cluster", np.int32),
     ],
     align=True,
 )
 
 
-def mm_args(L, splits: int = 1, kb_per_split: int | None = None) -> np.void:
+def mm_args(L, splits: int = 1, kb_per_split: int | None = None, cluster: int = 1) -> np.void:
     """The :data:`MM_ARGS` of a launch of the call ``L`` (an operands.Layout) with K cut into
-    ``splits`` parts of ``kb_per_split`` 128-k blocks (default: all of them)."""
+    ``splits`` parts of ``kb_per_split`` 128-k blocks (default: all of them), by clusters of
+    ``cluster`` blocks sharing a's rows (the Hopper kernel; 1: no cluster)."""
     p = np.zeros((), dtype=MM_ARGS)
     nkb = ceil_div(L.K, BLOCK_K)
     p["M"], p["N"], p["K"] = L.M, L.N, L.K
@@ -69,4 +71,5 @@ def mm_args(L, splits: int = 1, kb_per_split: int | None = None) -> np.void:
     p["has_bias"] = int(L.bias)
     p["splits"] = splits
     p["kb_per_split"] = nkb if kb_per_split is None else kb_per_split
+    p["cluster"] = cluster
     return p[()]

@@ -13,8 +13,9 @@ from . import args as A
 
 @dataclass(frozen=True)
 class Sm90Config:
-    """A tile of the kernel: ``bm`` rows of a (64 a consumer warpgroup) by ``bn`` rows of b, and the
-    depth of the ring of 128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory)."""
+    """A tile of the kernel: ``bm`` rows of a by ``bn`` rows of b, and the depth of the ring of
+    128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory). One consumer warpgroup takes
+    64 rows; two take 128, or 256 in two 64-row waves each."""
 
     bm: int
     bn: int
@@ -22,7 +23,12 @@ class Sm90Config:
 
     @property
     def threads(self) -> int:
-        return 2 * self.bm + 128  # consumer warpgroups and the producer
+        return (256 if self.bm > 64 else 128) + 128  # consumer warpgroups and the producer
+
+    @property
+    def waves(self) -> int:
+        """64-row waves a consumer warpgroup multiplies in turn (2: no K split, no K_COL mode)."""
+        return self.bm // (128 if self.bm > 64 else 64)
 
     @property
     def smem(self) -> int:
@@ -39,7 +45,11 @@ class Sm90Config:
 #: one block a SM holds with its epilogue.
 LARGE = Sm90Config(128, 128, 6)
 SMALL = Sm90Config(64, 64, 12)
-CONFIGS = (LARGE, SMALL)
+#: FP8 256 x 128 tiles (two waves a consumer warpgroup): b's rows in shared memory serve four waves,
+#: not two, so a block of K moves 1.5 bytes from L2 an output element, not 2. Per tensor and
+#: 128 x 128 blocks (MODE_END, MODE_K_TILE) only, never split.
+WIDE = Sm90Config(256, 128, 4)
+CONFIGS = (WIDE, LARGE, SMALL)
 #: INT8, which keeps one accumulator set (no promotion): 128 x 256 tiles for large M, and the FP8 ones
 INT8_WIDE = Sm90Config(128, 256, 4)
 INT8_CONFIGS = (INT8_WIDE, LARGE, SMALL)
@@ -47,6 +57,13 @@ INT8_CONFIGS = (INT8_WIDE, LARGE, SMALL)
 #: 8192 x 8192 x 8192 838 / 1014, 8192 x 4096 x 14336 654 / 847; at K = 4096 and below the narrow
 #: tile is as fast or faster: 2048 x 4096 x 4096 84.4 / 73.1, 8192 x 24576 x 1536 955 / 892.
 INT8_WIDE_MIN_K = 8192
+
+
+def modes(cfg: Sm90Config) -> tuple[int, ...]:
+    """The scaling modes the kernel is built for in ``cfg``'s tile: a two-wave tile has no registers
+    for K_COL's per-column scales."""
+    return A.MODES if cfg.waves == 1 else (A.MODE_END, A.MODE_K_TILE)
+
 
 #: FP8 formats of a and b the kernel is built for (the weights are e4m3; scaled_mm takes e5m2 b too)
 A_FORMATS = B_FORMATS = tuple(A.FP8_IDS.values())
@@ -57,7 +74,7 @@ FAMILY = _jit.register(
         e
         for cfg in CONFIGS
         for e in _jit.product(
-            "scaled_mm_sm90", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, *[(v,) for v in cfg.targs]
+            "scaled_mm_sm90", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, modes(cfg), *[(v,) for v in cfg.targs]
         )
     ]
     + [
@@ -73,7 +90,7 @@ FAMILY = _jit.register(
 MIN_KB_PER_SPLIT = 4
 
 
-def config(M: int, N: int, K: int, sms: int, int8: bool = False) -> Sm90Config:
+def config(M: int, N: int, K: int, sms: int, int8: bool = False, mode: int = A.MODE_END) -> Sm90Config:
     """The tile for an (M, N, K) matmul on ``sms`` SMs: 64 x 64 up to M = 64; up to M = 128 also
     where 128 x 128 tiles would leave half the SMs idle (and need a K split), unless the 64 x 64
     tiles take more than one wave over a long K; 128 x 128 otherwise. On an H100 at M = 128:
@@ -86,12 +103,28 @@ def config(M: int, N: int, K: int, sms: int, int8: bool = False) -> Sm90Config:
     if M > 128:
         if int8 and K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
             return INT8_WIDE
+        if not int8 and mode != A.MODE_K_COL and _wide_pays(M, N, sms):
+            return WIDE
         return LARGE
     tiles_large = ceil_div(M, LARGE.bm) * ceil_div(N, LARGE.bn)
     tiles_small = ceil_div(M, SMALL.bm) * ceil_div(N, SMALL.bn)
     if 2 * tiles_large <= sms and (tiles_small <= sms or K < 8192):
         return SMALL
     return LARGE
+
+
+#: A 256 x 128 tile's time over a 128 x 128 one's: it does twice the work at about 1.25x the rate.
+#: On an H200 (TFLOP/s, wide / narrow, per tensor): 4096 x 4096 x 4096 1019 / 776-912, 4096 x 24576 x
+#: 1536 806 / 601, 4096 x 2112 x 7168 819 / 700 (3 rounds of wide tiles against 5 of narrow ones).
+WIDE_COST = 1.6
+
+
+def _wide_pays(M: int, N: int, sms: int) -> bool:
+    """Whether FP8's 256 x 128 tiles (never split) beat the 128 x 128 ones on an (M, N) output: they
+    fill at least half the SMs, and their rounds, at WIDE_COST each, take less time (at 512 x 4096
+    the wide tiles would fill 64 SMs: 555 against 684 TFLOP/s)."""
+    tiles = ceil_div(M, WIDE.bm) * ceil_div(N, WIDE.bn)
+    return 2 * tiles > sms and _waves(M, N, WIDE, sms) * WIDE_COST <= _waves(M, N, LARGE, sms)
 
 
 def _waves(M: int, N: int, cfg: Sm90Config, sms: int) -> int:
@@ -115,17 +148,25 @@ class MmLaunch:
     """The planned launch of one call layout: the kernel's Launch (arguments: the tensor maps of a
     and b, given at each call, then a's and b's scales, zero points, column term, bias, the output,
     the workspace and arrival counters of a K split), the TMA boxes' rows of a and b, and the K
-    split's workspace (its float32 elements, 0 for none) and counters."""
+    split's workspace (its float32 elements, 0 for none) and counters.
+
+    ``cfg`` and ``parts`` default to the planner's choice. ``cluster=2`` launches clusters of two
+    blocks that take neighbouring tiles in N and share a's rows, each loading half of them for both
+    by TMA multicast (no K split). It halves a's reads from L2 but is not faster on an H200, where
+    the kernel is not bound by L2 (4096 x 4096 x 4096 per tensor: 1029 against 1019 TFLOP/s; 8192^3:
+    1060 against 1203), so the planner does not take it; tests and benchmarks force it."""
 
     __slots__ = ("launch", "box_a", "box_b", "ws", "counters", "M", "N", "K", "device", "_maps")
 
-    def __init__(self, L, cfg: Sm90Config | None = None, parts: int | None = None):
+    def __init__(self, L, cfg: Sm90Config | None = None, parts: int | None = None, cluster: int = 1):
         self.M, self.N, self.K, self.device = M, N, K, device = L.M, L.N, L.K, L.device
         sms = _device.sm_count(device)
-        cfg = config(M, N, K, sms, L.a_format == "int8") if cfg is None else cfg
+        cfg = config(M, N, K, sms, L.a_format == "int8", L.mode) if cfg is None else cfg
         tiles_n, tiles_m = ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)
         nkb = ceil_div(K, A.BLOCK_K)
-        if parts is None:
+        if cfg.waves > 1:
+            parts, per = 1, nkb
+        elif parts is None:
             parts, per = splits(tiles_n * tiles_m, nkb, sms)
         else:
             per = ceil_div(nkb, parts)
@@ -136,11 +177,18 @@ class MmLaunch:
         _workspace.raise_smem_limit(device, k, cfg.smem)
         self.ws = parts * tiles_n * tiles_m * cfg.bm * cfg.bn if parts > 1 else 0
         self.counters = tiles_n * tiles_m if parts > 1 else 0
-        self.box_a, self.box_b = cfg.bm, cfg.bn
+        if cluster not in (1, 2) or (cluster == 2 and parts > 1):
+            raise ValueError(f"cluster must be 1, or 2 without a K split, got {cluster} with {parts} parts")
+        self.box_a, self.box_b = cfg.bm // cluster, cfg.bn
         tm = Blob(_launch.TENSOR_MAP)
-        args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per),)
-        work = tiles_n * tiles_m * parts
-        self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem)
+        args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per, cluster),)
+        work = tiles_m * ceil_div(tiles_n, cluster) * parts  # a cluster's items
+        if cluster == 1:
+            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem)
+        else:
+            fit = _launch.max_active_clusters(k, cfg.threads, cfg.smem, (cluster, 1, 1))
+            grid = cluster * min(work, fit)
+            self.launch = Launch(k, (grid,), (cfg.threads,), args, smem=cfg.smem, cluster=(cluster, 1, 1))
         self._maps = (None, None, None, None)  # a's and b's (address, row stride, map) of the last call
 
     def __call__(self, ops) -> None:
