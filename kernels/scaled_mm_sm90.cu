@@ -62,6 +62,73 @@ struct alignas(64) TmaMap {
     unsigned long long w[16];
 };
 
+// The end of an unsplit tile in a 16-bit TY: y = round(v + bias), stored 16 bytes at a time. val(i)
+// gives the thread's value of accumulator i = w ND + 4 j + r, laid out as the accumulators are (wave
+// w: row row0 + 64 w + 8 (r >> 1), column 8 j + 2 t + (r & 1) of the tile). Each pair is rounded into one
+// 32-bit word (as store_pair would store it); then the four lanes of a quad, which hold the same
+// rows' words of columns 8 j .. 8 j + 7, exchange them (a 4 x 4 transpose over j = 4 q .. 4 q + 3, in
+// two rounds of shuffles), so that lane t holds the eight columns of j = 4 q + t whole: one st.v4
+// where the row is in M, the eight columns in N and the address 16-byte aligned, else one 2-byte
+// store a column in N. Against a 4-byte store a pair, the tile takes a quarter of the store
+// instructions, the LSU's limit in this epilogue.
+template <typename TY, int WAVES, int ND, typename Val>
+__device__ __forceinline__ void store_tile_16(TY* __restrict__ y, const TY* __restrict__ bias, const MmArgs& p, i64 m0, i64 n0, int row0, int t,
+                                              Val val) {
+    static_assert(ND % 16 == 0, "whole quads of 8-column groups");
+    const bool hi = t & 2, odd = t & 1;
+#pragma unroll
+    for (int w = 0; w < WAVES; ++w) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const i64 m = m0 + row0 + 64 * w + 8 * h;
+#pragma unroll
+            for (int q = 0; q < ND / 16; ++q) {
+                unsigned a[4];  // the rounded pairs of column groups j = 4 q + k
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int i = w * ND + 4 * (4 * q + k) + 2 * h;
+                    const i64 n = n0 + 8 * (4 * q + k) + 2 * t;
+                    float v0 = val(i), v1 = val(i + 1);
+                    if (p.has_bias) {
+                        if (n < p.N) v0 = add_rn(v0, to_float(bias[n]));
+                        if (n + 1 < p.N) v1 = add_rn(v1, to_float(bias[n + 1]));
+                    }
+                    a[k] = (unsigned)bits16_rn<TY>(v0) | ((unsigned)bits16_rn<TY>(v1) << 16);
+                }
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {  // lanes t and t ^ 2 swap the words whose j has the other bit 1
+                    const unsigned r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + 2], 2);
+                    if (hi) {
+                        a[k] = r;
+                    } else {
+                        a[k + 2] = r;
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k += 2) {  // then t and t ^ 1, on bit 0
+                    const unsigned r = __shfl_xor_sync(0xffffffffu, odd ? a[k] : a[k + 1], 1);
+                    if (odd) {
+                        a[k] = r;
+                    } else {
+                        a[k + 1] = r;
+                    }
+                }
+                // lane t: a[k] = columns 8 (4 q + t) + 2 k, + 1
+                const i64 n = n0 + 8 * (4 * q + t);
+                if (m >= p.M || n >= p.N) continue;
+                unsigned short* dst = reinterpret_cast<unsigned short*>(y + m * p.ldy + n);
+                if (n + 8 <= p.N && (reinterpret_cast<u64>(dst) & 15) == 0) {
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        if (n + e < p.N) dst[e] = (unsigned short)(a[e >> 1] >> (16 * (e & 1)));
+                }
+            }
+        }
+    }
+}
+
 template <int FA, int FB, typename TY, int MODE, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     scaled_mm_sm90(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const void* __restrict__ sa,
@@ -304,19 +371,33 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
             if (lane == 0) release((it + STAGES - 1) % STAGES);
             const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
             const int z0 = a_zero(p, azp, a_zero_row(p, min(m0 + row0, p.M - 1))), z1 = a_zero(p, azp, a_zero_row(p, min(m0 + row0 + 8, p.M - 1)));
-            if (p.splits == 1) {  // in place, a column pair's scales and adj loaded once for both rows
-                float v[ND];
+            if (p.splits == 1) {
+                if constexpr (!same_type<TY, float>::value && ND <= 64) {  // converted in place (the float's bits in acc), then stored
+                    // (not the 128 x 256 tile: its 128 sums a thread leave no registers for the exchange)
 #pragma unroll
-                for (int j = 0; j < ND / 4; ++j) {
-                    const i64 c0 = col(j, 0), c1 = col(j, 1);
-                    const float sb0 = b_scale(p, sb, c0, 0), sb1 = b_scale(p, sb, c1, 0);
-                    v[4 * j] = int_epilogue(adj, c0, acc[4 * j], z0, mul_rn(sa0, sb0));
-                    v[4 * j + 1] = int_epilogue(adj, c1, acc[4 * j + 1], z0, mul_rn(sa0, sb1));
-                    v[4 * j + 2] = int_epilogue(adj, c0, acc[4 * j + 2], z1, mul_rn(sa1, sb0));
-                    v[4 * j + 3] = int_epilogue(adj, c1, acc[4 * j + 3], z1, mul_rn(sa1, sb1));
+                    for (int j = 0; j < ND / 4; ++j) {
+                        const i64 c0 = col(j, 0), c1 = col(j, 1);
+                        const float sb0 = b_scale(p, sb, c0, 0), sb1 = b_scale(p, sb, c1, 0);
+                        acc[4 * j] = __float_as_int(int_epilogue(adj, c0, acc[4 * j], z0, mul_rn(sa0, sb0)));
+                        acc[4 * j + 1] = __float_as_int(int_epilogue(adj, c1, acc[4 * j + 1], z0, mul_rn(sa0, sb1)));
+                        acc[4 * j + 2] = __float_as_int(int_epilogue(adj, c0, acc[4 * j + 2], z1, mul_rn(sa1, sb0)));
+                        acc[4 * j + 3] = __float_as_int(int_epilogue(adj, c1, acc[4 * j + 3], z1, mul_rn(sa1, sb1)));
+                    }
+                    store_tile_16<TY, 1, ND>(y, bias, p, m0, n0, row0, t, [&](int i) { return __int_as_float(acc[i]); });
+                } else {  // in place, a column pair's scales and adj loaded once for both rows
+                    float v[ND];
+#pragma unroll
+                    for (int j = 0; j < ND / 4; ++j) {
+                        const i64 c0 = col(j, 0), c1 = col(j, 1);
+                        const float sb0 = b_scale(p, sb, c0, 0), sb1 = b_scale(p, sb, c1, 0);
+                        v[4 * j] = int_epilogue(adj, c0, acc[4 * j], z0, mul_rn(sa0, sb0));
+                        v[4 * j + 1] = int_epilogue(adj, c1, acc[4 * j + 1], z0, mul_rn(sa0, sb1));
+                        v[4 * j + 2] = int_epilogue(adj, c0, acc[4 * j + 2], z1, mul_rn(sa1, sb0));
+                        v[4 * j + 3] = int_epilogue(adj, c1, acc[4 * j + 3], z1, mul_rn(sa1, sb1));
+                    }
+                    finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid,
+                                                               [&](auto f) { pairs(v, f); }, AsScaled());
                 }
-                finish_tile<TY, float, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid,
-                                                           [&](auto f) { pairs(v, f); }, AsScaled());
             } else {  // the parts' integer sums first
                 finish_tile<TY, int, BM, BN, CT, ND / 2>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
                                                          [&](int i, int, int n, int v0, int v1) {
@@ -341,8 +422,13 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
                     }
                 }
             }
-            finish_tile<TY, float, BM, BN, CT, WAVES * ND / 2, SPLIT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
-                                                                     AsScaled());
+            bool stored = false;
+            if constexpr (!same_type<TY, float>::value) {
+                if (p.splits == 1) store_tile_16<TY, WAVES, ND>(y, bias, p, m0, n0, row0, t, [&](int i) { return acc[i]; }), stored = true;
+            }
+            if (!stored)
+                finish_tile<TY, float, BM, BN, CT, WAVES * ND / 2, SPLIT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
+                                                                         AsScaled());
         }
     }
     if (CL > 1) cluster_sync_all();  // the other block's last arrivals on this block's barriers have landed
