@@ -146,9 +146,9 @@ __device__ __forceinline__ void store_pair(TY* __restrict__ y, const TY* __restr
 // (loaded at the places of its own pairs: NP independent loads a part, one round trip) and stores
 // final of the sums, so that y does not depend on which part finishes first: float sums in part
 // order 0, 1, ..., its own part read back from ws like the others', into the pairs' registers (no
-// second register set); int sums (exact, wrapping, any order) into its own. THREADS threads (tid
-// 0 .. THREADS - 1, warps 0 .. THREADS / 32 - 1 of the block) call this and meet at named barrier 1,
-// so that other warps of the block (a producer) need not. SPLIT = false compiles the K split out
+// second register set), two parts' loads at a time; int sums (exact, wrapping, any order) into its
+// own. THREADS threads (tid 0 .. THREADS - 1, warps 0 .. THREADS / 32 - 1 of the block) call this
+// and meet at named barrier 1, so that other warps of the block (a producer) need not. SPLIT = false compiles the K split out
 // (the host never splits such a launch).
 __device__ __forceinline__ void named_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
@@ -198,12 +198,16 @@ __device__ __forceinline__ void finish_split(TY* __restrict__ y, const TY* __res
             });
         }
         visit([&](int i, int m, int n, int& v0, int& v1) { store(i, m, n, v0, v1); });
-    } else {  // every part's partial, this one's too (stored above), summed from ws in part order into the pairs' own registers
+    } else {  // every part's partial, this one's too (stored above), summed from ws in part order into the pairs' own
+              // registers, two parts' loads in flight together (a split of 2: one round trip)
 #pragma unroll 1
-        for (int sp = 0; sp < p.splits; ++sp) {
+        for (int sp = 0; sp < p.splits; sp += 2) {
+            const bool two = sp + 1 < p.splits;
+            const int sq = two ? sp + 1 : sp;  // loaded either way, added only if it is another part
             visit([&](int, int m, int n, float& v0, float& v1) {
-                const float2 x = load(sp, m, n);
+                const float2 x = load(sp, m, n), x2 = load(sq, m, n);
                 v0 = sp == 0 ? x.x : add_rn(v0, x.x), v1 = sp == 0 ? x.y : add_rn(v1, x.y);
+                if (two) v0 = add_rn(v0, x2.x), v1 = add_rn(v1, x2.y);
             });
         }
         visit([&](int i, int m, int n, float& v0, float& v1) { store(i, m, n, v0, v1); });
