@@ -39,8 +39,9 @@
 //
 // Lane (g, t) of warp q of a warpgroup holds, in accumulator 4 j + r, row 16 q + g + 8 (r >> 1) of
 // the warpgroup's rows and column 8 j + 2 t + (r & 1) of the tile: column pairs (r = 0, 1 and
-// r = 2, 3), which the epilogue (scaled_mm.cuh finish_tile) stores as 4-byte (8-byte for float32)
-// pieces, or sums across the K split first.
+// r = 2, 3), which the epilogue stores 16 bytes at a time for an unsplit tile in a 16-bit dtype
+// (store_tile_16), else as 4-byte (8-byte for float32) pieces, or sums across the K split first
+// (scaled_mm.cuh finish_tile).
 //
 // Registers: BM = 128 and 256 launch 384 threads with 168 each; setmaxnreg gives the producer's
 // unused registers to the consumers (40 for it, 232 for them: 256 x 232 + 128 x 40 <= 64K), and
