@@ -432,7 +432,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
                                                                          AsScaled());
         }
     }
-    if (CL > 1) cluster_sync_all();  // the other block's last arrivals on this block's barriers have landed
+    if (CL > 1) cluster_sync_all();  // the other block's last arrivals on this block's barriers are complete
 #else
     __trap();  // built only for sm_90a; the host never launches this stub
 #endif
