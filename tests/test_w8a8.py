@@ -541,11 +541,17 @@ def test_every_sm90_tile_forced(a_kind, b_kind):
         if L.mode not in sm90.modes(cfg):
             continue
         for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
-            ops.result[...] = cupy.nan
-            sm90.MmLaunch(L, cfg, parts, cluster)(ops)
-            assert_bits_equal(ops.result, want, f"{cfg} parts {parts} cluster {cluster} {a_kind} x {b_kind}")
-            ran += 1
-    assert ran == (6 if L.mode == args.MODE_K_COL else 8)
+            launch = sm90.MmLaunch(L, cfg, parts, cluster)
+            assert launch.y_tma == (parts == 1)  # bf16 out, rows 1040 bytes apart
+            for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
+                launch.y_tma = y_tma
+                ops.result[...] = cupy.nan
+                launch(ops)
+                assert_bits_equal(
+                    ops.result, want, f"{cfg} parts {parts} cluster {cluster} TMA {y_tma} {a_kind} x {b_kind}"
+                )
+                ran += 1
+    assert ran == (12 if L.mode == args.MODE_K_COL else 16)
 
 
 # ================================================================== GPU: out=, streams, graphs, layouts
@@ -732,8 +738,9 @@ def test_sm90_tile_choice():
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_TILE) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_COL) == large  # no two-wave K_COL tile
     assert sm90.modes(wide) == (args.MODE_END, args.MODE_K_TILE) and sm90.modes(large) == args.MODES
-    for cfg in sm90.CONFIGS:  # a ring of 128-k slots plus the alignment slack, within 227 KB
-        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 <= 227 * 1024
+    for cfg in sm90.CONFIGS:  # a ring of 128-k slots, the alignment slack and y's staging, within 227 KB
+        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + cfg.y_stage <= 227 * 1024
+        assert cfg.y_stage == (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2
 
 
 def test_sm90_k_split():
