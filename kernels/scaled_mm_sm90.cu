@@ -166,23 +166,25 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int CL = p.cluster;  // 1, or 2: the cluster's blocks take tiles side by side in N (see above)
     const unsigned rank = CL > 1 ? cluster_rank() : 0u;
-    const i64 tiles_n = (p.N + BN - 1) / BN, tiles_m = (p.M + BM - 1) / BM, tiles = tiles_n * tiles_m;
-    const i64 groups_n = (tiles_n + CL - 1) / CL;  // columns of tiles a cluster takes together
-    const i64 units = tiles_m * groups_n, work = units * p.splits;
+    // Tile and work-item numbers in 32 bits (a 2^31-tile output would hold 2^43 elements), so that
+    // the divisions below, on the producer's way to its first load, are not 64-bit ones.
+    const unsigned tiles_n = (unsigned)((p.N + BN - 1) / BN), tiles_m = (unsigned)((p.M + BM - 1) / BM), tiles = tiles_n * tiles_m;
+    const unsigned groups_n = CL > 1 ? (tiles_n + 1) >> 1 : tiles_n;  // columns of tiles a cluster takes together
+    const unsigned units = tiles_m * groups_n, work = units * (unsigned)p.splits;
     const int nkb = (int)((p.K + 127) / 128);
     // work item w of this block's cluster: part w / units of K, unit w % units, in groups of RASTER
     // rows of units that sweep N together, so that the clusters running at once share rows of a and
     // of b in L2; rank r of the cluster takes the unit's r-th tile (with CL = 2 and an odd number of
     // tile columns, the last unit's second tile lies past N: it is computed from zeros, never stored)
-    auto item = [&](i64 w, i64& m0, i64& n0, i64& tile, int& part, int& kb0, int& niter) {
+    auto item = [&](unsigned w, i64& m0, i64& n0, i64& tile, int& part, int& kb0, int& niter) {
         part = (int)(w / units);
-        const i64 u = w % units, group = u / (RASTER * groups_n), first = group * RASTER;
-        const i64 rows = min((i64)RASTER, tiles_m - first), in = u - group * RASTER * groups_n;
-        const i64 mi = first + in % rows, ni = (in / rows) * CL + rank;
-        m0 = mi * BM, n0 = ni * BN, tile = mi * tiles_n + ni;
+        const unsigned u = w - (unsigned)part * units, group = u / (RASTER * groups_n), first = group * RASTER;
+        const unsigned rows = min((unsigned)RASTER, tiles_m - first), in = u - group * RASTER * groups_n;
+        const unsigned mi = first + in % rows, ni = (in / rows) * CL + rank;
+        m0 = (i64)mi * BM, n0 = (i64)ni * BN, tile = (i64)mi * tiles_n + ni;
         kb0 = part * p.kb_per_split, niter = min(p.kb_per_split, nkb - kb0);  // >= 1: the host cuts K so
     };
-    const i64 w_first = blockIdx.x / CL, w_step = gridDim.x / CL;
+    const unsigned w_first = CL > 1 ? blockIdx.x >> 1 : blockIdx.x, w_step = CL > 1 ? gridDim.x >> 1 : gridDim.x;
 
     if (tid == 0) {
 #pragma unroll
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
         if (tid == CT) {
             int it = 0;  // the ring's position, across tiles
 #pragma unroll 1
-            for (i64 w = w_first; w < work; w += w_step) {
+            for (unsigned w = w_first; w < work; w += w_step) {
                 i64 m0, n0, tile;
                 int part, kb0, niter;
                 item(w, m0, n0, tile, part, kb0, niter);
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     float tmp[INT ? 1 : ND];
     int it = 0;  // the ring's position, across tiles (as the producer's)
 #pragma unroll 1
-    for (i64 w = w_first; w < work; w += w_step) {
+    for (unsigned w = w_first; w < work; w += w_step) {
         i64 m0, n0, tile;
         int part, kb0, niter;
         item(w, m0, n0, tile, part, kb0, niter);
