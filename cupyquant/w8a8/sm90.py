@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import _device, _dtypes, _jit, _launch, _workspace
 from .._launch import ARG, Blob, Launch
 from .._sizes import ceil_div
@@ -154,8 +152,6 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
 
 #: y's TMA store box: 64 rows x 64 16-bit columns (128-byte rows, the 128-byte swizzle)
 Y_BOX = 64
-#: the tensor map given for y where the call stores it directly (never read)
-_NO_MAP = np.zeros((), _launch.TENSOR_MAP)
 
 
 class MmLaunch:
@@ -244,7 +240,7 @@ class MmLaunch:
             ws, counters = _workspace.split_buffers(dev, self.ws, self.counters)
         py = ops.out2.data.ptr
         use = self.y_tma and py % 16 == 0
-        tmy = _NO_MAP
+        tmy = _workspace.NO_TENSOR_MAP  # never read where the call stores y directly
         if use:
             ky, tmy = self._ymap
             if ky != py:
