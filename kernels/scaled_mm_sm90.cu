@@ -63,8 +63,10 @@ struct alignas(64) TmaMap {
     unsigned long long w[16];
 };
 
-// a barrier of `threads` threads (whole warps) of the block, numbered id (finish_tile's is 1)
-__device__ __forceinline__ void named_sync_id(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
+// a barrier of THREADS threads (whole warps) of the block, numbered ID (finish_tile's is 1); immediate
+// operands, so that ptxas knows which barriers the kernel uses
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_sync_id() { asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory"); }
 
 // The end of an unsplit tile in a 16-bit TY, y = round(v + bias), in 16-byte chunks of eight columns
 // of one row. val(i) gives the thread's value of accumulator i = w ND + 4 j + r, laid out as the
@@ -254,14 +256,14 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
         for (int w = 0; w < WAVES; ++w) {
             if (d_busy) {
                 if ((tid & 127) == 0) bulk_wait_all<true>();
-                named_sync_id(2 + wg, 128);
+                wg ? named_sync_id<3, 128>() : named_sync_id<2, 128>();
             }
             quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int j, const unsigned (&a)[4]) {
                 const int r = lrow0 + 8 * h, c = j & 7;
                 st_shared_u4(dbuf + (unsigned)((j >> 3) * 8192 + r * 128 + ((c ^ (r & 7)) << 4)), a[0], a[1], a[2], a[3]);
             });
             fence_proxy_async();  // the staged rows are visible to the TMA (async proxy)
-            named_sync_id(2 + wg, 128);
+            wg ? named_sync_id<3, 128>() : named_sync_id<2, 128>();
             if ((tid & 127) == 0) {
 #pragma unroll
                 for (int b = 0; b < BN / 64; ++b) tma_store_2d(&tmy, dbuf + b * 8192, (int)(n0 + 64 * b), (int)(m0 + (wg * WAVES + w) * 64));
