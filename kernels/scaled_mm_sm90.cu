@@ -57,12 +57,6 @@
 
 using namespace cq;
 
-// A CUtensorMap (cuTensorMapEncodeTiled: cupyquant/_launch.py tensor_map_2d), passed by value
-// (__grid_constant__), as TMA reads it.
-struct alignas(64) TmaMap {
-    unsigned long long w[16];
-};
-
 // a barrier of THREADS threads (whole warps) of the block, numbered ID (finish_tile's is 1); immediate
 // operands, so that ptxas knows which barriers the kernel uses
 template <int ID, int THREADS>

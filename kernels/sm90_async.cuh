@@ -9,6 +9,12 @@
 
 #include "common.cuh"
 
+// A CUtensorMap (cuTensorMapEncodeTiled: cupyquant/_launch.py tensor_map_2d), passed to a kernel by
+// value (__grid_constant__), as TMA reads it.
+struct alignas(64) TmaMap {
+    unsigned long long w[16];
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // what cp.async and st.shared wrote (generic proxy) becomes visible to the wgmma's reads (async proxy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
