@@ -1,4 +1,4 @@
-// scaled_mm_sm90_small.cu: the W8A8 FP8 matmul y = dequant(a) @ dequant(b).T (+ bias) for few rows of
+// scaled_mm_sm90_small.cu: the W8A8 FP8 and INT8 matmul y = dequant(a) @ dequant(b).T (+ bias) for few rows of
 // a (M <= TOK, TOK = 16 or 32) on Hopper, with the operands swapped: the weights b fill wgmma's
 // 64-row side and a's rows are its N = TOK columns, so that a block streams 64 rows of weights
 // through the tensor cores with no rows of zeros multiplied (the 64-row tiles of scaled_mm_sm90.cu
@@ -11,7 +11,10 @@
 // loads a ring of STAGES slots by TMA, one 128-k block a slot: 64 rows of b and TOK rows of a (rows
 // past M or N and k past K read as zeros); the first warpgroup multiplies them, four wgmma
 // m64nTOKk32 a block into fresh float32 sums (tmp), waits for them, releases the slot and adds tmp
-// into acc by the block rule of scaled_mm.cuh (the promotion), as scaled_mm_sm90.cu does.
+// into acc by the block rule of scaled_mm.cuh (the promotion), as scaled_mm_sm90.cu does. INT8 sums
+// every block into the same int32 acc (exact) and waits only for the block before the one it just
+// issued before it releases that block's slot; scaled_mm.cuh's integer epilogue (zero points, scales)
+// follows the sum over all of K (a K split adds its parts' integer sums first).
 //
 // Lane (g, t) of warp q holds, in accumulator i, row 16 q + g + 8 ((i >> 1) & 1) of the tile (b's
 // row n0 + that) and column 8 (i >> 2) + 2 t + (i & 1) (a's row m): y[m][n]. Without a K split
@@ -31,10 +34,11 @@ using namespace cq;
 template <int FA, int FB, typename TY, int MODE, int TOK, int STAGES>
 __global__ void __launch_bounds__(256, 2)
     scaled_mm_sm90_small(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const void* __restrict__ sa,
-                         const float* __restrict__ sb, const TY* __restrict__ bias, TY* __restrict__ y, float* __restrict__ ws,
-                         int* __restrict__ counters, MmArgs p) {
+                         const float* __restrict__ sb, const int* __restrict__ azp, const int* __restrict__ adj, const TY* __restrict__ bias,
+                         TY* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters, MmArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(FA != S8 && FB != S8, "FP8 operands");
+    constexpr bool INT = FA == S8;
+    static_assert(INT == (FB == S8) && (!INT || MODE == MODE_END), "FP8 pairs, or INT8 with scales that do not vary along K");
     static_assert(TOK == 16 || TOK == 32, "wgmma widths of sm90_wgmma.cuh's FP8 wrappers");
     constexpr int BW = 64;                                 // rows of b a block (wgmma's M)
     constexpr int W_BYTES = BW * 128, STAGE = (BW + TOK) * 128;  // multiples of 1024: every slot stays 1024-aligned
@@ -92,9 +96,13 @@ __global__ void __launch_bounds__(256, 2)
     auto col_of = [](int i) { return 2 * (i >> 2) + (i & 1); };  // accumulator i's entry of ra
     auto half_of = [](int i) { return (i >> 1) & 1; };           // accumulator i's row: rowb + 8 half
 
-    float acc[ND], tmp[ND];
+    using Acc = typename cond_type<INT, int, float>::type;
+    Acc acc[ND];
+    float tmp[INT ? 1 : ND];
 #pragma unroll
-    for (int i = 0; i < ND; ++i) acc[i] = 0.0f, tmp[i] = 0.0f;
+    for (int i = 0; i < ND; ++i) acc[i] = Acc(0);
+#pragma unroll
+    for (int i = 0; i < (INT ? 1 : ND); ++i) tmp[i] = 0.0f;
 
 #pragma unroll 1
     for (int i = 0; i < niter; ++i) {
@@ -110,24 +118,35 @@ __global__ void __launch_bounds__(256, 2)
         mbar_wait(full0 + 8 * slot, (unsigned)((i / STAGES) & 1));
         const unsigned off = (unsigned)(slot * (STAGE >> 4));
         wg_fence();
+        if constexpr (INT) {  // into acc; the previous block's slot is released once it retires
 #pragma unroll
-        for (int s = 0; s < 4; ++s) WgmmaFp8<FB, FA, TOK>::mma(tmp, desc(bdesc0 + off + 2 * s), desc(adesc0 + off + 2 * s), s);
-        wg_commit();
-        wg_wait<0>();
-        __syncwarp();  // every lane's wgmmas of the slot are retired
-        if (lane == 0) mbar_arrive(empty0 + 8 * slot);
-        if constexpr (MODE == MODE_END) {
-#pragma unroll
-            for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
+            for (int s = 0; s < 4; ++s) WgmmaS8<TOK>::mma(acc, desc(bdesc0 + off + 2 * s), desc(adesc0 + off + 2 * s), i > 0 || s > 0);
+            wg_commit();
+            wg_wait<1>();
+            __syncwarp();
+            if (lane == 0 && i > 0) mbar_arrive(empty0 + 8 * ((i + STAGES - 1) % STAGES));
         } else {
 #pragma unroll
-            for (int r = 0; r < ND; ++r) {
-                const float s_br = MODE == MODE_K_COL ? s_b[half_of(r)] : s_b[0];
-                acc[r] = fma_rn(tmp[r], mul_rn(s_a[col_of(r)], s_br), acc[r]);
+            for (int s = 0; s < 4; ++s) WgmmaFp8<FB, FA, TOK>::mma(tmp, desc(bdesc0 + off + 2 * s), desc(adesc0 + off + 2 * s), s);
+            wg_commit();
+            wg_wait<0>();
+            __syncwarp();  // every lane's wgmmas of the slot are retired
+            if (lane == 0) mbar_arrive(empty0 + 8 * slot);
+            if constexpr (MODE == MODE_END) {
+#pragma unroll
+                for (int r = 0; r < ND; ++r) acc[r] = add_rn(acc[r], tmp[r]);
+            } else {
+#pragma unroll
+                for (int r = 0; r < ND; ++r) {
+                    const float s_br = MODE == MODE_K_COL ? s_b[half_of(r)] : s_b[0];
+                    acc[r] = fma_rn(tmp[r], mul_rn(s_a[col_of(r)], s_br), acc[r]);
+                }
             }
         }
     }
-    if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0
+    if constexpr (INT) {  // the last block retires (its slot needs no release: nothing refills it)
+        wg_wait<0>();
+    } else if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0
         float s_a[NA];
 #pragma unroll
         for (int c = 0; c < NA; ++c) s_a[c] = a_scale(p, sa, ra[c], 0);
@@ -136,55 +155,80 @@ __global__ void __launch_bounds__(256, 2)
         for (int r = 0; r < ND; ++r) acc[r] = mul_rn(acc[r], mul_rn(s_a[col_of(r)], half_of(r) ? s_b1 : s_b0));
     }
 
-    // y[m][n] = round(v + bias[n]) for m < M, n < N
-    auto store = [&](const float (&v)[ND]) {
-#pragma unroll
-        for (int r = 0; r < ND; ++r) {
-            const i64 m = 8 * (r >> 2) + 2 * t + (r & 1), n = n0 + rowb + 8 * half_of(r);
-            if (m >= p.M || n >= p.N) continue;
-            float x = v[r];
-            if (p.has_bias) x = add_rn(x, to_float(bias[n]));
-            if constexpr (same_type<TY, float>::value) {
-                y[m * p.ldy + n] = x;
+    if (p.splits > 1) {
+        // K split: this part's sums to its place in ws (part, tile, thread; INT8's int bits), then the
+        // last part to arrive adds every part's (its own read back too): floats in part order 0, 1,
+        // ..., two parts' loads in flight together; ints (exact, wrapping) likewise
+        auto bits = [](Acc v) {
+            if constexpr (INT) {
+                return __int_as_float(v);
             } else {
-                reinterpret_cast<unsigned short*>(y)[m * p.ldy + n] = bits16_rn<TY>(x);
+                return v;
             }
-        }
-    };
-    if (p.splits == 1) {
-        store(acc);
-        return;
-    }
-    // K split: this part's values to its place in ws (part, tile, thread), then the last part sums
-    float* own = ws + (((i64)part * tiles + tile) * 128 + tid) * ND;
+        };
+        auto add = [](Acc a, float x) {
+            if constexpr (INT) {
+                return (int)((unsigned)a + __float_as_uint(x));
+            } else {
+                return add_rn(a, x);
+            }
+        };
+        auto from = [](float x) {
+            if constexpr (INT) {
+                return __float_as_int(x);
+            } else {
+                return x;
+            }
+        };
+        float* own = ws + (((i64)part * tiles + tile) * 128 + tid) * ND;
 #pragma unroll
-    for (int r = 0; r < ND; r += 4) __stcg(reinterpret_cast<float4*>(own + r), make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]));
-    named_sync(128);  // every partial is stored before thread 0 counts this part as arrived
-    if (tid == 0) {
-        int old;
-        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counters + tile) : "memory");
-        s_last = old == p.splits - 1;
-    }
-    named_sync(128);
-    if (!s_last) return;
-    auto load = [&](int sp, int r) { return __ldcg(reinterpret_cast<const float4*>(ws + (((i64)sp * tiles + tile) * 128 + tid) * ND + r)); };
+        for (int r = 0; r < ND; r += 4) __stcg(reinterpret_cast<float4*>(own + r), make_float4(bits(acc[r]), bits(acc[r + 1]), bits(acc[r + 2]), bits(acc[r + 3])));
+        named_sync(128);  // every partial is stored before thread 0 counts this part as arrived
+        if (tid == 0) {
+            int old;
+            asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counters + tile) : "memory");
+            s_last = old == p.splits - 1;
+        }
+        named_sync(128);
+        if (!s_last) return;
+        auto load = [&](int sp, int r) { return __ldcg(reinterpret_cast<const float4*>(ws + (((i64)sp * tiles + tile) * 128 + tid) * ND + r)); };
 #pragma unroll 1
-    for (int sp = 0; sp < p.splits; sp += 2) {  // in part order, two parts' loads in flight together
-        const bool two = sp + 1 < p.splits;
-        const int sq = two ? sp + 1 : sp;
+        for (int sp = 0; sp < p.splits; sp += 2) {
+            const bool two = sp + 1 < p.splits;
+            const int sq = two ? sp + 1 : sp;
 #pragma unroll
-        for (int r = 0; r < ND; r += 4) {
-            const float4 x = load(sp, r), x2 = load(sq, r);
-            const float xs[4] = {x.x, x.y, x.z, x.w}, x2s[4] = {x2.x, x2.y, x2.z, x2.w};
+            for (int r = 0; r < ND; r += 4) {
+                const float4 x = load(sp, r), x2 = load(sq, r);
+                const float xs[4] = {x.x, x.y, x.z, x.w}, x2s[4] = {x2.x, x2.y, x2.z, x2.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                acc[r + e] = sp == 0 ? xs[e] : add_rn(acc[r + e], xs[e]);
-                if (two) acc[r + e] = add_rn(acc[r + e], x2s[e]);
+                for (int e = 0; e < 4; ++e) {
+                    acc[r + e] = sp == 0 ? from(xs[e]) : add(acc[r + e], xs[e]);
+                    if (two) acc[r + e] = add(acc[r + e], x2s[e]);
+                }
             }
         }
+        if (tid == 0) counters[tile] = 0;  // ready for the next call
     }
-    store(acc);
-    if (tid == 0) counters[tile] = 0;  // ready for the next call
+
+    // y[m][n] = round(v + bias[n]) for m < M, n < N; INT8's v from its integer sum (scaled_mm.cuh)
+#pragma unroll
+    for (int r = 0; r < ND; ++r) {
+        const i64 m = 8 * (r >> 2) + 2 * t + (r & 1), n = n0 + rowb + 8 * half_of(r);
+        if (m >= p.M || n >= p.N) continue;
+        float x;
+        if constexpr (INT) {
+            const int z = a_zero(p, azp, a_zero_row(p, m));
+            x = int_epilogue(adj, n, acc[r], z, mul_rn(a_scale(p, sa, ra[col_of(r)], 0), b_scale(p, sb, n, 0)));
+        } else {
+            x = acc[r];
+        }
+        if (p.has_bias) x = add_rn(x, to_float(bias[n]));
+        if constexpr (same_type<TY, float>::value) {
+            y[m * p.ldy + n] = x;
+        } else {
+            reinterpret_cast<unsigned short*>(y)[m * p.ldy + n] = bits16_rn<TY>(x);
+        }
+    }
 #else
     __trap();  // built only for sm_90a; the host never launches this stub
 #endif

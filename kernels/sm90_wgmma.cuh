@@ -12,7 +12,7 @@
 // into float32 accumulators d[N / 2]: d = A B + (scale_d ? d : 0). N one of 16, 32, 64, 128.
 // WgmmaS8<N>::mma(d, da, db, scale_d) issues one wgmma.mma_async m64nNk32 of signed 8-bit operands
 // laid out as the FP8 ones, into int32 accumulators d[N / 2] (exact, wrapping): d = A B + (scale_d ?
-// d : 0). N one of 64, 128, 256.
+// d : 0). N one of 16, 32, 64, 128, 256.
 #pragma once
 
 #include "common.cuh"
@@ -261,6 +261,26 @@ template <> struct WgmmaFp8<1, 1, 128> {
     }
 };
 template <int N> struct WgmmaS8;
+template <> struct WgmmaS8<16> {
+    static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p;\n}"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaS8<32> {
+    static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p;\n}"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
 template <> struct WgmmaS8<64> {
     static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {
         asm volatile(

@@ -17,7 +17,7 @@ TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 FP8_WIDTHS = (16, 32, 64, 128)
 FP8_TYPES = ((0, "e4m3"), (1, "e5m2"))
 # INT8 (both operands from shared memory, K-major, int32 accumulators): widths
-S8_WIDTHS = (64, 128, 256)
+S8_WIDTHS = (16, 32, 64, 128, 256)
 FILE = Path(__file__).resolve().parent.parent / "kernels" / "sm90_wgmma.cuh"
 
 HEADER = """\

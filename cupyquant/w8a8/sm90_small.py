@@ -1,5 +1,5 @@
-"""The Hopper W8A8 kernel for few rows of a (kernels/scaled_mm_sm90_small.cu: FP8, a and b swapped on
-the wgmma operands): which calls it takes, its K split and the plan of its launch."""
+"""The Hopper W8A8 kernel for few rows of a (kernels/scaled_mm_sm90_small.cu: FP8 and INT8, a and b
+swapped on the wgmma operands): which calls it takes, its K split and the plan of its launch."""
 
 from __future__ import annotations
 
@@ -21,15 +21,18 @@ MIN_KB_PER_SPLIT = 4
 
 FAMILY = _jit.register(
     "scaled_mm_sm90_small",
-    _jit.product("scaled_mm_sm90_small", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, TOKS, (STAGES,)),
+    _jit.product("scaled_mm_sm90_small", A_FORMATS, B_FORMATS, _dtypes.INPUT_CTYPES, A.MODES, TOKS, (STAGES,))
+    + _jit.product(
+        "scaled_mm_sm90_small", (A.INT8_ID,), (A.INT8_ID,), _dtypes.INPUT_CTYPES, (A.MODE_END,), TOKS, (STAGES,)
+    ),
     specific_targets=_device.WGMMA_TARGETS,
     specific_required=True,
 )
 
 
 def takes(L) -> bool:
-    """Whether the call layout ``L`` goes to this kernel: FP8 with at most max(TOKS) rows of a."""
-    return L.a_format != "int8" and L.M <= TOKS[-1]
+    """Whether the call layout ``L`` goes to this kernel: at most max(TOKS) rows of a."""
+    return L.M <= TOKS[-1]
 
 
 def smem(tok: int) -> int:
@@ -46,8 +49,9 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
 
 class MmSmallLaunch:
     """The planned launch of one call layout: the kernel's Launch (arguments: the tensor maps of a
-    and b, given at each call, then a's and b's scales, bias, the output, the workspace and arrival
-    counters of a K split) over a grid of (tiles of 64 rows of b, parts of K)."""
+    and b, given at each call, then a's and b's scales, INT8's zero points and column term, bias, the
+    output, the workspace and arrival counters of a K split) over a grid of (tiles of 64 rows of b,
+    parts of K)."""
 
     __slots__ = ("launch", "tok", "ws", "counters", "M", "N", "K", "device", "_maps")
 
@@ -68,7 +72,7 @@ class MmSmallLaunch:
         self.ws = parts * tiles * 128 * (tok // 2) if parts > 1 else 0
         self.counters = tiles if parts > 1 else 0
         tm = Blob(_launch.TENSOR_MAP)
-        args = (tm, tm) + (ARG,) * 6 + (A.mm_args(L, parts, per),)
+        args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per),)
         self.launch = Launch(k, (tiles, parts), (THREADS,), args, smem=smem(tok))
         self._maps = (None, None, None, None)
 
@@ -85,4 +89,4 @@ class MmSmallLaunch:
         ws = counters = None
         if self.ws:
             ws, counters = _workspace.split_buffers(dev, self.ws, self.counters)
-        self.launch(ta, tb, ops.sa, ops.sb, ops.bias, ops.out2, ws, counters)
+        self.launch(ta, tb, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)
