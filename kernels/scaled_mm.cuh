@@ -60,6 +60,7 @@ struct MmArgs {
     i64 sa_rows, sa_batch, sa_m, sa_k;  // a's scales (words), see above
     i64 sb_n, sb_k;                     // b's scales (floats)
     i64 zp_rows, zp_batch, zp_m;        // a's zero points (int32 words), see above
+    i64 y_tma;                          // scaled_mm_sm90.cu: 1 where an unsplit tile is stored by TMA from shared memory
     int sb_shift;
     int sa_packed;
     int has_bias;

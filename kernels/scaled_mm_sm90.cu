@@ -57,82 +57,87 @@
 
 using namespace cq;
 
-// A CUtensorMap (cuTensorMapEncodeTiled: cupyquant/_launch.py tensor_map_2d), passed by value
-// (__grid_constant__), as TMA reads it.
-struct alignas(64) TmaMap {
-    unsigned long long w[16];
-};
+// a barrier of THREADS threads (whole warps) of the block, numbered ID (finish_tile's is 1); immediate
+// operands, so that ptxas knows which barriers the kernel uses
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_sync_id() { asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory"); }
 
-// The end of an unsplit tile in a 16-bit TY: y = round(v + bias), stored 16 bytes at a time. val(i)
-// gives the thread's value of accumulator i = w ND + 4 j + r, laid out as the accumulators are (wave
-// w: row row0 + 64 w + 8 (r >> 1), column 8 j + 2 t + (r & 1) of the tile). Each pair is rounded into one
-// 32-bit word (as store_pair would store it); then the four lanes of a quad, which hold the same
-// rows' words of columns 8 j .. 8 j + 7, exchange them (a 4 x 4 transpose over j = 4 q .. 4 q + 3, in
-// two rounds of shuffles), so that lane t holds the eight columns of j = 4 q + t whole: one st.v4
-// where the row is in M, the eight columns in N and the address 16-byte aligned, else one 2-byte
-// store a column in N. Against a 4-byte store a pair, the tile takes a quarter of the store
-// instructions, the LSU's limit in this epilogue.
-template <typename TY, int WAVES, int ND, typename Val>
-__device__ __forceinline__ void store_tile_16(TY* __restrict__ y, const TY* __restrict__ bias, const MmArgs& p, i64 m0, i64 n0, int row0, int t,
-                                              Val val) {
+// The end of an unsplit tile in a 16-bit TY, y = round(v + bias), in 16-byte chunks of eight columns
+// of one row. val(i) gives the thread's value of accumulator i = w ND + 4 j + r, laid out as the
+// accumulators are (wave w: row row0 + 64 w + 8 (r >> 1), column 8 j + 2 t + (r & 1) of the tile).
+// quad_chunks rounds wave w's pairs into 32-bit words (as store_pair would store them); then the four
+// lanes of a quad, which hold the same rows' words of columns 8 j .. 8 j + 7, exchange them (a 4 x 4
+// transpose over j = 4 q .. 4 q + 3, in two rounds of shuffles), so that lane t holds the eight
+// columns of j = 4 q + t whole, which it gives to sink(h, j, words) (h: row row0 + 64 w + 8 h).
+template <typename TY, int ND, typename Val, typename Sink>
+__device__ __forceinline__ void quad_chunks(const TY* __restrict__ bias, const MmArgs& p, i64 n0, int t, int w, Val val, Sink sink) {
     static_assert(ND % 16 == 0, "whole quads of 8-column groups");
     const bool hi = t & 2, odd = t & 1;
 #pragma unroll
-    for (int w = 0; w < WAVES; ++w) {
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const i64 m = m0 + row0 + 64 * w + 8 * h;
+        for (int q = 0; q < ND / 16; ++q) {
+            unsigned a[4];  // the rounded pairs of column groups j = 4 q + k
 #pragma unroll
-            for (int q = 0; q < ND / 16; ++q) {
-                unsigned a[4];  // the rounded pairs of column groups j = 4 q + k
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int i = w * ND + 4 * (4 * q + k) + 2 * h;
-                    const i64 n = n0 + 8 * (4 * q + k) + 2 * t;
-                    float v0 = val(i), v1 = val(i + 1);
-                    if (p.has_bias) {
-                        if (n < p.N) v0 = add_rn(v0, to_float(bias[n]));
-                        if (n + 1 < p.N) v1 = add_rn(v1, to_float(bias[n + 1]));
-                    }
-                    a[k] = (unsigned)bits16_rn<TY>(v0) | ((unsigned)bits16_rn<TY>(v1) << 16);
+            for (int k = 0; k < 4; ++k) {
+                const int i = w * ND + 4 * (4 * q + k) + 2 * h;
+                const i64 n = n0 + 8 * (4 * q + k) + 2 * t;
+                float v0 = val(i), v1 = val(i + 1);
+                if (p.has_bias) {
+                    if (n < p.N) v0 = add_rn(v0, to_float(bias[n]));
+                    if (n + 1 < p.N) v1 = add_rn(v1, to_float(bias[n + 1]));
                 }
+                a[k] = (unsigned)bits16_rn<TY>(v0) | ((unsigned)bits16_rn<TY>(v1) << 16);
+            }
 #pragma unroll
-                for (int k = 0; k < 2; ++k) {  // lanes t and t ^ 2 swap the words whose j has the other bit 1
-                    const unsigned r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + 2], 2);
-                    if (hi) {
-                        a[k] = r;
-                    } else {
-                        a[k + 2] = r;
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < 4; k += 2) {  // then t and t ^ 1, on bit 0
-                    const unsigned r = __shfl_xor_sync(0xffffffffu, odd ? a[k] : a[k + 1], 1);
-                    if (odd) {
-                        a[k] = r;
-                    } else {
-                        a[k + 1] = r;
-                    }
-                }
-                // lane t: a[k] = columns 8 (4 q + t) + 2 k, + 1
-                const i64 n = n0 + 8 * (4 * q + t);
-                if (m >= p.M || n >= p.N) continue;
-                unsigned short* dst = reinterpret_cast<unsigned short*>(y + m * p.ldy + n);
-                if (n + 8 <= p.N && (reinterpret_cast<u64>(dst) & 15) == 0) {
-                    *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
+            for (int k = 0; k < 2; ++k) {  // lanes t and t ^ 2 swap the words whose j has the other bit 1
+                const unsigned r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + 2], 2);
+                if (hi) {
+                    a[k] = r;
                 } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e)
-                        if (n + e < p.N) dst[e] = (unsigned short)(a[e >> 1] >> (16 * (e & 1)));
+                    a[k + 2] = r;
                 }
             }
+#pragma unroll
+            for (int k = 0; k < 4; k += 2) {  // then t and t ^ 1, on bit 0
+                const unsigned r = __shfl_xor_sync(0xffffffffu, odd ? a[k] : a[k + 1], 1);
+                if (odd) {
+                    a[k] = r;
+                } else {
+                    a[k + 1] = r;
+                }
+            }
+            sink(h, 4 * q + t, a);  // a[k]: columns 8 (4 q + t) + 2 k, + 1
         }
+    }
+}
+
+// quad_chunks' chunks stored straight to y: one st.v4 where the row is in M, the eight columns in N
+// and the address 16-byte aligned, else one 2-byte store a column in N. Against a 4-byte store a
+// pair, the tile takes a quarter of the store instructions, the LSU's limit in this epilogue.
+template <typename TY, int WAVES, int ND, typename Val>
+__device__ __forceinline__ void store_tile_16(TY* __restrict__ y, const TY* __restrict__ bias, const MmArgs& p, i64 m0, i64 n0, int row0, int t,
+                                              Val val) {
+#pragma unroll
+    for (int w = 0; w < WAVES; ++w) {
+        quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int j, const unsigned (&a)[4]) {
+            const i64 m = m0 + row0 + 64 * w + 8 * h, n = n0 + 8 * j;
+            if (m >= p.M || n >= p.N) return;
+            unsigned short* dst = reinterpret_cast<unsigned short*>(y + m * p.ldy + n);
+            if (n + 8 <= p.N && (reinterpret_cast<u64>(dst) & 15) == 0) {
+                *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (n + e < p.N) dst[e] = (unsigned short)(a[e >> 1] >> (16 * (e & 1)));
+            }
+        });
     }
 }
 
 template <int FA, int FB, typename TY, int MODE, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
-    scaled_mm_sm90(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const void* __restrict__ sa,
+    scaled_mm_sm90(const __grid_constant__ TmaMap tma, const __grid_constant__ TmaMap tmb, const __grid_constant__ TmaMap tmy, const void* __restrict__ sa,
                    const float* __restrict__ sb, const int* __restrict__ azp, const int* __restrict__ adj, const TY* __restrict__ bias,
                    TY* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters, MmArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -157,23 +162,25 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int CL = p.cluster;  // 1, or 2: the cluster's blocks take tiles side by side in N (see above)
     const unsigned rank = CL > 1 ? cluster_rank() : 0u;
-    const i64 tiles_n = (p.N + BN - 1) / BN, tiles_m = (p.M + BM - 1) / BM, tiles = tiles_n * tiles_m;
-    const i64 groups_n = (tiles_n + CL - 1) / CL;  // columns of tiles a cluster takes together
-    const i64 units = tiles_m * groups_n, work = units * p.splits;
+    // Tile and work-item numbers in 32 bits (a 2^31-tile output would hold 2^43 elements), so that
+    // the divisions below, on the producer's way to its first load, are not 64-bit ones.
+    const unsigned tiles_n = (unsigned)((p.N + BN - 1) / BN), tiles_m = (unsigned)((p.M + BM - 1) / BM), tiles = tiles_n * tiles_m;
+    const unsigned groups_n = CL > 1 ? (tiles_n + 1) >> 1 : tiles_n;  // columns of tiles a cluster takes together
+    const unsigned units = tiles_m * groups_n, work = units * (unsigned)p.splits;
     const int nkb = (int)((p.K + 127) / 128);
     // work item w of this block's cluster: part w / units of K, unit w % units, in groups of RASTER
     // rows of units that sweep N together, so that the clusters running at once share rows of a and
     // of b in L2; rank r of the cluster takes the unit's r-th tile (with CL = 2 and an odd number of
     // tile columns, the last unit's second tile lies past N: it is computed from zeros, never stored)
-    auto item = [&](i64 w, i64& m0, i64& n0, i64& tile, int& part, int& kb0, int& niter) {
+    auto item = [&](unsigned w, i64& m0, i64& n0, i64& tile, int& part, int& kb0, int& niter) {
         part = (int)(w / units);
-        const i64 u = w % units, group = u / (RASTER * groups_n), first = group * RASTER;
-        const i64 rows = min((i64)RASTER, tiles_m - first), in = u - group * RASTER * groups_n;
-        const i64 mi = first + in % rows, ni = (in / rows) * CL + rank;
-        m0 = mi * BM, n0 = ni * BN, tile = mi * tiles_n + ni;
+        const unsigned u = w - (unsigned)part * units, group = u / (RASTER * groups_n), first = group * RASTER;
+        const unsigned rows = min((unsigned)RASTER, tiles_m - first), in = u - group * RASTER * groups_n;
+        const unsigned mi = first + in % rows, ni = (in / rows) * CL + rank;
+        m0 = (i64)mi * BM, n0 = (i64)ni * BN, tile = (i64)mi * tiles_n + ni;
         kb0 = part * p.kb_per_split, niter = min(p.kb_per_split, nkb - kb0);  // >= 1: the host cuts K so
     };
-    const i64 w_first = blockIdx.x / CL, w_step = gridDim.x / CL;
+    const unsigned w_first = CL > 1 ? blockIdx.x >> 1 : blockIdx.x, w_step = CL > 1 ? gridDim.x >> 1 : gridDim.x;
 
     if (tid == 0) {
 #pragma unroll
@@ -191,7 +198,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
         if (tid == CT) {
             int it = 0;  // the ring's position, across tiles
 #pragma unroll 1
-            for (i64 w = w_first; w < work; w += w_step) {
+            for (unsigned w = w_first; w < work; w += w_step) {
                 i64 m0, n0, tile;
                 int part, kb0, niter;
                 item(w, m0, n0, tile, part, kb0, niter);
@@ -228,6 +235,38 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     auto desc = [](unsigned lo) { return (DESC_HI & 0xffffffff00000000ull) | lo; };
 
     using Acc = typename cond_type<INT, int, float>::type;
+    // TMA stores of y (p.y_tma, 16-bit TY, BN <= 128): each consumer warpgroup stages one 64-row wave of
+    // its rows at a time in its own buffer after the ring (64 x BN x 2 bytes, two 64-column boxes of
+    // 128-byte rows in the 128-byte swizzle), from which one of its threads stores the boxes; the
+    // warpgroup goes on to its next tile while they are written, and waits only before it refills
+    // the buffer until the stores have read it
+    constexpr bool TMA_OK = !same_type<TY, float>::value && BN <= 128;
+    constexpr int D_WG = 64 * BN * 2;
+    const unsigned dbuf = sbase + (unsigned)(STAGES * STAGE + wg * D_WG);
+    bool d_busy = false;  // this warpgroup's buffer may still be read by its last TMA stores
+    auto tma_tile = [&](i64 m0, i64 n0, auto val) {
+        const int lrow0 = (warp & 3) * 16 + g;  // this thread's rows within a wave: lrow0, lrow0 + 8
+#pragma unroll
+        for (int w = 0; w < WAVES; ++w) {
+            if (d_busy) {
+                if ((tid & 127) == 0) bulk_wait_all<true>();
+                wg ? named_sync_id<3, 128>() : named_sync_id<2, 128>();
+            }
+            quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int j, const unsigned (&a)[4]) {
+                const int r = lrow0 + 8 * h, c = j & 7;
+                st_shared_u4(dbuf + (unsigned)((j >> 3) * 8192 + r * 128 + ((c ^ (r & 7)) << 4)), a[0], a[1], a[2], a[3]);
+            });
+            fence_proxy_async();  // the staged rows are visible to the TMA (async proxy)
+            wg ? named_sync_id<3, 128>() : named_sync_id<2, 128>();
+            if ((tid & 127) == 0) {
+#pragma unroll
+                for (int b = 0; b < BN / 64; ++b) tma_store_2d(&tmy, dbuf + b * 8192, (int)(n0 + 64 * b), (int)(m0 + (wg * WAVES + w) * 64));
+                bulk_commit();
+            }
+            d_busy = true;
+        }
+    };
+
     // a slot's release: one arrival a consumer warp on its empty barrier, and with CL = 2 on the other
     // block's too, whose producer also writes into this block's slot
     const unsigned peer_empty0 = CL > 1 ? map_shared_rank(empty0, rank ^ 1u) : 0u;
@@ -240,7 +279,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     float tmp[INT ? 1 : ND];
     int it = 0;  // the ring's position, across tiles (as the producer's)
 #pragma unroll 1
-    for (i64 w = w_first; w < work; w += w_step) {
+    for (unsigned w = w_first; w < work; w += w_step) {
         i64 m0, n0, tile;
         int part, kb0, niter;
         item(w, m0, n0, tile, part, kb0, niter);
@@ -373,7 +412,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
             const float sa0 = a_scale(p, sa, ra0, 0), sa1 = a_scale(p, sa, ra1, 0);
             const int z0 = a_zero(p, azp, a_zero_row(p, min(m0 + row0, p.M - 1))), z1 = a_zero(p, azp, a_zero_row(p, min(m0 + row0 + 8, p.M - 1)));
             if (p.splits == 1) {
-                if constexpr (!same_type<TY, float>::value && ND <= 64) {  // converted in place (the float's bits in acc), then stored
+                if constexpr (TMA_OK) {  // converted in place (the float's bits in acc), then stored
                     // (not the 128 x 256 tile: its 128 sums a thread leave no registers for the exchange)
 #pragma unroll
                     for (int j = 0; j < ND / 4; ++j) {
@@ -384,7 +423,12 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
                         acc[4 * j + 2] = __float_as_int(int_epilogue(adj, c0, acc[4 * j + 2], z1, mul_rn(sa1, sb0)));
                         acc[4 * j + 3] = __float_as_int(int_epilogue(adj, c1, acc[4 * j + 3], z1, mul_rn(sa1, sb1)));
                     }
-                    store_tile_16<TY, 1, ND>(y, bias, p, m0, n0, row0, t, [&](int i) { return __int_as_float(acc[i]); });
+                    auto val = [&](int i) { return __int_as_float(acc[i]); };
+                    if (p.y_tma) {
+                        tma_tile(m0, n0, val);
+                    } else {
+                        store_tile_16<TY, 1, ND>(y, bias, p, m0, n0, row0, t, val);
+                    }
                 } else {  // in place, a column pair's scales and adj loaded once for both rows
                     float v[ND];
 #pragma unroll
@@ -425,13 +469,20 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
             }
             bool stored = false;
             if constexpr (!same_type<TY, float>::value) {
-                if (p.splits == 1) store_tile_16<TY, WAVES, ND>(y, bias, p, m0, n0, row0, t, [&](int i) { return acc[i]; }), stored = true;
+                if (p.splits == 1) {
+                    auto val = [&](int i) { return acc[i]; };
+                    if constexpr (TMA_OK) {
+                        if (p.y_tma) tma_tile(m0, n0, val), stored = true;
+                    }
+                    if (!stored) store_tile_16<TY, WAVES, ND>(y, bias, p, m0, n0, row0, t, val), stored = true;
+                }
             }
             if (!stored)
                 finish_tile<TY, float, BM, BN, CT, WAVES * ND / 2, SPLIT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
                                                                          AsScaled());
         }
     }
+    if (TMA_OK && p.y_tma && (tid & 127) == 0) bulk_wait_all<false>();  // this warpgroup's last stores are written
     if (CL > 1) cluster_sync_all();  // the other block's last arrivals on this block's barriers are complete
 #else
     __trap();  // built only for sm_90a; the host never launches this stub

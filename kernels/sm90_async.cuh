@@ -9,6 +9,12 @@
 
 #include "common.cuh"
 
+// A CUtensorMap (cuTensorMapEncodeTiled: cupyquant/_launch.py tensor_map_2d), passed to a kernel by
+// value (__grid_constant__), as TMA reads it.
+struct alignas(64) TmaMap {
+    unsigned long long w[16];
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // what cp.async and st.shared wrote (generic proxy) becomes visible to the wgmma's reads (async proxy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -53,6 +59,27 @@ __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const void* 
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
         "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
         : "memory");
+}
+// the box of the tensor map at (column c0, row c1) stored from this block's shared memory at src
+// (TMA; rows and columns outside the matrix are not written), in this thread's bulk group
+__device__ __forceinline__ void tma_store_2d(const void* map, unsigned src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map), "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+// closes this thread's bulk group of TMA stores
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// waits until this thread's TMA stores have read their shared memory (READ: may be reused) or
+// have been written (all)
+template <bool READ> __device__ __forceinline__ void bulk_wait_all() {
+    if constexpr (READ) {
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    } else {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    }
+}
+// 16 bytes to shared memory at addr
+__device__ __forceinline__ void st_shared_u4(unsigned addr, unsigned x, unsigned y, unsigned z, unsigned w) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
 // the mbarrier initializations of this block are visible to the cluster's other blocks (before a
 // cluster barrier, ahead of their remote arrivals and multicast transactions)

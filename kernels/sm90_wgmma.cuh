@@ -9,10 +9,10 @@
 // until at most N groups are in flight.
 // WgmmaFp8<FA, FB, N>::mma(d, da, db, scale_d) issues one wgmma.mma_async m64nNk32 of FP8 operands
 // (FA, FB: 0 e4m3, 1 e5m2), both K-major in shared memory (descriptors da: 64 x 32, db: N x 32),
-// into float32 accumulators d[N / 2]: d = A B + (scale_d ? d : 0). N one of 64, 128.
+// into float32 accumulators d[N / 2]: d = A B + (scale_d ? d : 0). N one of 16, 32, 64, 128.
 // WgmmaS8<N>::mma(d, da, db, scale_d) issues one wgmma.mma_async m64nNk32 of signed 8-bit operands
 // laid out as the FP8 ones, into int32 accumulators d[N / 2] (exact, wrapping): d = A B + (scale_d ?
-// d : 0). N one of 64, 128, 256.
+// d : 0). N one of 16, 32, 64, 128, 256.
 #pragma once
 
 #include "common.cuh"
@@ -100,6 +100,86 @@ template <> struct Wgmma<__nv_bfloat16, 256> {
     }
 };
 template <int FA, int FB, int N> struct WgmmaFp8;
+template <> struct WgmmaFp8<0, 0, 16> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<0, 1, 16> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e5m2 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<1, 0, 16> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e4m3 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<1, 1, 16> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e5m2 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<0, 0, 32> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<0, 1, 32> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e5m2 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<1, 0, 32> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e5m2.e4m3 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaFp8<1, 1, 32> {
+    static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e5m2.e5m2 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
 template <> struct WgmmaFp8<0, 0, 64> {
     static __device__ __forceinline__ void mma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
         asm volatile(
@@ -181,6 +261,26 @@ template <> struct WgmmaFp8<1, 1, 128> {
     }
 };
 template <int N> struct WgmmaS8;
+template <> struct WgmmaS8<16> {
+    static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p;\n}"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
+template <> struct WgmmaS8<32> {
+    static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p;\n}"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+            : "l"(da), "l"(db), "r"(scale_d));
+    }
+};
 template <> struct WgmmaS8<64> {
     static __device__ __forceinline__ void mma(int* d, unsigned long long da, unsigned long long db, int scale_d) {
         asm volatile(

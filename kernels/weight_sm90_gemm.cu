@@ -120,14 +120,10 @@ struct WgArgs {
     int iters;   // stages of K per split (the last split may have fewer)
     int early;   // 1: the first stages' weights and scales are copied before the PDL wait (weight/dispatch.py early_ok)
 };
-// A CUtensorMap (cuTensorMapEncodeTiled, cupyquant/_workspace.py tensor_map): the launch's rows of a, boxes of
-// 64 k by 128 rows in the 128-byte swizzle (tm), and where M is not a multiple of 128, by the last
-// tile's rows rounded up to 8 (tm_tail). Passed by value (__grid_constant__), as TMA reads it; the
-// 64- and 256-row tiles do not read them, nor the 128-row tile tm_tail where M is a multiple of 128
-// (the host passes zeros).
-struct alignas(64) TmaMap {
-    unsigned long long w[16];
-};
+// The tensor maps (sm90_async.cuh TmaMap) of the launch's rows of a: boxes of 64 k by 128 rows in the
+// 128-byte swizzle (tm), and where M is not a multiple of 128, by the last tile's rows rounded up to
+// 8 (tm_tail). The 64- and 256-row tiles do not read them, nor the 128-row tile tm_tail where M is a
+// multiple of 128 (the host passes zeros).
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The multiplier pairs (weight_mma.cuh frag_mul) read from constant memory, not as immediates: the

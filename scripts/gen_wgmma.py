@@ -1,5 +1,5 @@
 """Writes kernels/sm90_wgmma.cuh: the wgmma wrappers of the Hopper kernels (weight_sm90_gemm.cu,
-scaled_mm_sm90.cu).
+scaled_mm_sm90.cu, scaled_mm_sm90_small.cu).
 
 One PTX ``wgmma.mma_async`` takes every accumulator register as an operand, so each width N (the
 columns of the warpgroup's tile) needs its own asm statement with N / 2 "+f" operands. This script spells them out and writes the header whole; tests/test_jit.py checks
@@ -14,10 +14,10 @@ from pathlib import Path
 WIDTHS = (32, 64, 128, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 # FP8 (both operands from shared memory, K-major): widths and formats (kernels/scaled_mm.cuh Fp8Id)
-FP8_WIDTHS = (64, 128)
+FP8_WIDTHS = (16, 32, 64, 128)
 FP8_TYPES = ((0, "e4m3"), (1, "e5m2"))
 # INT8 (both operands from shared memory, K-major, int32 accumulators): widths
-S8_WIDTHS = (64, 128, 256)
+S8_WIDTHS = (16, 32, 64, 128, 256)
 FILE = Path(__file__).resolve().parent.parent / "kernels" / "sm90_wgmma.cuh"
 
 HEADER = """\

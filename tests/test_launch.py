@@ -206,15 +206,21 @@ def test_kernel_argument_structs_match_their_dtypes(module, dtype_name, cu, stru
 
 
 def test_tensor_map_matches_the_kernels_parameter():
-    """The 128-byte CUtensorMap that cupyquant.weight passes by value is the kernel's TmaMap: sixteen
-    64-bit words, 64-byte aligned (cuda.h's CUtensorMap is 16 x 64 bits, alignas(64)); the sm90 gemm
-    kernel's last two parameters are two of them (the whole tiles' boxes and the last tile's)."""
+    """The 128-byte CUtensorMap that the Hopper kernels take by value is sm90_async.cuh's TmaMap:
+    sixteen 64-bit words, 64-byte aligned (cuda.h's CUtensorMap is 16 x 64 bits, alignas(64)); the
+    sm90 gemm kernel's last two parameters are two of them (the whole tiles' boxes and the last
+    tile's)."""
     from cupyquant import _jit
 
     assert _launch.TENSOR_MAP.itemsize == 128 and _launch.TENSOR_MAP.names == ("w",)
-    src = (Path(_jit.kernel_dir()) / "weight_sm90_gemm.cu").read_text()
-    body = re.search(r"^struct alignas\(64\) TmaMap \{(.*?)^\};", src, re.S | re.M)
+    kernels = Path(_jit.kernel_dir())
+    header = (kernels / "sm90_async.cuh").read_text()
+    body = re.search(r"^struct alignas\(64\) TmaMap \{(.*?)^\};", header, re.S | re.M)
     assert body and " ".join(re.sub(r"//[^\n]*", "", body.group(1)).split()) == "unsigned long long w[16];"
+    for name in ("weight_sm90_gemm.cu", "scaled_mm_sm90.cu", "scaled_mm_sm90_small.cu"):
+        src = (kernels / name).read_text()
+        assert '#include "sm90_async.cuh"' in src and "struct alignas(64) TmaMap" not in src, name
+    src = (kernels / "weight_sm90_gemm.cu").read_text()
     assert "const __grid_constant__ TmaMap tm, const __grid_constant__ TmaMap tm_tail)" in src, "two maps, last"
 
 

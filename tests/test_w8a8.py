@@ -541,11 +541,50 @@ def test_every_sm90_tile_forced(a_kind, b_kind):
         if L.mode not in sm90.modes(cfg):
             continue
         for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
+            launch = sm90.MmLaunch(L, cfg, parts, cluster)
+            assert launch.y_tma == (parts == 1)  # bf16 out, rows 1040 bytes apart
+            for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
+                launch.y_tma = y_tma
+                ops.result[...] = cupy.nan
+                launch(ops)
+                assert_bits_equal(
+                    ops.result, want, f"{cfg} parts {parts} cluster {cluster} TMA {y_tma} {a_kind} x {b_kind}"
+                )
+                ran += 1
+    assert ran == (12 if L.mode == args.MODE_K_COL else 16)
+
+
+# ================================================================== GPU: the Hopper kernel for few rows
+SMALL_CASES = [(a, b) for a in ("tensor", "token-row", "group-col", "packed-row") for b in B_KINDS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_kind,b_kind", SMALL_CASES, ids=[f"{a}-{b}" for a, b in SMALL_CASES])
+def test_sm90_small_every_scaling_and_split(a_kind, b_kind):
+    """The swapped-operand kernel (a's rows as wgmma's N) at M = 1, 16, 17 and 32 (both widths and
+    their tails), N = 200 (a tile past N), K = 2064 (a short last block), with and without a K
+    split, bias, into a poisoned output: bit-exact on exact inputs."""
+    require_arch("wgmma")
+    from cupyquant.w8a8 import sm90_small
+
+    for M in (1, 16, 17, 32):
+        rng = np.random.default_rng(_seed("small", a_kind, b_kind, M))
+        N, K = 200, 2064
+        qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
+        qb, cb, sb = _b_operand(b_kind, N, K, rng)
+        bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
+        r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
+        want = ref.round_result(r, BF16)
+        L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
+        assert sm90_small.takes(L)
+        ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+        for parts in (1, 3):
             ops.result[...] = cupy.nan
-            sm90.MmLaunch(L, cfg, parts, cluster)(ops)
-            assert_bits_equal(ops.result, want, f"{cfg} parts {parts} cluster {cluster} {a_kind} x {b_kind}")
-            ran += 1
-    assert ran == (6 if L.mode == args.MODE_K_COL else 8)
+            sm90_small.MmSmallLaunch(L, parts)(ops)
+            assert_bits_equal(ops.result, want, f"M {M} parts {parts} {a_kind} x {b_kind}")
+        with dispatch._forced_path("sm90"):
+            y = cq.scaled_matmul(qa, qb, out_dtype="float32")
+        _check_exact(y, ca, sa, cb, sb, np.float32, what=f"planned, float32, M {M} {a_kind} x {b_kind}")
 
 
 # ================================================================== GPU: out=, streams, graphs, layouts
@@ -732,8 +771,9 @@ def test_sm90_tile_choice():
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_TILE) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_COL) == large  # no two-wave K_COL tile
     assert sm90.modes(wide) == (args.MODE_END, args.MODE_K_TILE) and sm90.modes(large) == args.MODES
-    for cfg in sm90.CONFIGS:  # a ring of 128-k slots plus the alignment slack, within 227 KB
-        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 <= 227 * 1024
+    for cfg in sm90.CONFIGS:  # a ring of 128-k slots, the alignment slack and y's staging, within 227 KB
+        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + cfg.y_stage <= 227 * 1024
+        assert cfg.y_stage == (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2
 
 
 def test_sm90_k_split():

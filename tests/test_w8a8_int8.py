@@ -302,6 +302,28 @@ def test_k_splits_and_wide_tiles(path):
                 assert_bits_equal(ops.result, want, f"sm90 {cfg} parts {parts} cluster {cluster}")
 
 
+@pytest.mark.gpu
+def test_sm90_small_int8_splits():
+    """The swapped-operand Hopper kernel on INT8 (a's rows as wgmma's N): M = 1, 16, 17, 32, zero
+    points per token, N past a tile, with and without a K split summed as integers: bit-exact."""
+    _need("sm90")
+    from cupyquant.w8a8 import sm90_small
+
+    for M in (1, 16, 17, 32):
+        rng = np.random.default_rng(_seed("small", M))
+        N, K = 200, 2064
+        a, b, sa, sb, azp = _raw_operands(rng, M, N, K, "token-zp", "channel")
+        want = _want(a, b, sa, sb, azp, BF16)
+        qa, qb = _a_tensor(a, sa, azp), _b_tensor(b, sb)
+        L = operands.for_matmul(qa, qb, "bfloat16", None, None)
+        assert sm90_small.takes(L)
+        ops = build.operands(L, build.matmul_arrays(qa, qb, None, None))
+        for parts in (1, 3):
+            ops.result[...] = cupy.nan
+            sm90_small.MmSmallLaunch(L, parts)(ops)
+            assert_bits_equal(ops.result, want, f"M {M} parts {parts}")
+
+
 # ================================================================== GPU: the library's quantizers
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", PATHS)

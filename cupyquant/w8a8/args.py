@@ -38,6 +38,7 @@ MM_ARGS = np.dtype(
         ("zp_rows", np.int64),
         ("zp_batch", np.int64),
         ("zp_m", np.int64),
+        ("y_tma", np.int64),
         ("sb_shift", np.int32),
         ("sa_packed", np.int32),
         ("has_bias", np.int32),

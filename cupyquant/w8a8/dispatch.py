@@ -1,5 +1,5 @@
 """The W8A8 matmul's planner: the choice of kernel, ``"sm90"`` (kernels/scaled_mm_sm90.cu, wgmma,
-compute capability 9.0) or ``"mma"`` (kernels/scaled_mm_mma.cu, mma.sync: FP8 on compute capability
+compute capability 9.0; calls of at most 32 rows of a: kernels/scaled_mm_sm90_small.cu) or ``"mma"`` (kernels/scaled_mm_mma.cu, mma.sync: FP8 on compute capability
 8.9 and newer, INT8 on 8.0 and newer), and the planned launch of a call's layout."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 from .. import _device
-from . import mma, sm90
+from . import mma, sm90, sm90_small
 
 PATHS = ("sm90", "mma")
 
@@ -61,5 +61,5 @@ def plan(L):
     kernel :func:`path` picks; raises UnsupportedGPUError first where the GPU cannot run it."""
     caps = check_arch(L.device, L.a_format == "int8")
     if path(caps) == "sm90":
-        return sm90.MmLaunch(L)
+        return sm90_small.MmSmallLaunch(L) if sm90_small.takes(L) else sm90.MmLaunch(L)
     return mma.MmLaunch(L)

@@ -32,7 +32,13 @@ class Sm90Config:
 
     @property
     def smem(self) -> int:
-        return self.stages * (self.bm + self.bn) * 128 + 1024  # + the 1024-byte alignment of the ring
+        """The ring, its 1024-byte alignment, and the consumer warpgroups' staging buffers of y's TMA
+        stores (64 rows x bn 16-bit values each; none for bn = 256)."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024 + self.y_stage
+
+    @property
+    def y_stage(self) -> int:
+        return 0 if self.bn > 128 else (2 if self.bm > 64 else 1) * 64 * self.bn * 2
 
     @property
     def targs(self) -> tuple:
@@ -144,6 +150,10 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
     return ceil_div(nkb, per), per
 
 
+#: y's TMA store box: 64 rows x 64 16-bit columns (128-byte rows, the 128-byte swizzle)
+Y_BOX = 64
+
+
 class MmLaunch:
     """The planned launch of one call layout: the kernel's Launch (arguments: the tensor maps of a
     and b, given at each call, then a's and b's scales, zero points, column term, bias, the output,
@@ -156,7 +166,21 @@ class MmLaunch:
     the kernel is not bound by L2 (4096 x 4096 x 4096 per tensor: 1029 against 1019 TFLOP/s; 8192^3:
     1060 against 1203), so the planner does not take it; tests and benchmarks force it."""
 
-    __slots__ = ("launch", "box_a", "box_b", "ws", "counters", "M", "N", "K", "device", "_maps")
+    __slots__ = (
+        "launch",
+        "box_a",
+        "box_b",
+        "ws",
+        "counters",
+        "M",
+        "N",
+        "K",
+        "device",
+        "_maps",
+        "ldy",
+        "y_tma",
+        "_ymap",
+    )
 
     def __init__(self, L, cfg: Sm90Config | None = None, parts: int | None = None, cluster: int = 1):
         self.M, self.N, self.K, self.device = M, N, K, device = L.M, L.N, L.K, L.device
@@ -181,14 +205,23 @@ class MmLaunch:
             raise ValueError(f"cluster must be 1, or 2 without a K split, got {cluster} with {parts} parts")
         self.box_a, self.box_b = cfg.bm // cluster, cfg.bn
         tm = Blob(_launch.TENSOR_MAP)
-        args = (tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per, cluster),)
+        args = (tm, tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per, cluster),)
+        # y by TMA from shared memory where the kernel can (16-bit out, unsplit, rows a multiple of 16
+        # bytes apart); a call whose out is not 16-byte aligned stores directly (y_tma = 0)
+        self.ldy = L.ldy or N
+        ty_bytes = _dtypes.input_type(L.out_dtype, "out_dtype").dtype.itemsize
+        self.y_tma = cfg.y_stage > 0 and ty_bytes == 2 and parts == 1 and (self.ldy * 2) % 16 == 0
+        self._ymap = (None, None)
         work = tiles_m * ceil_div(tiles_n, cluster) * parts  # a cluster's items
+        fields = ((len(args) - 1, "y_tma"),)
         if cluster == 1:
-            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem)
+            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem, fields=fields)
         else:
             fit = _launch.max_active_clusters(k, cfg.threads, cfg.smem, (cluster, 1, 1))
             grid = cluster * min(work, fit)
-            self.launch = Launch(k, (grid,), (cfg.threads,), args, smem=cfg.smem, cluster=(cluster, 1, 1))
+            self.launch = Launch(
+                k, (grid,), (cfg.threads,), args, smem=cfg.smem, cluster=(cluster, 1, 1), fields=fields
+            )
         self._maps = (None, None, None, None)  # a's and b's (address, row stride, map) of the last call
 
     def __call__(self, ops) -> None:
@@ -205,4 +238,12 @@ class MmLaunch:
         ws = counters = None
         if self.ws:
             ws, counters = _workspace.split_buffers(dev, self.ws, self.counters)
-        self.launch(tma, tmb, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)
+        py = ops.out2  # the output's address (build.Operands)
+        use = self.y_tma and py % 16 == 0
+        tmy = _workspace.NO_TENSOR_MAP  # never read where the call stores y directly
+        if use:
+            ky, tmy = self._ymap
+            if ky != py:
+                tmy = _workspace.tensor_map(py, self.M, self.N, self.ldy * 2, dev, Y_BOX, Y_BOX, 2)
+                self._ymap = (py, tmy)
+        self.launch(tma, tmb, tmy, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters, int(use))
