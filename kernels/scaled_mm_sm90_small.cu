@@ -1,5 +1,5 @@
 // scaled_mm_sm90_small.cu: the W8A8 FP8 and INT8 matmul y = dequant(a) @ dequant(b).T (+ bias) for few rows of
-// a (M <= TOK, TOK = 16 or 32) on Hopper, with the operands swapped: the weights b fill wgmma's
+// a (M <= TOK, TOK = 16 or 32; cupyquant/w8a8/sm90_small.py builds 16) on Hopper, with the operands swapped: the weights b fill wgmma's
 // 64-row side and a's rows are its N = TOK columns, so that a block streams 64 rows of weights
 // through the tensor cores with no rows of zeros multiplied (the 64-row tiles of scaled_mm_sm90.cu
 // multiply 64 - M rows of zeros and read the weights a tile at a time). What it computes, the scale

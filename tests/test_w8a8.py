@@ -561,13 +561,13 @@ SMALL_CASES = [(a, b) for a in ("tensor", "token-row", "group-col", "packed-row"
 @pytest.mark.gpu
 @pytest.mark.parametrize("a_kind,b_kind", SMALL_CASES, ids=[f"{a}-{b}" for a, b in SMALL_CASES])
 def test_sm90_small_every_scaling_and_split(a_kind, b_kind):
-    """The swapped-operand kernel (a's rows as wgmma's N) at M = 1, 16, 17 and 32 (both widths and
-    their tails), N = 200 (a tile past N), K = 2064 (a short last block), with and without a K
+    """The swapped-operand kernel (a's rows as wgmma's N) at M = 1, 7 and 16 (a short and a full
+    width), N = 200 (a tile past N), K = 2064 (a short last block), with and without a K
     split, bias, into a poisoned output: bit-exact on exact inputs."""
     require_arch("wgmma")
     from cupyquant.w8a8 import sm90_small
 
-    for M in (1, 16, 17, 32):
+    for M in (1, 7, 16):
         rng = np.random.default_rng(_seed("small", a_kind, b_kind, M))
         N, K = 200, 2064
         qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)

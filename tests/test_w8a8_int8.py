@@ -304,12 +304,12 @@ def test_k_splits_and_wide_tiles(path):
 
 @pytest.mark.gpu
 def test_sm90_small_int8_splits():
-    """The swapped-operand Hopper kernel on INT8 (a's rows as wgmma's N): M = 1, 16, 17, 32, zero
+    """The swapped-operand Hopper kernel on INT8 (a's rows as wgmma's N): M = 1, 7, 16, zero
     points per token, N past a tile, with and without a K split summed as integers: bit-exact."""
     _need("sm90")
     from cupyquant.w8a8 import sm90_small
 
-    for M in (1, 16, 17, 32):
+    for M in (1, 7, 16):
         rng = np.random.default_rng(_seed("small", M))
         N, K = 200, 2064
         a, b, sa, sb, azp = _raw_operands(rng, M, N, K, "token-zp", "channel")

@@ -1,5 +1,5 @@
 """The W8A8 matmul's planner: the choice of kernel, ``"sm90"`` (kernels/scaled_mm_sm90.cu, wgmma,
-compute capability 9.0; calls of at most 32 rows of a: kernels/scaled_mm_sm90_small.cu) or ``"mma"`` (kernels/scaled_mm_mma.cu, mma.sync: FP8 on compute capability
+compute capability 9.0; calls of at most 16 rows of a: kernels/scaled_mm_sm90_small.cu) or ``"mma"`` (kernels/scaled_mm_mma.cu, mma.sync: FP8 on compute capability
 8.9 and newer, INT8 on 8.0 and newer), and the planned launch of a call's layout."""
 
 from __future__ import annotations
