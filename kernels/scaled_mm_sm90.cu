@@ -28,7 +28,8 @@
 // scaled_mm.cuh on the CUDA cores (the promotion). The sum over one 128-k block stays inside the
 // tensor cores, whose FP8 accumulation keeps about 14 bits; across blocks it is IEEE float32. With
 // two consumer warpgroups one promotes while the other's wgmmas run. The scales of 128 x 128 blocks
-// are loaded a block ahead, so their latency hides behind a block's work.
+// (MODE_K_TILE) come through shared memory: a ring of scale slots beside the operands' that the
+// producer's second warp fills by cp.async as the TMA fills the operand slots (see SCALE_RING).
 //
 // INT8 (FA = FB = S8) sums exactly in int32, so there is no promotion: every block's wgmmas (m64nBNk32
 // .s32.s8.s8) add into the same accumulators, the block's group is committed, and the consumer waits
@@ -152,6 +153,19 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;  // a multiple of 1024: every slot stays 1024-aligned
     constexpr int ND = BN / 2;                         // accumulators a thread a wave
     constexpr int RASTER = 8;                          // rows of tiles a group of work items sweeps N with
+    // MODE_K_TILE: a second ring of STAGES slots beside the operands' (where the TMA stores' staging
+    // buffers would be), slot s holding the scales of the block in operand slot s: the words of a's
+    // scales of the tile's BM rows (float32, or the UE8M0 word that holds the block's byte), then b's
+    // tile scale. The producer's second and third warps fill it by cp.async, whose completion counts on
+    // full[s] (64 arrivals beside the TMA thread's), so that the promotion reads its scales from shared memory,
+    // loaded STAGES blocks ahead like the operands, with no address arithmetic of its own.
+    constexpr bool SCALE_RING = MODE == MODE_K_TILE;
+    constexpr int SC_BYTES = (BM + 4) * 4;             // a scale slot: BM words of a, b's, padding to 16 bytes
+    // A slot is released by one arrival a consumer warp (after __syncwarp), or with SCALE_RING by every
+    // consumer thread: its lanes' reads of the scale slot, which the next cp.async fill overwrites, are
+    // then ordered before the release in each thread's own program order, an order compute-sanitizer's
+    // racecheck follows (it reports the one-arrival-a-warp release as a potential WAR hazard).
+    constexpr int EMPTY_ARRIVALS = SCALE_RING ? CW * 128 : CW * 4;
     extern __shared__ uint4 smem_raw[];
     __shared__ __align__(8) unsigned long long mb_full[STAGES], mb_empty[STAGES];
     // the 128-byte swizzle is a function of address bits 4..9: slots start at a multiple of 1024
@@ -184,7 +198,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
 
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, CW * 4 * CL);
+        for (int s = 0; s < STAGES; ++s) mbar_init(full0 + 8 * s, SCALE_RING ? 65 : 1), mbar_init(empty0 + 8 * s, EMPTY_ARRIVALS * CL);
         if (CL > 1) fence_mbarrier_init_cluster();
     }
     if (CL > 1) {
@@ -193,8 +207,37 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
         __syncthreads();
     }
 
+    const unsigned sc0 = sbase + (unsigned)(STAGES * STAGE);  // SCALE_RING's first slot
     if (warp >= CW * 4) {  // the producer warpgroup: one thread issues the TMA loads of every tile
         if constexpr (CW > 1) setmaxnreg_dec<40>();
+        // the scales' copies: thread c = 0..63 of the second and third warps takes a's rows c, c + 64, ...
+        // (a few 64-bit pointers each: the producer's registers are 40 after setmaxnreg)
+        if (SCALE_RING && (warp == CW * 4 + 1 || warp == CW * 4 + 2)) {
+            constexpr int RPL = BM / 64;
+            const int c = tid - CT - 32;
+            int it = 0;
+#pragma unroll 1
+            for (unsigned w = w_first; w < work; w += w_step) {
+                i64 m0, n0, tile;
+                int part, kb0, niter;
+                item(w, m0, n0, tile, part, kb0, niter);
+                const unsigned* pa[RPL];  // rows past M copy the last row's scales (never stored)
+#pragma unroll
+                for (int r = 0; r < RPL; ++r) pa[r] = reinterpret_cast<const unsigned*>(sa) + a_scale_row(p, min(m0 + c + 64 * r, p.M - 1));
+                const float* pb = sb + (min(n0, p.N - 1) >> p.sb_shift) * p.sb_n;
+#pragma unroll 1
+                for (int i = 0; i < niter; ++i, ++it) {
+                    const int slot = it % STAGES, kb = kb0 + i;
+                    if (it >= STAGES) mbar_wait(empty0 + 8 * slot, ((it / STAGES) - 1) & 1);
+                    const i64 ko = (i64)(p.sa_packed ? kb >> 2 : kb) * p.sa_k;
+                    const unsigned dst = sc0 + (unsigned)(slot * SC_BYTES);
+#pragma unroll
+                    for (int r = 0; r < RPL; ++r) cp_async4(dst + 4u * (unsigned)(c + 64 * r), pa[r] + ko);
+                    if (c == 0) cp_async4(dst + 4u * BM, pb + (i64)kb * p.sb_k);
+                    mbar_arrive_cp_async(full0 + 8 * slot);
+                }
+            }
+        }
         if (tid == CT) {
             int it = 0;  // the ring's position, across tiles
 #pragma unroll 1
@@ -235,12 +278,12 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     auto desc = [](unsigned lo) { return (DESC_HI & 0xffffffff00000000ull) | lo; };
 
     using Acc = typename cond_type<INT, int, float>::type;
-    // TMA stores of y (p.y_tma, 16-bit TY, BN <= 128): each consumer warpgroup stages one 64-row wave of
+    // TMA stores of y (p.y_tma, 16-bit TY, BN <= 128, not MODE_K_TILE): each consumer warpgroup stages one 64-row wave of
     // its rows at a time in its own buffer after the ring (64 x BN x 2 bytes, two 64-column boxes of
     // 128-byte rows in the 128-byte swizzle), from which one of its threads stores the boxes; the
     // warpgroup goes on to its next tile while they are written, and waits only before it refills
     // the buffer until the stores have read it
-    constexpr bool TMA_OK = !same_type<TY, float>::value && BN <= 128;
+    constexpr bool TMA_OK = !same_type<TY, float>::value && BN <= 128 && !SCALE_RING;
     constexpr int D_WG = 64 * BN * 2;
     const unsigned dbuf = sbase + (unsigned)(STAGES * STAGE + wg * D_WG);
     bool d_busy = false;  // this warpgroup's buffer may still be read by its last TMA stores
@@ -267,7 +310,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
         }
     };
 
-    // a slot's release: one arrival a consumer warp on its empty barrier, and with CL = 2 on the other
+    // a slot's release: an arrival on its empty barrier (EMPTY_ARRIVALS a block), and with CL = 2 on the other
     // block's too, whose producer also writes into this block's slot
     const unsigned peer_empty0 = CL > 1 ? map_shared_rank(empty0, rank ^ 1u) : 0u;
     auto release = [&](int slot) {
@@ -297,55 +340,29 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
 #pragma unroll
         for (int i = 0; i < (INT ? 1 : ND); ++i) tmp[i] = 0.0f;
 
-        // K_TILE: a block's scales (a's rows, b's tile) are loaded SA blocks ahead, since an L2
-        // round trip is longer than a block's wgmmas, into a ring of SA + 1 register sets taken in
-        // turn (blocks unrolled by SA + 1), so that no copy from a loaded set waits for its load (two
-        // blocks ahead measure the same and spill the 128-row tile); K_COL: the column scales in the
-        // block itself, for want of registers.
-        constexpr int SA = 1, NS = 2 * WAVES + 1;  // a set: a's scales of the thread's rows, then b's
-        float sc[SA + 1][NS];
-        // Cursors over the item's blocks: the rows' scales of a as byte pointers (float32 words, or
-        // UE8M0 bytes, of which every fourth block steps to the next word) and b's tile scale, stepped
-        // a block at a time, so that a block's lookups are loads and adds, not the address arithmetic
-        // of a_scale and b_scale.
-        const bool packed = p.sa_packed;
-        const i64 astep = packed ? 4 * p.sa_k - 3 : 4 * p.sa_k;
-        int phase = kb0 & 3;
-        const i64 aoff = packed ? 4 * ((i64)(kb0 >> 2) * p.sa_k) + phase : 4 * ((i64)kb0 * p.sa_k);
-        const unsigned char* pa[2 * WAVES];
-#pragma unroll
-        for (int r = 0; r < 2 * WAVES; ++r) pa[r] = reinterpret_cast<const unsigned char*>(sa) + 4 * ra[r] + aoff;
-        const float* pb = sb + (min(n0, p.N - 1) >> p.sb_shift) * p.sb_n + (i64)kb0 * p.sb_k;
-        auto tile_scales = [&](float (&s)[NS]) {  // the next block's, in block order
-            if (packed) {
-                const i64 d = phase == 3 ? astep : 1;
-#pragma unroll
-                for (int r = 0; r < 2 * WAVES; ++r) s[r] = e8m0_to_float(__ldg(pa[r])), pa[r] += d;
-                phase = (phase + 1) & 3;
-            } else {
-#pragma unroll
-                for (int r = 0; r < 2 * WAVES; ++r) s[r] = __ldg(reinterpret_cast<const float*>(pa[r])), pa[r] += astep;
-            }
-            s[NS - 1] = __ldg(pb), pb += p.sb_k;
-        };
-        if constexpr (MODE == MODE_K_TILE) {
-#pragma unroll
-            for (int j = 0; j < SA; ++j)
-                if (j < niter) tile_scales(sc[j]);
-        }
-        // block i of the item: its scales in cur, block i + SA's loaded into nxt
-        auto block = [&](int i, float (&cur)[NS], float (&nxt)[NS]) {
+        // block i of the item
+        auto block = [&](int i) {
             const int slot = it % STAGES, kb = kb0 + i;
             float sa0 = 0.0f, sa1 = 0.0f;
             float sbc[MODE == MODE_K_COL ? ND / 2 : 1];
-            if constexpr (MODE == MODE_K_TILE) {
-                if (i + SA < niter) tile_scales(nxt);
-            } else if constexpr (MODE == MODE_K_COL) {
+            constexpr int NS = 2 * WAVES + 1;
+            float cur[SCALE_RING ? NS : 1];  // K_TILE: a's scales of the thread's rows (wave w: 2 w, 2 w + 1), then b's
+            if constexpr (MODE == MODE_K_COL) {
                 sa0 = a_scale(p, sa, ra0, kb), sa1 = a_scale(p, sa, ra1, kb);
 #pragma unroll
                 for (int j = 0; j < ND / 4; ++j) sbc[2 * j] = b_scale(p, sb, col(j, 0), kb), sbc[2 * j + 1] = b_scale(p, sb, col(j, 1), kb);
             }
             mbar_wait(full0 + 8 * slot, (unsigned)((it / STAGES) & 1));
+            if constexpr (SCALE_RING) {  // read before the slot is released
+                const unsigned src = sc0 + (unsigned)(slot * SC_BYTES);
+                const int shift = 8 * (kb & 3);
+#pragma unroll
+                for (int r = 0; r < 2 * WAVES; ++r) {
+                    const unsigned word = ld_shared_u32(src + 4u * (unsigned)(row0 + 64 * (r >> 1) + 8 * (r & 1)));
+                    cur[r] = p.sa_packed ? e8m0_to_float((word >> shift) & 0xffu) : __uint_as_float(word);
+                }
+                cur[NS - 1] = __uint_as_float(ld_shared_u32(src + 4u * BM));
+            }
             const unsigned off = (unsigned)(slot * (STAGE >> 4));
             if constexpr (INT) {  // into acc (zeroed by the item's first step); the previous block's slot is released once it retires
                 wg_fence();
@@ -367,8 +384,12 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
                     wg_commit();
                     wg_wait<0>();
                     if (w == WAVES - 1) {
-                        __syncwarp();  // every lane's wgmmas of the slot are retired
-                        if (lane == 0) release(slot);
+                        if constexpr (SCALE_RING) {
+                            release(slot);  // every thread, after its own reads of the scale slot (see EMPTY_ARRIVALS)
+                        } else {
+                            __syncwarp();  // every lane's wgmmas of the slot are retired
+                            if (lane == 0) release(slot);
+                        }
                     }
                     float* aw = acc + w * ND;
                     if constexpr (MODE == MODE_END) {
@@ -387,11 +408,7 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
             ++it;
         };
 #pragma unroll 1
-        for (int i = 0; i < niter; i += SA + 1) {
-#pragma unroll
-            for (int j = 0; j <= SA; ++j)
-                if (i + j < niter) block(i + j, sc[j], sc[(j + SA) % (SA + 1)]);
-        }
+        for (int i = 0; i < niter; ++i) block(i);
         // this thread's pairs: pair (ND / 2) w + 2 j is row row0 + 64 w, pair (ND / 2) w + 2 j + 1 row
         // row0 + 64 w + 8, both columns 8 j + 2 t (+ 1), of acc or of its values converted in place
         auto pairs = [&](auto& vals, auto f) {

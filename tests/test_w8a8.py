@@ -542,7 +542,8 @@ def test_every_sm90_tile_forced(a_kind, b_kind):
             continue
         for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
             launch = sm90.MmLaunch(L, cfg, parts, cluster)
-            assert launch.y_tma == (parts == 1)  # bf16 out, rows 1040 bytes apart
+            # bf16 out, rows 1040 bytes apart; MODE_K_TILE has the scales' ring where the staging buffers would be
+            assert launch.y_tma == (parts == 1 and L.mode != args.MODE_K_TILE)
             for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
                 launch.y_tma = y_tma
                 ops.result[...] = cupy.nan
@@ -771,9 +772,14 @@ def test_sm90_tile_choice():
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_TILE) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_COL) == large  # no two-wave K_COL tile
     assert sm90.modes(wide) == (args.MODE_END, args.MODE_K_TILE) and sm90.modes(large) == args.MODES
-    for cfg in sm90.CONFIGS:  # a ring of 128-k slots, the alignment slack and y's staging, within 227 KB
-        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + cfg.y_stage <= 227 * 1024
-        assert cfg.y_stage == (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2
+    for cfg in sm90.CONFIGS:  # a ring of 128-k slots, the alignment slack and y's staging or the scales' ring
+        for mode in sm90.modes(cfg):
+            assert cfg.smem(mode) == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + cfg.y_stage(mode) + cfg.scale_ring(
+                mode
+            )
+            assert cfg.smem(mode) <= 227 * 1024
+        assert cfg.y_stage() == (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2
+        assert cfg.y_stage(args.MODE_K_TILE) == 0 and cfg.scale_ring(args.MODE_K_TILE) == cfg.stages * (cfg.bm + 4) * 4
 
 
 def test_sm90_k_split():

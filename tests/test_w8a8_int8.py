@@ -123,7 +123,7 @@ def test_sm90_int8_tile_choice():
     assert sm90.config(1024, 2048, 8192, 132, int8=True) == sm90.LARGE  # 8 x 8 wide tiles < 132
     assert sm90.config(2048, 7168, 8192, 132, int8=True) == sm90.LARGE  # 4 rounds of wide, 7 of narrow tiles
     assert sm90.config(16, 4096, 4096, 132, int8=True) == sm90.SMALL
-    assert sm90.INT8_WIDE.smem <= 227 * 1024
+    assert sm90.INT8_WIDE.smem() <= 227 * 1024
 
 
 # ================================================================== GPU: operands

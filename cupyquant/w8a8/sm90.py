@@ -30,15 +30,21 @@ class Sm90Config:
         """64-row waves a consumer warpgroup multiplies in turn (2: no K split, no K_COL mode)."""
         return self.bm // (128 if self.bm > 64 else 64)
 
-    @property
-    def smem(self) -> int:
-        """The ring, its 1024-byte alignment, and the consumer warpgroups' staging buffers of y's TMA
-        stores (64 rows x bn 16-bit values each; none for bn = 256)."""
-        return self.stages * (self.bm + self.bn) * 128 + 1024 + self.y_stage
+    def smem(self, mode: int = A.MODE_END) -> int:
+        """The ring, its 1024-byte alignment, and in ``mode`` either the consumer warpgroups' staging
+        buffers of y's TMA stores or (MODE_K_TILE) the ring of the blocks' scales."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024 + self.y_stage(mode) + self.scale_ring(mode)
 
-    @property
-    def y_stage(self) -> int:
-        return 0 if self.bn > 128 else (2 if self.bm > 64 else 1) * 64 * self.bn * 2
+    def y_stage(self, mode: int = A.MODE_END) -> int:
+        """The staging buffers of y's TMA stores: 64 rows x bn 16-bit values a consumer warpgroup;
+        none for bn = 256 nor in MODE_K_TILE, whose scale ring takes their place."""
+        if self.bn > 128 or mode == A.MODE_K_TILE:
+            return 0
+        return (2 if self.bm > 64 else 1) * 64 * self.bn * 2
+
+    def scale_ring(self, mode: int = A.MODE_END) -> int:
+        """MODE_K_TILE's ring of scales: a slot a stage, bm words of a's scales and b's, 16-byte padded."""
+        return self.stages * (self.bm + 4) * 4 if mode == A.MODE_K_TILE else 0
 
     @property
     def targs(self) -> tuple:
@@ -198,7 +204,8 @@ class MmLaunch:
         ty = _dtypes.input_type(L.out_dtype, "out_dtype").ctype
         fa, fb = A.FORMAT_IDS[L.a_format], A.FORMAT_IDS[L.b_format]
         k = _jit.kernel(device, FAMILY, "scaled_mm_sm90", fa, fb, ty, L.mode, *cfg.targs)
-        _workspace.raise_smem_limit(device, k, cfg.smem)
+        smem = cfg.smem(L.mode)
+        _workspace.raise_smem_limit(device, k, smem)
         self.ws = parts * tiles_n * tiles_m * cfg.bm * cfg.bn if parts > 1 else 0
         self.counters = tiles_n * tiles_m if parts > 1 else 0
         if cluster not in (1, 2) or (cluster == 2 and parts > 1):
@@ -210,18 +217,16 @@ class MmLaunch:
         # bytes apart); a call whose out is not 16-byte aligned stores directly (y_tma = 0)
         self.ldy = L.ldy or N
         ty_bytes = _dtypes.input_type(L.out_dtype, "out_dtype").dtype.itemsize
-        self.y_tma = cfg.y_stage > 0 and ty_bytes == 2 and parts == 1 and (self.ldy * 2) % 16 == 0
+        self.y_tma = cfg.y_stage(L.mode) > 0 and ty_bytes == 2 and parts == 1 and (self.ldy * 2) % 16 == 0
         self._ymap = (None, None)
         work = tiles_m * ceil_div(tiles_n, cluster) * parts  # a cluster's items
         fields = ((len(args) - 1, "y_tma"),)
         if cluster == 1:
-            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=cfg.smem, fields=fields)
+            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=smem, fields=fields)
         else:
-            fit = _launch.max_active_clusters(k, cfg.threads, cfg.smem, (cluster, 1, 1))
+            fit = _launch.max_active_clusters(k, cfg.threads, smem, (cluster, 1, 1))
             grid = cluster * min(work, fit)
-            self.launch = Launch(
-                k, (grid,), (cfg.threads,), args, smem=cfg.smem, cluster=(cluster, 1, 1), fields=fields
-            )
+            self.launch = Launch(k, (grid,), (cfg.threads,), args, smem=smem, cluster=(cluster, 1, 1), fields=fields)
         self._maps = (None, None, None, None)  # a's and b's (address, row stride, map) of the last call
 
     def __call__(self, ops) -> None:
