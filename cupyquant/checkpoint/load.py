@@ -59,24 +59,24 @@ def read(path) -> tuple:
 
 
 def weight_of(parts: dict, scheme: CheckpointScheme, *, dtype="bfloat16"):
-    """The :class:`cupyquant.QuantizedWeight` of one weight's host parts, on the current device:
-    FP8, INT8, NVFP4 and MXFP4 through :meth:`QuantizedWeight.from_checkpoint` (NVFP4 with
-    ``global_scale``, the checkpoint's encode scale); INT4 and uint4 (which ``from_checkpoint`` does
-    not take) through the constructor, with the scheme :func:`cupyquant.quantize_weight` gives them."""
+    """The :class:`cupyquant.QuantizedWeight` of one weight's host parts, on the current device,
+    through :meth:`QuantizedWeight.from_checkpoint`: FP8 (per channel or 128 x 128 blocks), INT8,
+    INT4 and uint4 (groups of ``scheme.group_size``; uint4 with its zero points, already packed
+    along K by :func:`read`), NVFP4 (with ``global_scale``, the checkpoint's encode scale) and
+    MXFP4."""
     import cupy
 
     from ..weight import QuantizedWeight
-    from ..weight.formats import weight_scheme
 
-    N, K = parts["shape"]
     data = cupy.asarray(np.ascontiguousarray(parts["data"]))
     scale = cupy.asarray(np.ascontiguousarray(parts["scale"]))
     fmt = scheme.fmt
     if fmt in ("int4", "uint4"):
         z = parts["zero_point"]
         z = None if z is None else cupy.asarray(np.ascontiguousarray(z))
-        ws = weight_scheme(fmt, scheme.group_size, K, scale.dtype)
-        return QuantizedWeight(data, scale, z, ws, (N, K), dtype)
+        return QuantizedWeight.from_checkpoint(
+            data, scale, format=fmt, block_size=(1, scheme.group_size), zero_point=z, dtype=dtype
+        )
     if fmt == "nvfp4":
         g = cupy.asarray(np.asarray(parts["global_scale"], np.float32).reshape(1))
         return QuantizedWeight.from_checkpoint(data, scale, format="nvfp4", global_scale=g, dtype=dtype)
