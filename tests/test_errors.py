@@ -663,7 +663,7 @@ _ID, _IS, _IZ = (33, 48), (33, 3), (33, 2)
 def _int4_fc(w, fmt="uint4", data=None, scale=None, zero_point=None, **kw):
     """from_checkpoint of an INT4 weight whose arrays default to valid CuPy ones, each watched."""
     data = w(cupy.zeros(_ID, U8)) if data is None else data
-    scale = w(cupy.ones(_IS, BF16)) if scale is None else scale
+    scale = w(cupy.ones(_IS, F32)) if scale is None else scale
     if zero_point is None and fmt == "uint4":
         zero_point = w(cupy.full(_IZ, 0x88, U8))
     return FC(data, scale, format=fmt, block_size=kw.pop("block_size", (1, 32)), zero_point=zero_point, **kw)
