@@ -655,6 +655,62 @@ row(
     "scale_2",
 )
 
+# from_checkpoint, INT4: data (33, 48) uint8 (K = 96), block_size (1, 32): scales (33, 3), uint4
+# zero points (33, 2) (three groups, the last byte's high nibble unused)
+_ID, _IS, _IZ = (33, 48), (33, 3), (33, 2)
+
+
+def _int4_fc(w, fmt="uint4", data=None, scale=None, zero_point=None, **kw):
+    """from_checkpoint of an INT4 weight whose arrays default to valid CuPy ones, each watched."""
+    data = w(cupy.zeros(_ID, U8)) if data is None else data
+    scale = w(cupy.ones(_IS, F32)) if scale is None else scale
+    if zero_point is None and fmt == "uint4":
+        zero_point = w(cupy.full(_IZ, 0x88, U8))
+    return FC(data, scale, format=fmt, block_size=kw.pop("block_size", (1, 32)), zero_point=zero_point, **kw)
+
+
+cpu(f, "option_zero_point_missing", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="uint4",
+    block_size=(1, 32)), ValueError, "zero_point")  # fmt: skip
+cpu(f, "option_zero_point_int4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="int4",
+    block_size=(1, 32), zero_point=w(np.zeros(_IZ, U8))), ValueError, "zero_point")  # fmt: skip
+cpu(f, "option_zero_point_fp8", lambda w: FC(w(np.zeros((64, 256), U8)), w(np.ones((1, 2), F32)),
+    zero_point=w(np.zeros((64, 1), U8))), ValueError, "zero_point")  # fmt: skip
+cpu(f, "option_zero_point_nvfp4", lambda w: FC(w(np.zeros(_FD, U8)), w(np.zeros(_FS, U8)), format="nvfp4",
+    scale_2=1.0, zero_point=w(np.zeros((64, 8), U8))), ValueError, "zero_point")  # fmt: skip
+cpu(f, "block_size_default_int4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="int4"),
+    ValueError, "block_size")  # fmt: skip
+cpu(f, "block_size_blocks_int4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="int4",
+    block_size=(128, 128)), ValueError, "block_size")  # fmt: skip
+cpu(f, "block_size_group_48_int4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="int4",
+    block_size=(1, 48)), ValueError, "block_size")  # fmt: skip
+cpu(f, "block_size_float_int4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="int4",
+    block_size=(1, 32.0)), ValueError, "block_size")  # fmt: skip
+cpu(f, "numpy_int4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="int4", block_size=(1, 32)),
+    TypeError, "data")  # fmt: skip
+cpu(f, "option_dtype_uint4", lambda w: FC(w(np.zeros(_ID, U8)), w(np.ones(_IS, F32)), format="uint4",
+    block_size=(1, 32), zero_point=w(np.zeros(_IZ, U8)), dtype="int8"), TypeError, "dtype")  # fmt: skip
+row(f, "data_dtype_int4", lambda w: _int4_fc(w, "int4", data=w(cupy.zeros(_ID, I8))), TypeError, "data")
+row(f, "data_1d_int4", lambda w: _int4_fc(w, "int4", data=w(cupy.zeros(48, U8))), ValueError, "data")
+row(f, "noncontig_int4", lambda w: _int4_fc(w, "int4", data=w(cupy.zeros((33, 96), U8))[:, ::2]), ValueError, "data")
+row(f, "shape_k_empty_int4", lambda w: _int4_fc(w, "int4", data=w(cupy.zeros((33, 0), U8)),
+    scale=w(cupy.ones((33, 0), F32))), ValueError, "data")  # fmt: skip
+row(f, "block_size_k_int4", lambda w: _int4_fc(w, "int4", block_size=(1, 64)), ValueError, "block_size")
+row(f, "scale_numpy_int4", lambda w: _int4_fc(w, "int4", scale=w(np.ones(_IS, F32))), TypeError, "scale")
+row(f, "scale_dtype_uint4", lambda w: _int4_fc(w, scale=w(cupy.ones(_IS, cupy.int32))), TypeError, "scale")
+row(f, "scale_shape_uint4", lambda w: _int4_fc(w, scale=w(cupy.ones((33, 6), F32))), ValueError, "scale")
+row(f, "scale_shape_channel_int4", lambda w: _int4_fc(w, "int4", scale=w(cupy.ones(_IS, F32)), block_size=None),
+    ValueError, "scale")  # fmt: skip
+row(f, "scale_inexact_int4", lambda w: _int4_fc(w, "int4", scale=w(cupy.full(_IS, 0.1, F64))), ValueError, "scale")
+row(f, "scale_device_int4", lambda w: _int4_fc(w, "int4", scale=w(_dev1(lambda: cupy.ones(_IS, F32)))), ValueError,
+    "scale")  # fmt: skip
+row(f, "zero_point_numpy", lambda w: _int4_fc(w, zero_point=w(np.zeros(_IZ, U8))), TypeError, "zero_point")
+row(f, "zero_point_dtype", lambda w: _int4_fc(w, zero_point=w(cupy.zeros(_IZ, I8))), TypeError, "zero_point")
+row(f, "zero_point_shape", lambda w: _int4_fc(w, zero_point=w(cupy.zeros((33, 3), U8))), ValueError, "zero_point")
+row(f, "zero_point_shape_channel", lambda w: _int4_fc(w, scale=w(cupy.ones(33, F32)), block_size=None,
+    zero_point=w(cupy.zeros(_IZ, U8))), ValueError, "zero_point")  # fmt: skip
+row(f, "zero_point_device", lambda w: _int4_fc(w, zero_point=w(_dev1(lambda: cupy.zeros(_IZ, U8)))), ValueError,
+    "zero_point")  # fmt: skip
+
 
 # scaled_matmul(a, b, *, out_dtype, bias, out) and scaled_mm(a, b, a_scale, b_scale, ...): FP8 codes
 def _fp8_qt(shape):

@@ -144,6 +144,82 @@ def test_to_host_and_repr():
     np.testing.assert_array_equal(q8t.data.get(), q8.data.get())
 
 
+# ---------------------------------------------------------------- from_checkpoint (INT4)
+@pytest.mark.parametrize("group_size", GROUPS, ids=_id)
+@pytest.mark.parametrize("scheme,sym", SCHEMES[:2], ids=[s for s, _ in SCHEMES[:2]])
+@pytest.mark.parametrize("w_dtype", W_DTYPES, ids=_id)
+def test_from_checkpoint_int4_bit_exact(w_dtype, scheme, sym, group_size):
+    """QuantizedWeight.from_checkpoint of INT4 bytes is the weight they came from: given
+    quantize_weight's arrays, the same scheme, the same arrays (the codes not copied) and the same
+    dequantization and matmul; given the reference's host bytes (per-channel scales as (N,)), the
+    exact bytes and the reference's dequantization. An odd number of groups a row (the zero
+    points' last byte half used), one row, and a K that is a multiple of 128."""
+    bs = None if group_size is None else (1, group_size)
+    for shape in [(33, 3 * (group_size or 32)), (1, 256), (200, 512)]:
+        wh = _weights(shape, _seed(shape, w_dtype, scheme, group_size, "checkpoint"), w_dtype)
+        qw = cq.quantize_weight(cupy.asarray(wh), scheme, group_size=group_size, symmetric=sym)
+        cw = cq.QuantizedWeight.from_checkpoint(
+            qw.data, qw.scale, format=scheme, block_size=bs, zero_point=qw.zero_point, dtype=w_dtype
+        )
+        assert cw.scheme == qw.scheme and cw.shape == shape and cw.dtype == np.dtype(w_dtype)
+        assert cw.data is qw.data and cw.group_size == group_size and cw.data_layout == "plain"
+        assert_bits_equal(cw.scale, qw.scale, "scale")
+        if scheme == "uint4":
+            assert_bits_equal(cw.zero_point, qw.zero_point, "zero_point")
+        else:
+            assert cw.zero_point is None
+        assert_bits_equal(cw.dequantize(), qw.dequantize(), f"{shape} dequantized")
+        if w_dtype in HALF and shape[1] % 128 == 0:
+            a = cupy.asarray(_weights((5, shape[1]), 3, w_dtype, outliers=False))
+            assert_bits_equal(cq.matmul(a, cw.prepare()), cq.matmul(a, qw.prepare()), f"{shape} matmul")
+        d, s, z = ref.quantize_weight(wh, scheme, group_size=group_size, symmetric=sym)
+        hs = s.reshape(-1) if group_size is None else s
+        hz = None if z is None else cupy.asarray(z)
+        hw = cq.QuantizedWeight.from_checkpoint(
+            cupy.asarray(d), cupy.asarray(hs), format=scheme, block_size=bs, zero_point=hz, dtype=w_dtype
+        )
+        assert hw.scheme == qw.scheme and hw.scale.shape == s.shape
+        assert_bits_equal(hw.data, d, "data")
+        assert_bits_equal(hw.scale, s, "scale")
+        if z is not None:
+            assert_bits_equal(hw.zero_point, z, "zero_point")
+        for out_dtype in W_DTYPES:
+            want = ref.dequantize_weight(d, s, z, scheme, out_dtype)
+            assert_bits_equal(hw.dequantize(out_dtype), want, f"{shape} dequantized to {_id(out_dtype)}")
+
+
+def test_from_checkpoint_int4_scales_and_zero_points_as_held():
+    """float64 scales that float32 holds exactly become float32 (the scheme says so); float16 and
+    bfloat16 are kept; a non-contiguous zero point array is held as a contiguous copy; the
+    default dtype is bfloat16; uint4 per channel takes (N, 1) zero points."""
+    wh = _weights((40, 256), 7, np.float32)
+    d, s, z = ref.quantize_weight(wh, "uint4", group_size=64)
+    data, zp = cupy.asarray(d), cupy.asarray(z)
+    w64 = cq.QuantizedWeight.from_checkpoint(
+        data, cupy.asarray(s.astype(np.float64)), format="uint4", block_size=(1, 64), zero_point=zp
+    )
+    assert w64.scale.dtype == np.float32 and w64.scheme.scale_dtype == "float32" and w64.dtype == ml_dtypes.bfloat16
+    assert_bits_equal(w64.dequantize("float32"), ref.dequantize_weight(d, s, z, "uint4", np.float32), "float64 scales")
+    for sd in HALF:
+        wh16 = _weights((40, 256), 8, sd)
+        d16, s16, z16 = ref.quantize_weight(wh16, "uint4", group_size=64)
+        wide = cupy.zeros((40, 4), np.uint8)
+        wide[:, ::2] = cupy.asarray(z16)
+        w16 = cq.QuantizedWeight.from_checkpoint(
+            cupy.asarray(d16), cupy.asarray(s16), format="uint4", block_size=(1, 64), zero_point=wide[:, ::2]
+        )
+        assert w16.scale.dtype == np.dtype(sd) and w16.zero_point.flags.c_contiguous
+        assert_bits_equal(w16.zero_point, z16, "zero points from a strided view")
+        assert_bits_equal(w16.dequantize(sd), ref.dequantize_weight(d16, s16, z16, "uint4", sd), _id(sd))
+    dc, sc, zc = ref.quantize_weight(wh, "uint4", group_size=None)
+    assert zc.shape == (40, 1)
+    wc = cq.QuantizedWeight.from_checkpoint(
+        cupy.asarray(dc), cupy.asarray(sc), format="uint4", block_size=None, zero_point=cupy.asarray(zc)
+    )
+    assert wc.scheme.granularity == "channel" and wc.group_size is None
+    assert_bits_equal(wc.dequantize("float32"), ref.dequantize_weight(dc, sc, zc, "uint4", np.float32), "channel")
+
+
 # ---------------------------------------------------------------- the prepared layout
 PREP_SHAPES = [(1, 128), (17, 256), (1000, 384), (64, 1024)]
 

@@ -141,6 +141,7 @@ class QuantizedWeight:
         *,
         format: str = "float8_e4m3fn",
         block_size=DEFAULT_BLOCK_SIZE,
+        zero_point=None,
         scale_2=None,
         global_scale=None,
         dtype="bfloat16",
@@ -152,13 +153,18 @@ class QuantizedWeight:
         data : cupy.ndarray
             uint8 ``(N, K)``, the E4M3 codes (a checkpoint's ``float8_e4m3fn`` tensor viewed as uint8),
             or for ``format="int8"`` int8 ``(N, K)`` (compressed-tensors W8A8 INT8 ``weight``, any
-            K up to 2^24), or for ``"nvfp4"`` and ``"mxfp4"`` uint8 ``(N, K / 2)``, the packed E2M1
-            codes (element ``2 i`` of a row in the low nibble of byte ``i``: ModelOpt's ``weight``,
-            compressed-tensors' ``weight_packed``), ``K = 2 * data.shape[1]`` a nonzero multiple of
-            the block (16 NVFP4, 32 MXFP4); C-contiguous. Used as it is (not copied).
+            K up to 2^24), or for ``"int4"`` and ``"uint4"`` uint8 ``(N, K / 2)``, the 4-bit codes
+            two per byte (element ``2 i`` of a row in the low nibble of byte ``i``; int4: the code
+            ``q = v + 8`` of the signed value ``v``; compressed-tensors' ``pack-quantized``
+            ``weight_packed`` int32 words viewed as uint8 on a little-endian host), or for
+            ``"nvfp4"`` and ``"mxfp4"`` uint8 ``(N, K / 2)``, the packed E2M1 codes (element ``2 i``
+            of a row in the low nibble of byte ``i``: ModelOpt's ``weight``, compressed-tensors'
+            ``weight_packed``), ``K = 2 * data.shape[1]`` a nonzero multiple of the block (16
+            NVFP4, 32 MXFP4); C-contiguous. Used as it is (not copied).
         scale : cupy.ndarray
-            The decode scales, ``w ~ fp8(q) * scale`` (DeepSeek-V3's ``weight_scale_inv``) or
-            ``w ~ q * scale`` (INT8: compressed-tensors' per-channel ``weight_scale``), on
+            The decode scales, ``w ~ fp8(q) * scale`` (DeepSeek-V3's ``weight_scale_inv``),
+            ``w ~ q * scale`` (INT8: compressed-tensors' per-channel ``weight_scale``) or
+            ``w ~ (q - 8) * scale`` (int4; uint4 ``(q - zero_point) * scale``), on
             ``data``'s device: for ``block_size=(128, 128)`` ``(ceil(N / 128), ceil(K / 128))``; for
             ``(1, G)`` ``(N, K / G)``; for None ``(N,)`` or ``(N, 1)``. float32, float16 or bfloat16
             (float64 where every value is a float32). Block weights keep float32 scales (float16 and
@@ -169,16 +175,26 @@ class QuantizedWeight:
             non-contiguous one as a contiguous copy).
         format : str
             ``"float8_e4m3fn"``, ``"int8"`` (with ``block_size=None``), ``"nvfp4"``
-            (``w ~ e2m1(q) * (e4m3(scale) * scale_2)``) or ``"mxfp4"``
-            (``w ~ e2m1(q) * 2^(scale - 127)``).
+            (``w ~ e2m1(q) * (e4m3(scale) * scale_2)``), ``"mxfp4"``
+            (``w ~ e2m1(q) * 2^(scale - 127)``), ``"int4"`` (symmetric, the implicit zero point 8) or
+            ``"uint4"`` (with ``zero_point``), the last two with ``block_size`` ``(1, G)`` or None.
         block_size : (128, 128), (1, G) or None
             ``(128, 128)``: 2-D blocks (any N and K; the weight of :func:`quantize_weight` with
             ``block_size=(128, 128)``); ``(1, G)``, G in 32, 64, 128 dividing K: groups of G along K
             (``group_size=G``); None: one scale per output channel (``group_size=None``), the only
             choice for ``"int8"`` (pass it: the default ``(128, 128)`` is a ValueError there).
+            ``"int4"`` and ``"uint4"`` take ``(1, G)`` or None, and no default: pass one.
             ``"nvfp4"`` and ``"mxfp4"`` have their own blocks (1 x 16, 1 x 32): leave ``block_size``
             at its default, or pass None or ``(1, 16)`` / ``(1, 32)``; anything else (an explicit
             ``(128, 128)`` included) is a ValueError.
+        zero_point : cupy.ndarray, optional
+            ``"uint4"`` only, and needed there: the codes of zero, uint8 ``(N, ceil(K / G / 2))``
+            (``K / G`` is 1 for one scale per channel), two per byte along K like the data, on
+            ``data``'s device (a non-contiguous one held as a contiguous copy): the weight's
+            ``zero_point`` as :func:`quantize_weight` gives it. compressed-tensors packs its
+            ``weight_zero_point`` along N instead (eight rows an int32 word, each nibble the signed
+            zero point plus 8): unpack and repack it along K first, as
+            :func:`cupyquant.checkpoint.read` does.
         scale_2 : float or cupy.ndarray, optional
             ``"nvfp4"`` only, exclusive with ``global_scale``: the decode scale of the whole weight
             (ModelOpt's ``weight_scale_2``), a positive finite float or a float32 CuPy array of one
@@ -196,33 +212,39 @@ class QuantizedWeight:
         Returns
         -------
         QuantizedWeight
-            Plain layout, ``zero_point`` None, ``scheme.format`` ``format``; granularity
+            Plain layout, ``zero_point`` None (uint4: the one given), ``scheme.format`` ``format``; granularity
             ``"block"`` (``block_size`` ``(128, 128)``), ``"group"`` or ``"channel"``; a per-channel
             ``scale`` of shape ``(N,)`` is held as ``(N, 1)``, a non-contiguous one as a contiguous copy.
             INT8: ``code_sum`` computed from ``data`` (int32 ``(N,)``, one launch); other formats None.
             FP4: granularity ``"group"``, ``group_size`` the block, ``scale`` uint8, NVFP4's
             ``scale_2`` float32 ``(1,)`` (MXFP4: None): given the bytes of a weight that
-            :func:`quantize_weight` made, the same weight.
+            :func:`quantize_weight` made, the same weight. INT4: the scheme
+            :func:`quantize_weight` gives the same format and group size with scales of the dtype
+            given (float64 as float32), so its bytes give the same weight.
 
         Raises
         ------
         TypeError
-            ``data`` or ``scale`` is not a CuPy array; ``data`` not uint8 (int8 for ``"int8"``);
-            ``scale`` not of a float dtype above (FP4: not uint8 or the format's scale type);
+            ``data``, ``scale`` or ``zero_point`` is not a CuPy array; ``data`` not uint8 (int8 for
+            ``"int8"``); ``scale`` not of a float dtype above (FP4: not uint8 or the format's scale
+            type); ``zero_point`` not uint8;
             ``dtype`` not float32, float16 or bfloat16; ``format`` not a str; ``scale_2`` or
             ``global_scale`` neither a real nor a CuPy array, or an array not float32.
         ValueError
-            An unsupported ``format`` or ``block_size`` (for ``"int8"`` anything but None); ``data``
-            not 2-D, not C-contiguous, with K = 0 (or, for FP8 groups and channels, an odd K; for
-            INT8 a K above 2^24; for FP4 a K that is not a multiple of the block); ``scale`` of the
-            wrong shape, on another device, or (float64) not exactly float32; ``"nvfp4"`` with
+            An unsupported ``format`` or ``block_size`` (for ``"int8"`` anything but None; for
+            ``"int4"`` and ``"uint4"`` anything but ``(1, G)`` or None); ``zero_point`` missing for
+            ``"uint4"`` or given for another format, of the wrong shape or on another device;
+            ``data`` not 2-D, not C-contiguous, with K = 0 (or, for FP8 groups and channels, an odd
+            K; for INT8 a K above 2^24; for FP4 a K that is not a multiple of the block; for INT4
+            groups a K they do not divide); ``scale`` of the wrong shape, on another device, or
+            (float64) not exactly float32; ``"nvfp4"`` with
             neither or both of ``scale_2`` and ``global_scale``, either given with another format, a
             float one not positive and finite, an array one not of one element or on another device.
         """
         return cls(
             **checkpoint.parse(
-                data, scale, format=format, block_size=block_size, scale_2=scale_2, global_scale=global_scale,
-                dtype=dtype,
+                data, scale, format=format, block_size=block_size, zero_point=zero_point, scale_2=scale_2,
+                global_scale=global_scale, dtype=dtype,
             )
         )  # fmt: skip
 
