@@ -521,37 +521,41 @@ TILE_CASES = [
 @pytest.mark.parametrize("a_kind,b_kind", TILE_CASES, ids=[f"{a}-{b}" for a, b in TILE_CASES])
 def test_every_sm90_tile_forced(a_kind, b_kind):
     """Every tile of the Hopper kernel that the call's scaling mode is built for, alone and in
-    clusters of two that share a's rows (N = 520: five tile columns, so a cluster's last pair has a
-    tile past N), and with a K split where the tile takes one, on tails in M, N and K (M = 300: a
-    256-row tile's second half mostly past M): bit-exact on exact inputs, into a poisoned output."""
+    clusters of two that share a's rows, and with a K split where the tile takes one, on tails in
+    M, N and K (M = 300: a 256-row tile's second half mostly past M; K = 2064: a short last block):
+    bit-exact on exact inputs, into a poisoned output. N = 520: five tile columns of 128 (a cluster's
+    last pair has a tile past N), rows 1040 bytes apart (y through TMA where the tile can); N = 422:
+    rows 844 bytes apart, y stored directly, in pieces where a chunk is not aligned or N cuts it
+    (the 144-column tile's last tile column: N at column 134, within its 4-column half chunks)."""
     require_arch("wgmma")
     from cupyquant.w8a8 import sm90
 
-    rng = np.random.default_rng(_seed("tiles", a_kind, b_kind))
-    M, N, K = 300, 520, 2064
-    qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
-    qb, cb, sb = _b_operand(b_kind, N, K, rng)
-    bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
-    r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
-    want = ref.round_result(r, BF16)
-    L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
-    ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+    M, K = 300, 2064
     ran = 0
-    for cfg in sm90.CONFIGS:
-        if L.mode not in sm90.modes(cfg):
-            continue
-        for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
-            launch = sm90.MmLaunch(L, cfg, parts, cluster)
-            assert launch.y_tma == (parts == 1)  # bf16 out, rows 1040 bytes apart
-            for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
-                launch.y_tma = y_tma
-                ops.result[...] = cupy.nan
-                launch(ops)
-                assert_bits_equal(
-                    ops.result, want, f"{cfg} parts {parts} cluster {cluster} TMA {y_tma} {a_kind} x {b_kind}"
-                )
-                ran += 1
-    assert ran == (12 if L.mode == args.MODE_K_COL else 16)
+    for N in (520, 422):
+        rng = np.random.default_rng(_seed("tiles", a_kind, b_kind, N))
+        qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
+        qb, cb, sb = _b_operand(b_kind, N, K, rng)
+        bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
+        r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
+        want = ref.round_result(r, BF16)
+        L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
+        ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+        for cfg in sm90.CONFIGS:
+            if L.mode not in sm90.modes(cfg):
+                continue
+            for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.can_split else ((1, 1), (1, 2)):
+                launch = sm90.MmLaunch(L, cfg, parts, cluster)
+                assert launch.y_tma == (parts == 1 and cfg.y_stage > 0 and N == 520)
+                for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
+                    launch.y_tma = y_tma
+                    ops.result[...] = cupy.nan
+                    launch(ops)
+                    what = f"{cfg} N {N} parts {parts} cluster {cluster} TMA {y_tma} {a_kind} x {b_kind}"
+                    assert_bits_equal(ops.result, want, what)
+                    ran += 1
+    # an N: 128 x 128 and 64 x 64 tiles 6 launches each, 256 x 128 4 (unsplit), 144-192 columns 4 (MODE_END)
+    assert ran == 2 * {args.MODE_END: 16 + 12, args.MODE_K_TILE: 16, args.MODE_K_COL: 12}[L.mode]
 
 
 # ================================================================== GPU: the Hopper kernel for few rows
@@ -773,7 +777,9 @@ def test_sm90_tile_choice():
     assert sm90.modes(wide) == (args.MODE_END, args.MODE_K_TILE) and sm90.modes(large) == args.MODES
     for cfg in sm90.CONFIGS:  # a ring of 128-k slots, the alignment slack and y's staging, within 227 KB
         assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * 128 + 1024 + cfg.y_stage <= 227 * 1024
-        assert cfg.y_stage == (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2
+        assert cfg.stages * (cfg.bm + cfg.bn) * 128 % 1024 == 0  # every slot 1024-byte aligned
+        assert cfg.y_stage == (0 if cfg.bn > 128 else (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2)
+        assert cfg.can_split == (cfg.bm <= 128 and cfg.bn <= 128)
 
 
 def test_sm90_k_split():

@@ -14,8 +14,9 @@ from . import args as A
 @dataclass(frozen=True)
 class Sm90Config:
     """A tile of the kernel: ``bm`` rows of a by ``bn`` rows of b, and the depth of the ring of
-    128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory). One consumer warpgroup takes
-    64 rows; two take 128, or 256 in two 64-row waves each."""
+    128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory, each slot a multiple of 1024
+    bytes: ``bn`` a multiple of 8). One consumer warpgroup takes 64 rows; two take 128, or 256 in two
+    64-row waves each."""
 
     bm: int
     bn: int
@@ -31,9 +32,18 @@ class Sm90Config:
         return self.bm // (128 if self.bm > 64 else 64)
 
     @property
+    def can_split(self) -> bool:
+        """Whether the kernel takes a K split in this tile (its SPLIT): tiles of one 64-row wave a
+        consumer warpgroup up to 128 columns wide, whose sums leave the registers for the split's
+        epilogue, and INT8's 128 x 256 tile, which keeps no block sums; not WIDE (128 running sums and
+        64 block sums a thread) nor the FP8 tiles 144 to 192 columns wide (72 to 96 of each; at 192
+        the split's epilogue spills)."""
+        return self.waves == 1 and (self.bn <= 128 or self == INT8_WIDE)
+
+    @property
     def smem(self) -> int:
         """The ring, its 1024-byte alignment, and the consumer warpgroups' staging buffers of y's TMA
-        stores (64 rows x bn 16-bit values each; none for bn = 256)."""
+        stores (64 rows x bn 16-bit values each; none for bn > 128, whose tiles store y directly)."""
         return self.stages * (self.bm + self.bn) * 128 + 1024 + self.y_stage
 
     @property
@@ -55,7 +65,17 @@ SMALL = Sm90Config(64, 64, 12)
 #: not two, so a block of K moves 1.5 bytes from L2 an output element, not 2. Per tensor and
 #: 128 x 128 blocks (MODE_END, MODE_K_TILE) only, never split.
 WIDE = Sm90Config(256, 128, 4)
-CONFIGS = (WIDE, LARGE, SMALL)
+#: FP8 128 x 192, 128 x 160 and 128 x 144 tiles, per tensor and per token x per channel only
+#: (MODE_END: K_TILE's one b scale a tile needs bn | 128, K_COL's per-column scales need registers),
+#: never split: where 128 divides N badly, fewer and fuller rounds of them take less time (2112
+#: = 11 x 192, 4608 = 32 x 144, 5120 = 32 x 160). Rings of 5 and 6 slots (200-216 KB), the most that
+#: fit. y is stored directly: its TMA boxes are 64 columns wide, and at 192 columns the staging
+#: buffers would take a slot of the ring.
+LARGE_192 = Sm90Config(128, 192, 5)
+LARGE_160 = Sm90Config(128, 160, 6)
+LARGE_144 = Sm90Config(128, 144, 6)
+LARGE_WIDTHS = (LARGE_192, LARGE_160, LARGE_144)  # widest first: the planner's order of preference
+CONFIGS = (WIDE, LARGE, SMALL, *LARGE_WIDTHS)
 #: INT8, which keeps one accumulator set (no promotion): 128 x 256 tiles for large M, and the FP8 ones
 INT8_WIDE = Sm90Config(128, 256, 4)
 INT8_CONFIGS = (INT8_WIDE, LARGE, SMALL)
@@ -67,7 +87,10 @@ INT8_WIDE_MIN_K = 8192
 
 def modes(cfg: Sm90Config) -> tuple[int, ...]:
     """The scaling modes the kernel is built for in ``cfg``'s tile: a two-wave tile has no registers
-    for K_COL's per-column scales."""
+    for K_COL's per-column scales; a tile wider than 128 columns takes MODE_END only (K_TILE's one b
+    scale a tile needs bn | 128)."""
+    if cfg.bn > 128:
+        return (A.MODE_END,)
     return A.MODES if cfg.waves == 1 else (A.MODE_END, A.MODE_K_TILE)
 
 
@@ -188,7 +211,7 @@ class MmLaunch:
         cfg = config(M, N, K, sms, L.a_format == "int8", L.mode) if cfg is None else cfg
         tiles_n, tiles_m = ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)
         nkb = ceil_div(K, A.BLOCK_K)
-        if cfg.waves > 1:
+        if not cfg.can_split:
             parts, per = 1, nkb
         elif parts is None:
             parts, per = splits(tiles_n * tiles_m, nkb, sms)
