@@ -770,7 +770,6 @@ def test_sm90_tile_choice():
     assert sm90.config(129, 2112, 7168, 132) == large  # 34 wide tiles would leave most SMs idle
     assert sm90.config(512, 4096, 4096, 132) == large  # 64 wide tiles: half the SMs
     assert sm90.config(1024, 4096, 4096, 132) == wide  # one round of 128 wide tiles against two of narrow
-    assert sm90.config(4096, 2112, 7168, 132) == wide  # 3 rounds x 1.6 against 5
     assert sm90.config(8192, 8192, 8192, 132) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_TILE) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_COL) == large  # no two-wave K_COL tile
@@ -780,6 +779,36 @@ def test_sm90_tile_choice():
         assert cfg.stages * (cfg.bm + cfg.bn) * 128 % 1024 == 0  # every slot 1024-byte aligned
         assert cfg.y_stage == (0 if cfg.bn > 128 else (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2)
         assert cfg.can_split == (cfg.bm <= 128 and cfg.bn <= 128)
+
+
+def test_sm90_tile_widths():
+    """The 128 x 192, 160 and 144 FP8 tiles (MODE_END only, never split) where their rounds of tiles
+    take less modelled time than the 128 x 128 and 256 x 128 tiles' (sm90._time), the widest of equal
+    times; elsewhere the choice of the 128-column tiles stands."""
+    from cupyquant.w8a8 import sm90
+
+    large, wide, w192, w160, w144 = sm90.LARGE, sm90.WIDE, sm90.LARGE_192, sm90.LARGE_160, sm90.LARGE_144
+    assert sm90.config(4096, 2112, 7168, 132) == w192  # 3 rounds x 1.5 against 3 x 1.6 (wide), 5 (large)
+    assert sm90._time(4096, 2112, w144, 132) == sm90._time(4096, 2112, w192, 132) == 4.5  # 4 x 1.125: the wider
+    assert sm90.config(1024, 2112, 7168, 132) == w144  # 120 tiles in one round (1.125) against 68 wide ones (1.6)
+    assert sm90.config(2048, 2112, 7168, 132) == w144  # 2 rounds (2.25) against 3 (large) and 2 x 1.6 (wide)
+    assert sm90.config(512, 5120, 8192, 132) == w160  # 128 tiles of 160 columns, one round (1.25)
+    assert sm90.config(4096, 576, 7168, 132) == w144  # 128 tiles (1.125) against 80 wide ones (1.6)
+    # N = 24576 = 128 x 192: 32 x 128 tiles of 192 columns take 32 rounds (48) against 24 x 1.6 (wide)
+    assert sm90.config(4096, 24576, 1536, 132) == wide
+    assert sm90.config(4096, 7168, 7168, 132) == wide  # 11.2 against 15 (192), 13.75 (160), 14.625 (144)
+    assert sm90.config(4096, 4096, 4096, 132) == wide
+    assert sm90.config(4096, 14336, 4096, 132) == wide
+    assert sm90.config(2048, 14336, 4096, 132) == wide
+    assert sm90.config(256, 7168, 7168, 132) == large  # one round of 112 tiles
+    # block scales and per-column scales along K keep the 128-column tiles; INT8 has its own
+    assert sm90.config(4096, 2112, 7168, 132, mode=args.MODE_K_TILE) == wide
+    assert sm90.config(4096, 2112, 7168, 132, mode=args.MODE_K_COL) == large
+    assert sm90.config(1024, 2112, 4096, 132, int8=True) == large
+    for cfg in sm90.LARGE_WIDTHS:
+        assert cfg in sm90.CONFIGS and sm90.modes(cfg) == (args.MODE_END,) and not cfg.can_split
+        assert (cfg.bm, cfg.waves, cfg.threads) == (128, 1, 384)
+        assert cfg.smem + (cfg.bm + cfg.bn) * 128 > 227 * 1024  # the deepest ring that fits
 
 
 def test_sm90_k_split():

@@ -67,10 +67,10 @@ SMALL = Sm90Config(64, 64, 12)
 WIDE = Sm90Config(256, 128, 4)
 #: FP8 128 x 192, 128 x 160 and 128 x 144 tiles, per tensor and per token x per channel only
 #: (MODE_END: K_TILE's one b scale a tile needs bn | 128, K_COL's per-column scales need registers),
-#: never split: where 128 divides N badly, fewer and fuller rounds of them take less time (2112
-#: = 11 x 192, 4608 = 32 x 144, 5120 = 32 x 160). Rings of 5 and 6 slots (200-216 KB), the most that
-#: fit. y is stored directly: its TMA boxes are 64 columns wide, and at 192 columns the staging
-#: buffers would take a slot of the ring.
+#: never split: where 128 divides N badly, fewer and fuller rounds of them take less time (config,
+#: _time; 2112 = 11 x 192, 4608 = 32 x 144, 5120 = 32 x 160). Rings of 5 and 6 slots (200-216 KB),
+#: the most that fit. y is stored directly: its TMA boxes are 64 columns wide, and at 192 columns
+#: the staging buffers would take a slot of the ring.
 LARGE_192 = Sm90Config(128, 192, 5)
 LARGE_160 = Sm90Config(128, 160, 6)
 LARGE_144 = Sm90Config(128, 144, 6)
@@ -126,15 +126,24 @@ def config(M: int, N: int, K: int, sms: int, int8: bool = False, mode: int = A.M
     7168 x 2048 13.6 against 18.4 us, 2112 x 7168 12.8 against 24.3; at M = 65, 8192 x 8192 46.1
     against 35.9 (the exception). INT8 above M = 128 takes the 128 x 256 tile over a long K (at least
     INT8_WIDE_MIN_K) unless its last round of tiles is emptier than the 128 x 128 tiles' (their
-    waves, at half the work each, take less)."""
+    waves, at half the work each, take less). FP8 above M = 128 takes 256 x 128 tiles where they pay
+    (_wide_pays), else 128 x 128; per tensor and per token x per channel (MODE_END), a 128 x 192, 160
+    or 144 tile instead where its modelled time (_time) is less than that choice's, the widest of
+    equal times: 4096 x 2112 5 rounds of 128 x 128 tiles, 3 of 256 x 128 (4.8), 3 of 128 x 192 (4.5);
+    1024 x 2112 2 rounds, 1 of 68 256 x 128 tiles (1.6), 1 of 120 128 x 144 tiles (1.125)."""
     if M <= 64:
         return SMALL
     if M > 128:
-        if int8 and K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
-            return INT8_WIDE
-        if not int8 and mode != A.MODE_K_COL and _wide_pays(M, N, sms):
-            return WIDE
-        return LARGE
+        if int8:
+            if K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
+                return INT8_WIDE
+            return LARGE
+        best = WIDE if mode != A.MODE_K_COL and _wide_pays(M, N, sms) else LARGE
+        if mode == A.MODE_END:
+            for cfg in LARGE_WIDTHS:
+                if _time(M, N, cfg, sms) < _time(M, N, best, sms):
+                    best = cfg
+        return best
     tiles_large = ceil_div(M, LARGE.bm) * ceil_div(N, LARGE.bn)
     tiles_small = ceil_div(M, SMALL.bm) * ceil_div(N, SMALL.bn)
     if 2 * tiles_large <= sms and (tiles_small <= sms or K < 8192):
@@ -153,7 +162,17 @@ def _wide_pays(M: int, N: int, sms: int) -> bool:
     fill at least half the SMs, and their rounds, at WIDE_COST each, take less time (at 512 x 4096
     the wide tiles would fill 64 SMs: 555 against 684 TFLOP/s)."""
     tiles = ceil_div(M, WIDE.bm) * ceil_div(N, WIDE.bn)
-    return 2 * tiles > sms and _waves(M, N, WIDE, sms) * WIDE_COST <= _waves(M, N, LARGE, sms)
+    return 2 * tiles > sms and _time(M, N, WIDE, sms) <= _time(M, N, LARGE, sms)
+
+
+def _time(M: int, N: int, cfg: Sm90Config, sms: int) -> float:
+    """The modelled time of an (M, N) output in ``cfg``'s tiles (FP8 above M = 128, unsplit), in
+    rounds of 128 x 128 tiles: the rounds of one tile a SM that it takes (_waves), each as long as
+    the tile's work makes it, bn / 128 of a 128 x 128 tile's round for a 128-row tile and WIDE_COST
+    for a 256 x 128 tile. It counts only how full the last round is; what a wider tile saves in
+    loads from L2 for the same work is left out, so that a width pays only by rounds it saves."""
+    cost = WIDE_COST if cfg == WIDE else cfg.bn / 128
+    return _waves(M, N, cfg, sms) * cost
 
 
 def _waves(M: int, N: int, cfg: Sm90Config, sms: int) -> int:
