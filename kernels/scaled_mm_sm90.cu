@@ -7,7 +7,8 @@
 // The grid is persistent: one block a SM takes work items w = blockIdx.x, + gridDim.x, ... (a tile
 // and, where K is split, a part of K; tiles in groups of RASTER rows that sweep N together, so that
 // the tiles running at once share a's and b's rows in L2). A tile is BM x BN of y (BM = 64, 128 or
-// 256 rows of a, BN = 64 or 128 rows of b, 256 for INT8), computed by one consumer warpgroup (BM =
+// 256 rows of a, BN = 64 or 128 rows of b, 256 for INT8, and for FP8 128-row tiles of MODE_END also
+// 144, 160 or 192, whose widths fit N better), computed by one consumer warpgroup (BM =
 // 64) or two, 64 rows each, or with BM = 256 128 rows each in two 64-row waves that share one
 // temporary accumulator set (FP8 per tensor and 128 x 128 blocks only: a wave's promotion needs no
 // per-column scales), with one producer warpgroup (the last), which runs ahead into the next tile
@@ -48,6 +49,8 @@
 // unused registers to the consumers (40 for it, 232 for them: 256 x 232 + 128 x 40 <= 64K), and
 // ptxas allocates the consumers' code within those 232. BM = 256 keeps 128 running sums and 64 block
 // sums a thread, which leaves no room for a K split's epilogue: that tile is never split (SPLIT).
+// Neither are the tiles wider than 128 columns (72-96 running sums and as many block sums a thread;
+// the split epilogue spills at BN = 192), whose 16-bit stores scale each value as they take it.
 // BM = 64 launches 256 threads (255 each).
 
 #include "cluster.cuh"
@@ -63,73 +66,99 @@ using namespace cq;
 template <int ID, int THREADS>
 __device__ __forceinline__ void named_sync_id() { asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory"); }
 
-// The end of an unsplit tile in a 16-bit TY, y = round(v + bias), in 16-byte chunks of eight columns
-// of one row. val(i) gives the thread's value of accumulator i = w ND + 4 j + r, laid out as the
-// accumulators are (wave w: row row0 + 64 w + 8 (r >> 1), column 8 j + 2 t + (r & 1) of the tile).
-// quad_chunks rounds wave w's pairs into 32-bit words (as store_pair would store them); then the four
-// lanes of a quad, which hold the same rows' words of columns 8 j .. 8 j + 7, exchange them (a 4 x 4
-// transpose over j = 4 q .. 4 q + 3, in two rounds of shuffles), so that lane t holds the eight
-// columns of j = 4 q + t whole, which it gives to sink(h, j, words) (h: row row0 + 64 w + 8 h).
-template <typename TY, int ND, typename Val, typename Sink>
-__device__ __forceinline__ void quad_chunks(const TY* __restrict__ bias, const MmArgs& p, i64 n0, int t, int w, Val val, Sink sink) {
-    static_assert(ND % 16 == 0, "whole quads of 8-column groups");
+// Lanes t and t ^ 2, then t and t ^ 1, of a quad exchange words of a[Q]: with Q = 4, lane t's words
+// of the column groups j = 4 q .. 4 q + 3 (a[k]: group 4 q + k) become the words of group 4 q + t (a[k]:
+// its columns 2 k, + 1), a 4 x 4 transpose; with Q = 2, lane t's words of groups J, J + 1 become
+// half of a group, columns 4 (t & 1) .. + 3 of group J + (t >> 1).
+template <int Q>
+__device__ __forceinline__ void quad_transpose(unsigned (&a)[Q], int t) {
     const bool hi = t & 2, odd = t & 1;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int k = 0; k < Q / 2; ++k) {  // the words whose group has the other bit 1
+        const unsigned r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + Q / 2], 2);
+        if (hi) {
+            a[k] = r;
+        } else {
+            a[k + Q / 2] = r;
+        }
+    }
 #pragma unroll
-        for (int q = 0; q < ND / 16; ++q) {
-            unsigned a[4];  // the rounded pairs of column groups j = 4 q + k
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int i = w * ND + 4 * (4 * q + k) + 2 * h;
-                const i64 n = n0 + 8 * (4 * q + k) + 2 * t;
-                float v0 = val(i), v1 = val(i + 1);
-                if (p.has_bias) {
-                    if (n < p.N) v0 = add_rn(v0, to_float(bias[n]));
-                    if (n + 1 < p.N) v1 = add_rn(v1, to_float(bias[n + 1]));
-                }
-                a[k] = (unsigned)bits16_rn<TY>(v0) | ((unsigned)bits16_rn<TY>(v1) << 16);
-            }
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {  // lanes t and t ^ 2 swap the words whose j has the other bit 1
-                const unsigned r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + 2], 2);
-                if (hi) {
-                    a[k] = r;
-                } else {
-                    a[k + 2] = r;
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k += 2) {  // then t and t ^ 1, on bit 0
-                const unsigned r = __shfl_xor_sync(0xffffffffu, odd ? a[k] : a[k + 1], 1);
-                if (odd) {
-                    a[k] = r;
-                } else {
-                    a[k + 1] = r;
-                }
-            }
-            sink(h, 4 * q + t, a);  // a[k]: columns 8 (4 q + t) + 2 k, + 1
+    for (int k = 0; k < Q; k += 2) {  // then on bit 0
+        const unsigned r = __shfl_xor_sync(0xffffffffu, odd ? a[k] : a[k + 1], 1);
+        if (odd) {
+            a[k] = r;
+        } else {
+            a[k + 1] = r;
         }
     }
 }
 
-// quad_chunks' chunks stored straight to y: one st.v4 where the row is in M, the eight columns in N
-// and the address 16-byte aligned, else one 2-byte store a column in N. Against a 4-byte store a
-// pair, the tile takes a quarter of the store instructions, the LSU's limit in this epilogue.
+// The end of an unsplit tile in a 16-bit TY, y = round(v + bias), in 16-byte chunks of eight columns
+// of one row. val(i) gives the thread's value of accumulator i = w ND + 4 j + r, laid out as the
+// accumulators are (wave w: row row0 + 64 w + 8 (r >> 1), column 8 j + 2 t + (r & 1) of the tile).
+// quad_chunks rounds wave w's pairs into 32-bit words (as store_pair would store them); then the four
+// lanes of a quad, which hold the same rows' words of columns 8 j .. 8 j + 7, exchange them
+// (quad_transpose over j = 4 q .. 4 q + 3), so that lane t holds the eight columns of j = 4 q + t
+// whole, which it gives to sink(h, c, words) (h: row row0 + 64 w + 8 h; c = 8 j, the first column).
+// Where the ND / 4 groups leave two over, J = ND / 4 - 2 and J + 1 (BN = 144: 16 and 17 of 18), the
+// quad exchanges their words in halves, and lane t gives the four columns from c = 8 (J + (t >> 1)) +
+// 4 (t & 1) (words[2]).
+template <typename TY, int ND, typename Val, typename Sink>
+__device__ __forceinline__ void quad_chunks(const TY* __restrict__ bias, const MmArgs& p, i64 n0, int t, int w, Val val, Sink sink) {
+    static_assert(ND % 8 == 0, "whole quads of 8-column groups, and at most one pair of groups over");
+    // column group j's rounded pair of row h
+    auto word = [&](int h, int j) {
+        const int i = w * ND + 4 * j + 2 * h;
+        const i64 n = n0 + 8 * j + 2 * t;
+        float v0 = val(i), v1 = val(i + 1);
+        if (p.has_bias) {
+            if (n < p.N) v0 = add_rn(v0, to_float(bias[n]));
+            if (n + 1 < p.N) v1 = add_rn(v1, to_float(bias[n + 1]));
+        }
+        return (unsigned)bits16_rn<TY>(v0) | ((unsigned)bits16_rn<TY>(v1) << 16);
+    };
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < ND / 16; ++q) {
+            unsigned a[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) a[k] = word(h, 4 * q + k);
+            quad_transpose(a, t);
+            sink(h, 8 * (4 * q + t), a);  // a[k]: columns 8 (4 q + t) + 2 k, + 1
+        }
+        if constexpr (ND % 16 != 0) {
+            constexpr int J = ND / 4 - 2;
+            unsigned a[2] = {word(h, J), word(h, J + 1)};
+            quad_transpose(a, t);
+            sink(h, 8 * (J + (t >> 1)) + 4 * (t & 1), a);  // a[k]: columns c + 2 k, + 1
+        }
+    }
+}
+
+// quad_chunks' chunks stored straight to y: one st.v4 (st.v2 for a half chunk) where the row is in M,
+// the chunk's columns in N and the address aligned to its size, else one 2-byte store a column in N.
+// Against a 4-byte store a pair, the tile takes a quarter of the store instructions, the LSU's limit
+// in this epilogue.
 template <typename TY, int WAVES, int ND, typename Val>
 __device__ __forceinline__ void store_tile_16(TY* __restrict__ y, const TY* __restrict__ bias, const MmArgs& p, i64 m0, i64 n0, int row0, int t,
                                               Val val) {
 #pragma unroll
     for (int w = 0; w < WAVES; ++w) {
-        quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int j, const unsigned (&a)[4]) {
-            const i64 m = m0 + row0 + 64 * w + 8 * h, n = n0 + 8 * j;
+        quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int c, const auto& a) {
+            constexpr int Q = sizeof(a) / sizeof(a[0]);  // words: 4 (8 columns) or 2
+            const i64 m = m0 + row0 + 64 * w + 8 * h, n = n0 + c;
             if (m >= p.M || n >= p.N) return;
             unsigned short* dst = reinterpret_cast<unsigned short*>(y + m * p.ldy + n);
-            if (n + 8 <= p.N && (reinterpret_cast<u64>(dst) & 15) == 0) {
-                *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
+            if (n + 2 * Q <= p.N && (reinterpret_cast<u64>(dst) & (4 * Q - 1)) == 0) {
+                if constexpr (Q == 4) {
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
+                } else {
+                    *reinterpret_cast<uint2*>(dst) = make_uint2(a[0], a[1]);
+                }
             } else {
 #pragma unroll
-                for (int e = 0; e < 8; ++e)
+                for (int e = 0; e < 2 * Q; ++e)
                     if (n + e < p.N) dst[e] = (unsigned short)(a[e >> 1] >> (16 * (e & 1)));
             }
         });
@@ -145,10 +174,11 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     constexpr bool INT = FA == S8;
     static_assert(!INT || (FB == S8 && MODE == MODE_END), "INT8 takes INT8 b and scales that do not vary along K");
     static_assert(BM == 64 || BM == 128 || (!INT && BM == 256 && MODE != MODE_K_COL), "one or two consumer warpgroups of one or two waves");
-    static_assert(BN == 64 || BN == 128 || (INT && BN == 256), "wgmma widths of sm90_wgmma.cuh's wrappers; MODE_K_TILE needs BN | 128");
+    static_assert(BN == 64 || BN == 128 || (INT && BN == 256) || (!INT && BM == 128 && MODE == MODE_END && (BN == 144 || BN == 160 || BN == 192)),
+                  "wgmma widths of sm90_wgmma.cuh's wrappers; MODE_K_TILE needs BN | 128, MODE_K_COL registers");
     constexpr int CW = BM > 64 ? 2 : 1;                // consumer warpgroups
     constexpr int WAVES = BM / (64 * CW);              // 64-row waves a consumer warpgroup multiplies in turn
-    constexpr bool SPLIT = WAVES == 1;                 // a K split's epilogue fits the registers (the host splits no other)
+    constexpr bool SPLIT = WAVES == 1 && (INT || BN <= 128);  // a K split's epilogue fits the registers (the host splits no other)
     constexpr int CT = CW * 128;                       // consumer threads
     constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;  // a multiple of 1024: every slot stays 1024-aligned
     constexpr int ND = BN / 2;                         // accumulators a thread a wave
@@ -295,8 +325,8 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
                 if ((tid & 127) == 0) bulk_wait_all<true>();
                 wg ? named_sync_id<3, 128>() : named_sync_id<2, 128>();
             }
-            quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int j, const unsigned (&a)[4]) {
-                const int r = lrow0 + 8 * h, c = j & 7;
+            quad_chunks<TY, ND>(bias, p, n0, t, w, val, [&](int h, int c0, const unsigned (&a)[4]) {  // BN | 64: whole chunks only
+                const int r = lrow0 + 8 * h, j = c0 >> 3, c = j & 7;
                 st_shared_u4(dbuf + (unsigned)((j >> 3) * 8192 + r * 128 + ((c ^ (r & 7)) << 4)), a[0], a[1], a[2], a[3]);
             });
             fence_proxy_async();  // the staged rows are visible to the TMA (async proxy)
@@ -471,32 +501,46 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
                 });
             }
         } else {
-            if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
+            // MODE_END: v = acc * (sa * sb), the scales of block 0 (the same for every block). Tiles wider
+            // than 128 columns (never split) that store a 16-bit TY scale each value as store_tile_16
+            // takes it: scaled in place first, ptxas would keep all of a thread's column scales and
+            // their addresses live next to the 72-96 sums, and spill
+            constexpr bool SCALE_AT_STORE = MODE == MODE_END && BN > 128 && !same_type<TY, float>::value;
+            if constexpr (SCALE_AT_STORE) {
+                static_assert(!SPLIT && WAVES == 1, "one wave, never split");
+                const float s_a0 = a_scale(p, sa, ra0, 0), s_a1 = a_scale(p, sa, ra1, 0);
+                store_tile_16<TY, 1, ND>(y, bias, p, m0, n0, row0, t, [&](int i) {  // i = 4 j + r
+                    const int r = i & 3;
+                    return mul_rn(acc[i], mul_rn((r & 2) ? s_a1 : s_a0, b_scale(p, sb, col(i >> 2, r & 1), 0)));
+                });
+            } else {
+                if constexpr (MODE == MODE_END) {  // v = acc * (sa * sb), the scales of block 0 (the same for every block)
 #pragma unroll
-                for (int w = 0; w < WAVES; ++w) {
-                    const float s_a0 = a_scale(p, sa, ra[2 * w], 0), s_a1 = a_scale(p, sa, ra[2 * w + 1], 0);
-                    float* aw = acc + w * ND;
+                    for (int w = 0; w < WAVES; ++w) {
+                        const float s_a0 = a_scale(p, sa, ra[2 * w], 0), s_a1 = a_scale(p, sa, ra[2 * w + 1], 0);
+                        float* aw = acc + w * ND;
 #pragma unroll
-                    for (int j = 0; j < ND / 4; ++j) {
-                        const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
-                        aw[4 * j] = mul_rn(aw[4 * j], mul_rn(s_a0, sb0)), aw[4 * j + 1] = mul_rn(aw[4 * j + 1], mul_rn(s_a0, sb1));
-                        aw[4 * j + 2] = mul_rn(aw[4 * j + 2], mul_rn(s_a1, sb0)), aw[4 * j + 3] = mul_rn(aw[4 * j + 3], mul_rn(s_a1, sb1));
+                        for (int j = 0; j < ND / 4; ++j) {
+                            const float sb0 = b_scale(p, sb, col(j, 0), 0), sb1 = b_scale(p, sb, col(j, 1), 0);
+                            aw[4 * j] = mul_rn(aw[4 * j], mul_rn(s_a0, sb0)), aw[4 * j + 1] = mul_rn(aw[4 * j + 1], mul_rn(s_a0, sb1));
+                            aw[4 * j + 2] = mul_rn(aw[4 * j + 2], mul_rn(s_a1, sb0)), aw[4 * j + 3] = mul_rn(aw[4 * j + 3], mul_rn(s_a1, sb1));
+                        }
                     }
                 }
-            }
-            bool stored = false;
-            if constexpr (!same_type<TY, float>::value) {
-                if (p.splits == 1) {
-                    auto val = [&](int i) { return acc[i]; };
-                    if constexpr (TMA_OK) {
-                        if (p.y_tma) tma_tile(m0, n0, val), stored = true;
+                bool stored = false;
+                if constexpr (!same_type<TY, float>::value) {
+                    if (p.splits == 1) {
+                        auto val = [&](int i) { return acc[i]; };
+                        if constexpr (TMA_OK) {
+                            if (p.y_tma) tma_tile(m0, n0, val), stored = true;
+                        }
+                        if (!stored) store_tile_16<TY, WAVES, ND>(y, bias, p, m0, n0, row0, t, val), stored = true;
                     }
-                    if (!stored) store_tile_16<TY, WAVES, ND>(y, bias, p, m0, n0, row0, t, val), stored = true;
                 }
+                if (!stored)
+                    finish_tile<TY, float, BM, BN, CT, WAVES * ND / 2, SPLIT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
+                                                                             AsScaled());
             }
-            if (!stored)
-                finish_tile<TY, float, BM, BN, CT, WAVES * ND / 2, SPLIT>(y, bias, ws, counters, p, m0, n0, tile, tiles, part, tid, visit,
-                                                                         AsScaled());
         }
     }
     if (TMA_OK && p.y_tma && (tid & 127) == 0) bulk_wait_all<false>();  // this warpgroup's last stores are written

@@ -14,7 +14,7 @@ from pathlib import Path
 WIDTHS = (32, 64, 128, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 # FP8 (both operands from shared memory, K-major): widths and formats (kernels/scaled_mm.cuh Fp8Id)
-FP8_WIDTHS = (16, 32, 64, 128)
+FP8_WIDTHS = (16, 32, 64, 128, 144, 160, 192)
 FP8_TYPES = ((0, "e4m3"), (1, "e5m2"))
 # INT8 (both operands from shared memory, K-major, int32 accumulators): widths
 S8_WIDTHS = (16, 32, 64, 128, 256)

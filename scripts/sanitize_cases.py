@@ -632,7 +632,7 @@ def _sm90_tiles(run: Run, qa, qb, a_scales, b_scales, bias, what):
         for cfg in sm90.CONFIGS:
             if L.mode not in sm90.modes(cfg):
                 continue
-            for parts, cluster in ((1, 1), (1, 2), (2, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
+            for parts, cluster in ((1, 1), (1, 2), (2, 1)) if cfg.can_split else ((1, 1), (1, 2)):
                 ops.result[...] = cupy.nan
                 sm90.MmLaunch(L, cfg, parts, cluster)(ops)
                 run.same(

@@ -521,38 +521,43 @@ TILE_CASES = [
 @pytest.mark.parametrize("a_kind,b_kind", TILE_CASES, ids=[f"{a}-{b}" for a, b in TILE_CASES])
 def test_every_sm90_tile_forced(a_kind, b_kind):
     """Every tile of the Hopper kernel that the call's scaling mode is built for, alone and in
-    clusters of two that share a's rows (N = 520: five tile columns, so a cluster's last pair has a
-    tile past N), and with a K split where the tile takes one, on tails in M, N and K (M = 300: a
-    256-row tile's second half mostly past M): bit-exact on exact inputs, into a poisoned output."""
+    clusters of two that share a's rows, and with a K split where the tile takes one, on tails in
+    M, N and K (M = 300: a 256-row tile's second half mostly past M; K = 2064: a short last block):
+    bit-exact on exact inputs, into a poisoned output. N = 520: five tile columns of 128 (a cluster's
+    last pair has a tile past N), rows 1040 bytes apart (y through TMA where the tile can); N = 422:
+    rows 844 bytes apart, y stored directly, in pieces where a chunk is not aligned or N cuts it
+    (the 144-column tile's last tile column: N at column 134, within its 4-column half chunks)."""
     require_arch("wgmma")
     from cupyquant.w8a8 import sm90
 
-    rng = np.random.default_rng(_seed("tiles", a_kind, b_kind))
-    M, N, K = 300, 520, 2064
-    qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
-    qb, cb, sb = _b_operand(b_kind, N, K, rng)
-    bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
-    r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
-    want = ref.round_result(r, BF16)
-    L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
-    ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+    M, K = 300, 2064
     ran = 0
-    for cfg in sm90.CONFIGS:
-        if L.mode not in sm90.modes(cfg):
-            continue
-        for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.waves == 1 else ((1, 1), (1, 2)):
-            launch = sm90.MmLaunch(L, cfg, parts, cluster)
-            # bf16 out, rows 1040 bytes apart; MODE_K_TILE has the scales' ring where the staging buffers would be
-            assert launch.y_tma == (parts == 1 and L.mode != args.MODE_K_TILE)
-            for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
-                launch.y_tma = y_tma
-                ops.result[...] = cupy.nan
-                launch(ops)
-                assert_bits_equal(
-                    ops.result, want, f"{cfg} parts {parts} cluster {cluster} TMA {y_tma} {a_kind} x {b_kind}"
-                )
-                ran += 1
-    assert ran == (12 if L.mode == args.MODE_K_COL else 16)
+    for N in (520, 422):
+        rng = np.random.default_rng(_seed("tiles", a_kind, b_kind, N))
+        qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
+        qb, cb, sb = _b_operand(b_kind, N, K, rng)
+        bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
+        r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
+        want = ref.round_result(r, BF16)
+        L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
+        ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+        for cfg in sm90.CONFIGS:
+            if L.mode not in sm90.modes(cfg):
+                continue
+            for parts, cluster in ((1, 1), (1, 2), (3, 1)) if cfg.can_split else ((1, 1), (1, 2)):
+                launch = sm90.MmLaunch(L, cfg, parts, cluster)
+                # bf16 out, rows 1040 bytes apart at N = 520; MODE_K_TILE has the scales' ring where the
+                # staging buffers would be
+                assert launch.y_tma == (parts == 1 and cfg.y_stage(L.mode) > 0 and N == 520)
+                for y_tma in (launch.y_tma, False):  # y through shared memory and TMA, and stored directly
+                    launch.y_tma = y_tma
+                    ops.result[...] = cupy.nan
+                    launch(ops)
+                    what = f"{cfg} N {N} parts {parts} cluster {cluster} TMA {y_tma} {a_kind} x {b_kind}"
+                    assert_bits_equal(ops.result, want, what)
+                    ran += 1
+    # an N: 128 x 128 and 64 x 64 tiles 6 launches each, 256 x 128 4 (unsplit), 144-192 columns 4 (MODE_END)
+    assert ran == 2 * {args.MODE_END: 16 + 12, args.MODE_K_TILE: 16, args.MODE_K_COL: 12}[L.mode]
 
 
 # ================================================================== GPU: the Hopper kernel for few rows
@@ -767,7 +772,6 @@ def test_sm90_tile_choice():
     assert sm90.config(129, 2112, 7168, 132) == large  # 34 wide tiles would leave most SMs idle
     assert sm90.config(512, 4096, 4096, 132) == large  # 64 wide tiles: half the SMs
     assert sm90.config(1024, 4096, 4096, 132) == wide  # one round of 128 wide tiles against two of narrow
-    assert sm90.config(4096, 2112, 7168, 132) == wide  # 3 rounds x 1.6 against 5
     assert sm90.config(8192, 8192, 8192, 132) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_TILE) == wide
     assert sm90.config(8192, 8192, 8192, 132, mode=args.MODE_K_COL) == large  # no two-wave K_COL tile
@@ -778,8 +782,40 @@ def test_sm90_tile_choice():
                 mode
             )
             assert cfg.smem(mode) <= 227 * 1024
-        assert cfg.y_stage() == (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2
+        assert cfg.stages * (cfg.bm + cfg.bn) * 128 % 1024 == 0  # every slot 1024-byte aligned
+        assert cfg.y_stage() == (0 if cfg.bn > 128 else (2 if cfg.bm > 64 else 1) * 64 * cfg.bn * 2)
         assert cfg.y_stage(args.MODE_K_TILE) == 0 and cfg.scale_ring(args.MODE_K_TILE) == cfg.stages * (cfg.bm + 4) * 4
+        assert cfg.can_split == (cfg.bm <= 128 and cfg.bn <= 128)
+
+
+def test_sm90_tile_widths():
+    """The 128 x 192, 160 and 144 FP8 tiles (MODE_END only, never split) where their rounds of tiles
+    take less modelled time than the 128 x 128 and 256 x 128 tiles' (sm90._time), the widest of equal
+    times; elsewhere the choice of the 128-column tiles stands."""
+    from cupyquant.w8a8 import sm90
+
+    large, wide, w192, w160, w144 = sm90.LARGE, sm90.WIDE, sm90.LARGE_192, sm90.LARGE_160, sm90.LARGE_144
+    assert sm90.config(4096, 2112, 7168, 132) == w192  # 3 rounds x 1.5 against 3 x 1.6 (wide), 5 (large)
+    assert sm90._time(4096, 2112, w144, 132) == sm90._time(4096, 2112, w192, 132) == 4.5  # 4 x 1.125: the wider
+    assert sm90.config(1024, 2112, 7168, 132) == w144  # 120 tiles in one round (1.125) against 68 wide ones (1.6)
+    assert sm90.config(2048, 2112, 7168, 132) == w144  # 2 rounds (2.25) against 3 (large) and 2 x 1.6 (wide)
+    assert sm90.config(512, 5120, 8192, 132) == w160  # 128 tiles of 160 columns, one round (1.25)
+    assert sm90.config(4096, 576, 7168, 132) == w144  # 128 tiles (1.125) against 80 wide ones (1.6)
+    # N = 24576 = 128 x 192: 32 x 128 tiles of 192 columns take 32 rounds (48) against 24 x 1.6 (wide)
+    assert sm90.config(4096, 24576, 1536, 132) == wide
+    assert sm90.config(4096, 7168, 7168, 132) == wide  # 11.2 against 15 (192), 13.75 (160), 14.625 (144)
+    assert sm90.config(4096, 4096, 4096, 132) == wide
+    assert sm90.config(4096, 14336, 4096, 132) == wide
+    assert sm90.config(2048, 14336, 4096, 132) == wide
+    assert sm90.config(256, 7168, 7168, 132) == large  # one round of 112 tiles
+    # block scales and per-column scales along K keep the 128-column tiles; INT8 has its own
+    assert sm90.config(4096, 2112, 7168, 132, mode=args.MODE_K_TILE) == wide
+    assert sm90.config(4096, 2112, 7168, 132, mode=args.MODE_K_COL) == large
+    assert sm90.config(1024, 2112, 4096, 132, int8=True) == large
+    for cfg in sm90.LARGE_WIDTHS:
+        assert cfg in sm90.CONFIGS and sm90.modes(cfg) == (args.MODE_END,) and not cfg.can_split
+        assert (cfg.bm, cfg.waves, cfg.threads) == (128, 1, 384)
+        assert cfg.smem() + (cfg.bm + cfg.bn) * 128 > 227 * 1024  # the deepest ring that fits
 
 
 def test_sm90_k_split():

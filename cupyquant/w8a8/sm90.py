@@ -14,8 +14,9 @@ from . import args as A
 @dataclass(frozen=True)
 class Sm90Config:
     """A tile of the kernel: ``bm`` rows of a by ``bn`` rows of b, and the depth of the ring of
-    128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory). One consumer warpgroup takes
-    64 rows; two take 128, or 256 in two 64-row waves each."""
+    128-k slots (``stages`` x (bm + bn) x 128 bytes of shared memory, each slot a multiple of 1024
+    bytes: ``bn`` a multiple of 8). One consumer warpgroup takes 64 rows; two take 128, or 256 in two
+    64-row waves each."""
 
     bm: int
     bn: int
@@ -30,6 +31,15 @@ class Sm90Config:
         """64-row waves a consumer warpgroup multiplies in turn (2: no K split, no K_COL mode)."""
         return self.bm // (128 if self.bm > 64 else 64)
 
+    @property
+    def can_split(self) -> bool:
+        """Whether the kernel takes a K split in this tile (its SPLIT): tiles of one 64-row wave a
+        consumer warpgroup up to 128 columns wide, whose sums leave the registers for the split's
+        epilogue, and INT8's 128 x 256 tile, which keeps no block sums; not WIDE (128 running sums and
+        64 block sums a thread) nor the FP8 tiles 144 to 192 columns wide (72 to 96 of each; at 192
+        the split's epilogue spills)."""
+        return self.waves == 1 and (self.bn <= 128 or self == INT8_WIDE)
+
     def smem(self, mode: int = A.MODE_END) -> int:
         """The ring, its 1024-byte alignment, and in ``mode`` either the consumer warpgroups' staging
         buffers of y's TMA stores or (MODE_K_TILE) the ring of the blocks' scales."""
@@ -37,7 +47,8 @@ class Sm90Config:
 
     def y_stage(self, mode: int = A.MODE_END) -> int:
         """The staging buffers of y's TMA stores: 64 rows x bn 16-bit values a consumer warpgroup;
-        none for bn = 256 nor in MODE_K_TILE, whose scale ring takes their place."""
+        none for bn > 128 (whose tiles store y directly) nor in MODE_K_TILE, whose scale ring takes
+        their place."""
         if self.bn > 128 or mode == A.MODE_K_TILE:
             return 0
         return (2 if self.bm > 64 else 1) * 64 * self.bn * 2
@@ -61,7 +72,17 @@ SMALL = Sm90Config(64, 64, 12)
 #: not two, so a block of K moves 1.5 bytes from L2 an output element, not 2. Per tensor and
 #: 128 x 128 blocks (MODE_END, MODE_K_TILE) only, never split.
 WIDE = Sm90Config(256, 128, 4)
-CONFIGS = (WIDE, LARGE, SMALL)
+#: FP8 128 x 192, 128 x 160 and 128 x 144 tiles, per tensor and per token x per channel only
+#: (MODE_END: K_TILE's one b scale a tile needs bn | 128, K_COL's per-column scales need registers),
+#: never split: where 128 divides N badly, fewer and fuller rounds of them take less time (config,
+#: _time; 2112 = 11 x 192, 4608 = 32 x 144, 5120 = 32 x 160). Rings of 5 and 6 slots (200-216 KB),
+#: the most that fit. y is stored directly: its TMA boxes are 64 columns wide, and at 192 columns
+#: the staging buffers would take a slot of the ring.
+LARGE_192 = Sm90Config(128, 192, 5)
+LARGE_160 = Sm90Config(128, 160, 6)
+LARGE_144 = Sm90Config(128, 144, 6)
+LARGE_WIDTHS = (LARGE_192, LARGE_160, LARGE_144)  # widest first: the planner's order of preference
+CONFIGS = (WIDE, LARGE, SMALL, *LARGE_WIDTHS)
 #: INT8, which keeps one accumulator set (no promotion): 128 x 256 tiles for large M, and the FP8 ones
 INT8_WIDE = Sm90Config(128, 256, 4)
 INT8_CONFIGS = (INT8_WIDE, LARGE, SMALL)
@@ -73,7 +94,10 @@ INT8_WIDE_MIN_K = 8192
 
 def modes(cfg: Sm90Config) -> tuple[int, ...]:
     """The scaling modes the kernel is built for in ``cfg``'s tile: a two-wave tile has no registers
-    for K_COL's per-column scales."""
+    for K_COL's per-column scales; a tile wider than 128 columns takes MODE_END only (K_TILE's one b
+    scale a tile needs bn | 128)."""
+    if cfg.bn > 128:
+        return (A.MODE_END,)
     return A.MODES if cfg.waves == 1 else (A.MODE_END, A.MODE_K_TILE)
 
 
@@ -109,15 +133,24 @@ def config(M: int, N: int, K: int, sms: int, int8: bool = False, mode: int = A.M
     7168 x 2048 13.6 against 18.4 us, 2112 x 7168 12.8 against 24.3; at M = 65, 8192 x 8192 46.1
     against 35.9 (the exception). INT8 above M = 128 takes the 128 x 256 tile over a long K (at least
     INT8_WIDE_MIN_K) unless its last round of tiles is emptier than the 128 x 128 tiles' (their
-    waves, at half the work each, take less)."""
+    waves, at half the work each, take less). FP8 above M = 128 takes 256 x 128 tiles where they pay
+    (_wide_pays), else 128 x 128; per tensor and per token x per channel (MODE_END), a 128 x 192, 160
+    or 144 tile instead where its modelled time (_time) is less than that choice's, the widest of
+    equal times: 4096 x 2112 5 rounds of 128 x 128 tiles, 3 of 256 x 128 (4.8), 3 of 128 x 192 (4.5);
+    1024 x 2112 2 rounds, 1 of 68 256 x 128 tiles (1.6), 1 of 120 128 x 144 tiles (1.125)."""
     if M <= 64:
         return SMALL
     if M > 128:
-        if int8 and K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
-            return INT8_WIDE
-        if not int8 and mode != A.MODE_K_COL and _wide_pays(M, N, sms):
-            return WIDE
-        return LARGE
+        if int8:
+            if K >= INT8_WIDE_MIN_K and _waves(M, N, INT8_WIDE, sms) * 2 <= _waves(M, N, LARGE, sms):
+                return INT8_WIDE
+            return LARGE
+        best = WIDE if mode != A.MODE_K_COL and _wide_pays(M, N, sms) else LARGE
+        if mode == A.MODE_END:
+            for cfg in LARGE_WIDTHS:
+                if _time(M, N, cfg, sms) < _time(M, N, best, sms):
+                    best = cfg
+        return best
     tiles_large = ceil_div(M, LARGE.bm) * ceil_div(N, LARGE.bn)
     tiles_small = ceil_div(M, SMALL.bm) * ceil_div(N, SMALL.bn)
     if 2 * tiles_large <= sms and (tiles_small <= sms or K < 8192):
@@ -136,7 +169,17 @@ def _wide_pays(M: int, N: int, sms: int) -> bool:
     fill at least half the SMs, and their rounds, at WIDE_COST each, take less time (at 512 x 4096
     the wide tiles would fill 64 SMs: 555 against 684 TFLOP/s)."""
     tiles = ceil_div(M, WIDE.bm) * ceil_div(N, WIDE.bn)
-    return 2 * tiles > sms and _waves(M, N, WIDE, sms) * WIDE_COST <= _waves(M, N, LARGE, sms)
+    return 2 * tiles > sms and _time(M, N, WIDE, sms) <= _time(M, N, LARGE, sms)
+
+
+def _time(M: int, N: int, cfg: Sm90Config, sms: int) -> float:
+    """The modelled time of an (M, N) output in ``cfg``'s tiles (FP8 above M = 128, unsplit), in
+    rounds of 128 x 128 tiles: the rounds of one tile a SM that it takes (_waves), each as long as
+    the tile's work makes it, bn / 128 of a 128 x 128 tile's round for a 128-row tile and WIDE_COST
+    for a 256 x 128 tile. It counts only how full the last round is; what a wider tile saves in
+    loads from L2 for the same work is left out, so that a width pays only by rounds it saves."""
+    cost = WIDE_COST if cfg == WIDE else cfg.bn / 128
+    return _waves(M, N, cfg, sms) * cost
 
 
 def _waves(M: int, N: int, cfg: Sm90Config, sms: int) -> int:
@@ -194,7 +237,7 @@ class MmLaunch:
         cfg = config(M, N, K, sms, L.a_format == "int8", L.mode) if cfg is None else cfg
         tiles_n, tiles_m = ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)
         nkb = ceil_div(K, A.BLOCK_K)
-        if cfg.waves > 1:
+        if not cfg.can_split:
             parts, per = 1, nkb
         elif parts is None:
             parts, per = splits(tiles_n * tiles_m, nkb, sms)
