@@ -18,7 +18,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal
+from conftest import HAVE_GPU, assert_bits_equal
 
 from cupyquant import reference as ref
 from cupyquant.checkpoint import SCHEMES, CheckpointError, quantize_checkpoint, read
@@ -352,8 +352,13 @@ def test_ignore_and_targets_patterns(model, tmp_path):
 def test_single_file_model_and_warning(tmp_path):
     src = tmp_path / "one"
     make_model(src, TENSORS[:4], sharded=False)
-    with pytest.warns(RuntimeWarning, match="NumPy reference"):
+    # device=None takes GPU 0 where there is one, else the reference, and says so
+    if HAVE_GPU:
         rep = quantize_checkpoint(src, tmp_path / "o", "w4a16", progress=False, verbose=False)
+        assert rep["summary"]["backend"] == "gpu"
+    else:
+        with pytest.warns(RuntimeWarning, match="NumPy reference"):
+            rep = quantize_checkpoint(src, tmp_path / "o", "w4a16", progress=False, verbose=False)
     assert rep["summary"]["shards"] == 1
     assert (tmp_path / "o" / "model.safetensors").is_file()
     assert not (tmp_path / "o" / "model.safetensors.index.json").exists()
@@ -490,7 +495,8 @@ def test_gpu_writes_the_reference_files_and_quantize_weights_bytes(scheme, model
     for name in QUANTIZED:
         w = cupy.asarray(arrays[name])
         if s.fmt == "nvfp4":
-            q = cq.quantize_nvfp4(w, global_scale=float(shared[name]), scale_layout="dense")
+            g = shared.get(name)  # weights outside a fused group (o_proj, down_proj) take their own
+            q = cq.quantize_nvfp4(w, global_scale=None if g is None else float(g), scale_layout="dense")
             want = {"data": q.data, "scale": q.scale, "global_scale": q.global_scale}
         else:
             kw = {"block_size": s.block_size} if s.block_size else {"group_size": s.group_size}
