@@ -21,6 +21,10 @@ zero points) x per-channel: SNR against the float64 product of the bf16 operands
 bound checked on every element (INT8: the reference's result bit for bit), and the time of a
 4096 x 4096 x 4096 call against cuBLAS bf16 (a row the GPU has no tensor cores for says so in one
 line).
+
+The same schemes quantize a whole model checkpoint (safetensors in, a compressed-tensors checkpoint
+that vLLM and SGLang load out, with a per-tensor round-trip report): ``python -m
+cupyquant.checkpoint SRC DST --scheme fp8-block`` (docs/checkpoint.md).
 """
 
 from __future__ import annotations
