@@ -68,6 +68,7 @@ struct MmArgs {
     int kb_per_split;  // 128-k blocks a part (the last part may have fewer)
     int has_adj;  // INT8: subtract z(m) * adj(n)
     int cluster;  // scaled_mm_sm90.cu: blocks of a cluster that share a's rows by TMA multicast (1 or 2)
+    int early;    // scaled_mm_sm90_small.cu: 1 where b's first slots are loaded before the PDL wait
 };
 
 __device__ __forceinline__ float fma_rn(float a, float b, float c) {

@@ -237,6 +237,8 @@ __global__ void __launch_bounds__((BM > 64 ? 256 : 128) + 128, 1)
     } else {
         __syncthreads();
     }
+    if (warp == CW * 4 && lane == 0) prefetch_tensor_map(&tma), prefetch_tensor_map(&tmb);
+    pdl_wait_then_release();  // programmatic dependent launch: no global access above this line
 
     const unsigned sc0 = sbase + (unsigned)(STAGES * STAGE);  // SCALE_RING's first slot
     if (warp >= CW * 4) {  // the producer warpgroup: one thread issues the TMA loads of every tile

@@ -61,6 +61,8 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsig
                  "l"(map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+// the tensor map's descriptor into the constant cache ahead of its first TMA
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) { asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory"); }
 // the box of the tensor map at (k c0, row c1) into the shared memory of every block of the cluster
 // in `mask` (bit r: rank r), at the same offset dst in each, its bytes counted on each one's mbarrier
 // at offset bar

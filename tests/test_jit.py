@@ -144,12 +144,12 @@ def nvrtc(request):
 
 def pdl_sites(expression: str, target: str) -> int:
     """The griddepcontrol.wait (and .launch_dependents) sites of one instantiation on a target:
-    programmatic dependent launch exists from 9.0, and only the weight matmul kernels use it, once
-    each (each waits for the kernel before and releases the one after). The decode kernel
-    (w16_decode) has two call sites, one on each side of its first weight loads, of which a launch
-    takes one (weight_decode.cu, MatmulArgs.early); the Hopper kernel (built on sm_90a only) has a
-    second in its 128-row tile, whose producer warpgroup waits after its early weight copies and
-    its compute warps on their own."""
+    programmatic dependent launch exists from 9.0, and only the matmul kernels use it, once each
+    (each waits for the kernel before and releases the one after). The decode kernel (w16_decode)
+    has two call sites, one on each side of its first weight loads, of which a launch takes one
+    (weight_decode.cu, MatmulArgs.early); the Hopper kernel (built on sm_90a only) has a second in
+    its 128-row tile, whose producer warpgroup waits after its early weight copies and its compute
+    warps on their own. The W8A8 Hopper kernels (sm_90a only) have one each."""
     if not _device.caps_of_arch(target.rstrip("a")).pdl:
         return 0
     if expression.startswith("w16_decode<"):
@@ -158,6 +158,8 @@ def pdl_sites(expression: str, target: str) -> int:
         return 1
     if expression.startswith("sm90_w16_gemm<") and target == "90a":
         return 2 if ", 128, " in expression else 1
+    if expression.startswith(("scaled_mm_sm90<", "scaled_mm_sm90_small<")) and target == "90a":
+        return 1
     return 0
 
 

@@ -134,6 +134,13 @@ def scaled_matmul(a, b, *, out_dtype="bfloat16", bias=None, out=None) -> cupy.nd
     Operands whose rows are not 16-byte aligned (start or row stride) are copied first. The call
     runs on CuPy's current stream, does not synchronize the host, and can be captured in a CUDA
     graph once its kernels are compiled.
+
+    On compute capability 9.0 the kernels are launched with programmatic dependent launch (PDL): a
+    kernel may start while the kernel before it on the stream ends, and waits for it before it reads
+    anything. For at most 16 rows of ``a``, from the second call with the same QuantizedWeight
+    object and arrays (captured calls do not count), the kernel also reads the weight's first codes
+    before that wait (weights are constants): after writing into a weight's arrays in place, assign
+    them to it anew (``b.data = b.data``) before its next call, or launch another kernel in between.
     """
     bkey = b._signature() if type(b) is QuantizedWeight else _tensor_key(b)
     key = ("matmul", _tensor_key(a), bkey, out_dtype, _validate.array_key(bias), _validate.array_key(out))

@@ -46,6 +46,7 @@ MM_ARGS = np.dtype(
         ("kb_per_split", np.int32),
         ("has_adj", np.int32),
         ("cluster", np.int32),
+        ("early", np.int32),
     ],
     align=True,
 )

@@ -95,7 +95,9 @@ class Operands(NamedTuple):
     """What one launch reads: a's and b's codes (the (M, K) and (N, K) matrices, rows ``Layout.lda``
     / ``ldb`` bytes apart, or 16-byte aligned copies with rows ``K`` bytes apart), the scale arrays
     as the kernels address them, the zero points and column term (None where absent), the bias, the
-    (M, N) output's address and row stride (elements), and what the call returns (``[..., N]``)."""
+    (M, N) output's address and row stride (elements), what the call returns (``[..., N]``), and the
+    weight whose codes ``b`` is, as the caller holds it (None for raw codes or for codes made in
+    this call: the kernel for few rows may read a held weight's codes before its PDL wait)."""
 
     a: cupy.ndarray
     lda: int
@@ -109,6 +111,7 @@ class Operands(NamedTuple):
     out2: int
     ldy: int
     result: cupy.ndarray
+    weight: QuantizedWeight | None = None
 
 
 def _copy_rows(x: cupy.ndarray, rows: int, K: int, ld: int, keep: list) -> cupy.ndarray:
@@ -134,10 +137,24 @@ def operands(L: Layout, arr: Arrays) -> Operands:
         if arr.out is None:
             result = cupy.empty(L.lead + (L.N,), dtype=L.out_dtype)
             return Operands(
-                arr.a, L.lda, arr.b, L.ldb, arr.sa, sb, arr.azp, arr.adj, arr.bias, result.data.ptr, L.N, result
+                arr.a,
+                L.lda,
+                arr.b,
+                L.ldb,
+                arr.sa,
+                sb,
+                arr.azp,
+                arr.adj,
+                arr.bias,
+                result.data.ptr,
+                L.N,
+                result,
+                arr.weight,
             )
         out = arr.out
-        return Operands(arr.a, L.lda, arr.b, L.ldb, arr.sa, sb, arr.azp, arr.adj, arr.bias, out.data.ptr, L.ldy, out)
+        return Operands(
+            arr.a, L.lda, arr.b, L.ldb, arr.sa, sb, arr.azp, arr.adj, arr.bias, out.data.ptr, L.ldy, out, arr.weight
+        )
     keep: list = []
     a, lda = arr.a, L.lda
     if L.copy_a:
@@ -173,4 +190,5 @@ def operands(L: Layout, arr: Arrays) -> Operands:
         result, ldy = arr.out, L.ldy
     if keep:
         _validate.keep_if_capturing(*keep)
-    return Operands(a, lda, b, ldb, sa, sb, arr.azp, adj, arr.bias, result.data.ptr, ldy, result)
+    held = None if L.copy_b or L.b_plain else arr.weight
+    return Operands(a, lda, b, ldb, sa, sb, arr.azp, adj, arr.bias, result.data.ptr, ldy, result, held)

@@ -207,7 +207,9 @@ class MmLaunch:
     """The planned launch of one call layout: the kernel's Launch (arguments: the tensor maps of a
     and b, given at each call, then a's and b's scales, zero points, column term, bias, the output,
     the workspace and arrival counters of a K split), the TMA boxes' rows of a and b, and the K
-    split's workspace (its float32 elements, 0 for none) and counters.
+    split's workspace (its float32 elements, 0 for none) and counters. It is launched with PDL: the
+    kernel waits for the kernel before it ahead of any global access, so that only its launch and
+    set-up overlap that kernel's end.
 
     ``cfg`` and ``parts`` default to the planner's choice. ``cluster=2`` launches clusters of two
     blocks that take neighbouring tiles in N and share a's rows, each loading half of them for both
@@ -265,11 +267,13 @@ class MmLaunch:
         work = tiles_m * ceil_div(tiles_n, cluster) * parts  # a cluster's items
         fields = ((len(args) - 1, "y_tma"),)
         if cluster == 1:
-            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=smem, fields=fields)
+            self.launch = Launch(k, (min(work, sms),), (cfg.threads,), args, smem=smem, pdl=True, fields=fields)
         else:
             fit = _launch.max_active_clusters(k, cfg.threads, smem, (cluster, 1, 1))
             grid = cluster * min(work, fit)
-            self.launch = Launch(k, (grid,), (cfg.threads,), args, smem=smem, cluster=(cluster, 1, 1), fields=fields)
+            self.launch = Launch(
+                k, (grid,), (cfg.threads,), args, smem=smem, pdl=True, cluster=(cluster, 1, 1), fields=fields
+            )
         self._maps = (None, None, None, None)  # a's and b's (address, row stride, map) of the last call
 
     def __call__(self, ops) -> None:
