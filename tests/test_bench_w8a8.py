@@ -163,7 +163,7 @@ def test_header_names_peers_and_scalings(w8):
 
 
 def test_errors_are_reported_once(w8, capsys):
-    errs = w8._Errors()
+    errs = w8.Errors()
     errs.add("block: scaled_matmul", ValueError("b: block scales need K a multiple of 16\nmore"))
     errs.add("block: scaled_matmul", ValueError("second"))
     errs.add("torch._scaled_mm refused block scaling", "Invalid scaling configuration.")
@@ -190,7 +190,7 @@ class _FakeTimer:
 
 
 def _ctx(w8, timer, torch=None, mm=None):
-    return {"torch": torch, "timer": timer, "mm": mm, "copy_bw": 3.0e12, "errors": w8._Errors()}
+    return {"torch": torch, "timer": timer, "mm": mm, "copy_bw": 3.0e12, "errors": w8.Errors()}
 
 
 class _Q:
