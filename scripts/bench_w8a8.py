@@ -70,8 +70,9 @@ SCALINGS = {
 
 def parse_counts(text: str, flag: str) -> list[int]:
     """``"1,16"`` -> [1, 16]: positive row counts, ``flag`` named in the ValueError."""
-    ms = [int(v) for v in text.split(",") if v.strip()]
-    if not ms or min(ms) < 1:
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    ms = [int(v) for v in parts if v.lstrip("-").isdigit()]
+    if not ms or len(ms) != len(parts) or min(ms) < 1:
         raise ValueError(f"{flag} must list positive row counts, got {text!r}")
     return ms
 

@@ -47,7 +47,7 @@ def test_parsing_restricts_and_rejects(w8):
     assert w8.parse_ms("1,16") == [1, 16]
     assert w8.parse_shapes("4096x4096, 2112X7168") == [(4096, 4096), (2112, 7168)]
     assert w8.parse_scalings("block,token") == ["block", "token"]
-    for bad in ("", "0", "1,-4"):
+    for bad in ("", "0", "1,-4", "1,a"):
         with pytest.raises(ValueError, match="--w8a8-ms"):
             w8.parse_ms(bad)
     for bad in ("4096", "4096x", "4096x4096x2", "ax4"):
