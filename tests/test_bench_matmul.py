@@ -275,3 +275,63 @@ def test_scheme_cells_mark_errors_and_disagreement(mm, stubbed, capsys):
     row = {}
     mm.scheme_cells("nvfp4", w, a, y, "buf", 1e-5, _ctx(mm, _FakeTimer(), torch=object()), row, notes)
     assert notes == ["NVFP4 DIFF 2.5e-01 vs dequant"] and row["NVFP4 x dequant"] == pytest.approx(4.0)
+
+
+class _QW:
+    """A stand-in QuantizedWeight: its byte count, copies and preparation."""
+
+    nbytes = 256 * 512 // 2 + 256 * 4 * 2
+
+    def copy(self):
+        return _QW()
+
+
+def test_a_stubbed_run_writes_the_table(bench, mm, stubbed, monkeypatch, tmp_path, capsys):
+    """bench.py --matmul end to end with the GPU's parts replaced: NumPy arrays for CuPy's, fixed
+    times for the timings, a stand-in torch."""
+    import cupy
+
+    import cupyquant
+    from cupyquant import _bench, _device
+
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(
+        cupy.random, "default_rng", lambda seed: types.SimpleNamespace(standard_normal=rng.standard_normal)
+    )
+    monkeypatch.setattr(cupy, "empty", np.empty)
+    monkeypatch.setattr(cupy, "get_default_memory_pool", lambda: types.SimpleNamespace(free_all_blocks=lambda: None))
+    monkeypatch.setattr(cupy.cuda, "Device", lambda: types.SimpleNamespace(id=0))
+    monkeypatch.setattr(_device, "caps", lambda device: types.SimpleNamespace(pdl=True, wgmma=False))
+    timers = []
+    monkeypatch.setattr(_bench, "GraphTimer", lambda settle, budget: timers.append(_FakeTimer()) or timers[-1])
+    monkeypatch.setattr(_bench, "copies_for", lambda nbytes: 2)
+    monkeypatch.setattr(_bench, "copy_bandwidth", lambda: 3.0e12)
+    monkeypatch.setattr(_bench, "device_name", lambda: "GPU")
+    quantized = []
+    monkeypatch.setattr(
+        cupyquant, "quantize_weight", lambda w, s, **kw: quantized.append((s, kw)) or _QW(), raising=False
+    )
+    monkeypatch.setattr(cupyquant, "prepare_weight", lambda q: q, raising=False)
+    torch = types.SimpleNamespace(
+        __version__="2.11.0", from_dlpack=lambda v: v, cuda=types.SimpleNamespace(empty_cache=lambda: None)
+    )
+    monkeypatch.setattr(bench, "_load_torch", lambda skip: torch)
+    out = tmp_path / "matmul.md"
+    args = ["--matmul", "--matmul-ms", "1,64", "--matmul-shapes", "256x512", "--matmul-schemes", "int4,float8_e4m3fn"]
+    bench.main(args + ["--matmul-no-pdl", "--matmul-paths", "--settle", "0", "--markdown", str(out)])
+    assert quantized == [("int4", {"group_size": 128}), ("float8_e4m3fn", {"group_size": 128})]
+    head, _, table = out.read_text().partition("\n\n")
+    assert head.startswith("GPU, ") and "copy bandwidth 3000 GB/s" in head and "torch 2.11.0" in head
+    lines = table.splitlines()
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    # no sm90_gemm column where the GPU has no wgmma; no notes column where every cell agreed
+    assert cols == mm.columns(["int4", "float8_e4m3fn"], True, True, ("decode", "sm80_gemm"))[:-1]
+    rows = [dict(zip(cols, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    assert [r["M"] for r in rows] == ["1", "64"]
+    assert rows[0]["cuBLAS bf16 us"] == "40.0" and rows[0]["INT4 us"] == "10.0" and rows[0]["INT4 x cuBLAS"] == "4.00"
+    assert rows[0]["FP8 dequant + cuBLAS us"] == "40.0" and rows[0]["FP8 x dequant"] == "4.00"
+    assert rows[0]["INT4 % copy"] != "-" and rows[1]["INT4 % copy"] == "-"
+    assert rows[1]["INT4 sm80_gemm us"] == "10.0" and rows[1]["FP8 no-PDL us"] == "10.0"
+    # per cell: cuBLAS, then per scheme ours, dequant + cuBLAS, no-PDL and (INT4) two forced kernels
+    assert len(timers[0].calls) == 2 * mm.timings_per_cell(["int4", "float8_e4m3fn"], True, True, ("decode", "x"))
+    assert "INT4 us=10.0" in capsys.readouterr().out
