@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from bench_w8a8 import Errors, agreement, agreement_cell, estimate_seconds, parse_counts, parse_nk, table_lines
 
-#: N x K of the weights (the issue's Llama-style projections, largest last but one).
+#: N x K of the weights: Llama-style attention and MLP projections, 2^24 to 2^28 weights.
 SHAPES = [(4096, 4096), (28672, 8192), (4096, 14336), (8192, 8192), (14336, 4096)]
 #: Rows of a: decode (1, 16) through prefill.
 MS = [1, 16, 32, 64, 128, 256, 1024, 4096]
