@@ -202,6 +202,40 @@ def time_torch_graph(torch, fn, args_list, reps: int = 20) -> float:
     return statistics.median(times) / 1e3 / len(args_list)
 
 
+class GraphTimer:
+    """The timings of a table whose cells differ by orders of magnitude: each contender's calls
+    captured in one CUDA graph, replayed for about ``budget`` seconds (3 to 20 replays,
+    :func:`reps_for`, from ``est``, a rough time of one call), ``settle`` seconds of idle GPU before
+    each timing (:func:`settle`). Our calls that cannot be captured fall back to a loop of calls
+    between two events, and say so."""
+
+    def __init__(self, settle: float, budget: float):
+        self.settle, self.budget = settle, budget
+
+    def ours(self, fn, args_list, est: float):
+        """(seconds per call, None) from a CuPy graph (:func:`time_graph`), or (seconds per call,
+        "loop (the capture's exception)") from :func:`time_loop` when the capture fails."""
+        reps = reps_for(est * len(args_list), self.budget)
+        settle(self.settle)
+        try:
+            return time_graph(fn, args_list, reps), None
+        except Exception as e:  # noqa: BLE001 - any capture failure: time a loop instead, and say so
+            settle(self.settle)
+            calls = max(len(args_list), reps_for(est, self.budget, lo=10, hi=200))
+            return time_loop(fn, args_list, calls=calls), f"loop ({type(e).__name__})"
+
+    def torch_graph(self, torch, fn, args_list, est: float) -> float:
+        """Seconds per call from a torch graph (:func:`time_torch_graph`)."""
+        reps = reps_for(est * len(args_list), self.budget)
+        settle(self.settle)
+        return time_torch_graph(torch, fn, args_list, reps)
+
+    def loop(self, fn, args_list, est: float) -> float:
+        """Seconds per call of a loop of calls (:func:`time_loop`), for calls no graph can hold."""
+        settle(self.settle)
+        return time_loop(fn, args_list, calls=max(len(args_list), reps_for(est, self.budget, 10, 200)))
+
+
 def time_loop(fn, args_list, calls: int = 100) -> float:
     """Seconds per call over ``calls`` back-to-back calls between two events (for calls that cannot
     be captured in a graph, such as cuBLAS through cupy.matmul; host-bound when one call's GPU time

@@ -4,7 +4,7 @@
     python scripts/bench.py                      # every op at its shapes, bf16 in
     python scripts/bench.py --ops quant_dynamic,group128 --markdown out.md
     python scripts/bench.py --list               # the ops and their shapes
-    python scripts/bench.py --matmul             # the weight-only matmul against cuBLAS
+    python scripts/bench.py --matmul             # the weight-only matmul against cuBLAS (scripts/bench_matmul.py)
     python scripts/bench.py --w8a8               # the W8A8 FP8 and INT8 matmul (scripts/bench_w8a8.py)
     python scripts/bench.py --kv-cache           # the FP8 KV-cache write (scripts/bench_kv_cache.py)
     python scripts/bench.py --norm               # fused RMSNorm + quantization (scripts/bench_norm.py)
@@ -34,10 +34,11 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_w8a8 next to this file
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_w8a8 and the others next to this file
 
 import bench_host  # noqa: E402
 import bench_kv_cache  # noqa: E402
+import bench_matmul  # noqa: E402
 import bench_norm  # noqa: E402
 import bench_sweep  # noqa: E402
 import bench_w8a8  # noqa: E402
@@ -498,109 +499,6 @@ def _mx_ops():
     return ops
 
 
-MATMUL_SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
-MATMUL_MS = [1, 2, 4, 8, 16]
-PREFILL_MS = [16, 32, 64, 128, 256, 1024, 4096]
-MATMUL_SETTLE = 0.5
-# The column tag of each weight scheme in the --matmul table (INT4 g128 is W4A16).
-_MATMUL_TAGS = {"float8_e4m3fn": "W8A16", "nvfp4": "NVFP4", "mxfp4": "MXFP4"}
-_FP4_WEIGHTS = ("nvfp4", "mxfp4")
-
-
-_settle = _bench.settle
-
-
-def bench_matmul(torch, shapes, ms, schemes, reps, print_row, paths=False, settle=0.5):
-    """W4A16 / W8A16 / FP4 decode matmul (cupyquant.matmul, bf16 activations, INT4 and FP8 in groups
-    of 128, NVFP4 and MXFP4 in their blocks of 16 and 32; "x INT4" the FP4 time against INT4's when
-    both are timed) against cuBLAS
-    fp16 (cupy.matmul) and torch bf16 matmul, every call replayed from a CUDA graph (a single
-    4096 x 4096 call lasts a few microseconds, less than a Python launch), the weights rotated over
-    enough copies to span 4x the L2. "weight GB/s" counts packed data + scales (+ zero points);
-    TFLOP/s is 2 M N K / t. On GPUs with programmatic dependent launch (9.0+) matmul uses it by
-    default, so that each call of the graph overlaps its launch with the call before; the "no-PDL"
-    columns time the same calls with ``pdl=False``. ``paths``: INT4 (and FP4) is also timed on each kernel forced (decode, sm80_gemm,
-    and sm90_gemm on compute capability 9.0), whatever matmul_path would pick. Every timing (each
-    contender's, each cell's) starts ``settle`` seconds after the GPU went idle (_bench.settle), so that
-    none runs at a clock that the previous cell's heavy calls pulled down: each is a burst from the
-    same state. scripts/sustained_matmul.py times the same calls held at the power cap."""
-    from cupyquant import _device
-    from cupyquant import weight as _weight
-
-    rows = []
-    rng = cupy.random.default_rng(0)
-    for N, K in shapes:
-        w16 = rng.standard_normal((N, K), dtype=np.float32).astype(np.float16) * 0.02
-        ncopy = _bench.copies_for(N * K // 2)
-        qws = {}
-        for scheme in schemes:
-            wb = w16.astype(ml_dtypes.bfloat16)
-            kw = {} if scheme in _FP4_WEIGHTS else {"group_size": 128}  # FP4: blocks of 16 or 32, fixed
-            q = cq.prepare_weight(cq.quantize_weight(wb, scheme, **kw))  # once, as at load time
-            qws[scheme] = [q] + [q.copy() for _ in range(ncopy - 1)]
-            del wb
-        w16s = [w16] + [w16.copy() for _ in range(max(0, _bench.copies_for(N * K * 2) - 1))]
-        for M in ms:
-            a16 = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
-            ab = a16.astype(ml_dtypes.bfloat16)
-            y16 = cupy.empty((M, N), np.float16)
-            yb = cupy.empty((M, N), ml_dtypes.bfloat16)
-            # cuBLAS fp16: cupy.matmul cannot be captured in a graph (CuPy refuses cuBLAS calls
-            # during capture), so it is timed as a loop of calls (host-bound where one call is
-            # shorter than its launch); the same cuBLAS GEMM through torch.matmul in a graph is
-            # the reference column when torch is there.
-            _settle(settle)
-            t_cupy = _bench.time_loop(lambda w: cupy.matmul(a16, w.T, out=y16), [(w,) for w in w16s])
-            flop = 2.0 * M * N * K
-            row = {"N x K": f"{N}x{K}", "M": M, "cupy.matmul fp16 us": t_cupy * 1e6}
-            t_cublas = t_cupy
-            if torch is not None:
-                ta, ta16 = torch.from_dlpack(ab), torch.from_dlpack(a16)
-                tws16 = [torch.from_dlpack(w) for w in w16s]
-                _settle(settle)
-                t_cublas = _bench.time_torch_graph(
-                    torch, lambda w: torch.matmul(ta16, w.t()), [(w,) for w in tws16], reps
-                )
-                row["cuBLAS fp16 graph us"] = t_cublas * 1e6
-                row["cuBLAS TFLOP/s"] = flop / t_cublas / 1e12
-                tws = [torch.from_dlpack(w.astype(ml_dtypes.bfloat16)) for w in w16s]
-                _settle(settle)
-                row["torch bf16 us"] = (
-                    _bench.time_torch_graph(torch, lambda w: torch.matmul(ta, w.t()), [(w,) for w in tws], reps) * 1e6
-                )
-                del tws, tws16
-            caps = _device.caps(cupy.cuda.Device().id)
-            pdl_col = caps.pdl  # matmul's default is PDL there
-            for scheme in schemes:
-                qs = qws[scheme]
-                _settle(settle)
-                t = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
-                tag = _MATMUL_TAGS.get(scheme, "W4A16")
-                row[f"{tag} us"] = t * 1e6
-                row[f"{tag} path"] = _weight.matmul_path(M, qs[0])
-                row[f"{tag} weight GB/s"] = qs[0].nbytes / t / 1e9
-                row[f"{tag} TFLOP/s"] = flop / t / 1e12
-                row[f"{tag} x cuBLAS"] = t_cublas / t
-                if scheme in _FP4_WEIGHTS and "W4A16 us" in row:
-                    row[f"{tag} x INT4"] = row["W4A16 us"] / (t * 1e6)
-                if pdl_col:  # the same calls without programmatic dependent launch
-                    _settle(settle)
-                    tn = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb, pdl=False), [(q,) for q in qs], reps)
-                    row[f"{tag} no-PDL us"] = tn * 1e6
-                    row[f"{tag} no-PDL x cuBLAS"] = t_cublas / tn
-                if paths and scheme != "float8_e4m3fn":
-                    for path in ("decode", "sm80_gemm") + (("sm90_gemm",) if caps.wgmma else ()):
-                        with _weight._forced_path(path):
-                            _settle(settle)
-                            tp = _bench.time_graph(lambda q: cq.matmul(ab, q, out=yb), [(q,) for q in qs], reps)
-                        row[f"{tag} {path} us"] = tp * 1e6
-            rows.append(row)
-            print_row(row)
-        del qws, w16s
-        cupy.get_default_memory_pool().free_all_blocks()
-    return rows
-
-
 def _time_torch(torch, fn, targs_list, reps):
     def record():
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -618,22 +516,42 @@ def build_parser():
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--no-torch", action="store_true", help="skip the torch peers")
     p.add_argument("--markdown", help="also write the table to this file")
-    p.add_argument("--matmul", action="store_true", help="the weight-only matmul table instead of the ops")
-    p.add_argument("--matmul-schemes", default="int4,float8_e4m3fn", help="weight schemes for --matmul")
-    p.add_argument(
-        "--matmul-ms",
-        default=",".join(map(str, MATMUL_MS)),
-        help=f"rows of a for --matmul, or 'prefill' for {PREFILL_MS}",
-    )
-    p.add_argument("--matmul-shapes", default=None, help="N x K list for --matmul, e.g. 4096x4096,14336x4096")
-    p.add_argument("--matmul-paths", action="store_true", help="also time INT4 on each kernel forced")
     p.add_argument(
         "--settle",
         type=float,
         default=None,
         help="--matmul, --w8a8: seconds of idle GPU before each timing, so that the clock has recovered from the "
-        f"previous heavy burst (0: none; default {MATMUL_SETTLE} for --matmul, {bench_w8a8.DEFAULT_SETTLE} for --w8a8)",
+        f"previous heavy burst (0: none; default {bench_matmul.DEFAULT_SETTLE} for --matmul, "
+        f"{bench_w8a8.DEFAULT_SETTLE} for --w8a8)",
     )
+    m = p.add_argument_group("weight-only matmul (scripts/bench_matmul.py)")
+    m.add_argument(
+        "--matmul", action="store_true", help="the weight-only matmul against cuBLAS bf16 and dequantize + cuBLAS"
+    )
+    m.add_argument(
+        "--matmul-schemes",
+        default=None,
+        help=f"comma-separated, of {', '.join(bench_matmul.SCHEMES)} (default {','.join(bench_matmul.DEFAULT_SCHEMES)})",
+    )
+    m.add_argument(
+        "--matmul-ms",
+        default=None,
+        help=f"rows of a (default {','.join(map(str, bench_matmul.MS))}), or 'decode' for {bench_matmul.DECODE_MS} "
+        f"or 'prefill' for {bench_matmul.PREFILL_MS}",
+    )
+    m.add_argument(
+        "--matmul-shapes",
+        default=None,
+        help="N x K list (default " + ",".join(f"{n}x{k}" for n, k in bench_matmul.SHAPES) + ")",
+    )
+    m.add_argument(
+        "--matmul-budget",
+        type=float,
+        default=bench_matmul.DEFAULT_BUDGET,
+        help="seconds of graph replays per timing (3 to 20 replays)",
+    )
+    m.add_argument("--matmul-paths", action="store_true", help="also time each scheme but FP8 on each kernel forced")
+    m.add_argument("--matmul-no-pdl", action="store_true", help="also time each scheme with pdl=False")
     s = p.add_argument_group("inference shape sweep (scripts/bench_sweep.py)")
     s.add_argument("--sweep", action="store_true", help="the activation quantizers at K x M, next to torch.compile")
     s.add_argument("--sweep-ops", default="all", help=f"comma-separated, of {', '.join(bench_sweep.OPS)}")
@@ -692,7 +610,7 @@ def main(argv=None):
     if a.norm:
         return bench_norm.main_norm(a, sys.modules[__name__])
     if a.matmul:
-        return main_matmul(a)
+        return bench_matmul.main_matmul(a, _fmt, _emit, _load_torch)
     ops = make_ops(a.format)
     if a.list:
         for name, op in ops.items():
@@ -830,39 +748,6 @@ def _table(cols, rows) -> list[str]:
     """A markdown table of ``rows`` (dicts) in ``cols``, cells formatted by _fmt."""
     lines = [f"| {' | '.join(cols)} |", "|" + "---|" * len(cols)]
     return lines + [f"| {' | '.join(_fmt(r.get(k)) for k in cols)} |" for r in rows]
-
-
-def main_matmul(a):
-    torch = _load_torch(a.no_torch)
-    if a.settle is None:
-        a.settle = MATMUL_SETTLE
-    header = (
-        f"{_bench.device_name()}, {datetime.date.today().isoformat()}; weight-only matmul, bf16 activations, "
-        "INT4 and FP8 in groups of 128, NVFP4 and MXFP4 in their blocks of 16 and 32; CUDA-graph replay; "
-        f"{a.settle:g} s idle before each timing" + ("" if torch else "; torch not available")
-    )
-    print(header, flush=True)
-    cols = None
-    lines = []
-
-    def print_row(row):
-        nonlocal cols
-        if cols is None:
-            cols = list(row)
-            lines.extend([f"| {' | '.join(cols)} |", "|" + "---|" * len(cols)])
-        lines.append(f"| {' | '.join(_fmt(row.get(c)) for c in cols)} |")
-        print("  ".join(f"{c}={_fmt(row.get(c))}" for c in cols), flush=True)
-
-    ms = PREFILL_MS if a.matmul_ms == "prefill" else [int(v) for v in a.matmul_ms.split(",")]
-    shapes = (
-        MATMUL_SHAPES
-        if a.matmul_shapes is None
-        else [tuple(int(v) for v in s.split("x")) for s in a.matmul_shapes.split(",")]
-    )
-    bench_matmul(
-        torch, shapes, ms, a.matmul_schemes.split(","), max(5, a.reps // 5), print_row, a.matmul_paths, settle=a.settle
-    )
-    _emit(header, lines, a.markdown)
 
 
 def _fmt(v):

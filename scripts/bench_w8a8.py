@@ -68,27 +68,35 @@ SCALINGS = {
 }
 
 
-def parse_ms(text: str | None) -> list[int]:
-    """``"1,16"`` -> [1, 16]; None -> :data:`MS`."""
-    if text is None:
-        return list(MS)
-    ms = [int(v) for v in text.split(",") if v.strip()]
-    if not ms or min(ms) < 1:
-        raise ValueError(f"--w8a8-ms must list positive row counts, got {text!r}")
+def parse_counts(text: str, flag: str) -> list[int]:
+    """``"1,16"`` -> [1, 16]: positive row counts, ``flag`` named in the ValueError."""
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    ms = [int(v) for v in parts if v.lstrip("-").isdigit()]
+    if not ms or len(ms) != len(parts) or min(ms) < 1:
+        raise ValueError(f"{flag} must list positive row counts, got {text!r}")
     return ms
 
 
-def parse_shapes(text: str | None) -> list[tuple[int, int]]:
-    """``"4096x4096,14336x4096"`` -> [(4096, 4096), (14336, 4096)] (N x K); None -> :data:`SHAPES`."""
-    if text is None:
-        return list(SHAPES)
+def parse_nk(text: str, flag: str) -> list[tuple[int, int]]:
+    """``"4096x4096,14336x4096"`` -> [(4096, 4096), (14336, 4096)] (N x K), ``flag`` named in the
+    ValueError."""
     shapes = []
     for s in text.split(","):
         parts = s.lower().strip().split("x")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"--w8a8-shapes takes N x K pairs such as 4096x4096, got {s!r}")
+            raise ValueError(f"{flag} takes N x K pairs such as 4096x4096, got {s!r}")
         shapes.append((int(parts[0]), int(parts[1])))
     return shapes
+
+
+def parse_ms(text: str | None) -> list[int]:
+    """``"1,16"`` -> [1, 16]; None -> :data:`MS`."""
+    return list(MS) if text is None else parse_counts(text, "--w8a8-ms")
+
+
+def parse_shapes(text: str | None) -> list[tuple[int, int]]:
+    """``"4096x4096,14336x4096"`` -> [(4096, 4096), (14336, 4096)] (N x K); None -> :data:`SHAPES`."""
+    return list(SHAPES) if text is None else parse_nk(text, "--w8a8-shapes")
 
 
 def parse_scalings(text: str | None) -> list[str]:
@@ -233,39 +241,6 @@ def _probe(mm, ta, sa, tb, candidates):
     return None, err
 
 
-class _Timer:
-    """Our calls by CUDA-graph replay; a call that cannot be captured falls back to a loop of calls
-    between two events (noted in the row)."""
-
-    def __init__(self, settle, budget):
-        self.settle, self.budget = settle, budget
-
-    def ours(self, fn, args_list, est):
-        from cupyquant import _bench
-
-        reps = _bench.reps_for(est * len(args_list), self.budget)
-        _bench.settle(self.settle)
-        try:
-            return _bench.time_graph(fn, args_list, reps), None
-        except Exception as e:  # noqa: BLE001 - any capture failure: time a loop instead, and say so
-            _bench.settle(self.settle)
-            calls = max(len(args_list), _bench.reps_for(est, self.budget, lo=10, hi=200))
-            return _bench.time_loop(fn, args_list, calls=calls), f"loop ({type(e).__name__})"
-
-    def torch_graph(self, torch, fn, args_list, est):
-        from cupyquant import _bench
-
-        reps = _bench.reps_for(est * len(args_list), self.budget)
-        _bench.settle(self.settle)
-        return _bench.time_torch_graph(torch, fn, args_list, reps)
-
-    def loop(self, fn, args_list, est):
-        from cupyquant import _bench
-
-        _bench.settle(self.settle)
-        return _bench.time_loop(fn, args_list, calls=max(len(args_list), _bench.reps_for(est, self.budget, 10, 200)))
-
-
 def _cublas_bf16(torch, timer, x, ws, y, est):
     """cuBLAS bf16 ``x @ w.T`` over the rotated bf16 weights: torch.matmul in a CUDA graph, else
     cupy.matmul in a loop."""
@@ -282,12 +257,12 @@ def _cublas_bf16(torch, timer, x, ws, y, est):
     return timer.loop(lambda w: cupy.matmul(x, w.T, out=y), [(w,) for w in ws], est)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:160]}" if text else type(e).__name__
 
 
-class _Errors:
+class Errors:
     """Failures of one scaling (quantization, our call, torch's refusal), reported once each on
     stderr at the end while the table goes on: a cell that fails prints "error" or "refused"."""
 
@@ -296,7 +271,7 @@ class _Errors:
 
     def add(self, key, e):
         if key not in self.seen:
-            self.seen[key] = e if isinstance(e, str) else _first_line(e)
+            self.seen[key] = e if isinstance(e, str) else first_line(e)
             if not isinstance(e, str):
                 traceback.print_exception(e, file=sys.stderr)
 
@@ -389,10 +364,10 @@ def bench_w8a8(
     from cupyquant import _bench
 
     bf16 = ml_dtypes.bfloat16
-    errors = _Errors()
+    errors = Errors()
     ctx = {
         "torch": torch,
-        "timer": _Timer(settle, budget),
+        "timer": _bench.GraphTimer(settle, budget),
         "mm": _scaled_mm(torch, fast_accum) if torch is not None else None,
         "copy_bw": copy_bw,
         "errors": errors,

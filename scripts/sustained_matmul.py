@@ -12,8 +12,8 @@ batches of about 50 ms, and reports the median time per call over the last three
 batches, with the mean SM clock and power that ``nvidia-smi`` sampled (every 20 ms) over the same
 window. The two contenders of a cell alternate, one after the other, in the same process.
 
-Needs a GPU; the cuBLAS column needs torch (``torch.matmul`` on fp16, captured in a graph, the
-reference column of bench.py). The clock and power columns need ``nvidia-smi``.
+Needs a GPU; the cuBLAS column needs torch (``torch.matmul`` on fp16, captured in a graph, as
+``bench.py --matmul`` times cuBLAS in bf16). The clock and power columns need ``nvidia-smi``.
 """
 
 from __future__ import annotations

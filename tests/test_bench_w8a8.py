@@ -47,7 +47,7 @@ def test_parsing_restricts_and_rejects(w8):
     assert w8.parse_ms("1,16") == [1, 16]
     assert w8.parse_shapes("4096x4096, 2112X7168") == [(4096, 4096), (2112, 7168)]
     assert w8.parse_scalings("block,token") == ["block", "token"]
-    for bad in ("", "0", "1,-4"):
+    for bad in ("", "0", "1,-4", "1,a"):
         with pytest.raises(ValueError, match="--w8a8-ms"):
             w8.parse_ms(bad)
     for bad in ("4096", "4096x", "4096x4096x2", "ax4"):
@@ -163,7 +163,7 @@ def test_header_names_peers_and_scalings(w8):
 
 
 def test_errors_are_reported_once(w8, capsys):
-    errs = w8._Errors()
+    errs = w8.Errors()
     errs.add("block: scaled_matmul", ValueError("b: block scales need K a multiple of 16\nmore"))
     errs.add("block: scaled_matmul", ValueError("second"))
     errs.add("torch._scaled_mm refused block scaling", "Invalid scaling configuration.")
@@ -190,7 +190,7 @@ class _FakeTimer:
 
 
 def _ctx(w8, timer, torch=None, mm=None):
-    return {"torch": torch, "timer": timer, "mm": mm, "copy_bw": 3.0e12, "errors": w8._Errors()}
+    return {"torch": torch, "timer": timer, "mm": mm, "copy_bw": 3.0e12, "errors": w8.Errors()}
 
 
 class _Q:
