@@ -259,4 +259,19 @@ __device__ __forceinline__ float e8m0_to_float(unsigned E) {
     return __uint_as_float(E == 0u ? 0x00400000u : E == 255u ? 0x7fffffffu : E << 23);
 }
 
+// ---------------------------------------------------------------- programmatic dependent launch
+// Compute capability 9.0 and newer (cupyquant/_launch.py). The matmul kernels call this before their
+// first access to global memory that another kernel may write: wait until the kernel before on the
+// stream has completed and its writes are visible (at once when this grid was launched without the
+// attribute, or the kernel before has ended), then let the kernel after launch, so that its blocks
+// are set up on the SMs while this grid runs and wait there in turn. A grid that waits before every
+// load and store needs nothing of the kernel before it (CuPy's kernels never signal early, which
+// just means no overlap).
+__device__ __forceinline__ void pdl_wait_then_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace cq

@@ -207,21 +207,6 @@ __device__ __forceinline__ void cp_async8_if(unsigned s, const void* gmem, bool 
                  "r"((int)pred)
                  : "memory");
 }
-// Programmatic dependent launch (compute capability 9.0 and newer; cupyquant/_launch.py). The matmul
-// kernels call this before their first access to global memory: wait until the kernel before on the
-// stream has completed and its writes are visible (at once when this grid was launched without the
-// attribute, or the kernel before has ended), then let the kernel after launch, so that its blocks
-// are set up on the SMs while this grid runs and wait there in turn. A grid that waits before every
-// load and store needs nothing of the kernel before it (CuPy's kernels never signal early, which
-// just means no overlap).
-__device__ __forceinline__ void pdl_wait_then_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
