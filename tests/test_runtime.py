@@ -697,6 +697,7 @@ def test_launches_carry_pdl_by_capability(pdl, monkeypatch):
         monkeypatch.setitem(_device._caps, dev, _device.caps(dev)._replace(pdl=False))
     d = _device_inputs(_host_inputs(1))
     key = d["x"].reshape(111, 4, 128)
+    value = key.copy()
     kc, vc = cupy.zeros((8, 16, 4, 128), np.uint8), cupy.zeros((8, 16, 4, 128), np.uint8)
     slots, w = cupy.arange(111, dtype=np.int32), cupy.asarray(np.ones(512, BF16))
     with _launch.recording() as rec:
@@ -704,7 +705,7 @@ def test_launches_carry_pdl_by_capability(pdl, monkeypatch):
             OPS[name](d)
         cq.rms_norm_quantize(d["x"], w, scheme="group")
         cq.rms_norm_quantize(d["x"], w, scheme="nvfp4", global_scale=d["s"])
-        cq.quantize_kv_cache(key, key, kc, vc, slots, scale_k=1.0, scale_v=1.0)
+        cq.quantize_kv_cache(key, value, kc, vc, slots, scale_k=1.0, scale_v=1.0)
         cq.dequantize_kv_cache(kc, slots[:8], scale=1.0)
     launches = [r[5] for r in rec if r[5] is not None]  # memsets record None
     assert len(launches) > len(PDL_OPS)
