@@ -16,7 +16,7 @@ import os
 import cupy
 import numpy as np
 
-from . import _dtypes, _jit, _plans, _scales, _validate
+from . import _device, _dtypes, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
 from ._sizes import VECTOR_BYTES, ceil_div
 
@@ -96,7 +96,7 @@ class QuantPlan:
             k = _jit.kernel(device, family, name, self.in_t.ctype, *ftargs, vec, not FORCE_SOFTWARE)
             fields = ((3, "gs_ptr"), (3, "gs_out")) if nv else ()
             grid = (ceil_div(rows, TILE_ROWS) * n_ktiles,)
-            self.launch = Launch(k, grid, (THREADS,), (ARG, ARG, ARG, a), fields=fields)
+            self.launch = Launch(k, grid, (THREADS,), (ARG, ARG, ARG, a), pdl=_device.caps(device).pdl, fields=fields)
 
 
 _QUANT_PLANS = _plans.Plans()
@@ -149,7 +149,8 @@ def _dequant_plan(family, name, targs, q, out_t, out, nv: bool):
     spans = ceil_div(K, 8 * DEQUANT_PIECES)
     warps = min(8, spans)
     fields = ((3, "gs_ptr"),) if nv else ()
-    return Launch(k, (rows, ceil_div(spans, warps)), (32, warps), (ARG, ARG, ARG, a), fields=fields), disjoint
+    grid, block = (rows, ceil_div(spans, warps)), (32, warps)
+    return Launch(k, grid, block, (ARG, ARG, ARG, a), pdl=_device.caps(device).pdl, fields=fields), disjoint
 
 
 _DEQUANT_PLANS = _plans.Plans()

@@ -16,8 +16,10 @@ the stream still runs: its blocks start as soon as that kernel's blocks have all
 (``griddepcontrol.launch_dependents``) and there is room on the SMs, and each block waits at
 ``griddepcontrol.wait`` until the kernel before has completed and its writes are visible. A kernel
 launched this way must therefore execute that wait before it touches any memory that another kernel
-may write (kernels/weight_decode.cu says what the decode matmul does before it). Under stream
-capture the launch becomes a programmatic edge of the graph.
+may write (kernels/weight_decode.cu says what the decode matmul does before it). The ops launch
+this way where the device has it (``_device.Caps.pdl``): the quantizers, dequantizers, the fused
+RMSNorm, the KV cache and the weight-only matmul. Under stream capture the launch becomes a programmatic edge
+of the graph.
 
 :func:`recording` collects the launches (and memsets) made inside it, for the host-time benchmark's
 bare replay (``scripts/bench_host.py``) and for tests that check what an op launched.

@@ -32,7 +32,7 @@ import math
 import cupy
 import numpy as np
 
-from . import _checks, _dtypes, _jit, _plans, _scales, _validate
+from . import _checks, _device, _dtypes, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
 from ._sizes import MAX_GRID_YZ, VECTOR_BYTES, ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
@@ -266,7 +266,7 @@ class _Plan:
         if kernel is not None:
             args = (ARG, np.int64(row_stride), ARG, *mid, sa, ARG) + ((ARG,) if azp else ())
             fields = ((len(mid) + 3, "ub_ptr"),) if ub is not None else ()
-            self.launch = Launch(kernel, grid, block, args, fields=fields)
+            self.launch = Launch(kernel, grid, block, args, pdl=_device.caps(device).pdl, fields=fields)
 
 
 #: Plans of quantizer calls, per argument signature (_quantize's key).
@@ -481,9 +481,11 @@ def _silu_mul_intermediate(x: cupy.ndarray):
         r = cupy.empty(tuple(x.shape[:-1]) + (H,), dtype=np.float32)
         e = cupy.empty_like(r)
         if rows and H:
-            k = _jit.kernel(x.data.device_id, FAMILY, "silu_mul_intermediate", in_t.ctype)
+            device = x.data.device_id
+            k = _jit.kernel(device, FAMILY, "silu_mul_intermediate", in_t.ctype)
             grid = (min(ceil_div(rows * H, 256), MAX_GRID_YZ),)
-            Launch(k, grid, (256,), (ARG, np.int64(row_stride), ARG, ARG, np.int64(rows), np.int32(H)))(x, r, e)
+            args = (ARG, np.int64(row_stride), ARG, ARG, np.int64(rows), np.int32(H))
+            Launch(k, grid, (256,), args, pdl=_device.caps(device).pdl)(x, r, e)
     return r, e
 
 
@@ -523,7 +525,7 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
     else:
         grid, block = (min(ceil_div(rows * K, 256), MAX_GRID_YZ * 16),), (256,)
     args = (ARG, ARG, *mid, sa, ARG) + ((ARG,) if azp else ())
-    return Launch(kernel, grid, block, args), disjoint
+    return Launch(kernel, grid, block, args, pdl=_device.caps(device).pdl), disjoint
 
 
 _DEQUANT_PLANS = _plans.Plans()

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import cupy
 import numpy as np
 
-from . import _checks, _dtypes, _jit, _plans, _validate
+from . import _checks, _device, _dtypes, _jit, _plans, _validate
 from ._launch import ARG, Launch
 from ._sizes import VECTOR_BYTES, ceil_div
 
@@ -276,7 +276,7 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         k = _jit.kernel(device, FAMILY, "kv_cache_write", in_t.ctype, fmt.ctag, vec)
     grid = (ceil_div(rows, _BLOCK >> tpr_log2), 2)
     # key, value, the caches, slot_mapping, the device scales (or null) and the values, the scale caches
-    launch = Launch(k, grid, (_BLOCK,), (ARG,) * 7 + (sk.value, sv.value, ARG, ARG, args))
+    launch = Launch(k, grid, (_BLOCK,), (ARG,) * 7 + (sk.value, sv.value, ARG, ARG, args), pdl=_device.caps(device).pdl)
     return _WritePlan(launch, num_slots, disjoint)
 
 
@@ -519,4 +519,6 @@ class _ReadPlan:
         )[()]  # fmt: skip
         k = _jit.kernel(device, FAMILY, "kv_cache_dequantize", out_t.ctype, fmt.ctag, vec)
         grid = (ceil_div(rows, _BLOCK >> tpr_log2),)
-        self.launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, ARG, ARG, sc.value, ARG, args))
+        self.launch = Launch(
+            k, grid, (_BLOCK,), (ARG, ARG, ARG, ARG, sc.value, ARG, args), pdl=_device.caps(device).pdl
+        )

@@ -233,7 +233,8 @@ class _Plan:
             grid = (ceil_div(grid_rows, block_dim[0] // threads),)
             fields = ((6, "s_ptr"), (6, "s_out")) if given is not None else ()
             fields += ((7, "ub_ptr"),) if ub is not None else ()
-            self.launch = Launch(kernel, grid, block_dim, (ARG, ARG, ARG, ARG, ARG, ARG, na[()], sa), fields=fields)
+            args = (ARG, ARG, ARG, ARG, ARG, ARG, na[()], sa)
+            self.launch = Launch(kernel, grid, block_dim, args, pdl=_device.caps(device).pdl, fields=fields)
         self.q_shape, self.q_dtype, self.s_shape, self.lay, self.s_dtype = q_shape, q_dtype, s_shape, lay, s_dtype
         # the plan keeps no array of the call that made it: a device scale is given at each call
         self.scheme, self.ub = sch, ub is not None

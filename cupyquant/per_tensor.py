@@ -68,7 +68,7 @@ class AmaxLaunch:
             per_block = AMAX_BLOCK * (16 // x.itemsize if vec else 1)
             grid = max(1, min(ceil_div(n, per_block), _device.sm_count(device) * AMAX_BLOCKS_PER_SM))
             k = _jit.kernel(device, FAMILY, "fp8_amax", in_t.ctype, vec)
-            self.launch = Launch(k, (grid,), (AMAX_BLOCK,), (ARG, np.int64(n), ARG))
+            self.launch = Launch(k, (grid,), (AMAX_BLOCK,), (ARG, np.int64(n), ARG), pdl=_device.caps(device).pdl)
 
     def __call__(self, x, amax_out) -> None:
         _launch.memset(amax_out.data.ptr, 0, 4)
@@ -214,7 +214,8 @@ class _Fp8Plan:
         vec = x.data.ptr % VECTOR_BYTES == 0 and (out is None or out.data.ptr % VECTOR_BYTES == 0)
         k = _jit.kernel(device, FAMILY, "fp8_quantize", in_t.ctype, fmt.ctag, self.mode, vec)
         grid = (_flat_grid(x.size, vec, device, 16),)
-        self.launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(x.size), ARG, value, ARG))
+        args = (ARG, ARG, np.int64(x.size), ARG, value, ARG)
+        self.launch = Launch(k, grid, (_BLOCK,), args, pdl=_device.caps(device).pdl)
         self.scheme = _SCHEMES[fmt.name]
 
 
@@ -263,7 +264,7 @@ class _Int8Plan:
         k = _jit.kernel(device, FAMILY, "int8_quantize", in_t.ctype, self.azp, vec)
         grid = (_flat_grid(x.size, vec, device, 16),)
         args = (ARG, ARG, np.int64(x.size), ARG, scale_value, ARG, np.int32(zp_value), ARG, ARG)
-        self.launch = Launch(k, grid, (_BLOCK,), args)
+        self.launch = Launch(k, grid, (_BLOCK,), args, pdl=_device.caps(device).pdl)
 
 
 def quantize_int8(
@@ -348,13 +349,14 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> tuple:
     vec = q.data.data.ptr % VECTOR_BYTES == 0 and (out is None or out.data.ptr % VECTOR_BYTES == 0)
     # two units of 16 // itemsize elements per thread (see fp8_dequantize)
     grid = (_flat_grid(n, vec, device, 2 * (16 // out_t.dtype.itemsize)),)
+    pdl = _device.caps(device).pdl
     if fmt.name == "int8":
         azp = q.zero_point is not None
         k = _jit.kernel(device, FAMILY, "int8_dequantize", out_t.ctype, azp, vec)
-        launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(n), ARG, ARG))
+        launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(n), ARG, ARG), pdl=pdl)
     else:
         k = _jit.kernel(device, FAMILY, "fp8_dequantize", out_t.ctype, fmt.ctag, vec)
-        launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(n), ARG))
+        launch = Launch(k, grid, (_BLOCK,), (ARG, ARG, np.int64(n), ARG), pdl=pdl)
     return launch, disjoint
 
 

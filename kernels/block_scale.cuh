@@ -22,6 +22,9 @@
 // block combine their maxima with one shuffle. Rows and blocks past the tensor read as zeros, so the
 // padding scales come out 0 without a separate pass. VEC = false is the scalar path for rows that
 // are not 16-byte aligned or K not a multiple of 16.
+//
+// PDL. block_quantize and block_dequantize read and write global memory from their first lines: the
+// kernels that call them (mx.cu, nvfp4.cu) call pdl_wait_then_release() first.
 #pragma once
 
 #include "common.cuh"

@@ -38,6 +38,8 @@
 // store); a group's G / 16 threads are consecutive lanes of one warp and reduce with xor shuffles.
 // The per-token kernel gives each row a team of one or more warps that holds the row in registers
 // (token_quantize_regs). VEC = false is the scalar path for rows that are not 16-byte aligned.
+// PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "groupwise.cuh"
 
@@ -68,6 +70,7 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     const bool valid = row < rows;
+    pdl_wait_then_release();  // no global access above this line
     float f[16];
     if (valid) {
         const T* p = x + row * x_row_stride + u * 16;
@@ -107,6 +110,7 @@ token_quantize_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __
     const i64 row = (i64)blockIdx.x * Team::ROWS + threadIdx.x / Team::THREADS;
     const bool valid = row < rows;
     const T* xr = x + (valid ? row : 0) * x_row_stride;
+    pdl_wait_then_release();  // no global access above this line
     uint4 raw[UNITS][LOADS];
     unsigned m = 0;
 #pragma unroll
@@ -150,6 +154,7 @@ token_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     const i64 row = blockIdx.x;
     const T* xr = x + row * x_row_stride;
     unsigned char* qr = q + row * (i64)K;
+    pdl_wait_then_release();  // no global access above this line
     const int step = VEC ? 8 : 1;
     unsigned m = 0;
     for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
@@ -270,6 +275,7 @@ token_quantize_azp_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char
     const i64 row = (i64)blockIdx.x * Team::ROWS + threadIdx.x / Team::THREADS;
     const bool valid = row < rows;
     const T* xr = x + (valid ? row : 0) * x_row_stride;
+    pdl_wait_then_release();  // no global access above this line
     uint4 raw[UNITS][LOADS];
     unsigned hi = 0, nlo = 0;
 #pragma unroll
@@ -315,6 +321,7 @@ token_quantize_azp(const T* __restrict__ x, i64 x_row_stride, unsigned char* __r
     const i64 row = blockIdx.x;
     const T* xr = x + row * x_row_stride;
     unsigned char* qr = q + row * (i64)K;
+    pdl_wait_then_release();  // no global access above this line
     const int step = VEC ? 8 : 1;
     unsigned hi = 0, nlo = 0;
     for (int c = threadIdx.x * step; c < K; c += TOKEN_BLOCK * step) {
@@ -372,6 +379,7 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
     const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     const bool valid = row < rows;
+    pdl_wait_then_release();  // no global access above this line
     float r[16];
     if (valid) {
         const T* p = x + row * x_row_stride + u * 16;
@@ -398,6 +406,7 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
 template <typename T>
 __global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride, float* __restrict__ r,
                                       float* __restrict__ e, i64 rows, int H) {
+    pdl_wait_then_release();
     const i64 n = rows * H;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         const i64 row = i / H, c = i - row * H;
@@ -429,6 +438,7 @@ __global__ void __launch_bounds__(256)
 group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, int g_shift,
                  ScaleArgs sa, unsigned* __restrict__ words) {
     sa.words = words;
+    pdl_wait_then_release();
     if constexpr (VEC) {
         const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
         if (row >= rows) return;
@@ -461,6 +471,7 @@ template <typename OutT, bool VEC>
 __global__ void __launch_bounds__(256)
 token_dequantize_azp(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 rows, int K, ScaleArgs sa,
                      const unsigned* __restrict__ words, const int* __restrict__ zp_words) {
+    pdl_wait_then_release();
     if constexpr (VEC) {
         const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
         if (row >= rows) return;

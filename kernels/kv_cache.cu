@@ -32,6 +32,8 @@
 // second read from L1/L2. The team's amax is an xor-shuffle reduction in which every lane of the
 // warp takes part (lanes of skipped or absent rows with zeros). Indexing is 64-bit; the host keeps
 // the row count below 2^31 so that a row splits into (token, head) with a 32-bit division.
+// PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "common.cuh"
 
@@ -190,6 +192,7 @@ kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, unsigned 
     const T* xr = x + (i64)token * x_tok + (i64)head * x_head;
     const int units = VEC ? a.head_dim >> 3 : a.head_dim;
     const int chunk = UPL * tpr;
+    pdl_wait_then_release();  // no global access above this line
 
     // The row's first chunk, its slot and its static scale are loaded together: none of the three
     // addresses depends on another load (slot first, then x: 13.5 us at 4096 x 8 x 128 bf16, static).
@@ -295,6 +298,7 @@ __global__ void __launch_bounds__(KV_BLOCK)
 kv_cache_dequantize(const unsigned char* __restrict__ cache, const void* __restrict__ block_ids, OutT* __restrict__ y,
                     const float* __restrict__ scale, float scale_arg, const float* __restrict__ scale_cache, KVReadArgs a) {
     constexpr int N = VEC ? 8 : 1;
+    pdl_wait_then_release();
     const int tpr = 1 << a.tpr_log2;
     const int lane = threadIdx.x & (tpr - 1);
     const i64 row = (i64)blockIdx.x * (KV_BLOCK >> a.tpr_log2) + (threadIdx.x >> a.tpr_log2);

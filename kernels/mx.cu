@@ -10,6 +10,8 @@
 //                    NaN for E = 255.
 //   mx_dequantize    y = round_rn(float(q) * 2^(E - 127)).
 // Conversions, layouts and the thread mapping: block_scale.cuh.
+// PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "block_scale.cuh"
 
@@ -19,11 +21,13 @@
 template <typename T, class F, bool VEC, bool HW>
 __global__ void __launch_bounds__(THREADS, 3)
 mx_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    pdl_wait_then_release();
     block_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
 }
 
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {
+    pdl_wait_then_release();
     block_dequantize<T, F, 32, false, VEC>(q, scales, y, a);
 }

@@ -10,17 +10,21 @@
 //   nvfp4_dequantize y = round_rn(float(q) * (float(sf) * (1 / S_enc))).
 // The global amax comes from per_tensor.cu's fp8_amax. Conversions, layouts and the thread mapping:
 // block_scale.cuh.
+// PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "block_scale.cuh"
 
 template <typename T, bool VEC, bool HW>
 __global__ void __launch_bounds__(THREADS, 3)
 nvfp4_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    pdl_wait_then_release();
     block_quantize<T, E2M1, 16, true, VEC, HW>(x, q, scales, a);
 }
 
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(256)
 nvfp4_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {
+    pdl_wait_then_release();
     block_dequantize<T, E2M1, 16, true, VEC>(q, scales, y, a);
 }

@@ -27,6 +27,8 @@
 // < 16-element tail; the dequantizer's layout is described above it. Scalar path (VEC = false):
 // any alignment, a grid-stride loop of one element per thread and iteration.
 // Indexing is 64-bit throughout.
+// PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load, store or atomic, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "common.cuh"
 #include "int8.cuh"
@@ -42,6 +44,7 @@ fp8_amax(const T* __restrict__ x, i64 n, unsigned* __restrict__ amax_bits) {
     unsigned m = 0;
     const i64 tid = (i64)blockIdx.x * AMAX_BLOCK + threadIdx.x;
     const i64 stride = (i64)gridDim.x * AMAX_BLOCK;
+    pdl_wait_then_release();  // no global access above this line
     i64 scalar_from = 0;
     if (VEC) {
         constexpr int N = Vec16<T>::N;
@@ -79,6 +82,7 @@ template <typename T, class F, int MODE, bool VEC>
 __global__ void __launch_bounds__(256)
 fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, i64 n,
              const float* __restrict__ scale_src, float scale_arg, float* __restrict__ scale_inv_out) {
+    pdl_wait_then_release();
     float scale, scale_inv;
     if (MODE == SCALE_FROM_AMAX) {
         scale = scale_from_amax<F>(*scale_src);
@@ -147,6 +151,7 @@ template <typename OutT, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 fp8_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 n,
                const float* __restrict__ scale_inv_src) {
+    pdl_wait_then_release();
     const float scale_inv = *scale_inv_src;
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (VEC) {
@@ -209,6 +214,7 @@ __global__ void __launch_bounds__(256)
 int8_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, i64 n, const float* __restrict__ scale_src,
               float scale_arg, const int* __restrict__ zp_src, int zp_arg, float* __restrict__ scale_out,
               int* __restrict__ zp_out) {
+    pdl_wait_then_release();
     const float s = scale_src ? *scale_src : scale_arg;
     const int z = AZP ? (zp_src ? *zp_src : zp_arg) : 0;
     const float r = rcp_rn(s);  // AZP: vLLM's inv_s = 1 / scale; otherwise div_by's reciprocal
@@ -278,6 +284,7 @@ template <typename OutT, bool AZP, bool VEC>
 __global__ void __launch_bounds__(256)
 int8_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 n, const float* __restrict__ scale_src,
                 const int* __restrict__ zp_src) {
+    pdl_wait_then_release();
     const float s = *scale_src;
     const int z = AZP ? *zp_src : 0;
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;

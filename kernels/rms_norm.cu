@@ -28,6 +28,8 @@
 // input type, scheme and format: the family compiles in a fraction of the time of one per team);
 // without vec, single elements are read and written (rows not 16-byte aligned, H not a multiple of
 // 8). The host checks everything else (H % G, H % 32 for MX, H % 16 for NVFP4).
+// PDL: the kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load, store or prefetch, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "groupwise.cuh"
 #include "block_scale.cuh"
@@ -167,6 +169,7 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
     const bool valid = row < a.rows;  // a row of x; rows up to grid_rows only write padding scales
     const bool vec = a.vec != 0;
     const int H = a.H;
+    pdl_wait_then_release();  // no global access above this line (the weight's prefetch included)
 
     // the weight is read after the norm: start bringing it into L1 now, so that its first read
     // (from DRAM on a small call) is not on the critical path

@@ -9,7 +9,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words
+from _pdl import assert_rounds_equal, check_rounds
+from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
 from cupyquant import groupwise
@@ -459,3 +460,71 @@ def test_div_by_matches_ieee_division_sampled():
     small_scales = (1 + rng.random(16) * 10).astype(np.float32)  # x / s stays finite and normal
     k((256, 16), (256,), (cupy.asarray(small_scales), np.int32(16), cupy.asarray(wild), np.int64(wild.size), bad))
     assert int(bad.get()[0]) == 0
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+@pytest.mark.parametrize("case", ["fp8-g128", "fp8-token-scale_ub-device", "int8-token-azp", "silu-fp8-g128"])
+def test_pdl_each_kernel_waits_for_the_kernel_before(case):
+    """With PDL (compute capability 9.0+), rounds of new inputs (x, and the device scale_ub), each
+    written by a kernel that lets the op's kernel start at once (tests/_pdl.py): the quantizer and
+    the dequantizer of its result (SiLU*Mul: the quantizer alone, against the reference quantization
+    of the device's own intermediate, as test_silu_mul_quantize) are bit for bit the reference of
+    each round, in a stream and replayed from a CUDA graph. The group case writes into the same out=
+    and scale_out= buffers every round."""
+    require_arch("pdl")
+    R, BF16 = 4, ml_dtypes.bfloat16
+    silu = case.startswith("silu")
+    shape = (37, 2 * 512) if silu else (37, 512)  # 37 rows: a partial block of rows
+    xs = [
+        (heavy_tailed(shape, _seed("pdl", case, r), np.float32) * (0.3 if silu else 1.0)).astype(BF16) for r in range(R)
+    ]
+    ubs = [np.array([0.5 + r], np.float32) for r in range(R)]
+    x, ub = cupy.empty(shape, BF16), cupy.empty((1,), np.float32)
+    inputs, sources = [x], [[cupy.asarray(a)] for a in xs]
+    E4 = "float8_e4m3fn"
+    if case == "fp8-g128":
+        q, s, y = cupy.empty(shape, np.uint8), cq.empty_scales(shape, 128), cupy.empty(shape, np.float32)
+        names = ["q", "scales", "y"]
+
+        def step():
+            qt = cq.quantize_groupwise(x, E4, group_size=128, out=q, scale_out=s)
+            return [qt.data, qt.scale, cq.dequantize(qt, np.float32, out=y)]
+
+        def want(r):
+            eq, es = ref.quantize_groupwise(xs[r], E4, group_size=128)
+            return [eq, es, ref.dequantize_groupwise(eq, es, E4, np.float32, group_size=128)]
+    elif case == "fp8-token-scale_ub-device":
+        inputs, sources = [x, ub], [[cupy.asarray(a), cupy.asarray(b)] for a, b in zip(xs, ubs)]
+        names = ["q", "scales", "y"]
+
+        def step():
+            qt = cq.quantize_groupwise(x, E4, group_size=None, scale_ub=ub)
+            return [qt.data, qt.scale, cq.dequantize(qt, np.float32)]
+
+        def want(r):
+            eq, es = ref.quantize_groupwise(xs[r], E4, group_size=None, scale_ub=float(ubs[r][0]))
+            return [eq, es, ref.dequantize_groupwise(eq, es, E4, np.float32)]
+    elif case == "int8-token-azp":
+        names = ["q", "scales", "zero_points", "y"]
+
+        def step():
+            qt = cq.quantize_groupwise(x, "int8", group_size=None, symmetric=False)
+            return [qt.data, qt.scale, qt.zero_point, cq.dequantize(qt, np.float32)]
+
+        def want(r):
+            eq, es, ez = ref.quantize_groupwise(xs[r], "int8", group_size=None, symmetric=False)
+            return [eq, es, ez, ref.dequantize_groupwise(eq, es, "int8", np.float32, zero_point=ez)]
+    else:
+        names = ["q", "scales"]
+        intermediates = [groupwise._silu_mul_intermediate(cupy.asarray(a))[0].get() for a in xs]
+
+        def step():
+            qt = cq.silu_mul_quantize(x, E4, group_size=128)
+            return [qt.data, qt.scale]
+
+        def want(r):
+            return list(ref.quantize_silu_intermediate(intermediates[r], E4, group_size=128))
+
+    check_rounds(
+        step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
+    )

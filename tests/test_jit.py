@@ -142,6 +142,12 @@ def nvrtc(request):
     pool.close()
 
 
+#: The families each of whose kernels waits once in every instantiation (pdl_wait_then_release at
+#: its top: the quantizers, dequantizers, fused RMSNorm and KV cache), as pdl_sites counts them.
+PDL_ONCE_FAMILIES = ("per_tensor", "groupwise", "mx", "nvfp4", "rms_norm", "kv_cache")
+_PDL_ONCE = frozenset(e.split("<", 1)[0] for f in PDL_ONCE_FAMILIES for e in _jit.families()[f])
+
+
 def pdl_sites(expression: str, target: str) -> int:
     """The griddepcontrol.wait (and .launch_dependents) sites of one instantiation on a target:
     programmatic dependent launch exists from 9.0, and only the matmul kernels use it, once each
@@ -152,6 +158,8 @@ def pdl_sites(expression: str, target: str) -> int:
     warps on their own. The W8A8 Hopper kernels (sm_90a only) have one each."""
     if not _device.caps_of_arch(target.rstrip("a")).pdl:
         return 0
+    if expression.split("<", 1)[0] in _PDL_ONCE:
+        return 1
     if expression.startswith("w16_decode<"):
         return 2
     if expression.startswith("sm80_w16_gemm<"):

@@ -8,7 +8,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from _pdl import assert_rounds_equal, check_rounds
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
 
 import cupyquant as cq
 from cupyquant import kv_cache as kvc
@@ -629,3 +630,56 @@ def test_bad_arguments_name_themselves_and_leave_the_caches_untouched():
         cq.dequantize_kv_cache(kc, ids.astype(np.float32), scale=1.0)
     with pytest.raises(ValueError, match="^out"):
         cq.dequantize_kv_cache(kc, ids, scale=1.0, out=cupy.empty((3, 4, 2, 16), BF16))
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["head", "dynamic"])
+def test_pdl_each_kernel_waits_for_the_kernel_before(mode):
+    """With PDL (compute capability 9.0+), rounds of new inputs (key, value, slot_mapping, the
+    caches' prior bytes, the per-head device scales or the scale caches' prior values), each written
+    by a kernel that lets the write kernel start at once (tests/_pdl.py): the caches after the write
+    and the dequantizing read of every block of the key cache are bit for bit the reference of each
+    round, in a stream and replayed from a CUDA graph."""
+    cupy = _cupy()
+    require_arch("pdl")
+    R, tokens, heads, head_dim, blocks, block_size = 4, 37, 3, 128, 13, 16
+    rng = np.random.default_rng(zlib.crc32(mode.encode()))
+    shape = _cache_shape(blocks, block_size, heads, head_dim, "NHD")
+    rounds = []
+    for r in range(R):
+        kh, vh = (heavy_tailed((tokens, heads, head_dim), 40 * r + i, BF16) for i in range(2))
+        slots = _slots(rng, tokens - 3, blocks * block_size, np.int32)
+        pre = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(2)]
+        if mode == "head":
+            extra = [rng.uniform(0.01, 2.0, heads).astype(np.float32) for _ in range(2)]
+        else:
+            extra = [rng.uniform(0.01, 2.0, shape[:3]).astype(np.float32) for _ in range(2)]
+        rounds.append([kh, vh, slots] + pre + extra)
+    bufs = [cupy.empty(a.shape, a.dtype) for a in rounds[0]]
+    key, value, slots_d, kc, vc, e0, e1 = bufs
+    ids_h = np.arange(blocks, dtype=np.int32)
+    ids = cupy.asarray(ids_h)
+    names = ["key_cache", "value_cache", "y"] + (["key_scale_cache", "value_scale_cache"] if mode == "dynamic" else [])
+
+    def step():
+        if mode == "head":
+            cq.quantize_kv_cache(key, value, kc, vc, slots_d, scale_k=e0, scale_v=e1)
+            return [kc, vc, cq.dequantize_kv_cache(kc, ids, scale=e0)]
+        kw = dict(key_scale_cache=e0, value_scale_cache=e1)
+        cq.quantize_kv_cache(key, value, kc, vc, slots_d, scale_k="dynamic", scale_v="dynamic", **kw)
+        return [kc, vc, cq.dequantize_kv_cache(kc, ids, scale="dynamic", scale_cache=e0), e0, e1]
+
+    def want(r):
+        kh, vh, slots, pk, pv, x0, x1 = rounds[r]
+        if mode == "head":
+            ek, ev, _, _ = ref.quantize_kv_cache(kh, vh, pk, pv, slots, scale_k=x0, scale_v=x1)
+            return [ek, ev, ref.dequantize_kv_cache(ek, ids_h, scale=x0)]
+        kw = dict(key_scale_cache=x0, value_scale_cache=x1)
+        ek, ev, eks, evs = ref.quantize_kv_cache(kh, vh, pk, pv, slots, scale_k="dynamic", scale_v="dynamic", **kw)
+        return [ek, ev, ref.dequantize_kv_cache(ek, ids_h, scale="dynamic", scale_cache=eks), eks, evs]
+
+    sources = [[cupy.asarray(a) for a in rd] for rd in rounds]
+    check_rounds(
+        step, bufs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
+    )

@@ -287,3 +287,41 @@ def test_a_refused_launch_raises_kernel_launch_error(monkeypatch):
     assert isinstance(info.value, RuntimeError)
     assert info.value.code == 1 and info.value.message == "invalid argument"
     assert "cuLaunchKernelEx failed: error 1 (invalid argument)" in str(info.value)
+
+
+# The modules whose every launch carries programmatic dependent launch where the GPU has it.
+PDL_MODULES = ("per_tensor", "groupwise", "mx", "nvfp4", "norm", "kv_cache", "_block_scale")
+
+
+@pytest.mark.parametrize("module", PDL_MODULES)
+def test_every_launch_of_the_activation_ops_asks_for_pdl_by_capability(module):
+    """Every ``Launch(...)`` of these modules passes ``pdl=`` the device's ``Caps.pdl`` (compute
+    capability 9.0 and newer: their kernels wait before their first global access), directly or
+    through a local ``pdl = _device.caps(device).pdl``; never a constant. (The GPU test
+    tests/test_runtime.py::test_launches_carry_pdl_by_capability checks the launches themselves.)"""
+    import ast
+
+    from cupyquant import _jit
+
+    path = Path(_jit.kernel_dir()).parent / "cupyquant" / f"{module}.py"
+    tree = ast.parse(path.read_text())
+    caps_pdl = re.compile(r"_device\.caps\(\w+(\.\w+)*\)\.pdl")
+    local = {
+        t.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and caps_pdl.fullmatch(ast.unparse(n.value))
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and (n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")) == "Launch"
+    ]
+    assert calls or module in ("mx", "nvfp4"), module  # they launch through _block_scale (and per_tensor)
+    for c in calls:
+        pdl = [k.value for k in c.keywords if k.arg == "pdl"]
+        assert pdl, f"{module}.py:{c.lineno}: Launch without pdl="
+        v = ast.unparse(pdl[0])
+        assert caps_pdl.fullmatch(v) or v in local, f"{module}.py:{c.lineno}: pdl={v}"

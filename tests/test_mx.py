@@ -9,6 +9,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
+from _pdl import assert_rounds_equal, check_rounds
 from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
 
 import cupyquant as cq
@@ -491,3 +492,54 @@ def test_fp4_odd_tail_padding_nibble_is_zero():
     xh[:, 32] = np.nan
     q, eq, es = run_mx(xh, "float4_e2m1fn")
     assert (eq[:, -1] == 0x07).all() and (es[:, 1] == 255).all()
+
+
+# ---------------------------------------------------------------- programmatic dependent launch
+@pytest.mark.parametrize("case", ["mxfp8-dense", "mxfp4-swizzled", "nvfp4-dynamic", "nvfp4-global_scale-device"])
+def test_pdl_each_kernel_waits_for_the_kernel_before(case):
+    """With PDL (compute capability 9.0+), rounds of new inputs (x, and NVFP4's device global
+    scale), each written by a kernel that lets the op's first kernel start at once (tests/_pdl.py):
+    the quantizer (NVFP4 dynamic: memset, amax reduction and cast) and the dequantizer of its result
+    are bit for bit the reference of each round, in a stream and replayed from a CUDA graph. The MX
+    cases write into the same out= buffers every round."""
+    require_arch("pdl")
+    R, BF16 = 4, ml_dtypes.bfloat16
+    shape = (133, 512)  # 133 rows: a second, partial tile of 128 rows
+    xs = [heavy_tailed(shape, _seed("pdl", case, r), BF16) for r in range(R)]
+    gss = [np.array([2688.0 / (10 + 5 * r)], np.float32) for r in range(R)]
+    x, gs = cupy.empty(shape, BF16), cupy.empty((1,), np.float32)
+    inputs, sources = [x], [[cupy.asarray(a)] for a in xs]
+    y = cupy.empty(shape, np.float32)
+    if case.startswith("mx"):
+        fmt = "float8_e4m3fn" if case == "mxfp8-dense" else "float4_e2m1fn"
+        layout = case.split("-")[1]
+        q = cupy.empty(ref.quantize_mx(xs[0], fmt)[0].shape, np.uint8)
+        names = ["q", "scales", "y"]
+
+        def step():
+            qt = cq.quantize_mx(x, fmt, scale_layout=layout, out=q)
+            return [qt.data, qt.scale, cq.dequantize(qt, np.float32, out=y)]
+
+        def want(r):
+            eq, es = ref.quantize_mx(xs[r], fmt)
+            return [eq, expected_scales(es, layout), ref.dequantize_mx(eq, es, fmt, np.float32, K=shape[-1])]
+    else:
+        dynamic = case == "nvfp4-dynamic"
+        if not dynamic:
+            inputs, sources = [x, gs], [[cupy.asarray(a), cupy.asarray(b)] for a, b in zip(xs, gss)]
+        names = ["q", "scales", "global_scale", "y"] + (["amax"] if dynamic else [])
+
+        def step():
+            qt = cq.quantize_nvfp4(x, global_scale=None if dynamic else gs, scale_layout="dense")
+            extra = [qt.amax] if dynamic else []
+            return [qt.data, qt.scale, qt.global_scale, cq.dequantize(qt, np.float32)] + extra
+
+        def want(r):
+            eq, es, eg = ref.quantize_nvfp4(xs[r], global_scale=None if dynamic else gss[r][0])
+            extra = [np.array([ref.amax(xs[r])], np.float32)] if dynamic else []
+            yr = ref.dequantize_nvfp4(eq, es, eg, np.float32, K=shape[-1])
+            return [eq, expected_scales(es, "dense"), np.array([eg], np.float32), yr] + extra
+
+    check_rounds(
+        step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
+    )

@@ -11,7 +11,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words
+from _pdl import assert_rounds_equal, check_rounds
+from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
 from cupyquant import norm
@@ -405,3 +406,47 @@ def test_empty_rows():
             assert_bits_equal(q.scale, np.array([np.float32(_host_kw(kw)["scale"])]), "tensor scale")
         if scheme == "nvfp4":
             assert_bits_equal(q.global_scale, np.array([np.float32(_host_kw(kw)["global_scale"])]), "S_enc")
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+@pytest.mark.parametrize("scheme", ["group", "nvfp4"])
+def test_pdl_the_kernel_waits_for_the_kernel_before(scheme):
+    """With PDL (compute capability 9.0+), rounds of new inputs (x, the residual, the weight, and
+    NVFP4's device global scale), each written by a kernel that lets the fused kernel start at once
+    (tests/_pdl.py): the quantized bytes and scales, the normalized output, and the residual written
+    back are bit for bit the reference of each round, in a stream and replayed from a CUDA graph (the
+    weight, read after the norm and prefetched before it, among the inputs rewritten)."""
+    require_arch("pdl")
+    R, shape = 4, (37, 2048)
+    rounds = [_inputs(shape, BF16, True, 300 + 7 * r) for r in range(R)]
+    gss = [np.array([2688.0 / (3 + r)], np.float32) for r in range(R)]
+    x, w, res, gs = (
+        cupy.empty(shape, BF16),
+        cupy.empty(shape[-1:], BF16),
+        cupy.empty(shape, BF16),
+        cupy.empty((1,), np.float32),
+    )
+    inputs = [x, w, res] + ([gs] if scheme == "nvfp4" else [])
+    sources = [
+        [cupy.asarray(xh), cupy.asarray(wh), cupy.asarray(rh)] + ([cupy.asarray(g)] if scheme == "nvfp4" else [])
+        for (xh, wh, rh, _, _), g in zip(rounds, gss)
+    ]
+    names = ["q", "scales", "y", "residual"] + (["global_scale"] if scheme == "nvfp4" else [])
+    kw = {"group_size": 128} if scheme == "group" else {"global_scale": gs, "scale_layout": "dense"}
+    q = cupy.empty(shape if scheme == "group" else (shape[0], shape[1] // 2), np.uint8)
+
+    def step():
+        qt, y = cq.rms_norm_quantize(x, w, residual=res, scheme=scheme, return_normalized=True, out=q, **kw)
+        return [qt.data, qt.scale.reshape(-1), y, res] + ([qt.global_scale] if scheme == "nvfp4" else [])
+
+    def want(r):
+        _, _, _, y, z = rounds[r]
+        if scheme == "group":
+            eq, es = ref.quantize_groupwise(y, "float8_e4m3fn", group_size=128)
+            return [eq, es.reshape(-1), y, z]
+        eq, es, eg = ref.quantize_nvfp4(y, global_scale=gss[r][0])
+        return [eq, es.reshape(-1), y, z, np.array([eg], np.float32)]
+
+    check_rounds(
+        step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
+    )

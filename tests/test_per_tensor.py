@@ -7,7 +7,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from _pdl import assert_rounds_equal, check_rounds
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
 
 import cupyquant as cq
 from cupyquant import reference as ref
@@ -336,3 +337,62 @@ def test_leading_dims_and_dlpack_to_torch():
     scale = np.float32(448.0) / np.float32(xt.abs().amax().float().item())
     ref_q = (xt.float() * float(scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(qt.view(torch.uint8), ref_q.view(torch.uint8))
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+@pytest.mark.parametrize("case", ["fp8-dynamic", "fp8-static-device", "int8-zero-point-device"])
+def test_pdl_each_kernel_waits_for_the_kernel_before(case):
+    """With PDL (compute capability 9.0+), rounds of new inputs (x, the device scale and zero point),
+    each written by a kernel that lets the op's first kernel start at once (tests/_pdl.py): the
+    quantizer (memset, amax reduction and cast when dynamic) and the dequantizer of its result, into
+    the same out= buffers every round, are bit for bit the reference of each round, in a stream and
+    replayed from a CUDA graph."""
+    require_arch("pdl")
+    shape, R = (37, 515), 4  # 515: the vector path's tail thread
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    xs = [heavy_tailed(shape, 700 + r, ml_dtypes.bfloat16) for r in range(R)]
+    ss = [np.array([rng.uniform(0.005, 0.05)], np.float32) for _ in range(R)]
+    zs = [np.array([rng.integers(-20, 20)], np.int32) for _ in range(R)]
+    x = cupy.empty(shape, ml_dtypes.bfloat16)
+    s, z = cupy.empty((1,), np.float32), cupy.empty((1,), np.int32)
+    int8 = case.startswith("int8")
+    q, y = cupy.empty(shape, np.int8 if int8 else np.uint8), cupy.empty(shape, np.float32)
+    if case == "fp8-dynamic":
+        inputs, sources = [x], [[cupy.asarray(a)] for a in xs]
+        names = ["q", "scale_inv", "amax", "y"]
+
+        def step():
+            qt = cq.quantize_fp8(x, out=q)
+            return [qt.data, qt.scale, qt.amax, cq.dequantize(qt, np.float32, out=y)]
+
+        def want(r):
+            eq, es = ref.quantize_fp8(xs[r])
+            amax = np.array([ref.amax(xs[r])], np.float32)
+            return [eq, es, amax, ref.dequantize_fp8(eq, es, "float8_e4m3fn", np.float32)]
+    elif case == "fp8-static-device":
+        inputs, sources = [x, s], [[cupy.asarray(a), cupy.asarray(b)] for a, b in zip(xs, ss)]
+        names = ["q", "scale_inv", "y"]
+
+        def step():
+            qt = cq.quantize_fp8(x, scale=s, out=q)
+            return [qt.data, qt.scale, cq.dequantize(qt, np.float32, out=y)]
+
+        def want(r):
+            eq, es = ref.quantize_fp8(xs[r], scale=float(ss[r][0]))
+            return [eq, es, ref.dequantize_fp8(eq, es, "float8_e4m3fn", np.float32)]
+    else:
+        inputs = [x, s, z]
+        sources = [[cupy.asarray(a), cupy.asarray(b), cupy.asarray(c)] for a, b, c in zip(xs, ss, zs)]
+        names = ["q", "scale", "zero_point", "y"]
+
+        def step():
+            qt = cq.quantize_int8(x, scale=s, zero_point=z, out=q)
+            return [qt.data, qt.scale, qt.zero_point, cq.dequantize(qt, np.float32, out=y)]
+
+        def want(r):
+            eq, es, ez = ref.quantize_int8(xs[r], scale=ss[r][0], zero_point=int(zs[r][0]))
+            return [eq, es, ez, ref.dequantize_int8(eq, es, ez, np.float32)]
+
+    check_rounds(
+        step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
+    )

@@ -26,7 +26,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from conftest import assert_bits_equal, heavy_tailed, poisoned  # noqa: E402
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch  # noqa: E402
 
 import cupyquant as cq  # noqa: E402
 from cupyquant import _device, _jit  # noqa: E402
@@ -674,3 +674,39 @@ def test_jax_in_and_out():
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (
         f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     )
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+#: The ops whose every launch carries PDL where the GPU has it (the weight ops decide their own:
+#: cupyquant.weight), and the fused RMSNorm and the KV cache, which OPS does not hold.
+PDL_OPS = [n for n in OPS if not n.startswith(("quantize_weight", "dequantize_weight", "dequantize-weight", "matmul"))]
+
+
+@pytest.mark.parametrize("pdl", [True, False], ids=["caps", "caps-without-pdl"])
+def test_launches_carry_pdl_by_capability(pdl, monkeypatch):
+    """Every kernel launch of the quantizers, dequantizers, the fused RMSNorm and the KV cache
+    carries programmatic dependent launch exactly when the device's Caps.pdl says so: as the GPU
+    has it (9.0 and newer), and with that fact turned off, as on a GPU below 9.0 (the launches of
+    the second case run, plainly, on this GPU)."""
+    from cupyquant import _launch
+
+    dev = cupy.cuda.Device().id
+    if pdl:
+        require_arch("pdl")
+    else:
+        monkeypatch.setitem(_device._caps, dev, _device.caps(dev)._replace(pdl=False))
+    d = _device_inputs(_host_inputs(1))
+    key = d["x"].reshape(111, 4, 128)
+    value = key.copy()
+    kc, vc = cupy.zeros((8, 16, 4, 128), np.uint8), cupy.zeros((8, 16, 4, 128), np.uint8)
+    slots, w = cupy.arange(111, dtype=np.int32), cupy.asarray(np.ones(512, BF16))
+    with _launch.recording() as rec:
+        for name in PDL_OPS:
+            OPS[name](d)
+        cq.rms_norm_quantize(d["x"], w, scheme="group")
+        cq.rms_norm_quantize(d["x"], w, scheme="nvfp4", global_scale=d["s"])
+        cq.quantize_kv_cache(key, value, kc, vc, slots, scale_k=1.0, scale_v=1.0)
+        cq.dequantize_kv_cache(kc, slots[:8], scale=1.0)
+    launches = [r[5] for r in rec if r[5] is not None]  # memsets record None
+    assert len(launches) > len(PDL_OPS)
+    assert [launch.pdl for launch in launches] == [pdl] * len(launches), [launch.kernel for launch in launches]
