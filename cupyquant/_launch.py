@@ -18,8 +18,8 @@ the stream still runs: its blocks start as soon as that kernel's blocks have all
 launched this way must therefore execute that wait before it touches any memory that another kernel
 may write (kernels/weight_decode.cu says what the decode matmul does before it). The ops launch
 this way where the device has it (``_device.Caps.pdl``): the quantizers, dequantizers, the fused
-RMSNorm, the KV cache and the weight-only matmul. Under stream capture the launch becomes a programmatic edge
-of the graph.
+RMSNorm, the KV cache, the weight-only matmul and the Hopper W8A8 matmul. Under stream capture the
+launch becomes a programmatic edge of the graph.
 
 :func:`recording` collects the launches (and memsets) made inside it, for the host-time benchmark's
 bare replay (``scripts/bench_host.py``) and for tests that check what an op launched.

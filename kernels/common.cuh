@@ -260,8 +260,8 @@ __device__ __forceinline__ float e8m0_to_float(unsigned E) {
 }
 
 // ---------------------------------------------------------------- programmatic dependent launch
-// Compute capability 9.0 and newer (cupyquant/_launch.py). The matmul kernels call this before their
-// first access to global memory that another kernel may write: wait until the kernel before on the
+// Compute capability 9.0 and newer (cupyquant/_launch.py). Every kernel launched with PDL calls this
+// before its first access to global memory that another kernel may write: wait until the kernel before on the
 // stream has completed and its writes are visible (at once when this grid was launched without the
 // attribute, or the kernel before has ended), then let the kernel after launch, so that its blocks
 // are set up on the SMs while this grid runs and wait there in turn. A grid that waits before every

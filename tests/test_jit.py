@@ -150,12 +150,14 @@ _PDL_ONCE = frozenset(e.split("<", 1)[0] for f in PDL_ONCE_FAMILIES for e in _ji
 
 def pdl_sites(expression: str, target: str) -> int:
     """The griddepcontrol.wait (and .launch_dependents) sites of one instantiation on a target:
-    programmatic dependent launch exists from 9.0, and only the matmul kernels use it, once each
-    (each waits for the kernel before and releases the one after). The decode kernel (w16_decode)
+    programmatic dependent launch exists from 9.0, and every kernel of the quantizers, the norm,
+    the KV-cache write and the matmuls uses it, once each (each waits for the kernel before and
+    releases the one after; PDL_ONCE_FAMILIES and the W8A8 Hopper kernels, built on sm_90a only).
+    The decode kernel (w16_decode)
     has two call sites, one on each side of its first weight loads, of which a launch takes one
     (weight_decode.cu, MatmulArgs.early); the Hopper kernel (built on sm_90a only) has a second in
     its 128-row tile, whose producer warpgroup waits after its early weight copies and its compute
-    warps on their own. The W8A8 Hopper kernels (sm_90a only) have one each."""
+    warps on their own."""
     if not _device.caps_of_arch(target.rstrip("a")).pdl:
         return 0
     if expression.split("<", 1)[0] in _PDL_ONCE:
