@@ -18,6 +18,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
+from _pdl import check_rounds
 from conftest import assert_bits_equal, poisoned, require_arch
 
 from cupyquant import reference as ref
@@ -597,10 +598,11 @@ def test_sm90_small_every_scaling_and_split(a_kind, b_kind):
 @pytest.mark.parametrize("b_kind", ["channel", "block"])
 def test_sm90_small_pdl_reads_a_after_the_kernel_that_writes_it(b_kind):
     """At M <= 16 the kernel is launched with PDL, and from the second call with a weight its first
-    weight slots go before the PDL wait (MmArgs.early): the activations' codes and scales, written
-    into the same buffers by the kernel just before each call, are the new ones in every result (a
-    read before the wait would see the last call's), in a stream and replayed in a CUDA graph;
-    bit-exact. A per-tensor weight slot of one 128-k block, a block-scaled one of four."""
+    weight slots go before the PDL wait (MmArgs.early). Rounds of new activations (codes and
+    scales), each written into the same buffers by a kernel that lets the matmul start at once
+    (tests/_pdl.py), give each round's reference bits, in a stream and replayed from a CUDA graph
+    (a read of a before the wait would see the last round's). A per-tensor weight slot of one
+    128-k block, a block-scaled one of four."""
     require_arch("wgmma")
     from cupyquant import _launch
 
@@ -610,33 +612,20 @@ def test_sm90_small_pdl_reads_a_after_the_kernel_that_writes_it(b_kind):
     rounds = [_a_operand("token-row", (M,), K, E4M3, rng) for _ in range(R)]
     wants = [ref.round_result(ref.scaled_mm(ca, cb, sa, sb, None)[0], BF16) for _, ca, sa in rounds]
     qa = rounds[0][0]  # its buffers receive each round's codes and scales
-    sources = [(q.data.copy(), q.scale.copy()) for q, _, _ in rounds]
-    outs = [poisoned((M, N), BF16) for _ in range(R)]
-
-    def step(r):
-        qa.data[...] = sources[r][0]
-        qa.scale[...] = sources[r][1]
-        return cq.scaled_matmul(qa, qb, out=outs[r])
-
+    out = cupy.empty((M, N), BF16)
     assert not qb._read
     with _launch.recording() as rec:
-        for r in range(R):
-            assert_bits_equal(step(r), wants[r], f"call {r}")
+        cq.scaled_matmul(qa, qb, out=out)
+        cq.scaled_matmul(qa, qb, out=out)
     flags = [int(a["early"]) for *_, args_, _, launch in rec if launch is not None and launch.pdl for a in args_
              if isinstance(a, np.void) and "early" in a.dtype.names]  # fmt: skip
-    assert flags == [0] + [1] * (R - 1), flags
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        for r in range(R):
-            step(r)
-        graph = stream.end_capture()
-        for o in outs:
-            o.view(np.uint16)[...] = 0xFFFF
-        graph.launch(stream)
-        stream.synchronize()
-    for r in range(R):
-        assert_bits_equal(outs[r], wants[r], f"graph call {r}")
+    assert flags == [0, 1], flags
+    sources = [[q.data.copy(), q.scale.copy()] for q, _, _ in rounds]
+
+    def check(r, got, where):
+        assert_bits_equal(got[0], wants[r], f"{where}, round {r}")
+
+    check_rounds(lambda: [cq.scaled_matmul(qa, qb, out=out)], [qa.data, qa.scale], sources, check)
 
 
 # ================================================================== GPU: out=, streams, graphs, layouts
