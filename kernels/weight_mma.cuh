@@ -186,13 +186,12 @@ template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned 
     else return __uint_as_float(b << 16);
 }
 // Two E4M3 bytes (b: byte 0 the low half) -> their values times s as a T pair, one rounding each.
-// sl holds s's bits in its low half (the high half is not read; fp16: through the FMA's operand
-// selector); sf is s as float (read by bf16 only).
+// s2 holds s's bits in both halves (read by fp16), sf is s as float (read by bf16).
 template <typename T>
-__device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned sl, float sf) {
+__device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(b, __NV_E4M3);
     if constexpr (cq::same_type<T, __half>::value) {
-        return HalfOps<__half>::fma2_lo((unsigned)h.x | ((unsigned)h.y << 16), sl, 0x80008000u);
+        return HalfOps<__half>::fma2((unsigned)h.x | ((unsigned)h.y << 16), s2, 0x80008000u);
     } else {
         const float lo = cq::mul_rn(__half2float(__ushort_as_half(h.x)), sf);
         const float hi = cq::mul_rn(__half2float(__ushort_as_half(h.y)), sf);
