@@ -115,11 +115,11 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     // 64-k chunks 2 c and 2 c + 1 at (n16 nchunks + c) 2 KB). The stage's 8 tiles are copied as they
     // are: piece P = tid + q THREADS of the 8 KB (FP8: 16 KB, the second chunk's pieces swizzled).
     static_assert(THREADS % W_PIECES == 0, "a thread's pieces are whole tiles apart");
-    constexpr int W_TSTEP = THREADS / W_PIECES;  // tiles between a thread's pieces
+    constexpr int W_SHIFT = FP8 ? 7 : 6, W_TSTEP = THREADS / W_PIECES;  // log2 W_PIECES; tiles between a thread's pieces
     const i64 n16_total = (a.N + 15) / 16;
-    const int wp = tid % W_PIECES;
-    const unsigned char* w_src = wq + ((n0 >> 4) + tid / W_PIECES) * nchunks * W_TILE + wp * 16;
-    const int w_dst = A_BYTES + (tid / W_PIECES) * W_TILE + (FP8 ? wp ^ (wp >> 6) : wp) * 16;
+    const int wp = tid & (W_PIECES - 1);
+    const unsigned char* w_src = wq + ((n0 >> 4) + (tid >> W_SHIFT)) * nchunks * W_TILE + wp * 16;
+    const int w_dst = A_BYTES + (FP8 ? (tid >> W_SHIFT) * W_TILE + (wp ^ (wp >> 6)) * 16 : tid * 16);
 
     auto load_stage = [&](int slot, i64 it) {
         unsigned char* st = smem + slot * STAGE_BYTES;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         }
 #pragma unroll
         for (int q = 0; q < W_CH; ++q) {
-            const bool ok = (n0 >> 4) + tid / W_PIECES + q * W_TSTEP < n16_total;
+            const bool ok = (n0 >> 4) + (tid >> W_SHIFT) + q * W_TSTEP < n16_total;
             cp_async16(st + w_dst + q * W_TSTEP * W_TILE, ok ? w_src + (q * W_TSTEP * nchunks + it) * W_TILE : wq, ok);
         }
     };
