@@ -1,4 +1,4 @@
-// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4 and FP4 (NVFP4, MXFP4) weights on Hopper's warpgroup tensor-core
+// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4, FP8 and FP4 (NVFP4, MXFP4) weights on Hopper's warpgroup tensor-core
 // instructions (wgmma, sm_90a only), reading the prepared layout of weight_decode.cu's matmul (tiles of 16
 // weight rows by 128 k stored as 1 KB each, scales and zero codes per tile and group: see
 // weight/layout.py prepared_of; FP4: weight/layout.py). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
@@ -69,6 +69,14 @@
 // 4096 x 14336, M = 16 to 4096: NVFP4 1.07-1.22x INT4's time, MXFP4 1.02-1.11x, against NVFP4
 // 1.16-1.67x converting a scale byte at each step with fp4_scale2). The float32 sums are multiplied
 // by fp4_out_scale before they are rounded, in every epilogue (finish_tile).
+// FP8 weights (never K_PERMUTED: the prepared tile is 16 rows by 64 bytes a 64-k chunk, k in order)
+// take a byte a weight: a stage holds each tile's HALVES chunks (1 KB each, copied as they are but
+// for the 16-byte pieces of each row, swizzled by the row: copies_init), and the tiles' rings are
+// shallower (cupyquant/weight/sm90_gemm.py FP8_CONFIGS). The A fragment of step s is rows g and
+// g + 8 at k 16 s + 2t, + 1 and 16 s + 2t + 8, + 9: four 16-bit reads of byte pairs a step (16 a
+// half, against INT4's four 4-byte words), conflict-free, each pair turned into T and multiplied by
+// its row's scale of the step's 32-k group in one rounding (weight_mma.cuh fp8x2_scaled, as the
+// decode kernel does): the weights w.dequantize(a.dtype) gives.
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
