@@ -88,12 +88,6 @@ struct MatmulArgs {
     int early;   // 1: the first weight chunk and its scales are loaded before the PDL wait (below)
 };
 
-// The fp16 / bf16 value with bits b (low 16 bits), as float (exact).
-template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned b) {
-    if constexpr (same_type<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)b));
-    else return __uint_as_float(b << 16);
-}
-
 // A 16-byte read-only load written as asm volatile, so that it keeps its place among the mma's asm
 // statements in what NVVM emits; ptxas still schedules it (in the sm_90 SASS at 80 registers the
 // next chunk's activation loads issue after the third of the chunk's eight mma steps, at 64
@@ -106,19 +100,6 @@ __device__ __forceinline__ uint4 ld16_ordered(const void* p) {
 
 // An empty asm that "changes" p: the value must be held in a register across it, not recomputed.
 template <typename P> __device__ __forceinline__ void keep_reg(P*& p) { asm volatile("" : "+l"(p)); }
-
-// Two fp8 (E4M3) bytes -> their values times s as a T pair, one rounding.
-template <typename T>
-__device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(b, __NV_E4M3);
-    if constexpr (same_type<T, __half>::value) {
-        return HalfOps<__half>::fma2((unsigned)h.x | ((unsigned)h.y << 16), s2, 0x80008000u);
-    } else {
-        const float lo = mul_rn(__half2float(__ushort_as_half(h.x)), sf);
-        const float hi = mul_rn(__half2float(__ushort_as_half(h.y)), sf);
-        return (unsigned)bits16_rn<__nv_bfloat16>(lo) | ((unsigned)bits16_rn<__nv_bfloat16>(hi) << 16);
-    }
-}
 
 // SCALE_AFTER_SUM (INT4 with G a multiple of 128: a chunk is one group): the mma multiplies the
 // exact q - z, and each chunk's partial sums are scaled in float32 afterwards (one FMA per output

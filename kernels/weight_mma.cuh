@@ -173,6 +173,32 @@ template <typename T, int S> __device__ __forceinline__ float fp4_out_scale(cons
     return S == W_NVFP4 ? cq::mul_rn(P, __ldg(scale_2)) : P;
 }
 
+// FP8 weights (W_FP8) are dequantized to T before the mma, as dequantize_weight does it: each E4M3
+// value times its group's scale s (in T), rounded once to T. Every E4M3 value is an fp16 normal or
+// zero, so the fp8 -> f16x2 conversion is exact (one instruction on sm_89+, exact software
+// elsewhere); fp16 then multiplies in one rounding (the product of an E4M3 value and an fp16 scale
+// is exact before it), bf16 multiplies in float32 (exact: 4 and 8 significant bits) and rounds
+// once to bf16.
+
+// The fp16 / bf16 value with bits b (low 16 bits), as float (exact).
+template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned b) {
+    if constexpr (cq::same_type<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)b));
+    else return __uint_as_float(b << 16);
+}
+// Two E4M3 bytes (b: byte 0 the low half) -> their values times s as a T pair, one rounding each.
+// s2 holds s's bits in both halves (read by fp16), sf is s as float (read by bf16).
+template <typename T>
+__device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(b, __NV_E4M3);
+    if constexpr (cq::same_type<T, __half>::value) {
+        return HalfOps<__half>::fma2((unsigned)h.x | ((unsigned)h.y << 16), s2, 0x80008000u);
+    } else {
+        const float lo = cq::mul_rn(__half2float(__ushort_as_half(h.x)), sf);
+        const float hi = cq::mul_rn(__half2float(__ushort_as_half(h.y)), sf);
+        return (unsigned)cq::bits16_rn<__nv_bfloat16>(lo) | ((unsigned)cq::bits16_rn<__nv_bfloat16>(hi) << 16);
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     if constexpr (cq::same_type<T, __half>::value) {

@@ -1,8 +1,8 @@
-// weight_sm80_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4 and FP4 weights
-// (prefill sizes of M), reading the prepared layout of weight_decode.cu's matmul (tiles of 16 weight rows
-// by 128 k stored as 1 KB each, scales and zero codes per tile and group: see weight/quantize.py
-// prepare_weight; FP4 scale bytes per tile and chunk: weight/layout.py). Numerics as weight_decode.cu's
-// decode matmul: each product exact, float32 sums (see sm80_w16_gemm).
+// weight_sm80_gemm.cu: the pipelined tensor-core matmul y = a @ dequant(w).T for INT4, FP8 and FP4
+// weights (prefill sizes of M), reading the prepared layout of weight_decode.cu's matmul (tiles of 16
+// weight rows by 128 k stored as 1 KB each, FP8 by 64 k; scales and zero codes per tile and group: see
+// weight/quantize.py prepare_weight; FP4 scale bytes per tile and chunk: weight/layout.py). Numerics as
+// weight_decode.cu's decode matmul: each product exact, float32 sums (see sm80_w16_gemm).
 
 #include "common.cuh"
 #include "weight_mma.cuh"
@@ -35,9 +35,20 @@ using namespace cq;
 // lop3 a register, plus a shift a word for fp16 and three for bf16). Those words are the lane's
 // own pieces 4 g + t of the two halves of each tile chunk: 16-byte reads, as the decode kernel's.
 //
+// FP8 (S = W_FP8; never kperm, never SCALE_AFTER_SUM): the prepared tile holds 16 rows by 64 bytes a
+// 64-k chunk, so a stage is two chunks, 2 KB a tile. The lane's k 32 t .. 32 t + 31 of row r are
+// bytes 32 (t % 2) .. + 31 of row r in chunk t / 2 of the stage: sub-block i is the 8 bytes at
+// 8 i of those, and k16 step h of it takes the 32-bit word (i % 2) 2 + h of the 16-byte piece i / 2,
+// its bytes (0, 1) as slots (2t, 2t + 1) and (2, 3) as (2t + 8, 2t + 9), the k of the activation
+// registers as loaded; each pair becomes T by weight_mma.cuh fp8x2_scaled (times the row's group
+// scale, one rounding: the decode kernel's dequantization).
+//
 // Shared memory per stage: a (BM rows of 256 bytes, its 16-byte chunks XOR-swizzled so that the
 // 8 lanes of a quarter warp, reading chunk 4t + i of rows g, hit 8 distinct bank groups), then w
-// (the block's 8 weight tiles' KB of the chunk as in memory: a warp reads 512 contiguous bytes).
+// (the block's 8 weight tiles' KB of the chunk as in memory: a warp reads 512 contiguous bytes;
+// FP8: each tile's 2 KB as in memory but for the second chunk's 16-byte pieces, whose index has
+// its lowest bit flipped, so that the 8 lanes of a quarter warp, pieces 4 r + 2 (t % 2) + x of
+// chunk t / 2 of rows r = g, g + 1, hit 8 distinct bank groups).
 static constexpr int GM_BK = 128;  // K per stage
 static constexpr int GM_WN = 4;    // warps along N
 static constexpr int GM_NT = 4;    // n8 tiles per warp
@@ -73,11 +84,13 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                                                               GemmArgs a) {
     constexpr int THREADS = 32 * GM_WN * WM;
     constexpr int BM = 16 * MT * WM;
+    constexpr bool FP8 = S == W_FP8;
+    constexpr int W_TILE = FP8 ? 2048 : 1024;  // bytes of a 16-row weight tile a stage
     constexpr int A_BYTES = BM * GM_BK * 2;
-    constexpr int STAGE_BYTES = A_BYTES + GM_BN * GM_BK / 2;
+    constexpr int STAGE_BYTES = A_BYTES + (GM_BN / 16) * W_TILE;
     using H = HalfOps<T>;
     constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
-    static_assert(!(FP4 && SCALE_AFTER_SUM), "FP4 weights are dequantized before the mma");
+    static_assert(!((FP4 || FP8) && SCALE_AFTER_SUM), "FP4 and FP8 weights are dequantized before the mma");
     constexpr int NB = S == W_NVFP4 ? 8 : 4;  // FP4: scale bytes of a weight row per chunk
     extern __shared__ uint4 gm_smem[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(gm_smem);
@@ -93,16 +106,20 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     // The 16-byte chunks this thread copies each stage: a fixed chunk column and rows a fixed step
     // apart, so the addresses are set up once and each stage adds its K offset.
     constexpr int A_CH = BM * 16 / THREADS, A_RSTEP = THREADS / 16;  // activation rows: 16 chunks each
-    constexpr int W_CH = GM_BN * 4 / THREADS;  // 16-byte weight pieces: 64 a tile chunk
+    constexpr int W_PIECES = W_TILE / 16;      // 16-byte weight pieces of a tile a stage: 64, FP8 128
+    constexpr int W_CH = GM_BN / 16 * W_PIECES / THREADS;
     const int ar0 = tid >> 4, ach = tid & 15;
     const T* a_src = act + (m0 + ar0) * a.lda + ach * 8;
     const int a_dst = ar0 * 256 + (gm_swz(ar0, ach) << 4);  // row parity is the same for every chunk
-    // prepared layout: tile n16's chunk (stage) c at (n16 nchunks + c) KB, in fragment order. The
-    // stage's 8 tiles are copied as they are: piece P = tid + q THREADS of the 8 KB.
-    static_assert(THREADS % 64 == 0, "a thread's pieces are whole tiles apart");
+    // prepared layout: tile n16's chunk (stage) c at (n16 nchunks + c) KB, in fragment order (FP8: its
+    // 64-k chunks 2 c and 2 c + 1 at (n16 nchunks + c) 2 KB). The stage's 8 tiles are copied as they
+    // are: piece P = tid + q THREADS of the 8 KB (FP8: 16 KB, the second chunk's pieces swizzled).
+    static_assert(THREADS % W_PIECES == 0, "a thread's pieces are whole tiles apart");
+    constexpr int W_SHIFT = FP8 ? 7 : 6, W_TSTEP = THREADS / W_PIECES;  // log2 W_PIECES; tiles between a thread's pieces
     const i64 n16_total = (a.N + 15) / 16;
-    const unsigned char* w_src = wq + ((n0 >> 4) + (tid >> 6)) * nchunks * 1024 + (tid & 63) * 16;
-    const int w_dst = A_BYTES + tid * 16;
+    const int wp = tid & (W_PIECES - 1);
+    const unsigned char* w_src = wq + ((n0 >> 4) + (tid >> W_SHIFT)) * nchunks * W_TILE + wp * 16;
+    const int w_dst = A_BYTES + (FP8 ? (tid >> W_SHIFT) * W_TILE + (wp ^ (wp >> 6)) * 16 : tid * 16);
 
     auto load_stage = [&](int slot, i64 it) {
         unsigned char* st = smem + slot * STAGE_BYTES;
@@ -114,8 +131,8 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         }
 #pragma unroll
         for (int q = 0; q < W_CH; ++q) {
-            const bool ok = (n0 >> 4) + (tid >> 6) + q * (THREADS / 64) < n16_total;
-            cp_async16(st + w_dst + q * (THREADS / 64) * 1024, ok ? w_src + (q * (THREADS / 64) * nchunks + it) * 1024 : wq, ok);
+            const bool ok = (n0 >> 4) + (tid >> W_SHIFT) + q * W_TSTEP < n16_total;
+            cp_async16(st + w_dst + q * W_TSTEP * W_TILE, ok ? w_src + (q * W_TSTEP * nchunks + it) * W_TILE : wq, ok);
         }
     };
 
@@ -210,10 +227,21 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         // this lane's k (32 t .. 32 t + 31) of the warp's two weight tiles: pieces 4 g + t of both
         // halves, the words of k16 steps 2 t and 2 t + 1 of lanes (g, t'), t' = 0..3
         uint4 wv[GM_NT / 2][2];
+        if constexpr (!FP8) {
 #pragma unroll
-        for (int jj = 0; jj < GM_NT / 2; ++jj)
+            for (int jj = 0; jj < GM_NT / 2; ++jj)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) wv[jj][h] = *reinterpret_cast<const uint4*>(sw + (2 * wn + jj) * 1024 + h * 512 + lane * 16);
+                for (int h = 0; h < 2; ++h) wv[jj][h] = *reinterpret_cast<const uint4*>(sw + (2 * wn + jj) * 1024 + h * 512 + lane * 16);
+        }
+        // FP8: the row of B column nb + 8 j, its piece x = sub / 2 of this lane's 32 bytes (read at
+        // sub 0 and 2), and the float scale of its group (bf16)
+        uint4 w8[FP8 ? GM_NT : 1];
+        const unsigned char* w8row = sw + (2 * wn) * W_TILE + (t >> 1) * 1024 + g * 64;
+        float sf[FP8 ? GM_NT : 1];
+        if constexpr (FP8) {
+#pragma unroll
+            for (int j = 0; j < GM_NT; ++j) sf[j] = bits16_to_float<T>(cur.s2[j]);
+        }
         float part[SCALE_AFTER_SUM ? MT : 1][GM_NT][4];
         if constexpr (SCALE_AFTER_SUM) {
 #pragma unroll
@@ -223,6 +251,14 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         }
 #pragma unroll
         for (int sub = 0; sub < 4; ++sub) {
+            if constexpr (FP8) {
+                if (sub % 2 == 0) {
+#pragma unroll
+                    for (int j = 0; j < GM_NT; ++j)
+                        w8[j] = *reinterpret_cast<const uint4*>(w8row + (j >> 1) * W_TILE + (j & 1) * 512 +
+                                                                (((t & 1) * 2 + sub / 2) ^ (t >> 1)) * 16);
+                }
+            }
             unsigned ar[MT][2][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -249,6 +285,11 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                 for (int j = 0; j < GM_NT; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
+                        if constexpr (FP8) {
+                            const unsigned word = reinterpret_cast<const unsigned*>(&w8[j])[2 * (sub & 1) + h];
+                            bw[j][e] = fp8x2_scaled<T>((unsigned short)(e ? word >> 16 : word & 0xffffu), cur.s2[j], sf[j]);
+                            continue;
+                        }
                         const unsigned word = reinterpret_cast<const unsigned*>(&wv[j >> 1][sub >> 1])[2 * h + e];
                         if constexpr (FP4) {
                             bw[j][e] = H::fma2(fp4_frag<T>(word, 2 * (sub & 1) + (j & 1)), sq[j], 0x80008000u);  // w', exact

@@ -1,4 +1,4 @@
-// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4 and FP4 (NVFP4, MXFP4) weights on Hopper's warpgroup tensor-core
+// weight_sm90_gemm.cu: y = a @ dequant(w).T for INT4, FP8 and FP4 (NVFP4, MXFP4) weights on Hopper's warpgroup tensor-core
 // instructions (wgmma, sm_90a only), reading the prepared layout of weight_decode.cu's matmul (tiles of 16
 // weight rows by 128 k stored as 1 KB each, scales and zero codes per tile and group: see
 // weight/layout.py prepared_of; FP4: weight/layout.py). Compiled for the family-specific target sm_90a (cupyquant/_jit.py); on every
@@ -69,6 +69,14 @@
 // 4096 x 14336, M = 16 to 4096: NVFP4 1.07-1.22x INT4's time, MXFP4 1.02-1.11x, against NVFP4
 // 1.16-1.67x converting a scale byte at each step with fp4_scale2). The float32 sums are multiplied
 // by fp4_out_scale before they are rounded, in every epilogue (finish_tile).
+// FP8 weights (never K_PERMUTED: the prepared tile is 16 rows by 64 bytes a 64-k chunk, k in order)
+// take a byte a weight: a stage holds each tile's HALVES chunks (1 KB each, copied as they are but
+// for the 16-byte pieces of each row, swizzled by the row: copies_init), and the tiles' rings are
+// shallower (cupyquant/weight/sm90_gemm.py FP8_CONFIGS). The A fragment of step s is rows g and
+// g + 8 at k 16 s + 2t, + 1 and 16 s + 2t + 8, + 9: four 16-bit reads of byte pairs a step (16 a
+// half, against INT4's four 4-byte words), conflict-free, each pair turned into T and multiplied by
+// its row's scale of the step's 32-k group in one rounding (weight_mma.cuh fp8x2_scaled, as the
+// decode kernel does): the weights w.dequantize(a.dtype) gives.
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
@@ -324,6 +332,8 @@ struct WgCopies {
     const unsigned char* w_next2; // ... HALVES = 2: the second copy's source
     unsigned w_dst[2];            // ... the places in slot 0 (HALVES of them)
     bool w_ok[2];                 // ... the tile is within the padded weight
+    i64 w_tstep;                  // ... FP8: bytes between a thread's copies (whole tiles apart)
+    unsigned w_okm;               // ... FP8: bit c, copy c's tile is within the padded weight
     int w_odd;                    // ... HALVES = 1 without K_PERMUTED: the next stage is the second half of its chunk
     unsigned sz_dst;              // scales or zero codes: the place in scale slot 0
     const unsigned char* sc_next; // ... the next stage's scale source
@@ -371,11 +381,31 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     //     h 256 + 16 (2 g + (j1 ^ (g / 4))); thread tid copies piece (h, g, j1) = (q / 16, q / 2 % 8, q % 2)
     //     of tile tid / 32, q = tid % 32, and the source steps 32 bytes from half 0 to 1 and
     //     1024 - 32 from half 1 to the next chunk.
+    // FP8 (S = W_FP8, never K_PERMUTED): a tile's stage is its HALVES 64-k chunks of 16 rows by 64
+    // bytes, contiguous in the prepared layout at (n16 2 nchunks + HALVES stage) KB. Piece
+    // L = tid + 256 c (c < 2 HALVES) of the stage's 8 tiles, 64 HALVES pieces a tile: tile L / (64 HALVES), piece
+    // p = L % (64 HALVES) (half p / 64, row r = p / 4 % 16, 16 bytes u = p % 4 of the row) to
+    // 16 ((p & ~3) | (u ^ (r / 2 % 4))) of the tile's 1024 HALVES bytes, so that the 8 rows of a warp's
+    // 16-bit reads of the same u fall in 8 distinct 16-byte bank groups (consume).
     const unsigned char* w_next;
     unsigned w_dst[HALVES];
     bool w_ok[HALVES];
     int w_odd = (int)(it0 & 1);
-    if constexpr (HALVES == 1 && K_PERMUTED) {
+    i64 w_tstep = 0;
+    unsigned w_okm = 0;
+    if constexpr (S == W_FP8) {
+        constexpr int TP = 64 * HALVES, TT = WG_THREADS / TP;  // pieces a tile; tiles a pass of the threads
+        const int p = tid % TP, r = (p >> 2) & 15;
+#pragma unroll
+        for (int c = 0; c < HALVES; ++c) w_ok[c] = false;  // w_okm instead
+        w_next = wq + (((n0 >> 4) + tid / TP) * 2 * nchunks + HALVES * it0) * 1024 + p * 16;
+        w_dst[0] = sbase + A_BYTES + (tid / TP) * (TP * 16) + ((p & ~3) | ((p & 3) ^ ((r >> 1) & 3))) * 16;
+        w_dst[HALVES - 1] = w_dst[0];  // copy q's place is w_dst[0] + 4096 q
+        w_tstep = (i64)TT * 2 * nchunks * 1024;
+#pragma unroll
+        for (int c = 0; c < 2 * HALVES; ++c)
+            if ((n0 >> 4) + tid / TP + c * TT < n16_total) w_okm |= 1u << c;
+    } else if constexpr (HALVES == 1 && K_PERMUTED) {
         const int p = tid & 31, pg = p >> 2;
         w_ok[0] = (n0 >> 4) + (tid >> 5) < n16_total;
         w_next = wq + (((n0 >> 4) + (tid >> 5)) * nchunks + (it0 >> 1)) * 1024 + (it0 & 1) * 512 + p * 16;
@@ -468,16 +498,17 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     c.w_next = w_next, c.w_next2 = w_next2, c.w_odd = w_odd;
     c.w_dst[0] = w_dst[0], c.w_ok[0] = w_ok[0];
     if constexpr (HALVES == 2) c.w_dst[1] = w_dst[1], c.w_ok[1] = w_ok[1];
+    c.w_tstep = w_tstep, c.w_okm = w_okm;
     c.sz_dst = sz_dst, c.sc_next = sc_next, c.zc_next = zc_next, c.sc_ok = sc_ok, c.zc_ok = zc_ok, c.zc_bytes = zc_bytes;
     c.sc_step_even = sc_step_even, c.sc_step_odd = sc_step_odd, c.sz_k = sz_k;
 }
 
 // moves the activation and fixed weight sources on by `stages` stages
-template <typename T, int HALVES, bool K_PERMUTED>
+template <typename T, int S, int HALVES, bool K_PERMUTED>
 __device__ __forceinline__ void copy_advance(WgCopies& c, int stages) {
     constexpr int BK = 64 * HALVES;
-    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED;
-    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
+    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED || S == W_FP8;
+    constexpr int W_STEP = S == W_FP8 ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
     c.a_next += stages * BK * (int)sizeof(T);
     asm volatile("" : "+l"(c.a_next));  // one register pair: an address operand as it is, not copied into one each stage
     if constexpr (W_FIXED) c.w_next += stages * W_STEP, c.w_next2 += stages * W_STEP;
@@ -516,8 +547,12 @@ __device__ __forceinline__ void cp_async4_if(unsigned s, const void* gmem, bool 
 // the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
 template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
 __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
-    constexpr int W_STEP = HALVES == 2 ? 1024 : 512;
-    if constexpr (HALVES == 1 && K_PERMUTED) {
+    constexpr int W_STEP = S == W_FP8 ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
+    if constexpr (S == W_FP8) {
+#pragma unroll
+        for (int q = 0; q < 2 * HALVES; ++q)
+            cp_async16_if(c.w_dst[0] + slot * STAGE + q * (WG_THREADS * 16), c.w_next + jj * W_STEP + q * c.w_tstep, (c.w_okm >> q) & 1u);
+    } else if constexpr (HALVES == 1 && K_PERMUTED) {
         cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next + jj * W_STEP, c.w_ok[0]);
     } else if constexpr (HALVES == 1) {
         cp_async16_if(c.w_dst[0] + slot * STAGE, c.w_next, c.w_ok[0]);
@@ -545,7 +580,7 @@ __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
 // TMA boxes of activations, the 128 threads cp.async of the weights, scales and zero codes into the
 // ring slot, which empty[slot] has released; full[slot] completes when they have arrived. Returns
 // once its copies have completed. cs is the kernel's copy state, as copy_w's.
-template <int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
+template <int S, int BMA, int STAGES, int HALVES, int STAGE, int SZ_STAGE>
 __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq, const WgArgs& a, const TmaMap& tm, const TmaMap& tm_tail, int tid,
                                            i64 n0, i64 m0, i64 it0, int niter, i64 nchunks, i64 n16_total, unsigned sbase, unsigned full0,
                                            unsigned empty0, const WgCopies& cs) {
@@ -571,9 +606,19 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
     const unsigned box_bytes = (unsigned)(tile_rows == BMA ? A_BYTES : ((tile_rows + 7) & ~7) * 128 * HALVES);
     // scales and zero codes: load_stage's copies (szt = p), stepping a stage's groups
     const int sc_step = cs.sc_step_even;  // 32 bytes of scales (8 of zero codes) a group, FP4 a chunk's: HALVES = 2 steps alike
+    // FP8: piece p of each of the 8 tiles' 2 KB (copies_init's order and places)
+    const int r8 = (p >> 2) & 15;
+    const unsigned char* pw8 = wq + ((n0 >> 4) * 2 * nchunks + 2 * it0) * 1024 + p * 16;
+    const unsigned pw8_dst = sbase + A_BYTES + ((p & ~3) | ((p & 3) ^ ((r8 >> 1) & 3))) * 16;
     auto wcopy = [&](int i, int slot) {
+        if constexpr (S == W_FP8) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
+            for (int c = 0; c < 8; ++c)
+                cp_async16_if(pw8_dst + slot * STAGE + c * 2048, pw8 + (c * 2 * nchunks + 2 * (i64)i) * 1024, (n0 >> 4) + c < n16_total);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) cp_async16_if(pw_dst[c] + slot * STAGE, pw[c] + (i64)i * 1024, pw_ok[c]);
+        }
         cp_async16_if(cs.sz_dst + slot * SZ_STAGE, cs.sc_next + (i64)i * sc_step, cs.sc_ok);
         if (cs.zc_ok) {
             if (cs.zc_bytes >= 16) cp_async16_if(cs.sz_dst + slot * SZ_STAGE, cs.zc_next + (i64)i * (sc_step >> 2), true);
@@ -616,7 +661,10 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     constexpr bool WS = BMA == 128;
     constexpr int A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
     constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
+    constexpr bool FP8 = S == W_FP8;
     static_assert(!FP4 || K_PERMUTED, "FP4 weights are in the k-permuted order");
+    static_assert(!FP8 || !K_PERMUTED, "FP8 weights are in k order");
+    constexpr int WV = FP8 ? 16 : 4;  // a lane's words of a half (FP8: 16-bit byte pairs)
     static_assert(HALVES == 2 || STAGES % 2 == 0, "stages of 64 k: a slot's stage index from K's start is it0 + slot mod 2");
     using H = HalfOps<T>;
     if constexpr (!WS) {
@@ -673,6 +721,22 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
             }
         }
     };
+    // The A fragment of step s of half hh from the words wv read by read_words (FP8: its four byte
+    // pairs, a0..a3, each times its row's scale of the step's 32-k group: fp8x2_scaled, the decode
+    // kernel's dequantization; sc holds the scale's bits in both halves)
+    auto dq_step = [&](unsigned (&f)[4], const unsigned (&w)[WV], const unsigned (&sc)[2][2], const unsigned (&zc)[2][2], int s) {
+        if constexpr (FP8) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const unsigned s2 = sc[r & 1][s >> 1];
+                f[r] = fp8x2_scaled<T>((unsigned short)w[4 * s + r], s2, bits16_to_float<T>(s2));
+            }
+        } else if constexpr (K_PERMUTED) {  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
+            dq(f, w[2 * (s & 1)], w[2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc, zc, s);
+        } else {
+            dq(f, w[s], w[s], 0, 2, sc, zc, s);
+        }
+    };
     const int gsh7 = min(a.gshift, 7);  // group of k (< 128) within a stage: k >> gsh7
     // The byte offsets of this lane's words in a slot, computed once (per stage they cost four
     // multiply-adds of the lane's index and the slot's base). This, the scales read once a stage
@@ -688,8 +752,17 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
                             : HALVES == 1 ? (u & 1) * 256 + (2 * g + ((u >> 1) ^ (g >> 2))) * 16
                                           : (u & 1) * 512 + (4 * g + ((2 * hh + (u >> 1)) ^ ((g >> 1) & 3))) * 16;
             woff[hh][u] = A_BYTES + warp * (512 * HALVES) + off + 4 * t;
-            asm volatile("" : "+r"(woff[hh][u]));  // opaque: kept in a register, not recomputed in each copy of the loop
+            if constexpr (!FP8) asm volatile("" : "+r"(woff[hh][u]));  // opaque: kept in a register, not recomputed in each copy of the loop
         }
+    // FP8: the byte offsets of this lane's pair of row g, step s of half 0: tile warp's bytes (1024 a
+    // half), row g's 64 bytes, its 16 bytes of step s (copies_init's place), bytes 2 t, 2 t + 1 (a0;
+    // a1 is row g + 8, 512 on; a2 and a3 8 bytes on)
+    int f8off[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        f8off[s] = A_BYTES + warp * (1024 * HALVES) + g * 64 + 16 * (s ^ ((g >> 1) & 3)) + 2 * t;
+        if constexpr (FP8) asm volatile("" : "+r"(f8off[s]));  // opaque, as woff
+    }
     // the byte offsets of the scale and zero code of row nrow (+ 8 r: + 16 r and + 4 r) in a scale slot,
     // computed once like woff
     // (FP4: of row nrow's scale bytes, FRB a row: + 8 FRB r)
@@ -703,14 +776,23 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     // those), pairs (4 hh, 4 hh + 1) and (4 hh + 2, 4 hh + 3); MXFP4 the row's chunk word, read with
     // half 0 (pair (0, 1) to sc[0][r][0], (2, 3) to sc[1][r][0]), or with stages of 64 k shifted right
     // by fsh (16 for the second half of a chunk, which the caller knows), pair (0, 1) of that
-    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][4],
+    auto read_words = [&](const unsigned char* st, const unsigned char* szs, int hh, unsigned (&wv)[HALVES][WV],
                           unsigned (&sc)[HALVES][2][2], unsigned (&zc)[HALVES][2][2], int fsh = 0) {
+        if constexpr (FP8) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) wv[hh][u] = *reinterpret_cast<const unsigned*>(st + woff[hh][u]);
+            for (int s = 0; s < 4; ++s)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    wv[hh][4 * s + r] = *reinterpret_cast<const unsigned short*>(st + f8off[s] + hh * 1024 + (r & 1) * 512 + (r >> 1) * 8);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) wv[hh][u] = *reinterpret_cast<const unsigned*>(st + woff[hh][u]);
+        }
         // A scale is read as its 16 bits in the low half: dq's FMA takes them into both halves through
         // an operand selector (fma2_lo), where a multiply by 0x10001 here cost an IMAD a scale.
         auto read_sz = [&](int r, int gl, unsigned& sv, unsigned& zv) {  // row nrow + 8 r
             sv = (unsigned)*reinterpret_cast<const unsigned short*>(szs + sc_row + 16 * r + gl * 32);
+            if constexpr (FP8) sv *= 0x10001u;  // fp8x2_scaled takes the pair
             if constexpr (S == W_UINT4) {
                 const unsigned zbyte = szs[zc_row + 4 * r + gl * 8];
                 zv = zb_table[16 * r + ((zbyte >> (4 * (g & 1))) & 15u)];
@@ -773,7 +855,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         // on an H200 but the 64-row tile (two blocks a SM) slower, so that one reads each half where
         // it starts. (The 256-row tile's stages are one half.)
         constexpr bool HOIST = BMA >= 128;
-        unsigned wv[HALVES][4];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
+        unsigned wv[HALVES][WV];  // this lane's words of the half's four k16 steps of the layout (K_PERMUTED: steps hh + 2 u; else 4 hh + u; HALVES = 1: hh = i % 2)
         unsigned sc[HALVES][2][2], zc[HALVES][2][2];
         // (MXFP4, stages of 64 k: the slot's stage is the second half of its chunk where it0 + slot is odd)
         auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc, ((slot & 1) ^ fodd0) * 16); };
@@ -787,10 +869,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 wg_wait<3>();  // four groups back, the last reader of af[s], is done
-                if constexpr (K_PERMUTED)  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
-                    dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
-                else
-                    dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+                dq_step(af[s], wv[hh], sc[hh], zc[hh], s);
                 wg_fence();
                 Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));  // + 32 bytes of K per k16 step
                 wg_commit();
@@ -820,7 +899,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
             const unsigned char* st = smem + slot * STAGE;
             const unsigned char* szs = smem + STAGES * STAGE + slot * SZ_STAGE;
             const unsigned desc = desc0 + (unsigned)(slot * (STAGE >> 4));
-            unsigned wv[HALVES][4];
+            unsigned wv[HALVES][WV];
             unsigned sc[HALVES][2][2], zc[HALVES][2][2];
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh) read_words(st, szs, hh, wv, sc, zc);
@@ -833,10 +912,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
                         __syncwarp();  // every lane's reads of that slot are done
                         if (lane == 0) mbar_arrive(empty0 + 8 * (slot == 0 ? STAGES - 1 : slot - 1));
                     }
-                    if constexpr (K_PERMUTED)
-                        dq(af[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
-                    else
-                        dq(af[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
+                    dq_step(af[s], wv[hh], sc[hh], zc[hh], s);
                     wg_fence();
                     Wgmma<T, BMA>::mma(acc, af[s], bdesc(desc + hh * (A_ATOM >> 4) + 2 * s));
                     wg_commit();
@@ -865,7 +941,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         // dequantized while the half before it ran (two buffers of a half's 4 fragments), so the
         // dequantization of half j + 1 overlaps the tensor-core work of half j.
         unsigned ah[2][4][4];
-        unsigned wv[HALVES][4], sc[HALVES][2][2], zc[HALVES][2][2];
+        unsigned wv[HALVES][WV], sc[HALVES][2][2], zc[HALVES][2][2];
         const unsigned char* st = smem;
         const unsigned char* szs = smem + STAGES * STAGE;
         auto read_half = [&](int hh) { read_words(st, szs, hh, wv, sc, zc); };
@@ -884,12 +960,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         auto dq_half = [&](unsigned (&f)[4][4], int hh) {
             read_half(hh);
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                if constexpr (K_PERMUTED)
-                    dq(f[s], wv[hh][2 * (s & 1)], wv[hh][2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc[hh], zc[hh], s);
-                else
-                    dq(f[s], wv[hh][s], wv[hh][s], 0, 2, sc[hh], zc[hh], s);
-            }
+            for (int s = 0; s < 4; ++s) dq_step(f[s], wv[hh], sc[hh], zc[hh], s);
         };
         // stage i, whose first half is dequantized into ah[0]; half hh's wgmmas read ah[hh]. Ends with
         // the next stage's first half dequantized
@@ -938,7 +1009,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     constexpr int BK = 64 * HALVES;              // k per stage
     constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
     constexpr int A_BYTES = A_ATOM * HALVES;
-    constexpr int W_ROW = 32 * HALVES;           // weight bytes per row and stage
+    constexpr int W_ROW = (S == W_FP8 ? 64 : 32) * HALVES;  // weight bytes per row and stage
     constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
     constexpr int ND = BMA / 2;                  // accumulators per thread
     constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes
@@ -963,7 +1034,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     WgCopies copies;
     copies_init<T, S, BMA, STAGES, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, act, wq, scales, zeros, a, tid, n0, m0, it0, nchunks, n16_total,
                                                                         sbase);
-    auto advance = [&](int stages) { copy_advance<T, HALVES, K_PERMUTED>(copies, stages); };
+    auto advance = [&](int stages) { copy_advance<T, S, HALVES, K_PERMUTED>(copies, stages); };
     auto load_a = [&](int slot, int jj) { copy_a<T, BMA, HALVES, STAGE>(copies, slot, jj); };
     auto load_w = [&](int slot, int jj) { copy_w<S, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, slot, jj); };
     auto load_stage = [&](int slot, int jj) { load_a(slot, jj); load_w(slot, jj); };
@@ -998,7 +1069,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
         __syncthreads();  // the barriers are initialized (and zb_table written)
         if (warp >= 8) {
             setmaxnreg_dec<56>();
-            produce_ws<BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
+            produce_ws<S, BMA, STAGES, HALVES, STAGE, SZ_STAGE>(wq, a, tm, tm_tail, tid, n0, m0, it0, niter, nchunks, n16_total, sbase, full0, empty0,
                                                             copies);
             return;  // the epilogue's barriers wait only for the threads that have not exited
         }

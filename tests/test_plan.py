@@ -357,14 +357,19 @@ def test_sm90_plan_two_way_cluster_cost():
 
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
 def test_matmul_path_table(arch):
-    """The table of matmul's docstring, for each architecture (no GPU needed: arch is given)."""
+    """The table of matmul's docstring, for each architecture (no GPU needed: arch is given): FP8
+    weights take INT4's paths (while dispatch.PATHS.fp8_decode_max_m is INT4's decode_max_m), and
+    the decode kernel for every M where K is not a multiple of 128."""
     doc = cq.matmul.__doc__
+    assert dispatch.PATHS.fp8_decode_max_m == dispatch.PATHS.decode_max_m
     for M, (N, K), other, hopper in DOC_PATHS:
         want = hopper if arch and _device.caps_of_arch(arch).wgmma else other
         for scheme in ("int4", "uint4", "float8_e4m3fn"):
             shell = _shell(scheme, (N, K))  # only its shape is read
             got = cq.weight.matmul_path(M, shell, arch=arch or "0", sms=132)
-            assert got == ("decode" if scheme == "float8_e4m3fn" else want), (arch, M, N, K, scheme)
+            assert got == want, (arch, M, N, K, scheme)
+        fp8 = _shell("float8_e4m3fn", (N, K + 64), group=64)
+        assert cq.weight.matmul_path(M, fp8, arch=arch or "0", sms=132) == "decode", (arch, M, N, K + 64)
     assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
     assert "compute capability 9.0" in doc and '``"sm90_gemm"``' in doc and "M x N is under\n      1536 per SM" in doc
 
@@ -405,13 +410,19 @@ def test_wgmma_tile_table_matches_the_kernel():
     src = (Path(_jit.kernel_dir()) / "weight_sm90_gemm.cu").read_text()
     assert "__launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BMA <= 64 ? 2 : 1)" in src
     assert re.search(r"static constexpr int WG_THREADS = 256;", src)
-    assert sorted(sm90_gemm.TILES) == sorted(sm90_gemm.THREADS) == sorted(sm90_gemm.BLOCKS_PER_SM)
+    assert sorted(sm90_gemm.TILES) == sorted(sm90_gemm.FP8_TILES) == sorted(sm90_gemm.THREADS)
+    assert sorted(sm90_gemm.TILES) == sorted(sm90_gemm.BLOCKS_PER_SM)
     for bma in sm90_gemm.TILES:
         assert sm90_gemm.THREADS[bma] == (384 if bma == 128 else 256), bma
         blocks = sm90_gemm.BLOCKS_PER_SM[bma]
         assert blocks == (2 if bma <= 64 else 1), bma
-        smem = sm90_gemm.smem_bytes(bma)
-        assert smem <= 227 * 1024 and blocks * (smem + 1024) <= 228 * 1024, (bma, smem)
+        for fp8 in (False, True):
+            smem = sm90_gemm.smem_bytes(bma, fp8)
+            assert smem <= 227 * 1024 and blocks * (smem + 1024) <= 228 * 1024, (bma, fp8, smem)
+            assert smem >= sm90_gemm.epilogue_bytes(bma) + 1024, (bma, fp8, smem)
+        # the 256-row tile takes stages of 64 k (in pairs), the 128-row tile's producer stages of 128
+        assert sm90_gemm.FP8_TILES[bma].halves == sm90_gemm.TILES[bma].halves
+    assert sm90_gemm.FP8_TILES[256].stages % 2 == 0
     # SZ_STAGE = 8 (SC_TILE + ZC_TILE) with SC_TILE = 64 HALVES, ZC_TILE = 16 HALVES: 640 bytes a half
     assert sm90_gemm.SCALE_BYTES == 8 * (64 + 16)
 
@@ -424,8 +435,9 @@ def test_forced_path_restores():
     for name, want in (("decode", "decode"), ("sm80_gemm", "sm80_gemm"), ("sm90_gemm", "sm90_gemm")):
         with cq.weight._forced_path(name):
             assert cq.weight.matmul_path(1000, shell, arch="80", sms=132) == want
-            assert cq.weight.matmul_path(1000, fp8, arch="80", sms=132) == "decode"
+            assert cq.weight.matmul_path(1000, fp8, arch="80", sms=132) == want
     assert cq.weight.matmul_path(1000, shell, arch="80", sms=132) == "sm80_gemm"
+    assert cq.weight.matmul_path(1000, fp8, arch="80", sms=132) == "sm80_gemm"
     for bad in ("fast", "wgmma", "pipelined"):
         with pytest.raises(ValueError, match="path must be one of"):
             with cq.weight._forced_path(bad):

@@ -347,7 +347,7 @@ def _early(records, kernel: str) -> list:
 
 
 class _forced:
-    """Within the block, INT4 matmuls take ``path`` ("decode", "sm80_gemm" or "sm90_gemm") whatever M
+    """Within the block, matmuls take ``path`` ("decode", "sm80_gemm" or "sm90_gemm") whatever M
     is; "sm90_gemm" skips the test on GPUs without the sm90 kernel (conftest.require_arch)."""
 
     def __init__(self, path):
@@ -380,13 +380,8 @@ def _check_matmul(qw, ms, dtype, seed, what=""):
             assert_bits_equal(cq.matmul(a, qw), cupy.asnumpy(y), f"{what} M={M}: plain vs prepared weight")
 
 
-# (scheme, symmetric, path): every kernel for INT4; FP8 weights have the decode kernel only
-MM_PATHS = [
-    (s, sym, p)
-    for s, sym in SCHEMES
-    for p in ("decode", "sm80_gemm", "sm90_gemm")
-    if s != "float8_e4m3fn" or p == "decode"
-]
+# (scheme, symmetric, path): every kernel for every scheme (FP8 weights: tests/test_weight_fp8_matmul.py too)
+MM_PATHS = [(s, sym, p) for s, sym in SCHEMES for p in ("decode", "sm80_gemm", "sm90_gemm")]
 
 
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)

@@ -187,8 +187,7 @@ def test_matmul_batched_strided_stream_and_graph(fmt):
 
 def test_matmul_path_choice_follows_int4():
     """FP4 weights take the decode kernel up to M = 16 and the tensor-core gemms past it (on compute
-    capability 9.0 also at M = 17..32, where INT4 keeps the decode kernel for small N), not FP8's
-    decode-only rule."""
+    capability 9.0 also at M = 17..32, where INT4 keeps the decode kernel for small N)."""
     for fmt in FORMATS:
         qw = cq.quantize_weight(weights((4096, 4096), 5, np.float16), fmt)
         assert [cqw.matmul_path(M, qw, arch="90", sms=132) for M in (1, 16, 17, 32, 4096)] == ["decode"] * 2 + [

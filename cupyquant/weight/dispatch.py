@@ -26,10 +26,10 @@ _FORCED = None
 
 @contextlib.contextmanager
 def _forced_path(path):
-    """Private, for tests and benchmarks: within the block, INT4 and FP4 matmuls take ``path``
-    (``"decode"``, ``"sm80_gemm"`` or ``"sm90_gemm"``) whatever their shape; FP8 weights always take
-    ``"decode"``. ``"sm90_gemm"`` needs compute capability 9.0. Not thread-safe: it sets a module
-    global."""
+    """Private, for tests and benchmarks: within the block, matmuls take ``path`` (``"decode"``,
+    ``"sm80_gemm"`` or ``"sm90_gemm"``) whatever their shape. ``"sm90_gemm"`` needs compute
+    capability 9.0; the gemms take FP8 weights whose K is a multiple of GEMM_K (a ValueError
+    otherwise). Not thread-safe: it sets a module global."""
     global _FORCED
     if path is not None and path not in PATH_NAMES:
         raise ValueError(f"path must be one of {PATH_NAMES}, got {path!r}")
@@ -43,13 +43,15 @@ def _forced_path(path):
 # ---------------------------------------------------------------- which kernel
 @dataclass(frozen=True)
 class PathThresholds:
-    """Where the decode kernel hands over to a tensor-core gemm (INT4; FP8 always takes decode).
+    """Where the decode kernel hands over to a tensor-core gemm.
 
     The decode kernel reads each weight byte once per 16 rows of ``a``, so its time grows with M
     from the start; the gemms read it once per tile of 16-256 rows but pay a pipeline fill (and a K
     split's reduction), which a small weight does not amortize."""
 
     decode_max_m: int = 16  # decode for every M up to this, on every GPU
+    # FP8 weights: decode for every M up to this (INT4's value), then INT4's rules below
+    fp8_decode_max_m: int = 16
     # sm90 (wgmma): decode also for M <= sm90_decode_max_m while M x N < sm90_decode_mn_per_sm x SMs
     # (202,752 on 132 SMs: N = 4096 up to M = 32, 8192 up to 24). With two M tiles the decode kernel
     # is faster wherever this gives it the call (4096 x 14336 M = 32: 20.7 against 26.8); with three
@@ -70,13 +72,17 @@ class PathThresholds:
 PATHS = PathThresholds()
 #: The path names matmul_path returns.
 PATH_NAMES = ("decode", "sm80_gemm", "sm90_gemm")
+#: The tensor-core gemms stream K in stages of 128 (the 256-row sm90 tile: pairs of 64): FP8
+#: weights (K a multiple of 64) take them where K is a multiple of this.
+GEMM_K = 128
 
 
 def choose_path(M: int, N: int, K: int, fp8: bool, wgmma: bool, sms, fp4: bool = False) -> str:
     """The kernel for ``M`` rows of ``a`` times an (N, K) weight on a GPU that runs the sm90 gemm
     (``wgmma``) or not (see PathThresholds); FP4 weights (``fp4``) take INT4's paths except the
-    sm90 decode extension past M = 16."""
-    if fp8 or M <= PATHS.decode_max_m:
+    sm90 decode extension past M = 16; FP8 weights (``fp8``) take them past
+    ``PATHS.fp8_decode_max_m`` where K is a multiple of GEMM_K, the decode kernel otherwise."""
+    if M <= (PATHS.fp8_decode_max_m if fp8 else PATHS.decode_max_m) or fp8 and K % GEMM_K:
         return "decode"
     if wgmma and K < 1 << 31:  # the sm90 kernel's group index is 32-bit
         if not fp4 and M <= PATHS.sm90_decode_max_m and M * N < PATHS.sm90_decode_mn_per_sm * sms:
@@ -106,10 +112,10 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     ``cupyquant.weight.dispatch.PATHS``. Block weights (``w.block_size``) and int8 weights have no
     path: a ValueError, as in :func:`matmul`."""
     _weight_only_format(w)
-    fp8 = w.scheme.format == "float8_e4m3fn"
-    if _FORCED is not None and (not fp8 or _FORCED == "decode"):
+    if _FORCED is not None:
         return _FORCED
     N, K = w.shape
+    fp8 = w.scheme.format == "float8_e4m3fn"
     if arch is None:
         device = _device.current_device()
         arch = None if device is None else _device.arch(device)
@@ -204,6 +210,11 @@ class _Plan:
                 raise ValueError(
                     f"the sm90_gemm path needs a GPU of compute capability 9.0, device {device} is {caps.name}"
                 )
+            if path != "decode" and fmt == "float8_e4m3fn" and K % GEMM_K:
+                raise ValueError(
+                    f"w's K = {K} must be a multiple of {GEMM_K} for float8_e4m3fn weights on the {path} path "
+                    "(its K stages)"
+                )
             p = Problem(
                 device, t, M, N, K, lda, fmt, w._group, layout.k_permuted(w), _device.sm_count(device), pdl,
                 caps.wgmma, caps.pdl,
@@ -254,23 +265,24 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
 
     * ``"decode"`` (``weight_decode.cu``): one 16-row tile of ``a`` per block, the block's 4, 8 or 16
       warps splitting K over 16 to 64 weight rows (chosen by shape); each weight byte is read once
-      per 16 rows. FP8 weights take it for every M. INT4 and FP4 take it for M <= 16; INT4 on compute
-      capability 9.0 also for M <= 32 while M x N is under
-      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); both on other GPUs also for
-      M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it has
-      fewer than 2^25.
-    * ``"sm90_gemm"`` (``weight_sm90_gemm.cu``): INT4 and FP4 for every larger M on GPUs of compute capability 9.0
+      per 16 rows. Every format takes it for M <= 16, and FP8 weights whose K is not a multiple of
+      128 for every M; INT4 and FP8 on compute capability 9.0 also for M <= 32 while M x N is under
+      1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); all on other
+      GPUs also for M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it
+      has fewer than 2^25.
+    * ``"sm90_gemm"`` (``weight_sm90_gemm.cu``): every larger M on GPUs of compute capability 9.0
       (H100, H200). Hopper's warpgroup instructions with the dequantized weights as the register
       operand: blocks of 128 weight rows by 32 (M <= 32), 64, 128 or 256 rows of ``a``, K
       streamed through shared memory with ``cp.async`` in stages of 128 (4 deep; the 32-row tile
       6 deep; 256-row tiles: stages of 64, 6 deep; the 128-row tile 5 deep, loaded by a producer
-      warpgroup of its own, the activations by TMA), and split across blocks when few tiles and a
+      warpgroup of its own, the activations by TMA; FP8 weights, a byte each, 4 deep, the 64-row
+      tile 3), and split across blocks when few tiles and a
       long K make that pay: 2 ways as a thread-block cluster whose two blocks add their partials
       through distributed shared memory,
       3 to 8 ways likewise where every tile's cluster fits on the GPU at once (one block per SM;
       the driver's cluster occupancy says), otherwise 4 or 8 ways as below. The tile height and
       the splits are chosen together by an estimate fitted to H100 timings.
-    * ``"sm80_gemm"`` (``weight_sm80_gemm.cu``): INT4 and FP4 for every larger M on the other GPUs
+    * ``"sm80_gemm"`` (``weight_sm80_gemm.cu``): every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last
       block of a tile adds the float32 partials in split order (the result does not depend on

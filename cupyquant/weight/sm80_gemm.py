@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from .. import _dtypes, _jit
 from .._sizes import ceil_div
-from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS
+from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS, WEIGHT_FP8
 from .problem import GEMM_BN, Problem, gemm_args, gemm_steps
 
 _BOOLS = (False, True)
@@ -42,8 +42,9 @@ def tile_rows(cfg: Sm80GemmConfig) -> int:
     return 16 * cfg.m_tiles * cfg.warps_m
 
 
-def smem_bytes(cfg: Sm80GemmConfig) -> int:
-    return cfg.stages * (tile_rows(cfg) * BK * 2 + BN * BK // 2)
+def smem_bytes(cfg: Sm80GemmConfig, fp8: bool = False) -> int:
+    """A stage's activations and weights (4 bits a weight, FP8 8), ``cfg.stages`` deep."""
+    return cfg.stages * (tile_rows(cfg) * BK * 2 + BN * BK // (1 if fp8 else 2))
 
 
 #: weight_sm80_gemm.cu GemmArgs
@@ -58,7 +59,9 @@ FAMILY = _jit.register(
     + [
         e
         for cfg in CONFIGS
-        for e in _jit.product("sm80_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg], (False,))
+        for e in _jit.product(
+            "sm80_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS + (WEIGHT_FP8,), *[(v,) for v in cfg], (False,)
+        )
     ],
 )
 
@@ -96,6 +99,8 @@ def plan(p: Problem) -> list:
     """The :class:`Step` launches of the sm80 gemm for ``p``: the smallest tile that covers M, a K
     split where its tiles cannot fill the GPU."""
     cfg = config(p.M)
-    scale_after_sum = p.group % BK == 0 and cfg.m_tiles < 4
+    fp8 = SCHEME_IDS[p.fmt] == WEIGHT_FP8
+    scale_after_sum = p.group % BK == 0 and cfg.m_tiles < 4 and not fp8
     k = _jit.kernel(p.device, FAMILY, "sm80_w16_gemm", p.t.ctype, SCHEME_IDS[p.fmt], *cfg, scale_after_sum)
-    return gemm_steps(p, k, 128 * cfg.warps_m, smem_bytes(cfg), tile_rows(cfg), BK, splits, ARGS, p.k_permuted)
+    smem = smem_bytes(cfg, fp8)
+    return gemm_steps(p, k, 128 * cfg.warps_m, smem, tile_rows(cfg), BK, splits, ARGS, p.k_permuted)

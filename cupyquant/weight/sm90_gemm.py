@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from .. import _device, _dtypes, _jit, _workspace
 from .._sizes import ceil_div
-from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS
+from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS, WEIGHT_FP8
 from .problem import GEMM_BN, Problem, gemm_args, gemm_steps
 
 _BOOLS = (False, True)
@@ -37,6 +37,18 @@ CONFIGS = (
     Sm90GemmConfig(256, 6, 1),
 )
 TILES = {c.rows: c for c in CONFIGS}
+#: The tiles of FP8 weights (a byte a weight: twice INT4's weight bytes a stage), shallower where
+#: INT4's rings would not fit: the 32- and 64-row tiles keep two blocks a SM (4 stages, 104 KB; 3,
+#: 103 KB), the 128-row tile's 4 stages fit in 227 KB (5 would take 252 KB), and the 256-row tile's
+#: 4 stages of 64 k (stages of 64 k come in pairs) leave the shared memory its epilogue needs
+#: (epilogue_bytes).
+FP8_CONFIGS = (
+    Sm90GemmConfig(32, 4, 2),
+    Sm90GemmConfig(64, 3, 2),
+    Sm90GemmConfig(128, 4, 2),
+    Sm90GemmConfig(256, 4, 1),
+)
+FP8_TILES = {c.rows: c for c in FP8_CONFIGS}
 BN = GEMM_BN  # weight rows per tile
 BK = 64  # the unit of K the plans count in (one half)
 TMA_ROWS = 128  # the tile that loads its activations by TMA, from a producer warpgroup
@@ -45,17 +57,33 @@ BLOCKS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}  # registers (launch bounds) and 
 SCALE_BYTES = 640  # a 64-k half's scales (8 tiles x 64 bytes) and zero codes (8 x 16)
 
 
-def smem_bytes(rows: int) -> int:
-    """The ring (stages slots of activations and weights), the scale ring (stages slots of
-    SCALE_BYTES a half), and 1 KB to align the first slot to 1024 bytes."""
-    cfg = TILES[rows]
-    return cfg.stages * cfg.halves * (rows * 128 + BN * 32 + SCALE_BYTES) + 1024
+def tiles(fp8: bool) -> dict:
+    """rows -> the tile of that many rows of a, for FP8 weights or the others."""
+    return FP8_TILES if fp8 else TILES
+
+
+def epilogue_bytes(rows: int) -> int:
+    """Shared bytes the epilogue of a tile reuses (weight_sm90_gemm.cu finish_tile): the rounded tile
+    (rows of 136 halves), and past it (rounded up to 1 KB) the partials a block of a 2-way cluster
+    split stages for the other block, 4 KB an 8-row group of the tile; more than the 3-to-8-way
+    cluster split's float32 tile."""
+    tile = rows * (BN + 8) * 2
+    return (tile + 1023) // 1024 * 1024 + rows // 8 * 4096
+
+
+def smem_bytes(rows: int, fp8: bool = False) -> int:
+    """The ring (stages slots of activations and weights: 4 bits a weight, FP8 8), the scale ring
+    (stages slots of SCALE_BYTES a half), or the epilogue's bytes where those are more, and 1 KB to
+    align the first slot to 1024 bytes."""
+    cfg = tiles(fp8)[rows]
+    ring = cfg.stages * cfg.halves * (rows * 128 + BN * (64 if fp8 else 32) + SCALE_BYTES)
+    return max(ring, epilogue_bytes(rows)) + 1024
 
 
 #: weight_sm90_gemm.cu WgArgs: the sm80 gemm's layout, the last field the early flag
 ARGS = gemm_args("early")
 # wgmma exists only on sm_90a, and the kernel has no portable build (it traps elsewhere). FP4
-# weights are always in the k-permuted order (k_permuted true).
+# weights are always in the k-permuted order (k_permuted true), FP8 weights never.
 FAMILY = _jit.register(
     "weight_sm90_gemm",
     [
@@ -67,6 +95,11 @@ FAMILY = _jit.register(
         e
         for cfg in CONFIGS
         for e in _jit.product("sm90_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg], (True,))
+    ]
+    + [
+        e
+        for cfg in FP8_CONFIGS
+        for e in _jit.product("sm90_w16_gemm", _dtypes.HALF_CTYPES, (WEIGHT_FP8,), *[(v,) for v in cfg], (False,))
     ],
     specific_targets=_device.WGMMA_TARGETS,
     specific_required=True,
@@ -167,9 +200,10 @@ def cluster_cap(device, t, fmt, kp) -> dict:
     """splits -> clusters of the sm90 gemm (one block per SM) the device holds at once (once per
     device, from the 256-row tile's kernel). A split whose clusters do not all fit at once would run
     in two waves, so those splits go through the workspace."""
-    cfg = TILES[256]
+    fp8 = SCHEME_IDS[fmt] == WEIGHT_FP8
+    cfg = tiles(fp8)[256]
     k = _jit.kernel(device, FAMILY, "sm90_w16_gemm", t.ctype, SCHEME_IDS[fmt], *cfg, kp)
-    return _workspace.cluster_capacity(device, k, THREADS[256], smem_bytes(256))
+    return _workspace.cluster_capacity(device, k, THREADS[256], smem_bytes(256, fp8))
 
 
 def plan(p: Problem) -> list:
@@ -179,7 +213,8 @@ def plan(p: Problem) -> list:
     copies its first stages' weights before its PDL wait."""
     cap = cluster_cap(p.device, p.t, p.fmt, p.k_permuted) if CLUSTER_SPLITS else None
     rows, n_splits = sm90_plan(p.M, p.N, p.K // BK, p.sms, cluster_cap=cap)
-    cfg = TILES[rows]
+    fp8 = SCHEME_IDS[p.fmt] == WEIGHT_FP8
+    cfg = tiles(fp8)[rows]
     k = _jit.kernel(p.device, FAMILY, "sm90_w16_gemm", p.t.ctype, SCHEME_IDS[p.fmt], *cfg, p.k_permuted)
 
     def split(tiles, iters_total, slots):
@@ -193,7 +228,7 @@ def plan(p: Problem) -> list:
         p,
         k,
         THREADS[rows],
-        smem_bytes(rows),
+        smem_bytes(rows, fp8),
         rows,
         BK * cfg.halves,
         split,
