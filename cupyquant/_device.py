@@ -53,6 +53,7 @@ def caps_of_arch(arch: str) -> Caps:
 _caps: dict = {}
 _sms: dict = {}
 _smem_per_sm: dict = {}
+_smem_per_block: dict = {}
 
 
 def caps(device: int) -> Caps:
@@ -87,6 +88,18 @@ def smem_per_sm(device: int) -> int:
         import cupy
 
         n = _smem_per_sm[device] = cupy.cuda.Device(device).attributes["MaxSharedMemoryPerMultiprocessor"]
+    return n
+
+
+def smem_per_block(device: int) -> int:
+    """The most shared memory a block may use (the opt-in limit a launch can raise its kernel's to),
+    in bytes: 227 KB on Hopper, 163 KB on the A100, 99 KB on compute capability 8.6, 8.9 and 12.x."""
+    n = _smem_per_block.get(device)
+    if n is None:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        n = _smem_per_block[device] = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, device)
     return n
 
 

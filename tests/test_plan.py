@@ -397,6 +397,22 @@ def test_early_weight_reads_rule():
     assert not dispatch.early_ok(qw, True)
 
 
+def test_sm80_tile_fits_the_devices_shared_memory():
+    """The sm80 gemm's tile covers M where its ring fits a block's shared memory, and is the largest
+    smaller tile that does where not (99 KB on compute capability 8.6, 8.9 and 12.x)."""
+    from cupyquant.weight import sm80_gemm as S
+
+    big, small = 227 * 1024, 99 * 1024
+    for fp8 in (False, True):
+        for M in (1, 16, 17, 32, 33, 64, 65, 4096):
+            assert S.config(M, fp8, big) == S.config(M) == S.config(M, fp8)
+            cfg = S.config(M, fp8, small)
+            assert S.smem_bytes(cfg, fp8) + S.SMEM_SPARE <= small
+    assert S.tile_rows(S.config(4096, False, small)) == 64  # INT4: 96 KB of ring at 64 rows, 120 at 128
+    assert S.tile_rows(S.config(4096, True, small)) == 32  # FP8: 96 KB at 32 rows
+    assert S.tile_rows(S.config(16, True, small)) == 16
+
+
 def test_wgmma_tile_table_matches_the_kernel():
     """Each wgmma tile height's host figures against the kernel and the H100/H200 SM: its thread
     count and blocks a SM are the kernel's __launch_bounds__ (the 128-row tile's producer warpgroup

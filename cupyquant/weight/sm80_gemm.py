@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .. import _dtypes, _jit
+from .. import _device, _dtypes, _jit
 from .._sizes import ceil_div
 from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS, WEIGHT_FP8
 from .problem import GEMM_BN, Problem, gemm_args, gemm_steps
@@ -78,10 +78,18 @@ TILES = (
 MIN_SPLIT_STAGES = 4
 
 
-def config(M: int) -> Sm80GemmConfig:
-    for limit, cfg in TILES:
-        if limit is None or M <= limit:
-            return cfg
+#: Shared bytes a block of the kernel holds besides the ring (a K split's flag and the like), kept
+#: free under the device's limit
+SMEM_SPARE = 1024
+
+
+def config(M: int, fp8: bool = False, smem_limit: int | None = None) -> Sm80GemmConfig:
+    """The smallest tile that covers M (TILES); where its ring does not fit ``smem_limit`` bytes a
+    block (99 KB on compute capability 8.6, 8.9 and 12.x: FP8 past 32 rows, INT4 past 64), the
+    largest smaller tile that does."""
+    want = next(cfg for limit, cfg in TILES if limit is None or M <= limit)
+    fits = [cfg for _, cfg in TILES if smem_limit is None or smem_bytes(cfg, fp8) + SMEM_SPARE <= smem_limit]
+    return want if want in fits else max((c for c in fits if tile_rows(c) < tile_rows(want)), key=tile_rows)
 
 
 def splits(tiles: int, iters_total: int, blocks: int):
@@ -96,10 +104,10 @@ def splits(tiles: int, iters_total: int, blocks: int):
 
 # ---------------------------------------------------------------- launches
 def plan(p: Problem) -> list:
-    """The :class:`Step` launches of the sm80 gemm for ``p``: the smallest tile that covers M, a K
-    split where its tiles cannot fill the GPU."""
-    cfg = config(p.M)
+    """The :class:`Step` launches of the sm80 gemm for ``p``: the smallest tile that covers M (that
+    fits the device's shared memory), a K split where its tiles cannot fill the GPU."""
     fp8 = SCHEME_IDS[p.fmt] == WEIGHT_FP8
+    cfg = config(p.M, fp8, _device.smem_per_block(p.device))
     scale_after_sum = p.group % BK == 0 and cfg.m_tiles < 4 and not fp8
     k = _jit.kernel(p.device, FAMILY, "sm80_w16_gemm", p.t.ctype, SCHEME_IDS[p.fmt], *cfg, scale_after_sum)
     smem = smem_bytes(cfg, fp8)
