@@ -357,6 +357,19 @@ def _raw_a_scale(a_kind, sa):
     return cupy.asfortranarray(cupy.asarray(sa)) if a_kind.endswith("col") else cupy.asarray(sa)
 
 
+def _exact_call(a_kind, b_kind, M, N, K, seed):
+    """A call of M x N x K on exact operands of the two kinds, with a bias, bf16 out: the operands
+    (qa, codes, scales, qb, codes, scales), the reference's bits, the Layout and its Operands."""
+    rng = np.random.default_rng(seed)
+    qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
+    qb, cb, sb = _b_operand(b_kind, N, K, rng)
+    bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
+    want = ref.round_result(ref.scaled_mm(ca, cb, sa, sb, bias_h)[0], BF16)
+    bias = cupy.asarray(bias_h)
+    L = operands.for_matmul(qa, qb, "bfloat16", bias, None)
+    return (qa, ca, sa, qb, cb, sb), want, L, build.operands(L, build.matmul_arrays(qa, qb, bias, None))
+
+
 def _check_exact(y, codes_a, sa, codes_b, sb, out_dtype, bias=None, a_format=E4M3, what=""):
     r, _ = ref.scaled_mm(codes_a, codes_b, sa, sb, bias, a_format=a_format)
     assert_bits_equal(y.reshape(r.shape), ref.round_result(r, out_dtype), what)
@@ -534,14 +547,7 @@ def test_every_sm90_tile_forced(a_kind, b_kind):
     M, K = 300, 2064
     ran = 0
     for N in (520, 422):
-        rng = np.random.default_rng(_seed("tiles", a_kind, b_kind, N))
-        qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
-        qb, cb, sb = _b_operand(b_kind, N, K, rng)
-        bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
-        r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
-        want = ref.round_result(r, BF16)
-        L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
-        ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
+        _, want, L, ops = _exact_call(a_kind, b_kind, M, N, K, _seed("tiles", a_kind, b_kind, N))
         for cfg in sm90.CONFIGS:
             if L.mode not in sm90.modes(cfg):
                 continue
@@ -575,16 +581,10 @@ def test_sm90_small_every_scaling_and_split(a_kind, b_kind):
     from cupyquant.w8a8 import sm90_small
 
     for M in (1, 7, 16):
-        rng = np.random.default_rng(_seed("small", a_kind, b_kind, M))
-        N, K = 200, 2064
-        qa, ca, sa = _a_operand(a_kind, (M,), K, E4M3, rng)
-        qb, cb, sb = _b_operand(b_kind, N, K, rng)
-        bias_h = (rng.integers(-64, 64, N) / 16).astype(BF16)
-        r, _ = ref.scaled_mm(ca, cb, sa, sb, bias_h)
-        want = ref.round_result(r, BF16)
-        L = operands.for_matmul(qa, qb, "bfloat16", cupy.asarray(bias_h), None)
+        (qa, ca, sa, qb, cb, sb), want, L, ops = _exact_call(
+            a_kind, b_kind, M, 200, 2064, _seed("small", a_kind, b_kind, M)
+        )
         assert sm90_small.takes(L)
-        ops = build.operands(L, build.matmul_arrays(qa, qb, cupy.asarray(bias_h), None))
         for parts in (1, 3):
             ops.result[...] = cupy.nan
             sm90_small.MmSmallLaunch(L, parts)(ops)
