@@ -203,10 +203,34 @@ def splits(tiles: int, nkb: int, sms: int) -> tuple[int, int]:
 Y_BOX = 64
 
 
+class OperandMaps:
+    """The TMA tensor maps of a call's a and b (8-bit rows, boxes of 128 k by ``box_a`` and
+    ``box_b`` rows), encoded again only when a call's address or row stride differs from the last
+    call's (a plan's calls usually pass the same buffers; _workspace.tensor_map caches the rest)."""
+
+    __slots__ = ("M", "N", "K", "device", "box_a", "box_b", "_last")
+
+    def __init__(self, L, box_a: int, box_b: int):
+        self.M, self.N, self.K, self.device = L.M, L.N, L.K, L.device
+        self.box_a, self.box_b = box_a, box_b
+        self._last = (None, None, None, None)  # a's and b's (address, row stride), map
+
+    def __call__(self, ops) -> tuple:
+        """(a's map, b's map) for a call's Operands."""
+        ka, ta, kb, tb = self._last
+        pa, pb = (ops.a.data.ptr, ops.lda), (ops.b.data.ptr, ops.ldb)
+        if pa != ka:
+            ta = _workspace.tensor_map(pa[0], self.M, self.K, pa[1], self.device, A.BLOCK_K, self.box_a, 1)
+        if pb != kb:
+            tb = _workspace.tensor_map(pb[0], self.N, self.K, pb[1], self.device, A.BLOCK_K, self.box_b, 1)
+        self._last = (pa, ta, pb, tb)
+        return ta, tb
+
+
 class MmLaunch:
     """The planned launch of one call layout: the kernel's Launch (arguments: the tensor maps of a
     and b, given at each call, then a's and b's scales, zero points, column term, bias, the output,
-    the workspace and arrival counters of a K split), the TMA boxes' rows of a and b, and the K
+    the workspace and arrival counters of a K split), a's and b's tensor maps (OperandMaps), and the K
     split's workspace (its float32 elements, 0 for none) and counters. It is launched with PDL: the
     kernel waits for the kernel before it ahead of any global access, so that only its launch and
     set-up overlap that kernel's end.
@@ -217,21 +241,7 @@ class MmLaunch:
     the kernel is not bound by L2 (4096 x 4096 x 4096 per tensor: 1029 against 1019 TFLOP/s; 8192^3:
     1060 against 1203), so the planner does not take it; tests and benchmarks force it."""
 
-    __slots__ = (
-        "launch",
-        "box_a",
-        "box_b",
-        "ws",
-        "counters",
-        "M",
-        "N",
-        "K",
-        "device",
-        "_maps",
-        "ldy",
-        "y_tma",
-        "_ymap",
-    )
+    __slots__ = ("launch", "maps", "ws", "counters", "M", "N", "K", "device", "ldy", "y_tma", "_ymap")
 
     def __init__(self, L, cfg: Sm90Config | None = None, parts: int | None = None, cluster: int = 1):
         self.M, self.N, self.K, self.device = M, N, K, device = L.M, L.N, L.K, L.device
@@ -255,7 +265,7 @@ class MmLaunch:
         self.counters = tiles_n * tiles_m if parts > 1 else 0
         if cluster not in (1, 2) or (cluster == 2 and parts > 1):
             raise ValueError(f"cluster must be 1, or 2 without a K split, got {cluster} with {parts} parts")
-        self.box_a, self.box_b = cfg.bm // cluster, cfg.bn
+        self.maps = OperandMaps(L, cfg.bm // cluster, cfg.bn)
         tm = Blob(_launch.TENSOR_MAP)
         args = (tm, tm, tm) + (ARG,) * 8 + (A.mm_args(L, parts, per, cluster),)
         # y by TMA from shared memory where the kernel can (16-bit out, unsplit, rows a multiple of 16
@@ -274,19 +284,11 @@ class MmLaunch:
             self.launch = Launch(
                 k, (grid,), (cfg.threads,), args, smem=smem, pdl=True, cluster=(cluster, 1, 1), fields=fields
             )
-        self._maps = (None, None, None, None)  # a's and b's (address, row stride, map) of the last call
 
     def __call__(self, ops) -> None:
         """Launch on the current stream for a call's Operands."""
         dev = self.device
-        ka, ta, kb, tb = self._maps
-        pa, pb = (ops.a.data.ptr, ops.lda), (ops.b.data.ptr, ops.ldb)
-        if pa != ka:
-            ta = _workspace.tensor_map(pa[0], self.M, self.K, pa[1], dev, A.BLOCK_K, self.box_a, 1)
-        if pb != kb:
-            tb = _workspace.tensor_map(pb[0], self.N, self.K, pb[1], dev, A.BLOCK_K, self.box_b, 1)
-        self._maps = (pa, ta, pb, tb)
-        tma, tmb = ta, tb
+        tma, tmb = self.maps(ops)
         ws = counters = None
         if self.ws:
             ws, counters = _workspace.split_buffers(dev, self.ws, self.counters)

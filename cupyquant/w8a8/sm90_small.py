@@ -9,7 +9,7 @@ from .. import _device, _dtypes, _jit, _launch, _workspace
 from .._launch import ARG, Blob, Launch
 from .._sizes import ceil_div, round_up
 from . import args as A
-from .sm90 import A_FORMATS, B_FORMATS
+from .sm90 import A_FORMATS, B_FORMATS, OperandMaps
 
 #: a's rows the kernel takes: wgmma's N (a's rows past M read as zeros). The kernel builds for 32 as
 #: well, but at M = 32 the 64 x 64 tile of kernels/scaled_mm_sm90.cu is as fast or faster (H200,
@@ -85,12 +85,14 @@ class MmSmallLaunch:
     parts of K), with PDL (``pdl=False``: without); and a second Launch that issues b's first slots
     before the PDL wait, taken when ``early_ok``."""
 
-    __slots__ = ("plain", "early", "tok", "ws", "counters", "M", "N", "K", "device", "_maps")
+    __slots__ = ("plain", "early", "maps", "ws", "counters", "device")
 
     def __init__(self, L, parts: int | None = None, *, pdl: bool = True):
-        self.M, self.N, self.K, self.device = M, N, K, device = L.M, L.N, L.K, L.device
+        M, N, K, device = L.M, L.N, L.K, L.device
+        self.device = device
         sms = _device.sm_count(device)
-        self.tok = tok = next(t for t in TOKS if M <= t)
+        tok = next(t for t in TOKS if M <= t)
+        self.maps = OperandMaps(L, tok, ROWS)
         kps, stages = slots(L)
         tiles, nkb = ceil_div(N, ROWS), ceil_div(K, A.BLOCK_K)
         if parts is None:
@@ -112,21 +114,13 @@ class MmSmallLaunch:
             p["early"] = int(early)
             launches.append(Launch(k, (tiles, parts), (THREADS,), (tm, tm) + (ARG,) * 8 + (p,), smem=size, pdl=pdl))
         self.plain, self.early = launches[0], launches[1] if pdl else None
-        self._maps = (None, None, None, None)
 
     def __call__(self, ops) -> None:
         """Launch on the current stream for a call's Operands."""
-        dev = self.device
-        ka, ta, kb, tb = self._maps
-        pa, pb = (ops.a.data.ptr, ops.lda), (ops.b.data.ptr, ops.ldb)
-        if pa != ka:
-            ta = _workspace.tensor_map(pa[0], self.M, self.K, pa[1], dev, A.BLOCK_K, self.tok, 1)
-        if pb != kb:
-            tb = _workspace.tensor_map(pb[0], self.N, self.K, pb[1], dev, A.BLOCK_K, ROWS, 1)
-        self._maps = (pa, ta, pb, tb)
+        ta, tb = self.maps(ops)
         ws = counters = None
         if self.ws:
-            ws, counters = _workspace.split_buffers(dev, self.ws, self.counters)
+            ws, counters = _workspace.split_buffers(self.device, self.ws, self.counters)
         w = ops.weight
         launch = self.early if self.early is not None and early_ok(w) else self.plain
         launch(ta, tb, ops.sa, ops.sb, ops.azp, ops.adj, ops.bias, ops.out2, ws, counters)
