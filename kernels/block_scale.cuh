@@ -14,16 +14,19 @@
 // the scale of (m, k) at ((m / 128) * ceil(Kb / 4) + k / 4) * 512 + (m % 32) * 16 + ((m / 32) % 4) * 4
 // + k % 4, rows padded to 128 and scale columns to 4, the padding zero.
 //
-// Threads. One thread block quantizes a tile of 128 rows x 256 elements (8 MX or 16 NVFP4 scale
+// Threads. Two geometries, both giving each thread segments of 16 consecutive elements of a row.
+// The tile: one thread block quantizes a tile of 128 rows x 256 elements (8 MX or 16 NVFP4 scale
 // blocks per row), so that its scale bytes are exactly 2 or 4 whole 512-byte units of the swizzled
 // layout: they are gathered in shared memory and written as 16-byte stores (dense: one 8- or 16-byte
 // store per row). Each thread takes 16 consecutive elements of a row (16-byte loads, one 16- or
 // 8-byte store) in 8 rows of the tile, 4 rows' loads in flight at once; the two threads of an MX
 // block combine their maxima with one shuffle. Rows and blocks past the tensor read as zeros, so the
 // padding scales come out 0 without a separate pass. VEC = false is the scalar path for rows that
-// are not 16-byte aligned or K not a multiple of 16.
+// are not 16-byte aligned or K not a multiple of 16. The small geometry (small_quantize), for few
+// rows: one segment per thread, a grid of as many threads as segments, plus blocks that write the
+// zero padding rows of the swizzled layout.
 //
-// PDL. block_quantize and block_dequantize read and write global memory from their first lines: the
+// PDL. block_quantize, small_quantize and block_dequantize read and write global memory from their first lines: the
 // kernels that call them (mx.cu, nvfp4.cu) call pdl_wait_then_release() first.
 #pragma once
 
@@ -274,6 +277,8 @@ struct QuantArgs {
     float gs_arg;
     const float* gs_ptr;
     float* gs_out;            // NVFP4 only: S_enc as used, written by block 0
+    i64 row_blocks;           // small geometry: blocks along x that quantize rows (the rest zero the
+                              // swizzled layout's padding rows)
 };
 
 // ---------------------------------------------------------------- one segment
@@ -309,14 +314,13 @@ __device__ __forceinline__ void load_segment(const T* __restrict__ src, bool in,
     }
 }
 
-// NVFP4's S_enc * float32(1/6) and 1 / S_enc, S_enc read as a.gs_mode says; the thread with first
-// set writes S_enc to a.gs_out.
-__device__ __forceinline__ void nvfp4_block_factors(const QuantArgs& a, bool first, float& S_enc6, float& S_dec) {
+// NVFP4's S_enc, read as a.gs_mode says, and from it S_enc * float32(1/6) and 1 / S_enc.
+__device__ __forceinline__ float nvfp4_block_factors(const QuantArgs& a, float& S_enc6, float& S_dec) {
     const float S_enc = a.gs_mode == SCALE_FROM_ARG ? a.gs_arg
                       : a.gs_mode == SCALE_FROM_DEVICE ? *a.gs_ptr : nvfp4_encode_scale(*a.gs_ptr);
     S_enc6 = mul_rn(S_enc, Fmt<E2M1>::RCP);
     S_dec = rcp_rn(S_enc);
-    if (first) *a.gs_out = S_enc;
+    return S_enc;
 }
 
 // The scale byte of the segment's block and the segment's codes in w (16 bytes FP8, 8 bytes FP4,
@@ -426,7 +430,10 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
     const bool col_ok = k0 < a.K;
 
     float S_enc6 = 0.0f, S_dec = 0.0f;
-    if constexpr (NV) nvfp4_block_factors(a, blockIdx.x == 0 && threadIdx.x == 0, S_enc6, S_dec);
+    if constexpr (NV) {
+        const float S_enc = nvfp4_block_factors(a, S_enc6, S_dec);
+        if (blockIdx.x == 0 && threadIdx.x == 0) *a.gs_out = S_enc;
+    }
 
 #pragma unroll 1
     for (int g = 0; g < PASSES / GROUP; ++g) {
@@ -435,8 +442,9 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {  // the group's loads are all issued before any use
             const i64 row = rt * TILE_ROWS + (g * GROUP + j) * RPP + r0;
-            load_segment<T, RAW, VEC>(x + row * a.row_stride + k0, row < a.rows && col_ok, a.K - k0,
-                                      f[RAW ? 0 : j], r[RAW ? j : 0]);
+            const T* src = x + row * a.row_stride + k0;
+            const bool in = row < a.rows && col_ok;
+            load_segment<T, RAW, VEC>(src, in, a.K - k0, f[RAW ? 0 : j], r[RAW ? j : 0]);
         }
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {
@@ -479,6 +487,75 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
                 for (int j = 0; j < BPR && kb0 + j < a.n_blocks; ++j) dst[j] = (unsigned char)(words[j / 4] >> (8 * (j % 4)));
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------- the small geometry
+// For few rows (the host picks it where the tile grid would give each SM fewer than two tiles): one
+// thread per segment, so that every segment's loads are in flight at once, and only the padding
+// rows of the swizzled layout (rows past the tensor in its last 128-row tile) written by threads
+// that load nothing. Block (SMALL_THREADS threads) = (bx, by): thread (tx, ty) of block (i, j)
+// takes segment j * bx + tx of row i * by + ty. A row has a.n_units * 4 * BS / 16 segments (its
+// scale blocks rounded up to whole 4-byte words of the swizzled layout; those past K read as zeros
+// and give the padding columns' zero scales), and bx, a power of two that divides that count, is a
+// multiple of the 4 * BS / 16 segments of one word: the word's segments are consecutive lanes of one
+// warp, which gathers the word with three shuffles and stores it with one 4-byte store. Dense
+// scales are one byte store per block. Blocks i >= a.row_blocks zero the padding rows, 16 bytes a
+// thread (the 16 bytes of rows c, c + 32, c + 64, c + 96 of a unit; a 4-byte word each where some
+// of those rows hold data).
+static constexpr int SMALL_THREADS = 128;
+
+template <typename T, class F, int BS, bool NV, bool VEC, bool HW>
+__device__ __forceinline__ void small_quantize(const T* __restrict__ x, unsigned char* __restrict__ q,
+                                               unsigned char* __restrict__ scales, const QuantArgs& a) {
+    constexpr int TPB = BS / 16;   // threads per scale block: 2 or 1
+    constexpr int WORD = 4 * TPB;  // threads per 4-byte scale word
+    constexpr bool RAW = Raw<T, F, HW>::value;
+
+    if ((i64)blockIdx.x >= a.row_blocks) {  // the padding rows of the last 128-row tile
+        const i64 i = (((i64)blockIdx.x - a.row_blocks) * gridDim.y + blockIdx.y) * SMALL_THREADS +
+                      threadIdx.y * blockDim.x + threadIdx.x;
+        if (i >= a.n_units * 32) return;
+        const int data_rows = (int)(a.rows & (TILE_ROWS - 1));  // rows of the tile that hold data, 1..127
+        const int c = (int)(i & 31);
+        unsigned char* dst = scales + ((a.rows >> 7) * a.n_units + (i >> 5)) * 512 + c * 16;
+        if (c >= data_rows) {
+            st16(dst, make_uint4(0u, 0u, 0u, 0u));
+        } else {
+#pragma unroll
+            for (int j = 1; j < 4; ++j)
+                if (c + 32 * j >= data_rows) *reinterpret_cast<unsigned*>(dst + 4 * j) = 0u;
+        }
+        return;
+    }
+
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    const i64 seg = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    const i64 k0 = seg * 16;
+    const bool in = row < a.rows && k0 < a.K;
+
+    float S_enc6 = 0.0f, S_dec = 0.0f;
+    if constexpr (NV) {
+        const float S_enc = nvfp4_block_factors(a, S_enc6, S_dec);
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *a.gs_out = S_enc;
+    }
+
+    float f[RAW ? 1 : 16];
+    unsigned r[RAW ? 8 : 1];
+    load_segment<T, RAW, VEC>(x + row * a.row_stride + k0, in, a.K - k0, f, r);
+    unsigned w[4];
+    const unsigned sbyte = quantize_segment<F, BS, NV, HW, RAW>(f, r, S_enc6, S_dec, a.floor_rule != 0, w);
+    if (in) store_segment<F, VEC>(q + row * a.q_row + k0 * Fmt<F>::BITS / 8, w, a.K - k0);
+
+    const i64 kb = seg / TPB;
+    if (a.swizzled) {
+        unsigned word = sbyte;
+#pragma unroll
+        for (int i = 1; i < 4; ++i) word |= __shfl_down_sync(0xffffffffu, sbyte, i * TPB) << (8 * i);
+        if (row < a.rows && seg % WORD == 0)
+            *reinterpret_cast<unsigned*>(scales + ((row >> 7) * a.n_units + (kb >> 2)) * 512 + (row & 31) * 16 + ((row >> 5) & 3) * 4) = word;
+    } else if (row < a.rows && seg % TPB == 0 && kb < a.n_blocks) {
+        scales[row * a.n_blocks + kb] = (unsigned char)sbyte;
     }
 }
 
