@@ -73,11 +73,11 @@ DEQUANT_ARGS = np.dtype(
 )
 
 
-def planned_geometry(rows: int, K: int, device: int) -> str:
-    """The planner's geometry for ``rows`` rows of ``K``: "small" where the tile grid would give the
-    SMs fewer than SMALL_BELOW_TILES_PER_SM tiles each, else "tile"."""
+def planned_geometry(rows: int, K: int, sms: int) -> str:
+    """The planner's geometry for ``rows`` rows of ``K`` on ``sms`` SMs: "small" where the tile grid
+    would give the SMs fewer than SMALL_BELOW_TILES_PER_SM tiles each, else "tile"."""
     tiles = ceil_div(rows, TILE_ROWS) * ceil_div(K, TILE_K)
-    return "small" if tiles < SMALL_BELOW_TILES_PER_SM * _device.sm_count(device) else "tile"
+    return "small" if tiles < SMALL_BELOW_TILES_PER_SM * sms else "tile"
 
 
 def small_launch_shape(rows: int, n_units: int, block: int, swizzled: bool):
@@ -123,7 +123,7 @@ class QuantPlan:
         n_blocks, n_ktiles = ceil_div(K, block), ceil_div(K, TILE_K)
         n_units, swizzled = ceil_div(n_blocks, 4), scale_layout == "swizzled"
         if geometry is None:
-            geometry = planned_geometry(rows, K, device)
+            geometry = planned_geometry(rows, K, _device.sm_count(device))
         small = small_launch_shape(rows, n_units, block, swizzled) if geometry == "small" and rows and K else None
         self.geometry = "small" if small is not None else "tile"
         a = np.array(
