@@ -18,11 +18,23 @@ import numpy as np
 
 from . import _device, _dtypes, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
-from ._sizes import VECTOR_BYTES, ceil_div
+from ._sizes import MAX_GRID_X, MAX_GRID_YZ, VECTOR_BYTES, ceil_div
 
 THREADS = 256  # THREADS in block_scale.cuh
 TILE_K = 256  # TILE_K in block_scale.cuh: elements per tile row (tiles are 128 rows high)
 TILE_ROWS = 128
+#: Threads of a block of the small geometry (block_scale.cuh SMALL_THREADS)
+SMALL_THREADS = 128
+#: The quantizer's geometries (block_scale.cuh): "tile", a block per 128 x 256 tile, each thread 8
+#: segments of 16 elements in two rounds of loads; "small", a thread per segment, all its loads in
+#: flight at once, and the swizzled layout's padding rows zeroed by blocks that load nothing.
+GEOMETRIES = ("tile", "small")
+#: The planner takes the tile geometry from this many tiles per SM up, the small one below: at 128
+#: rows of 4096 the tile grid is 16 blocks for the H200's 132 SMs.
+SMALL_BELOW_TILES_PER_SM = 2
+#: Internal override of the planner, for tests and A/B timing: a name of GEOMETRIES, or None (the
+#: planner's choice). Read at every call and part of the plan's key, so it may change between calls.
+GEOMETRY: str | None = None
 #: Pieces of 8 elements a warp of the dequantizer takes of a row (block_scale.cuh's PIECES x 32 lanes)
 DEQUANT_PIECES = 32 * 4
 
@@ -44,6 +56,7 @@ QUANT_ARGS = np.dtype(
         ("gs_arg", np.float32),
         ("gs_ptr", np.uint64),
         ("gs_out", np.uint64),
+        ("row_blocks", np.int64),
     ],
     align=True,
 )
@@ -60,14 +73,42 @@ DEQUANT_ARGS = np.dtype(
 )
 
 
+def planned_geometry(rows: int, K: int, sms: int) -> str:
+    """The planner's geometry for ``rows`` rows of ``K`` on ``sms`` SMs: "small" where the tile grid
+    would give the SMs fewer than SMALL_BELOW_TILES_PER_SM tiles each, else "tile"."""
+    tiles = ceil_div(rows, TILE_ROWS) * ceil_div(K, TILE_K)
+    return "small" if tiles < SMALL_BELOW_TILES_PER_SM * sms else "tile"
+
+
+def small_launch_shape(rows: int, n_units: int, block: int, swizzled: bool):
+    """(grid, block, row_blocks) of the small geometry (block_scale.cuh small_quantize), or None
+    where its grid would pass CUDA's limits. A row is ``n_units * 4 * block / 16`` segments; a
+    block takes ``bx`` of them (the largest power of two up to SMALL_THREADS that divides that) in
+    ``SMALL_THREADS / bx`` rows. With swizzled scales and a partial last tile of 128 rows, the blocks
+    past ``row_blocks`` zero its padding rows, a thread per 16 bytes of each of the ``n_units``
+    512-byte units."""
+    segs = n_units * 4 * (block // 16)
+    bx = SMALL_THREADS
+    while segs % bx:
+        bx //= 2
+    by = SMALL_THREADS // bx
+    gy = segs // bx
+    row_blocks = ceil_div(rows, by)
+    pad_blocks = ceil_div(ceil_div(n_units * 32, SMALL_THREADS), gy) if swizzled and rows % TILE_ROWS else 0
+    if gy > MAX_GRID_YZ or row_blocks + pad_blocks > MAX_GRID_X:
+        return None
+    return (row_blocks + pad_blocks, gy), (bx, by), row_blocks
+
+
 class QuantPlan:
     """A checked block-quantizer call: the launch (None when there is nothing to launch; arguments
     x, q, the scales, then NVFP4's global scale to read and to write, fields of the argument
-    struct), the outputs' shapes, the input's type, and the overlap check of caller buffers."""
+    struct), its geometry, the outputs' shapes, the input's type, and the overlap check of caller
+    buffers."""
 
-    __slots__ = ("launch", "q_shape", "s_shape", "in_t", "disjoint")
+    __slots__ = ("launch", "geometry", "q_shape", "s_shape", "in_t", "disjoint")
 
-    def __init__(self, family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule, gs, nv):
+    def __init__(self, family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule, gs, nv, geometry):
         self.in_t = _validate.float_input(x, "x")
         _scales.check_block_layout(scale_layout)
         rows, K, row_stride = _validate.rows_view(x, "x")
@@ -80,9 +121,14 @@ class QuantPlan:
             _validate.scale_out(scale_out, self.s_shape, np.uint8, device, inputs=(("out", out), ("x", x)))
         self.disjoint = _validate.Disjoint((("x", x), ("out", out), ("scale_out", scale_out)), 1)
         n_blocks, n_ktiles = ceil_div(K, block), ceil_div(K, TILE_K)
+        n_units, swizzled = ceil_div(n_blocks, 4), scale_layout == "swizzled"
+        if geometry is None:
+            geometry = planned_geometry(rows, K, _device.sm_count(device))
+        small = small_launch_shape(rows, n_units, block, swizzled) if geometry == "small" and rows and K else None
+        self.geometry = "small" if small is not None else "tile"
         a = np.array(
-            (rows, K, row_stride, K if fmt.bits == 8 else ceil_div(K, 2), n_blocks, ceil_div(n_blocks, 4), n_ktiles,
-             scale_layout == "swizzled", floor_rule, gs[0], gs[1], 0, 0),
+            (rows, K, row_stride, K if fmt.bits == 8 else ceil_div(K, 2), n_blocks, n_units, n_ktiles,
+             swizzled, floor_rule, gs[0], gs[1], 0, 0, 0 if small is None else small[2]),
             dtype=QUANT_ARGS,
         )[()]  # fmt: skip
         self.launch = None
@@ -93,10 +139,13 @@ class QuantPlan:
                 and (row_stride * x.itemsize) % VECTOR_BYTES == 0
                 and (out is None or out.data.ptr % (16 if fmt.bits == 8 else 8) == 0)
             )
+            if small is not None:
+                name, grid, threads = name + "_small", small[0], small[1]
+            else:
+                grid, threads = (ceil_div(rows, TILE_ROWS) * n_ktiles,), (THREADS,)
             k = _jit.kernel(device, family, name, self.in_t.ctype, *ftargs, vec, not FORCE_SOFTWARE)
             fields = ((3, "gs_ptr"), (3, "gs_out")) if nv else ()
-            grid = (ceil_div(rows, TILE_ROWS) * n_ktiles,)
-            self.launch = Launch(k, grid, (THREADS,), (ARG, ARG, ARG, a), pdl=_device.caps(device).pdl, fields=fields)
+            self.launch = Launch(k, grid, threads, (ARG, ARG, ARG, a), pdl=_device.caps(device).pdl, fields=fields)
 
 
 _QUANT_PLANS = _plans.Plans()
@@ -104,9 +153,13 @@ _QUANT_PLANS = _plans.Plans()
 
 def plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule=0, gs=None):
     """The plan of a block quantizer ``name<in, *ftargs, VEC, HW>`` of ``family`` (a block_quantize
-    instance), memoized per signature; ``gs``: NVFP4's (ScaleSource, value) of the global scale
-    (None for MX). Nothing is allocated."""
-    key = (family, name, ftargs, _validate.array_key(x), block, scale_layout, floor_rule, gs)
+    instance; ``name + "_small"``, a small_quantize instance, where the geometry is "small"),
+    memoized per signature; ``gs``: NVFP4's (ScaleSource, value) of the global scale (None for MX).
+    The geometry is :data:`GEOMETRY`'s where set, else the planner's. Nothing is allocated."""
+    geometry = GEOMETRY
+    if geometry is not None and geometry not in GEOMETRIES:
+        raise ValueError(f"_block_scale.GEOMETRY must be one of {GEOMETRIES} or None, got {geometry!r}")
+    key = (family, name, ftargs, _validate.array_key(x), block, scale_layout, floor_rule, gs, geometry)
     key += (_validate.array_key(out), _validate.array_key(scale_out))
     plan = _QUANT_PLANS.lookup(key)
     if plan is None:
@@ -114,7 +167,19 @@ def plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_
         plan = _QUANT_PLANS.keep(
             key,
             QuantPlan(
-                family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule, gs or (0, 0.0), nv
+                family,
+                name,
+                ftargs,
+                x,
+                fmt,
+                block,
+                scale_layout,
+                out,
+                scale_out,
+                floor_rule,
+                gs or (0, 0.0),
+                nv,
+                geometry,
             ),
         )
     if out is not None or scale_out is not None:

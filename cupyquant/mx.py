@@ -39,6 +39,7 @@ _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 FAMILY = _jit.register(
     "mx",
     _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
+    + _jit.product("mx_quantize_small", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS),
     specific_targets=_device.FP4_CVT_TARGETS,
 )

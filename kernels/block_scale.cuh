@@ -14,16 +14,19 @@
 // the scale of (m, k) at ((m / 128) * ceil(Kb / 4) + k / 4) * 512 + (m % 32) * 16 + ((m / 32) % 4) * 4
 // + k % 4, rows padded to 128 and scale columns to 4, the padding zero.
 //
-// Threads. One thread block quantizes a tile of 128 rows x 256 elements (8 MX or 16 NVFP4 scale
+// Threads. Two geometries, both giving each thread segments of 16 consecutive elements of a row.
+// The tile: one thread block quantizes a tile of 128 rows x 256 elements (8 MX or 16 NVFP4 scale
 // blocks per row), so that its scale bytes are exactly 2 or 4 whole 512-byte units of the swizzled
 // layout: they are gathered in shared memory and written as 16-byte stores (dense: one 8- or 16-byte
 // store per row). Each thread takes 16 consecutive elements of a row (16-byte loads, one 16- or
 // 8-byte store) in 8 rows of the tile, 4 rows' loads in flight at once; the two threads of an MX
 // block combine their maxima with one shuffle. Rows and blocks past the tensor read as zeros, so the
 // padding scales come out 0 without a separate pass. VEC = false is the scalar path for rows that
-// are not 16-byte aligned or K not a multiple of 16.
+// are not 16-byte aligned or K not a multiple of 16. The small geometry (small_quantize), for few
+// rows: one segment per thread, a grid of as many threads as segments, plus blocks that write the
+// zero padding rows of the swizzled layout.
 //
-// PDL. block_quantize and block_dequantize read and write global memory from their first lines: the
+// PDL. block_quantize, small_quantize and block_dequantize read and write global memory from their first lines: the
 // kernels that call them (mx.cu, nvfp4.cu) call pdl_wait_then_release() first.
 #pragma once
 
@@ -274,8 +277,133 @@ struct QuantArgs {
     float gs_arg;
     const float* gs_ptr;
     float* gs_out;            // NVFP4 only: S_enc as used, written by block 0
+    i64 row_blocks;           // small geometry: blocks along x that quantize rows (the rest zero the
+                              // swizzled layout's padding rows)
 };
 
+// ---------------------------------------------------------------- one segment
+// The unit of work of both geometries below: 16 consecutive elements of a row, one thread's.
+// RAW: the segment is kept as the 8 bf16 pairs it was loaded as (FP4 from bf16 without the hardware
+// E2M1 conversion); otherwise as 16 floats.
+template <typename T, class F, bool HW> struct Raw {
+    static constexpr bool value = same_type<T, __nv_bfloat16>::value && Fmt<F>::BITS == 4 && !(HW && CQ_HAS_FP4_CVT);
+};
+
+// The segment at src into f (floats) or r (RAW pairs); n elements of the row from src are valid, and
+// a segment outside the tensor (in false) or its elements past n read as zeros.
+template <typename T, bool RAW, bool VEC>
+__device__ __forceinline__ void load_segment(const T* __restrict__ src, bool in, i64 n, float* f, unsigned* r) {
+    if constexpr (RAW) {
+        if (in && VEC) {
+            const uint4 lo = ld16(src), hi = ld16(src + 8);
+            r[0] = lo.x; r[1] = lo.y; r[2] = lo.z; r[3] = lo.w;
+            r[4] = hi.x; r[5] = hi.y; r[6] = hi.z; r[7] = hi.w;
+        } else {
+            const unsigned short* s16 = reinterpret_cast<const unsigned short*>(src);
+            if (!in) n = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                r[i] = (2 * i < n ? (unsigned)s16[2 * i] : 0u) | (2 * i + 1 < n ? (unsigned)s16[2 * i + 1] << 16 : 0u);
+        }
+    } else if (in) {
+        if constexpr (VEC) load16_vec<T>(src, f);
+        else load16_scalar<T>(src, n, f);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = 0.0f;
+    }
+}
+
+// NVFP4's S_enc, read as a.gs_mode says, and from it S_enc * float32(1/6) and 1 / S_enc.
+__device__ __forceinline__ float nvfp4_block_factors(const QuantArgs& a, float& S_enc6, float& S_dec) {
+    const float S_enc = a.gs_mode == SCALE_FROM_ARG ? a.gs_arg
+                      : a.gs_mode == SCALE_FROM_DEVICE ? *a.gs_ptr : nvfp4_encode_scale(*a.gs_ptr);
+    S_enc6 = mul_rn(S_enc, Fmt<E2M1>::RCP);
+    S_dec = rcp_rn(S_enc);
+    return S_enc;
+}
+
+// The scale byte of the segment's block and the segment's codes in w (16 bytes FP8, 8 bytes FP4,
+// element 2i in the low nibble of byte i). An MX block (BS = 32) is two segments, in lanes 2i and
+// 2i + 1 of a warp, which combine their maxima with one shuffle: every lane of the warp calls this.
+template <class F, int BS, bool NV, bool HW, bool RAW>
+__device__ __forceinline__ unsigned quantize_segment(const float* f, const unsigned* r, float S_enc6, float S_dec,
+                                                     bool floor_rule, unsigned* w) {
+    // block max |x| as float bits: MX lets a NaN win (its magnitude bits exceed inf's);
+    // NVFP4 ignores NaN (fmaxf), mapping it to 0.
+    unsigned key = 0;
+    unsigned mag[RAW ? 8 : 1];
+    if constexpr (RAW) {  // bf16x2 max of the magnitudes (.NaN for MX; NVFP4's ignores NaN,
+        unsigned m2 = 0;  // the other operand winning); bf16 bits order like float bits
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            mag[i] = r[i] & 0x7fff7fffu;
+            m2 = NV ? bf2_max(m2, mag[i]) : bf2_max_nan(m2, mag[i]);
+        }
+        key = max(m2 & 0xffffu, m2 >> 16) << 16;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[i]) : (__float_as_uint(f[i]) & 0x7fffffffu));
+    }
+    if constexpr (BS == 32) key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
+
+    unsigned sbyte;
+    float mult;
+    if constexpr (NV) {
+        const float sfv = fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F);
+        sbyte = to_e4m3<HW>(sfv);
+        mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+    } else {
+        sbyte = mx_scale<F, HW>(key, floor_rule);
+        mult = mx_multiplier(sbyte);
+    }
+    if constexpr (RAW) {
+        unsigned c[8];
+        if (!NV && sbyte - 1u < 253u) {
+            // 2^(127 - E) is a normal bf16, so |x| * 2^(127 - E) is exact in bf16 (or far
+            // below 0.25 where it is not) and the conversion runs on the bf16 pairs directly.
+            const unsigned m2 = ((254u - sbyte) << 7) * 0x10001u;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                c[i] = e2m1x2_mag(bf2_fma(mag[i], m2, 0x80008000u)) | ((r[i] & 0x80008000u) >> 12);
+        } else {  // NVFP4, or E = 0, 254 (subnormal or huge multiplier), 255 (NaN): through float
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                c[i] = e2m1x2_bf16(bf16x2_rto(mul_rn(__uint_as_float(r[i] << 16), mult),
+                                              mul_rn(__uint_as_float(r[i] & 0xffff0000u), mult)));
+        }
+        pack_e2m1x16(c, w);
+    } else {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[i], mult);
+        cvt16<F, HW>(v, w);
+    }
+    return sbyte;
+}
+
+// The segment's codes w at dst, n elements of the row valid from the segment's first.
+template <class F, bool VEC>
+__device__ __forceinline__ void store_segment(unsigned char* __restrict__ dst, const unsigned* w, i64 n) {
+    constexpr int OUT_BYTES = 16 * Fmt<F>::BITS / 8;
+    if constexpr (VEC) {
+        if constexpr (OUT_BYTES == 16) st16(dst, make_uint4(w[0], w[1], w[2], w[3]));
+        else __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+    } else if constexpr (OUT_BYTES == 16) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            if (i < n) dst[i] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            unsigned char b = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
+            if (2 * i + 1 >= n) b &= 0x0f;  // the element after the last is padding: 0
+            if (2 * i < n) dst[i] = b;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the tile geometry
 static constexpr int TILE_K = 256;             // elements per tile row
 static constexpr int TPR = TILE_K / 16;        // threads per tile row (16 elements each)
 static constexpr int RPP = THREADS / TPR;      // tile rows per pass: 16
@@ -291,8 +419,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
     constexpr int TPB = BS / 16;            // threads per scale block: 2 or 1
     constexpr int BPR = TILE_K / BS;        // scale blocks per tile row: 8 or 16
     constexpr int UNITS = BPR / 4;          // swizzle units per tile: 2 or 4
-    constexpr int OUT_BYTES = 16 * Fmt<F>::BITS / 8;
-    constexpr bool RAW = same_type<T, __nv_bfloat16>::value && Fmt<F>::BITS == 4 && !(HW && CQ_HAS_FP4_CVT);
+    constexpr bool RAW = Raw<T, F, HW>::value;
     __shared__ __align__(16) unsigned char tile_scales[UNITS * 512];
 
     const int lane_k = threadIdx.x % TPR;
@@ -304,17 +431,12 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
 
     float S_enc6 = 0.0f, S_dec = 0.0f;
     if constexpr (NV) {
-        const float S_enc = a.gs_mode == SCALE_FROM_ARG ? a.gs_arg
-                          : a.gs_mode == SCALE_FROM_DEVICE ? *a.gs_ptr : nvfp4_encode_scale(*a.gs_ptr);
-        S_enc6 = mul_rn(S_enc, Fmt<E2M1>::RCP);
-        S_dec = rcp_rn(S_enc);
+        const float S_enc = nvfp4_block_factors(a, S_enc6, S_dec);
         if (blockIdx.x == 0 && threadIdx.x == 0) *a.gs_out = S_enc;
     }
 
 #pragma unroll 1
     for (int g = 0; g < PASSES / GROUP; ++g) {
-        // RAW keeps bf16 pairs as loaded (FP4 from bf16 without the hardware E2M1 conversion);
-        // otherwise the elements are unpacked to float.
         float f[RAW ? 1 : GROUP][16];
         unsigned r[RAW ? GROUP : 1][8];
 #pragma unroll
@@ -322,103 +444,16 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
             const i64 row = rt * TILE_ROWS + (g * GROUP + j) * RPP + r0;
             const T* src = x + row * a.row_stride + k0;
             const bool in = row < a.rows && col_ok;
-            if constexpr (RAW) {
-                if (in && VEC) {
-                    const uint4 lo = ld16(src), hi = ld16(src + 8);
-                    r[j][0] = lo.x; r[j][1] = lo.y; r[j][2] = lo.z; r[j][3] = lo.w;
-                    r[j][4] = hi.x; r[j][5] = hi.y; r[j][6] = hi.z; r[j][7] = hi.w;
-                } else {
-                    const unsigned short* s16 = reinterpret_cast<const unsigned short*>(src);
-                    const i64 n = in ? a.K - k0 : 0;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-                        r[j][i] = (2 * i < n ? (unsigned)s16[2 * i] : 0u) | (2 * i + 1 < n ? (unsigned)s16[2 * i + 1] << 16 : 0u);
-                }
-            } else if (in) {
-                if constexpr (VEC) load16_vec<T>(src, f[j]);
-                else load16_scalar<T>(src, a.K - k0, f[j]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 16; ++i) f[j][i] = 0.0f;
-            }
+            load_segment<T, RAW, VEC>(src, in, a.K - k0, f[RAW ? 0 : j], r[RAW ? j : 0]);
         }
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {
             const int row_local = (g * GROUP + j) * RPP + r0;
             const i64 row = rt * TILE_ROWS + row_local;
-            // block max |x| as float bits: MX lets a NaN win (its magnitude bits exceed inf's);
-            // NVFP4 ignores NaN (fmaxf), mapping it to 0.
-            unsigned key = 0;
-            unsigned mag[RAW ? 8 : 1];
-            if constexpr (RAW) {  // bf16x2 max of the magnitudes (.NaN for MX; NVFP4's ignores NaN,
-                unsigned m2 = 0;  // the other operand winning); bf16 bits order like float bits
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    mag[i] = r[j][i] & 0x7fff7fffu;
-                    m2 = NV ? bf2_max(m2, mag[i]) : bf2_max_nan(m2, mag[i]);
-                }
-                key = max(m2 & 0xffffu, m2 >> 16) << 16;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 16; ++i) key = max(key, NV ? abs_key(f[j][i]) : (__float_as_uint(f[j][i]) & 0x7fffffffu));
-            }
-            if constexpr (TPB == 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
-
-            unsigned sbyte;
-            float mult;
-            if constexpr (NV) {
-                const float sfv = fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F);
-                sbyte = to_e4m3<HW>(sfv);
-                mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
-            } else {
-                sbyte = mx_scale<F, HW>(key, a.floor_rule != 0);
-                mult = mx_multiplier(sbyte);
-            }
             unsigned w[4];
-            if constexpr (RAW) {
-                unsigned c[8];
-                if (!NV && sbyte - 1u < 253u) {
-                    // 2^(127 - E) is a normal bf16, so |x| * 2^(127 - E) is exact in bf16 (or far
-                    // below 0.25 where it is not) and the conversion runs on the bf16 pairs directly.
-                    const unsigned m2 = ((254u - sbyte) << 7) * 0x10001u;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-                        c[i] = e2m1x2_mag(bf2_fma(mag[i], m2, 0x80008000u)) | ((r[j][i] & 0x80008000u) >> 12);
-                } else {  // NVFP4, or E = 0, 254 (subnormal or huge multiplier), 255 (NaN): through float
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-                        c[i] = e2m1x2_bf16(bf16x2_rto(mul_rn(__uint_as_float(r[j][i] << 16), mult),
-                                                      mul_rn(__uint_as_float(r[j][i] & 0xffff0000u), mult)));
-                }
-                pack_e2m1x16(c, w);
-            } else {
-                float v[16];
-#pragma unroll
-                for (int i = 0; i < 16; ++i) v[i] = mul_rn(f[j][i], mult);
-                cvt16<F, HW>(v, w);
-            }
-
-            if (row < a.rows && col_ok) {
-                unsigned char* dst = q + row * a.q_row + k0 * Fmt<F>::BITS / 8;
-                if constexpr (VEC) {
-                    if constexpr (OUT_BYTES == 16) st16(dst, make_uint4(w[0], w[1], w[2], w[3]));
-                    else __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
-                } else {
-                    const i64 n = a.K - k0;  // valid elements from k0
-                    if constexpr (OUT_BYTES == 16) {
-#pragma unroll
-                        for (int i = 0; i < 16; ++i)
-                            if (i < n) dst[i] = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) {
-                            unsigned char b = (unsigned char)(w[i / 4] >> (8 * (i % 4)));
-                            if (2 * i + 1 >= n) b &= 0x0f;  // the element after the last is padding: 0
-                            if (2 * i < n) dst[i] = b;
-                        }
-                    }
-                }
-            }
+            const unsigned sbyte = quantize_segment<F, BS, NV, HW, RAW>(f[RAW ? 0 : j], r[RAW ? j : 0], S_enc6, S_dec,
+                                                                        a.floor_rule != 0, w);
+            if (row < a.rows && col_ok) store_segment<F, VEC>(q + row * a.q_row + k0 * Fmt<F>::BITS / 8, w, a.K - k0);
             if (lane_k % TPB == 0) {
                 const int kb = lane_k / TPB;
                 tile_scales[(kb / 4) * 512 + (row_local % 32) * 16 + (row_local / 32) * 4 + kb % 4] = (unsigned char)sbyte;
@@ -452,6 +487,75 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, unsigned
                 for (int j = 0; j < BPR && kb0 + j < a.n_blocks; ++j) dst[j] = (unsigned char)(words[j / 4] >> (8 * (j % 4)));
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------- the small geometry
+// For few rows (the host picks it where the tile grid would give each SM fewer than two tiles): one
+// thread per segment, so that every segment's loads are in flight at once, and only the padding
+// rows of the swizzled layout (rows past the tensor in its last 128-row tile) written by threads
+// that load nothing. Block (SMALL_THREADS threads) = (bx, by): thread (tx, ty) of block (i, j)
+// takes segment j * bx + tx of row i * by + ty. A row has a.n_units * 4 * BS / 16 segments (its
+// scale blocks rounded up to whole 4-byte words of the swizzled layout; those past K read as zeros
+// and give the padding columns' zero scales), and bx, a power of two that divides that count, is a
+// multiple of the 4 * BS / 16 segments of one word: the word's segments are consecutive lanes of one
+// warp, which gathers the word with three shuffles and stores it with one 4-byte store. Dense
+// scales are one byte store per block. Blocks i >= a.row_blocks zero the padding rows, 16 bytes a
+// thread (the 16 bytes of rows c, c + 32, c + 64, c + 96 of a unit; a 4-byte word each where some
+// of those rows hold data).
+static constexpr int SMALL_THREADS = 128;
+
+template <typename T, class F, int BS, bool NV, bool VEC, bool HW>
+__device__ __forceinline__ void small_quantize(const T* __restrict__ x, unsigned char* __restrict__ q,
+                                               unsigned char* __restrict__ scales, const QuantArgs& a) {
+    constexpr int TPB = BS / 16;   // threads per scale block: 2 or 1
+    constexpr int WORD = 4 * TPB;  // threads per 4-byte scale word
+    constexpr bool RAW = Raw<T, F, HW>::value;
+
+    if ((i64)blockIdx.x >= a.row_blocks) {  // the padding rows of the last 128-row tile
+        const i64 i = (((i64)blockIdx.x - a.row_blocks) * gridDim.y + blockIdx.y) * SMALL_THREADS +
+                      threadIdx.y * blockDim.x + threadIdx.x;
+        if (i >= a.n_units * 32) return;
+        const int data_rows = (int)(a.rows & (TILE_ROWS - 1));  // rows of the tile that hold data, 1..127
+        const int c = (int)(i & 31);
+        unsigned char* dst = scales + ((a.rows >> 7) * a.n_units + (i >> 5)) * 512 + c * 16;
+        if (c >= data_rows) {
+            st16(dst, make_uint4(0u, 0u, 0u, 0u));
+        } else {
+#pragma unroll
+            for (int j = 1; j < 4; ++j)
+                if (c + 32 * j >= data_rows) *reinterpret_cast<unsigned*>(dst + 4 * j) = 0u;
+        }
+        return;
+    }
+
+    const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    const i64 seg = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    const i64 k0 = seg * 16;
+    const bool in = row < a.rows && k0 < a.K;
+
+    float S_enc6 = 0.0f, S_dec = 0.0f;
+    if constexpr (NV) {
+        const float S_enc = nvfp4_block_factors(a, S_enc6, S_dec);
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *a.gs_out = S_enc;
+    }
+
+    float f[RAW ? 1 : 16];
+    unsigned r[RAW ? 8 : 1];
+    load_segment<T, RAW, VEC>(x + row * a.row_stride + k0, in, a.K - k0, f, r);
+    unsigned w[4];
+    const unsigned sbyte = quantize_segment<F, BS, NV, HW, RAW>(f, r, S_enc6, S_dec, a.floor_rule != 0, w);
+    if (in) store_segment<F, VEC>(q + row * a.q_row + k0 * Fmt<F>::BITS / 8, w, a.K - k0);
+
+    const i64 kb = seg / TPB;
+    if (a.swizzled) {
+        unsigned word = sbyte;
+#pragma unroll
+        for (int i = 1; i < 4; ++i) word |= __shfl_down_sync(0xffffffffu, sbyte, i * TPB) << (8 * i);
+        if (row < a.rows && seg % WORD == 0)
+            *reinterpret_cast<unsigned*>(scales + ((row >> 7) * a.n_units + (kb >> 2)) * 512 + (row & 31) * 16 + ((row >> 5) & 3) * 4) = word;
+    } else if (row < a.rows && seg % TPB == 0 && kb < a.n_blocks) {
+        scales[row * a.n_blocks + kb] = (unsigned char)sbyte;
     }
 }
 

@@ -25,6 +25,14 @@ mx_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned cha
     block_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
 }
 
+// The small geometry (block_scale.cuh small_quantize): one thread per 16-element segment, for few rows.
+template <typename T, class F, bool VEC, bool HW>
+__global__ void __launch_bounds__(SMALL_THREADS)
+mx_quantize_small(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    pdl_wait_then_release();
+    small_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
+}
+
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {

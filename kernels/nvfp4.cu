@@ -22,6 +22,14 @@ nvfp4_quantize(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned 
     block_quantize<T, E2M1, 16, true, VEC, HW>(x, q, scales, a);
 }
 
+// The small geometry (block_scale.cuh small_quantize): one thread per 16-element segment, for few rows.
+template <typename T, bool VEC, bool HW>
+__global__ void __launch_bounds__(SMALL_THREADS)
+nvfp4_quantize_small(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    pdl_wait_then_release();
+    small_quantize<T, E2M1, 16, true, VEC, HW>(x, q, scales, a);
+}
+
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(256)
 nvfp4_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {

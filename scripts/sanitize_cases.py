@@ -29,7 +29,7 @@ import numpy as np
 import sanitize_hot_path
 
 import cupyquant as cq
-from cupyquant import _device, _plans, groupwise
+from cupyquant import _block_scale, _device, _plans, groupwise
 from cupyquant import reference as ref
 from cupyquant import weight as cqw
 from cupyquant.weight import decode, sm90_gemm
@@ -313,6 +313,18 @@ def _dense(q, shape, block):
 
 
 def run_mx(run: Run):
+    """The cases below in each geometry of the quantizer (_block_scale.GEOMETRY): their shapes are
+    small enough that the planner alone would take the small one."""
+    saved = _block_scale.GEOMETRY
+    try:
+        for geometry in _block_scale.GEOMETRIES:
+            _block_scale.GEOMETRY = geometry
+            _run_mx(run, geometry)
+    finally:
+        _block_scale.GEOMETRY = saved
+
+
+def _run_mx(run: Run, geometry: str):
     i = 0
     for shape in MX_SHAPES:
         K = shape[-1]
@@ -336,7 +348,7 @@ def run_mx(run: Run):
                                 scale_out=s_out,
                             )
                         )
-                        tag = f"mx {vname}{shape} {fmt} {layout} {rounding} {dt.name}"
+                        tag = f"mx {geometry} {vname}{shape} {fmt} {layout} {rounding} {dt.name}"
                         run.same(f"{tag} data", q.data, eq)
                         run.same(f"{tag} scales", q.scale, ref.swizzle_scales(es) if layout == "swizzled" else es)
                         for odt in (F32, BF16):
@@ -355,7 +367,7 @@ def run_mx(run: Run):
                 x = cupy.asarray(xh)
                 eq, es, eg = ref.quantize_nvfp4(xh, global_scale=None if gs is None else 37.5)
                 q = run.op(cq.quantize_nvfp4(x, global_scale=gs, scale_layout=layout, out=poison(eq.shape, np.uint8)))
-                tag = f"nvfp4 {shape} {layout} {mode} {dt.name}"
+                tag = f"nvfp4 {geometry} {shape} {layout} {mode} {dt.name}"
                 run.same(f"{tag} data", q.data, eq)
                 run.same(f"{tag} scales", q.scale, ref.swizzle_scales(es) if layout == "swizzled" else es)
                 run.same(f"{tag} global scale", q.global_scale, np.array([eg], np.float32))

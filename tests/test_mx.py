@@ -1,6 +1,7 @@
 """MXFP8, MXFP4 and NVFP4 on the GPU, byte for byte against cupyquant.reference: element bytes,
-scale bytes in both layouts (padding included), dequantization, the hardware and software
-conversion paths, special blocks, and argument validation."""
+scale bytes in both layouts (padding included) from both geometries of the quantizer,
+dequantization, the hardware and software conversion paths, special blocks, and argument
+validation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from _pdl import assert_rounds_equal, check_rounds
 from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
 
 import cupyquant as cq
-from cupyquant import _block_scale, _testing
+from cupyquant import _block_scale, _device, _launch, _plans, _testing
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -62,12 +63,20 @@ def run_nvfp4(xh, layout="swizzled", global_scale=None, x=None):
     return q, eq, es, eg
 
 
+@pytest.fixture(params=_block_scale.GEOMETRIES)
+def geometry(request, monkeypatch):
+    """Each geometry of the quantizer forced in turn (_block_scale.GEOMETRY): the shapes of these
+    tests are small enough that the planner alone would take the small one."""
+    monkeypatch.setattr(_block_scale, "GEOMETRY", request.param)
+    return request.param
+
+
 # ---------------------------------------------------------------- bytes and scales
 @pytest.mark.parametrize("rounding", ["ceil", "floor"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("fmt", MX_FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_mx_every_combination(in_dtype, fmt, layout, rounding):
+def test_mx_every_combination(in_dtype, fmt, layout, rounding, geometry):
     for shape in SHAPES:
         xh = heavy_tailed(shape, _seed(shape, in_dtype, fmt, layout, rounding), in_dtype)
         run_mx(xh, fmt, layout, rounding)
@@ -76,7 +85,7 @@ def test_mx_every_combination(in_dtype, fmt, layout, rounding):
 @pytest.mark.parametrize("gs", ["dynamic", "float", "device"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_nvfp4_every_combination(in_dtype, layout, gs):
+def test_nvfp4_every_combination(in_dtype, layout, gs, geometry):
     for shape in SHAPES:
         xh = heavy_tailed(shape, _seed(shape, in_dtype, layout, gs), in_dtype)
         a = ref.amax(xh)
@@ -161,7 +170,7 @@ def _special_blocks(fmt, in_dtype):
 @pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
 @pytest.mark.parametrize("fmt", MX_FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_mx_special_blocks(monkeypatch, in_dtype, fmt, sw):
+def test_mx_special_blocks(monkeypatch, in_dtype, fmt, sw, geometry):
     monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
     xh = _special_blocks(fmt, in_dtype)
     for layout in LAYOUTS:
@@ -176,7 +185,7 @@ def test_mx_special_blocks(monkeypatch, in_dtype, fmt, sw):
 
 @pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_nvfp4_special_blocks(monkeypatch, in_dtype, sw):
+def test_nvfp4_special_blocks(monkeypatch, in_dtype, sw, geometry):
     monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
     xh = _special_blocks("float4_e2m1fn", in_dtype)
     for layout in LAYOUTS:
@@ -258,9 +267,128 @@ def test_swizzled_offsets_and_zero_padding(block, quant):
     np.testing.assert_array_equal(q.to_host()["scale"].view(np.uint8), dense)
 
 
+# ---------------------------------------------------------------- geometries
+#: Rows: fewer than one scale word's 32 rows of the swizzled layout, one tile of 128 and a partial
+#: second (padding rows 1 to 127 of the last tile)
+GEOMETRY_MS = [1, 7, 16, 100, 128, 129, 300]
+#: K: below one segment, one word of scales and one tile; whole tiles; partial tiles, blocks that K
+#: does not fill and odd K (the scalar path, a half-filled last FP4 byte)
+GEOMETRY_KS = [1, 17, 48, 1000, 4096, 4097, 7168]
+
+
+def _quantize_in(geometry, monkeypatch, fmt, x, layout, rounding, gs):
+    """Quantize ``x`` with ``_block_scale.GEOMETRY`` forced to ``geometry``, into poisoned out= and
+    scale_out= buffers; checks that the quantizer launched was that geometry's."""
+    monkeypatch.setattr(_block_scale, "GEOMETRY", geometry)
+    block = 16 if fmt == "nvfp4" else 32
+    bits = 4 if fmt in ("nvfp4", "float4_e2m1fn") else 8
+    K = x.shape[-1]
+    out = poisoned(x.shape[:-1] + (K if bits == 8 else -(-K // 2),), np.uint8)
+    s_out = poisoned(cq.block_scale_shape(x.shape, block, layout), np.uint8)
+    with _launch.recording() as rec:
+        if fmt == "nvfp4":
+            q = cq.quantize_nvfp4(x, global_scale=gs, scale_layout=layout, out=out, scale_out=s_out)
+        else:
+            q = cq.quantize_mx(x, fmt, scale_layout=layout, rounding=rounding, out=out, scale_out=s_out)
+    names = [r[0].name for r in rec if r[5] is not None and "quantize" in r[0].name]
+    assert len(names) == 1 and ("quantize_small" in names[0]) == (geometry == "small"), (geometry, names)
+    assert q.data is out and q.scale is s_out
+    return q
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+def test_geometries_bit_exact(monkeypatch, in_dtype, fmt):
+    """Each geometry of the quantizer (_block_scale.GEOMETRY: the 128 x 256 tile, the small one of
+    a thread per segment) on every M of GEOMETRY_MS by every K of GEOMETRY_KS, both scale layouts:
+    element bytes, scale bytes (the swizzled layout's padding rows and columns included) and NVFP4's
+    global scale equal the reference. MX alternates the two rounding rules, NVFP4 a given and a
+    reduced global scale."""
+    for i, M in enumerate(GEOMETRY_MS):
+        for K in GEOMETRY_KS:
+            xh = heavy_tailed((M, K), _seed("geometry", M, K, in_dtype, fmt), in_dtype)
+            x = cupy.asarray(xh)
+            rounding, gs = ("floor", None) if i % 2 else ("ceil", 37.5)
+            if fmt == "nvfp4":
+                eq, es, eg = ref.quantize_nvfp4(xh, global_scale=gs)
+            else:
+                eq, es = ref.quantize_mx(xh, fmt, rounding=rounding)
+            for layout in LAYOUTS:
+                for geometry in _block_scale.GEOMETRIES:
+                    what = f"{fmt} {geometry} M={M} K={K} {layout}"
+                    q = _quantize_in(geometry, monkeypatch, fmt, x, layout, rounding, gs)
+                    assert_bits_equal(q.data, eq, f"{what} data")
+                    assert_bits_equal(q.scale, expected_scales(es, layout), f"{what} scales")
+                    if fmt == "nvfp4":
+                        assert_bits_equal(q.global_scale, np.array([eg], np.float32), f"{what} global scale")
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
+def test_geometries_views(monkeypatch, fmt):
+    """Each geometry on row-strided, misaligned (the scalar path with K a multiple of 16) and 3-D
+    views, with the software conversions too."""
+    base = heavy_tailed((300, 1100), _seed("geometry views", fmt), ml_dtypes.bfloat16)
+    xb = cupy.asarray(base)
+    for M in (1, 16, 129, 300):
+        views = [
+            (xb[:M, :1024], base[:M, :1024]),
+            (xb[:M, 1:1025], base[:M, 1:1025]),
+            (xb[:M, 3:998], base[:M, 3:998]),
+        ]
+        if M % 4 == 0:
+            views.append((xb[:M, :1024].reshape(4, M // 4, 1024), base[:M, :1024].reshape(4, M // 4, 1024)))
+        for v, vh in views:
+            vh = np.ascontiguousarray(vh)
+            if fmt == "nvfp4":
+                eq, es, _ = ref.quantize_nvfp4(vh, global_scale=100.0)
+            else:
+                eq, es = ref.quantize_mx(vh, fmt)
+            for sw in (False, True):
+                monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
+                _plans.clear()  # FORCE_SOFTWARE is read when a call is planned, not part of the key
+                for layout in LAYOUTS:
+                    for geometry in _block_scale.GEOMETRIES:
+                        what = f"{fmt} {geometry} {v.shape} strides {v.strides} {layout} sw={sw}"
+                        q = _quantize_in(geometry, monkeypatch, fmt, v, layout, "ceil", 100.0)
+                        assert_bits_equal(q.data, eq, f"{what} data")
+                        assert_bits_equal(q.scale, expected_scales(es, layout), f"{what} scales")
+
+
+def test_geometry_planner_and_override(monkeypatch):
+    """Unforced, the planner takes the small geometry at 128 rows of 4096 and the tile at 16384 rows;
+    GEOMETRY changes the geometry of the same call signature between calls (it is part of the
+    plan's key), and a name that is not a geometry raises."""
+    sms = _device.sm_count(cupy.cuda.Device().id)
+    x = cupy.asarray(heavy_tailed((128, 4096), 3, ml_dtypes.bfloat16))
+    big = cupy.zeros((16384, 4096), ml_dtypes.bfloat16)
+    assert _block_scale.planned_geometry(128, 4096, sms) == "small"
+    assert _block_scale.planned_geometry(16384, 4096, sms) == "tile"
+
+    def launched(fn):
+        with _launch.recording() as rec:
+            fn()
+        return [r[0].name for r in rec if r[5] is not None]
+
+    for fmt in ("float8_e4m3fn", "float4_e2m1fn"):
+        assert "quantize_small" in launched(lambda: cq.quantize_mx(x, fmt))[0]
+        assert "quantize_small" not in launched(lambda: cq.quantize_mx(big, fmt))[0]
+    assert "quantize_small" in launched(lambda: cq.quantize_nvfp4(x, global_scale=2.0))[0]
+    eq, es = ref.quantize_mx(x.get(), "float8_e4m3fn")
+    for geometry in ("tile", "small", None, "tile"):
+        monkeypatch.setattr(_block_scale, "GEOMETRY", geometry)
+        names = launched(lambda: cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled"))
+        assert ("quantize_small" in names[0]) == (geometry != "tile"), (geometry, names)
+    q = cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled")
+    assert_bits_equal(q.data, eq, "data")
+    assert_bits_equal(q.scale, expected_scales(es, "swizzled"), "scales")
+    monkeypatch.setattr(_block_scale, "GEOMETRY", "rows")
+    with pytest.raises(ValueError, match="GEOMETRY"):
+        cq.quantize_mx(x)
+
+
 # ---------------------------------------------------------------- views, shapes, tails
 @pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
-def test_strided_and_misaligned_views(fmt):
+def test_strided_and_misaligned_views(fmt, geometry):
     base = heavy_tailed((64, 1100), _seed("views", fmt), ml_dtypes.bfloat16)
     xb = cupy.asarray(base)
     views = {
@@ -279,7 +407,7 @@ def test_strided_and_misaligned_views(fmt):
 
 
 @pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
-def test_empty_and_tiny(fmt):
+def test_empty_and_tiny(fmt, geometry):
     for shape in [(0, 64), (3, 0), (1, 1), (1, 2), (1, 15), (1, 31), (257, 1), (1, 4096 * 9 + 7)]:
         xh = heavy_tailed(shape, _seed("tiny", shape, fmt), np.float32)
         for layout in LAYOUTS:
@@ -496,7 +624,7 @@ def test_fp4_odd_tail_padding_nibble_is_zero():
 
 # ---------------------------------------------------------------- programmatic dependent launch
 @pytest.mark.parametrize("case", ["mxfp8-dense", "mxfp4-swizzled", "nvfp4-dynamic", "nvfp4-global_scale-device"])
-def test_pdl_each_kernel_waits_for_the_kernel_before(case):
+def test_pdl_each_kernel_waits_for_the_kernel_before(case, geometry):
     """With PDL (compute capability 9.0+), rounds of new inputs (x, and NVFP4's device global
     scale), each written by a kernel that lets the op's first kernel start at once (tests/_pdl.py):
     the quantizer (NVFP4 dynamic: memset, amax reduction and cast) and the dequantizer of its result

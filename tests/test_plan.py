@@ -1,6 +1,7 @@
-"""The matmul's planners: which kernel a call takes (cupyquant/weight/dispatch.py), the decode
-kernel's configuration (weight/decode.py) and the sm90 gemm's tile and K split
-(weight/sm90_gemm.py), on fixed device properties (no GPU needed)."""
+"""The planners: which kernel a matmul takes (cupyquant/weight/dispatch.py), the decode kernel's
+configuration (weight/decode.py), the sm90 gemm's tile and K split (weight/sm90_gemm.py), and the
+MX and NVFP4 quantizers' geometry (cupyquant/_block_scale.py), on fixed device properties (no GPU
+needed)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 import cupyquant as cq
 import cupyquant.weight
-from cupyquant import _device
+from cupyquant import _block_scale, _device
+from cupyquant._sizes import ceil_div
 from cupyquant.weight import decode, dispatch, sm90_gemm
 from cupyquant.weight.formats import weight_scheme
 
@@ -472,3 +474,43 @@ def test_per_token_team_choice():
     assert {K: groupwise._token_team(K, 2, 1024) for K in many16} == many16
     assert {K: groupwise._token_team(K, 4, 257) for K in many32} == many32
     assert {K: groupwise._token_team(K, 2, 256) for K in few16} == few16
+
+
+def test_block_scale_geometry_below_two_tiles_per_sm():
+    """The MX and NVFP4 quantizers take the small geometry while their 128 x 256 tiles number fewer
+    than SMALL_BELOW_TILES_PER_SM per SM: on 132 SMs up to 2048 rows of 4096 and 1152 of 7168."""
+    plan = _block_scale.planned_geometry
+    assert _block_scale.SMALL_BELOW_TILES_PER_SM == 2
+    assert plan(1, 4096, 132) == plan(128, 4096, 132) == plan(1024, 7168, 132) == "small"
+    assert plan(2048, 4096, 132) == "small" and plan(2049, 4096, 132) == "tile"  # 256 and 272 tiles
+    assert plan(1152, 7168, 132) == "small" and plan(1153, 7168, 132) == "tile"  # 252 and 261
+    assert plan(1, 256 * 263, 132) == "small" and plan(1, 256 * 264, 132) == "tile"  # tiles along K alone
+    assert plan(16384, 4096, 132) == "tile"
+
+
+def test_block_scale_small_launch_shape():
+    """The small geometry's launch (_block_scale.small_launch_shape): blocks of SMALL_THREADS threads
+    whose row of bx threads is a power of two that divides a row's segments and holds whole 4-byte
+    scale words; enough rows of blocks for the rows; padding blocks with a thread for each 16 bytes
+    of the swizzled layout's last tile, only where that tile is partial; None past the grid's
+    limits."""
+    shape = _block_scale.small_launch_shape
+    threads = _block_scale.SMALL_THREADS
+    for rows in (1, 7, 16, 100, 128, 129, 300):
+        for K in (1, 17, 48, 1000, 4096, 4097, 7168):
+            for block in (16, 32):
+                for swizzled in (False, True):
+                    n_units = ceil_div(ceil_div(K, block), 4)
+                    (gx, gy), (bx, by), row_blocks = shape(rows, n_units, block, swizzled)
+                    assert bx * by == threads and bx & (bx - 1) == 0
+                    assert bx % (4 * block // 16) == 0 and gy * bx == n_units * 4 * block // 16
+                    assert (row_blocks - 1) * by < rows <= row_blocks * by
+                    pad_threads = (gx - row_blocks) * gy * threads
+                    if swizzled and rows % 128:
+                        assert n_units * 32 <= pad_threads < n_units * 32 + gy * threads
+                    else:
+                        assert pad_threads == 0
+    assert shape(128, 32, 32, True) == ((128, 2), (128, 1), 128)  # 128 x 4096 MX: 256 blocks
+    assert shape(1, 64, 16, True) == ((9, 2), (128, 1), 1)  # 1 x 4096 NVFP4: 2 blocks and 16 of padding
+    assert shape(128, 56, 32, False) == ((64, 7), (64, 2), 64)  # 128 x 7168 MX: 448 blocks
+    assert shape(1, 65535, 16, False) is not None and shape(1, 65537, 16, False) is None  # 65537 y blocks
