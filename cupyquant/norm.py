@@ -10,6 +10,9 @@ dequantizes with :func:`cupyquant.dequantize` and feeds the same GEMMs.
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass, replace
+
 import cupy
 import numpy as np
 
@@ -31,23 +34,73 @@ _FORMATS = {
 #: row, so rows up to 16384 elements of a 16-bit type, 8192 of float32.
 _LANE_BYTES = 32
 _WARPS = (1, 2, 4, 8, 16, 32)
-#: Up to this many rows a row gets at least _FEW_ROWS_WARPS warps: a short call is latency-bound, and
-#: spreading each row over more lanes shortens its chain (H100, bf16, per-token FP8: 16 x 4096 in
-#: 4.2 us with 16 warps a row, 4.5 with 4; 256 x 4096 in 7.3 us with 16, 5.6 with 4).
+#: Elements of one unit (16 bytes of a 16-bit type, 32 of float32): the least a lane of a team holds.
+_UNIT = 8
+#: The "few" team rule (_few_team): up to this many rows a row gets at least _FEW_ROWS_WARPS warps
+#: (H100, bf16, per-token FP8, rms_norm_quantize: 16 x 4096 in 4.2 us with 16 warps a row, 4.5 with 4).
 _FEW_ROWS = 64
 _FEW_ROWS_WARPS = 16
+#: The "fill" team rule (_fill_team): a call whose rows, on teams of one unit a lane, come to at most
+#: this many warps an SM takes those teams; a larger one the fewest warps that hold a row (32 bytes a
+#: lane). A short call is one row's chain of dependent steps, shorter on more lanes; the bound keeps
+#: a call of more rows from queueing the per-warp work of wide teams on the SMs' schedulers.
+_FILL_WARPS_PER_SM = 16
+#: Teams of fewer warps keep 32 bytes a lane whatever the rows: widening one warp to two would add
+#: an exchange through shared memory to save a lane one unit.
+_FILL_MIN_WARPS = 2
 #: Threads of a block: rows of teams of fewer than 256 threads share a block (rms_norm.cu).
 _BLOCK = 256
+#: The two kernels: rms_norm_quantize_lead (per-team barriers, a row's scalars computed once by its
+#: first warp) and rms_norm_quantize (block barriers, every warp computes them), kept for comparison.
+_KERNELS = {"lead": "rms_norm_quantize_lead", "block": "rms_norm_quantize"}
 FAMILY = _jit.register(
     "rms_norm",
     [
-        _jit.expr("rms_norm_quantize", t, _SCHEME_ID[s], _dtypes.element_format(f).ctag)
+        _jit.expr(name, t, _SCHEME_ID[s], _dtypes.element_format(f).ctag)
+        for name in _KERNELS.values()
         for s, formats in _FORMATS.items()
         for f in formats
         for t in _dtypes.INPUT_CTYPES
     ],
     specific_targets=_device.FP4_CVT_TARGETS,
 )
+
+
+@dataclass(frozen=True)
+class _Path:
+    """How a plan launches (part of its key). ``kernel``: a key of _KERNELS; ``teams``: "fill"
+    (_fill_team) or "few" (_few_team); ``weight``: "async" (rms_norm_quantize_lead stages the weight
+    in shared memory by cp.async on the vector path) or "prefetch" (prefetch.global.L1, then loads);
+    ``warps``: a team size that replaces the rule's where it holds the row (None: the rule's)."""
+
+    kernel: str = "lead"
+    teams: str = "fill"
+    weight: str = "async"
+    warps: int | None = None
+
+
+#: The path of new plans (_forced_path changes it).
+_PATH = _Path()
+
+
+@contextlib.contextmanager
+def _forced_path(**changes):
+    """Private, for tests and benchmarks: within the block, new calls plan with the fields of
+    :class:`_Path` given (``kernel="block", teams="few"``: the block-synchronized kernel and its
+    rule). Plans are keyed on the path, so both stay memoized. Not thread-safe: it sets a module
+    global."""
+    global _PATH
+    new = replace(_PATH, **changes)
+    if new.kernel not in _KERNELS or new.teams not in ("fill", "few") or new.weight not in ("async", "prefetch"):
+        raise ValueError(f"unknown path {new}")
+    if new.warps is not None and new.warps not in _WARPS:
+        raise ValueError(f"warps must be one of {_WARPS}, got {new.warps}")
+    saved, _PATH = _PATH, new
+    try:
+        yield
+    finally:
+        _PATH = saved
+
 
 # rms_norm.cu's NormArgs, field for field (C alignment).
 _NORM_ARGS = np.dtype(
@@ -66,6 +119,8 @@ _NORM_ARGS = np.dtype(
         ("eps", np.float32),
         ("s_mode", np.int32),
         ("s_arg", np.float32),
+        ("rcp_H", np.float32),
+        ("w_async", np.int32),
         ("s_ptr", np.uint64),
         ("s_out", np.uint64),
     ],
@@ -79,15 +134,44 @@ def _row_max(itemsize: int, warps: int) -> int:
     return 32 * warps * _LANE_BYTES // itemsize
 
 
-def _team(H: int, itemsize: int, rows: int) -> int:
-    """Warps per row: the fewest that hold the row; with few rows at least _FEW_ROWS_WARPS."""
+def _narrow_team(H: int, itemsize: int) -> int:
+    """The fewest warps that hold a row (32 bytes a lane)."""
     if H > _row_max(itemsize, _WARPS[-1]):
         raise ValueError(
             f"x's last axis ({H}) is longer than the fused kernel holds ({_row_max(itemsize, _WARPS[-1])} "
             f"elements of {itemsize} bytes); normalize and quantize in two steps"
         )
-    warps = next(w for w in _WARPS if H <= _row_max(itemsize, w))
+    return next(w for w in _WARPS if H <= _row_max(itemsize, w))
+
+
+def _few_team(H: int, itemsize: int, rows: int) -> int:
+    """Warps per row: the fewest that hold the row; with few rows at least _FEW_ROWS_WARPS."""
+    warps = _narrow_team(H, itemsize)
     return max(warps, _FEW_ROWS_WARPS) if rows <= _FEW_ROWS else warps
+
+
+def _fill_team(H: int, itemsize: int, rows: int, sms: int) -> int:
+    """Warps per row: the fewest that hold the row (32 bytes a lane), or, where those are at least
+    _FILL_MIN_WARPS and the call is short, the fewest that hold it at one unit a lane (16 bytes of a
+    16-bit type; float32's unit is already 32 bytes): while ``rows`` such teams come to at most
+    _FILL_WARPS_PER_SM warps on each of the ``sms`` SMs. Like quantize_groupwise's per-token team
+    (groupwise._token_team), a short call spreads each row over more lanes and a long one keeps the
+    most bytes in flight a lane."""
+    narrow = _narrow_team(H, itemsize)
+    wide = next(w for w in _WARPS if w == _WARPS[-1] or H <= 32 * w * _UNIT)
+    if narrow >= _FILL_MIN_WARPS and wide > narrow and rows * wide <= sms * _FILL_WARPS_PER_SM:
+        return wide
+    return narrow
+
+
+def _team(H: int, itemsize: int, rows: int, device: int, path: _Path) -> int:
+    """Warps per row on ``path``: its forced size where that holds the row, else its rule's."""
+    narrow = _narrow_team(H, itemsize)
+    if path.warps is not None and path.warps >= narrow:
+        return path.warps
+    if path.teams == "few":
+        return _few_team(H, itemsize, rows)
+    return _fill_team(H, itemsize, rows, _device.sm_count(device))
 
 
 def _only_for(scheme: str, **given) -> None:
@@ -107,7 +191,7 @@ class _Plan:
 
     def __init__(
         self, x, weight, eps, residual, scheme, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
-        scale, global_scale, out, scale_out,
+        scale, global_scale, out, scale_out, path,
     ):  # fmt: skip
         if scheme not in SCHEMES:
             raise ValueError(f"scheme={scheme!r} is not supported; expected one of {SCHEMES}")
@@ -210,12 +294,12 @@ class _Plan:
         grid_rows = round_up(rows, _scales.SWIZZLE_ROWS) if swizzled else rows
         na = np.array(
             (rows, grid_rows, x_stride, r_stride, q_shape[-1] if q_shape else 0, n_blocks, H, 0, 0, g_elems,
-             swizzled, np.float32(eps), 0, 0.0, 0, 0),
+             swizzled, np.float32(eps), 0, 0.0, np.float32(1) / np.float32(H), 0, 0, 0),
             dtype=_NORM_ARGS,
         )  # fmt: skip
         if given is not None:
             na["s_mode"], na["s_arg"] = int(given.mode), given.value
-        warps = _team(H, x.itemsize, rows)
+        warps = _team(H, x.itemsize, rows, device, path)
         self.launch = None
         if grid_rows:
             ptrs = [x.data.ptr, weight.data.ptr] + ([residual.data.ptr] if residual is not None else [])
@@ -226,15 +310,19 @@ class _Plan:
                 and (r_stride * x.itemsize) % VECTOR_BYTES == 0
                 and (out is None or out.data.ptr % 8 == 0)
             )
-            kernel = _jit.kernel(device, FAMILY, "rms_norm_quantize", in_t.ctype, _SCHEME_ID[scheme], fmt.ctag)
+            name = _KERNELS[path.kernel]
+            kernel = _jit.kernel(device, FAMILY, name, in_t.ctype, _SCHEME_ID[scheme], fmt.ctag)
             threads = 32 * warps
-            na["team_shift"], na["vec"] = threads.bit_length() - 1, vec
+            # the weight staged by cp.async: 16-byte words, the lead kernel only
+            w_async = vec and path.kernel == "lead" and path.weight == "async"
+            na["team_shift"], na["vec"], na["w_async"] = threads.bit_length() - 1, vec, w_async
             block_dim = (max(_BLOCK, threads),)
             grid = (ceil_div(grid_rows, block_dim[0] // threads),)
             fields = ((6, "s_ptr"), (6, "s_out")) if given is not None else ()
             fields += ((7, "ub_ptr"),) if ub is not None else ()
             args = (ARG, ARG, ARG, ARG, ARG, ARG, na[()], sa)
-            self.launch = Launch(kernel, grid, block_dim, args, pdl=_device.caps(device).pdl, fields=fields)
+            smem = _LANE_BYTES * block_dim[0] if w_async else 0  # rms_norm.cu w_stage
+            self.launch = Launch(kernel, grid, block_dim, args, smem=smem, pdl=_device.caps(device).pdl, fields=fields)
         self.q_shape, self.q_dtype, self.s_shape, self.lay, self.s_dtype = q_shape, q_dtype, s_shape, lay, s_dtype
         # the plan keeps no array of the call that made it: a device scale is given at each call
         self.scheme, self.ub = sch, ub is not None
@@ -330,7 +418,7 @@ def rms_norm_quantize(
         _validate.array_key(x), _validate.array_key(weight), type(eps), eps, _validate.array_key(residual), scheme,
         dtype, group_size, type(group_size), scale_layout, scale_pow2, scale_dtype, _validate.scale_key(scale_ub),
         _validate.scale_key(scale), _validate.scale_key(global_scale), _validate.array_key(out),
-        _validate.array_key(scale_out),
+        _validate.array_key(scale_out), _PATH,
     )  # fmt: skip
     plan = _PLANS.lookup(key)
     if plan is None:
@@ -338,7 +426,7 @@ def rms_norm_quantize(
             key,
             _Plan(
                 x, weight, eps, residual, scheme, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub,
-                scale, global_scale, out, scale_out,
+                scale, global_scale, out, scale_out, _PATH,
             ),
         )  # fmt: skip
     ub = scale_ub if plan.ub else None

@@ -28,8 +28,11 @@
 // input type, scheme and format: the family compiles in a fraction of the time of one per team);
 // without vec, single elements are read and written (rows not 16-byte aligned, H not a multiple of
 // 8). The host checks everything else (H % G, H % 32 for MX, H % 16 for NVFP4).
-// PDL: the kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
-// global load, store or prefetch, so that the wrappers may launch it with programmatic dependent launch.
+// Kernels: rms_norm_quantize_lead (what the wrappers launch; below the first, it computes a row's
+// scalars once) and rms_norm_quantize, whose every warp computes them (cupyquant.norm._forced_path
+// selects it, for comparison). Both give the same bytes with any team.
+// PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
+// global load, store, prefetch or copy, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "groupwise.cuh"
 #include "block_scale.cuh"
@@ -52,6 +55,8 @@ struct NormArgs {
     float eps;
     int s_mode;      // a ScaleSource for NQ_TENSOR's s and NQ_NVFP4's S_enc: DEVICE (s_ptr) or ARG
     float s_arg;
+    float rcp_H;     // float32(1 / H), correctly rounded (rms_norm_quantize_lead)
+    int w_async;     // rms_norm_quantize_lead, with vec: the weight staged in shared memory by cp.async
     const float* s_ptr;
     float* s_out;    // NQ_TENSOR: s; NQ_NVFP4: S_enc; written by the first thread
 };
@@ -354,6 +359,335 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
             for (int i = 0; i < 8; ++i) key = max(key, NV ? abs_key(f[i]) : (__float_as_uint(f[i]) & 0x7fffffffu));
 #pragma unroll
             for (int o = 1; o < TPB; o *= 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+            if (c >= H) continue;  // whole blocks: H % BS == 0
+            unsigned sbyte;
+            float mult;
+            if constexpr (NV) {
+                sbyte = to_e4m3<true>(fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F));
+                mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+            } else {
+                sbyte = mx_scale<F, true>(key, false);
+                mult = mx_multiplier(sbyte);
+            }
+            if (valid) {
+                float m8[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) m8[i] = mul_rn(f[i], mult);
+                unsigned w[2];
+                block_codes8<F>(m8, w);
+                store_bytes<NB>(q + row * a.q_row + c * Fmt<F>::BITS / 8, NB, w, vec);
+            }
+            if ((t & (TPB - 1)) == 0) {
+                const i64 kb = c / BS;
+                sbytes[block_scale_offset(a, row, kb)] = (unsigned char)sbyte;
+                if (a.swizzled && kb == a.n_blocks - 1)
+                    for (i64 k = kb + 1; k < ((a.n_blocks + 3) & ~(i64)3); ++k) sbytes[block_scale_offset(a, row, k)] = 0;
+            }
+        }
+    }
+}
+
+// ================================================================ rms_norm_quantize_lead
+// The same bytes as rms_norm_quantize, with less work a row that does not depend on H (the block's
+// barriers are the same __syncthreads, one barrier resource: a named barrier a team would reserve all
+// sixteen, and 16 barriers a block allow 4 blocks an SM on sm_90, 1 on sm_89 and sm_120):
+// - the sum of squares reduces a lane's two slots (16-bit types) in one shuffle tree: at the first
+//   level each lane gives its partner the slot the partner keeps, so even lanes carry slot 0 and odd
+//   lanes slot 1 through the other four levels (the order is the unit tree's: lane bits, then the
+//   team's warp bits, then the slot bit);
+// - inv = 1 / sqrt(ss / H + eps) is computed once a row, by the team's first warp, between the
+//   barrier after which the warps' sums are in shared memory and one after which inv is; ss / H is
+//   div_by with the host's RN(1 / H) where that is the IEEE quotient, 1 / sqrt is rcp.rn;
+// - per token, the team's amax is an atomicMax in shared memory and one barrier (no loop over the
+//   warps' maxima), the scale amax / qmax by div_by (scale_of) and 1 / s by rcp.rn;
+// - the caller's scalars (NQ_TENSOR's s, NQ_NVFP4's S_enc) are loaded with the row and what derives
+//   from them is computed before the norm needs it; scale_ub on the device ahead of the reductions
+//   that precede its use;
+// - with w_async (vec only), the row's weight goes to shared memory by cp.async ahead of the row's own
+//   loads, each thread staging the 16-byte words it later reads, so the weight is on chip when the
+//   norm is done without holding registers; without it, prefetch.global.L1 as rms_norm_quantize.
+// Registers as rms_norm_quantize's on sm_90 (40 for the 16-bit per-token and per-group instances).
+
+// Teams of two or more warps to a block, at most (blocks of 256 threads for teams below 256): the
+// rows whose scalars go through shared memory.
+static constexpr int NORM_SYNC_TEAMS = 4;
+
+// 16 bytes from global src to shared dst without registers (sm_80+), completed by stage_wait.
+__device__ __forceinline__ void stage16(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// inv = 1 / sqrt(ss / H + eps), each step correctly rounded. ss / H is div_by(ss, H, RN(1 / H)) for
+// ss in [2^-60, FLT_MAX] (normal operands, a quotient of at least 2^-74 and a remainder of at least
+// 2^-120: the range where common.cuh's div_by is the IEEE quotient), div_rn elsewhere (0, tiny, inf,
+// NaN); rcp_rn(v) is div_rn(1, v).
+__device__ __forceinline__ float rms_inv(float ss, const NormArgs& a) {
+    const unsigned b = __float_as_uint(ss);
+    const float Hf = (float)a.H;
+    const float mean = (b >= 0x21800000u && b < 0x7f800000u) ? div_by(ss, Hf, a.rcp_H) : div_rn(ss, Hf);
+    return rcp_rn(sqrt_rn(add_rn(mean, a.eps)));
+}
+
+// The per-token scale of token_scale (groupwise.cuh) with scale_ub given (ub, loaded earlier) and
+// shorter divisions: FP8 amax / qmax by scale_of (div_by where amax is finite; below about 2^-100,
+// where div_by may differ in the last place, the quotient is far under the minimum scale that
+// replaces it), 1 / s by rcp_rn. INT8 as TokenRule<I8>.
+template <class F> __device__ __forceinline__ float token_scale_lead(const ScaleArgs& sa, float ub, float amax, float& inv) {
+    if (sa.has_ub) amax = fmin_ieee(amax, ub);
+    float s;
+    if constexpr (F::max_finite == 127.0f) s = TokenRule<F>::scale(amax);
+    else s = fmax_ieee(scale_of<F>(amax), 1.0f / (F::max_finite * 512.0f));
+    if (sa.pow2) s = pow2_ceil(s);
+    if constexpr (F::max_finite == 127.0f) inv = TokenRule<F>::inv(amax, s);
+    else inv = rcp_rn(s);
+    return s;
+}
+
+template <typename T, int SCHEME, class F>
+__global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
+rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
+                       T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
+                       ScaleArgs sa) {
+    sa.words = scales;
+    constexpr int L = Unit<T>::LOADS;
+    constexpr int UNITS = NORM_REG_BYTES / (16 * L);
+    static_assert(UNITS == 1 || UNITS == 2, "one slot (float32) or two (16-bit types) a lane");
+    constexpr unsigned FULL = 0xffffffffu;
+    const int threads = 1 << a.team_shift;
+    const int warps = threads >> 5;
+    const int t = threadIdx.x & (threads - 1);
+    const int lane = threadIdx.x & 31;
+    const int tb = threadIdx.x >> a.team_shift;  // the team's index in the block
+    const bool first_warp = t < 32;
+    const i64 row = (i64)blockIdx.x * (blockDim.x >> a.team_shift) + tb;
+    const bool valid = row < a.rows;  // a row of x; rows up to grid_rows only write padding scales
+    const bool vec = a.vec != 0;
+    const bool w_async = a.w_async != 0;
+    const int H = a.H;
+    __shared__ float lead_sums[UNITS][NORM_BLOCK_MAX / 32];  // the warps' slot sums
+    __shared__ float lead_inv[NORM_SYNC_TEAMS];
+    __shared__ unsigned lead_key[NORM_SYNC_TEAMS];           // NQ_TOKEN: the team's max |y| key
+    extern __shared__ uint4 w_stage[];                       // w_async: [UNITS * L][blockDim.x]
+    pdl_wait_then_release();  // no global access above this line
+
+    // the caller's scale, loaded now: NQ_TENSOR's s and NQ_NVFP4's S_enc
+    float given = a.s_arg;
+    if constexpr (SCHEME == NQ_TENSOR || SCHEME == NQ_NVFP4) {
+        if (a.s_mode == SCALE_FROM_DEVICE) given = *a.s_ptr;
+        if (blockIdx.x == 0 && threadIdx.x == 0) *a.s_out = given;
+    }
+
+    // the weight, read after the norm: on its way to shared memory (w_async) or to L1 now
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            if (w_async) {
+#pragma unroll
+                for (int l = 0; l < L; ++l) stage16(&w_stage[(v * L + l) * blockDim.x + threadIdx.x], weight + c + l * 4);
+            } else {
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + c));
+            }
+        }
+    }
+
+    // z in registers, as T's bits
+    uint4 z[UNITS][L];
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
+            if (residual != nullptr) {
+                uint4 r[L];
+                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
+                float fz[8], fr[8];
+                unpack_unit<T>(z[v], fz);
+                unpack_unit<T>(r, fr);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
+                pack_unit<T>(fz, z[v]);
+                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    // the scalars derived from the caller's, off the norm's chain
+    float tensor_scale = 0.0f, S_enc6 = 0.0f, S_dec = 0.0f;
+    if constexpr (SCHEME == NQ_TENSOR) tensor_scale = rcp_rn(given);
+    if constexpr (SCHEME == NQ_NVFP4) {
+        S_enc6 = mul_rn(given, Fmt<E2M1>::RCP);
+        S_dec = rcp_rn(given);
+    }
+    if (SCHEME == NQ_TOKEN && warps > 1 && t == 0) lead_key[tb] = 0u;  // before the first barrier
+
+    // the sum of squares: unit sums, then one tree over the lanes for both slots
+    float p[UNITS];
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        float f[8];
+        unpack_unit<T>(z[v], f);
+        p[v] = mul_rn(f[0], f[0]);
+#pragma unroll
+        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
+    }
+    float s;  // UNITS == 2: even lanes slot 0's warp sum, odd lanes slot 1's; UNITS == 1: the warp sum
+    if constexpr (UNITS == 2) {
+        const bool odd = (lane & 1) != 0;
+        s = add_rn(odd ? p[1] : p[0], __shfl_xor_sync(FULL, odd ? p[0] : p[1], 1));
+    } else {
+        s = add_rn(p[0], __shfl_xor_sync(FULL, p[0], 1));
+    }
+#pragma unroll
+    for (int o = 2; o < 32; o *= 2) s = add_rn(s, __shfl_xor_sync(FULL, s, o));
+
+    float inv;
+    if (warps == 1) {
+        inv = rms_inv(UNITS == 2 ? add_rn(s, __shfl_xor_sync(FULL, s, 1)) : s, a);
+    } else {
+        const int wb = threadIdx.x >> 5;  // the warp's index in the block
+        if (lane < UNITS) lead_sums[lane][wb] = s;
+        __syncthreads();
+        if (first_warp) {
+            // lane k takes warp (k mod warps): every aligned group of `warps` lanes sums all of them,
+            // lowest warp bit first; then slot 0 + slot 1
+            float ss = 0.0f;
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v) {
+                float sv = lead_sums[v][wb + (lane & (warps - 1))];
+                for (int o = 1; o < warps; o *= 2) sv = add_rn(sv, __shfl_xor_sync(FULL, sv, o));
+                ss = v == 0 ? sv : add_rn(ss, sv);
+            }
+            const float li = rms_inv(ss, a);
+            if (lane == 0) lead_inv[tb] = li;
+        }
+        __syncthreads();
+        inv = lead_inv[tb];
+    }
+
+    // y = round_T(round_T(z * inv) * w), in place of z (0 in padding rows)
+    if (w_async) stage_wait();
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            uint4 wr[L];
+            if (w_async) {
+#pragma unroll
+                for (int l = 0; l < L; ++l) wr[l] = w_stage[(v * L + l) * blockDim.x + threadIdx.x];
+            } else {
+                load_unit<T>(weight + c, H - c, wr, vec);
+            }
+            float f[8], w[8];
+            unpack_unit<T>(z[v], f);
+            unpack_unit<T>(wr, w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
+            pack_unit<T>(f, z[v]);
+            unpack_unit<T>(z[v], f);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
+            pack_unit<T>(f, z[v]);
+            if (y_out != nullptr) store_unit<T>(y_out + row * (i64)H + c, H - c, z[v], vec);
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    // scale_ub on the device: loaded ahead of the reductions that precede its use
+    const float ub = (SCHEME == NQ_TOKEN || SCHEME == NQ_GROUP) && sa.has_ub ? load_ub(sa) : 0.0f;
+    if constexpr (SCHEME == NQ_TOKEN) {
+        unsigned m = 0;
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v)
+#pragma unroll
+            for (int l = 0; l < L; ++l) m = max(m, absmax16<T>(z[v][l]));
+        m = warp_max(m);
+        if (warps > 1) {
+            if (lane == 0) atomicMax(&lead_key[tb], m);
+            __syncthreads();
+            m = lead_key[tb];
+        }
+        if (!valid) return;
+        float tinv;
+        const float sc = token_scale_lead<F>(sa, ub, __uint_as_float(m), tinv);
+        const bool pow2 = sa.pow2 != 0;
+        const bool exact_div = needs_exact_div(sa, sc);
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            if (c < H) {
+                float f[8];
+                unpack_unit<T>(z[v], f);
+                const uint2 w = token_quant8<F>(f, sc, tinv, pow2, exact_div);
+                const unsigned ww[2] = {w.x, w.y};
+                store_bytes<8>(q + row * a.q_row + c, H - c, ww, vec);
+            }
+        }
+        if (t == 0) store_scale(sa, row, 0, sc);
+    } else if constexpr (SCHEME == NQ_GROUP) {
+        const int tpg = a.group_size >> 3;  // lanes per group, a power of two <= 32
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            float f[8];
+            unpack_unit<T>(z[v], f);
+            unsigned m = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
+            m = group_max(m, tpg);  // all 32 lanes, valid or not
+            if (valid && c < H) {
+                float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
+                if (sa.has_ub) amax = fmin_ieee(amax, ub);
+                float sg = scale_of<F>(amax);
+                if (sa.pow2) sg = pow2_ceil(sg);
+                const uint2 w = quant8<F, CLAMP_LO>(f, sg, rcp_rn(sg), needs_exact_div(sa, sg));
+                const unsigned ww[2] = {w.x, w.y};
+                store_bytes<8>(q + row * a.q_row + c, H - c, ww, vec);
+                if ((t & (tpg - 1)) == 0) store_scale(sa, row, c / a.group_size, sg);
+            }
+        }
+    } else if constexpr (SCHEME == NQ_TENSOR) {
+        if (!valid) return;
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            if (c < H) {
+                float f[8];
+                unpack_unit<T>(z[v], f);
+                unsigned w[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    w[h] = (unsigned)to_fp8x2<F>(mul_rn(f[4 * h], tensor_scale), mul_rn(f[4 * h + 1], tensor_scale)) |
+                           ((unsigned)to_fp8x2<F>(mul_rn(f[4 * h + 2], tensor_scale), mul_rn(f[4 * h + 3], tensor_scale)) << 16);
+                store_bytes<8>(q + row * a.q_row + c, H - c, w, vec);
+            }
+        }
+    } else {  // NQ_MX, NQ_NVFP4: blocks of 32 (4 lanes) or 16 (2 lanes)
+        constexpr bool NV = SCHEME == NQ_NVFP4;
+        constexpr int TPB = NV ? 2 : 4;
+        constexpr int BS = 8 * TPB;
+        constexpr int NB = Fmt<F>::BITS;  // bytes of 8 codes
+        unsigned char* sbytes = reinterpret_cast<unsigned char*>(scales);
+        if (row >= a.grid_rows) return;
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            float f[8];  // zero past H and in padding rows; every lane takes part in the shuffles
+            unpack_unit<T>(z[v], f);
+            // block max |y| as float bits: MX lets a NaN win (its magnitude bits exceed inf's),
+            // NVFP4 ignores NaN
+            unsigned key = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) key = max(key, NV ? abs_key(f[i]) : (__float_as_uint(f[i]) & 0x7fffffffu));
+#pragma unroll
+            for (int o = 1; o < TPB; o *= 2) key = max(key, __shfl_xor_sync(FULL, key, o));
             if (c >= H) continue;  // whole blocks: H % BS == 0
             unsigned sbyte;
             float mult;

@@ -15,7 +15,7 @@ from _pdl import assert_rounds_equal, check_rounds
 from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
-from cupyquant import norm
+from cupyquant import _scales, norm
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -122,21 +122,38 @@ def check_scales(q, scheme, es, extra):
             assert_bits_equal(q.global_scale, extra, "S_enc")
 
 
-def run_case(xh, wh, rh, y_ref, z_ref, scheme, fmt, kw, *, x=None, normalized=True, out=False):
+def _poisoned_scales(scheme, kw, shape):
+    """A scale_out buffer of the scheme's layout whose every byte (padding included) is 0xFF."""
+    hkw = _host_kw(kw)
+    layout = hkw.get("scale_layout")
+    if scheme in ("token", "group"):
+        gs = None if scheme == "token" else hkw.get("group_size", 128)
+        s = cq.empty_scales(shape, gs, layout or "row", hkw.get("scale_dtype", "float32"))
+        cupy.cuda.runtime.memset(s.data.ptr, 0xFF, s.data.mem.size - (s.data.ptr - s.data.mem.ptr))
+        return s
+    if scheme == "tensor":
+        return poisoned((1,), np.float32)
+    block = _scales.MX_BLOCK if scheme == "mx" else _scales.NV_BLOCK
+    layout = layout or ("dense" if scheme == "mx" else "swizzled")
+    return poisoned(_scales.block_scale_shape(shape, block, layout), np.uint8)
+
+
+def run_case(xh, wh, rh, y_ref, z_ref, scheme, fmt, kw, *, x=None, normalized=True, out=False, want=None):
     """Run the fused op (on a copy of the residual), check everything against the reference and
-    against the scheme's own quantizer of the normalized output."""
+    against the scheme's own quantizer of the normalized output. ``out``: into poisoned q and scale
+    buffers; ``want``: expected(scheme, fmt, kw, y_ref), if computed already."""
     x = cupy.asarray(xh) if x is None else x
     w = cupy.asarray(wh)
     r = None if rh is None else cupy.asarray(rh)
     dkw = _device_kw(kw)
+    eq, es, extra = expected(scheme, fmt, kw, y_ref) if want is None else want
     if out:
-        eq0, _, _ = expected(scheme, fmt, kw, y_ref)
-        dkw["out"] = poisoned(eq0.shape, eq0.dtype)
+        dkw["out"] = poisoned(eq.shape, eq.dtype)
+        dkw["scale_out"] = _poisoned_scales(scheme, kw, x.shape)
     res = cq.rms_norm_quantize(x, w, residual=r, scheme=scheme, dtype=fmt, return_normalized=normalized, **dkw)
     q, y = res if normalized else (res, None)
     if out:
-        assert q.data is dkw["out"]
-    eq, es, extra = expected(scheme, fmt, kw, y_ref)
+        assert q.data is dkw["out"] and q.scale is dkw["scale_out"]
     assert_bits_equal(q.data, eq, f"{scheme} q")
     check_scales(q, scheme, es, extra)
     if rh is not None:
@@ -152,7 +169,7 @@ def run_case(xh, wh, rh, y_ref, z_ref, scheme, fmt, kw, *, x=None, normalized=Tr
 
 
 def _own_quantizer(y, scheme, fmt, dkw):
-    kw = {k: v for k, v in dkw.items() if k != "out"}
+    kw = {k: v for k, v in dkw.items() if k not in ("out", "scale_out")}
     if scheme in ("token", "group"):
         gs = None if scheme == "token" else kw.pop("group_size", 128)
         return cq.quantize_groupwise(y, fmt, group_size=gs, **kw)
@@ -201,16 +218,91 @@ def test_inference_shapes(M, H):
         run_case(xh, wh, rh.copy(), y, z, scheme, fmt, kw)
 
 
+@pytest.mark.parametrize("kernel", list(norm._KERNELS))
 @pytest.mark.parametrize("in_dtype", [np.float32, BF16], ids=_id)
 @pytest.mark.parametrize("M", [5, 300])
 @pytest.mark.parametrize("warps", norm._WARPS)
-def test_every_team(warps, M, in_dtype):
+def test_every_team(warps, M, in_dtype, kernel):
     """Rows at the longest a team holds and one unit past it: the sum of squares has one order
     whatever the team, so every team gives the reference's bytes."""
     longest = norm._row_max(np.dtype(in_dtype).itemsize, warps)
     for H in (longest, longest + 8) if warps < norm._WARPS[-1] else (longest,):
         xh, wh, rh, y, z = _inputs((M, H), in_dtype, True, _seed(warps, M, in_dtype, H))
-        run_case(xh, wh, rh, y, z, "token", "float8_e4m3fn", {}, normalized=False)
+        with norm._forced_path(kernel=kernel, warps=warps):
+            run_case(xh, wh, rh, y, z, "token", "float8_e4m3fn", {}, normalized=False)
+
+
+# ------------------------------------------------------------------ both kernels, both team rules
+#: norm._forced_path settings that the tests below run each case under: the block-synchronized
+#: kernel with its few-rows rule, and the lead kernel with the fill rule, its weight staged in
+#: shared memory or prefetched.
+PATHS = [
+    {"kernel": "block", "teams": "few", "weight": "prefetch"},
+    {"kernel": "lead", "teams": "fill", "weight": "async"},
+    {"kernel": "lead", "teams": "fill", "weight": "prefetch"},
+]
+PATH_ROWS = (1, 3, 16, 127, 128, 129)
+#: a unit, an odd size (the element path), one unit past 512 and 2048, the model sizes, one unit
+#: past 8192 (16-bit types), the longest row of a 16-bit type
+PATH_H = (8, 100, 520, 2056, 4096, 5120, 8200, 16384)
+
+
+def run_paths(xh, wh, rh, y, z, cases, paths=PATHS):
+    """Each case on each path into poisoned buffers, the reference computed once a case."""
+    for scheme, fmt, kw in cases:
+        want = expected(scheme, fmt, kw, y)
+        for path in paths:
+            try:
+                with norm._forced_path(**path):
+                    run_case(xh, wh, rh, y, z, scheme, fmt, kw, out=True, want=want)
+            except AssertionError as e:
+                raise AssertionError(f"{path} {scheme} {fmt} {kw}: {e}") from e
+
+
+def _cases_for(H, seed, n=2):
+    ok = [c for c in CASES if _case_ok(H, c[0], c[2])]
+    return [ok[(seed + k * 7) % len(ok)] for k in range(n)]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("H", PATH_H)
+@pytest.mark.parametrize("M", PATH_ROWS)
+def test_paths_few_rows(M, H, in_dtype, residual):
+    """Both kernels and team rules at the few-rows sizes where the rules differ, every dtype, two
+    schemes a shape (all of them across the shapes), bit for bit with the reference."""
+    if H > norm._row_max(np.dtype(in_dtype).itemsize, norm._WARPS[-1]):
+        pytest.skip("longer than the fused kernel holds")
+    seed = _seed(M, H, in_dtype, residual)
+    xh, wh, rh, y, z = _inputs((M, H), in_dtype, residual, seed)
+    run_paths(xh, wh, rh, y, z, _cases_for(H, seed))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("H", [64, 520, 2048])
+def test_paths_many_rows(H, in_dtype, residual):
+    """4096 rows: the narrow teams of both rules, several rows to a block below 256 threads."""
+    seed = _seed(4096, H, in_dtype, residual)
+    xh, wh, rh, y, z = _inputs((4096, H), in_dtype, residual, seed)
+    run_paths(xh, wh, rh, y, z, _cases_for(H, seed))
+
+
+@pytest.mark.parametrize("weight", ["async", "prefetch"])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("warps", norm._WARPS)
+def test_lead_every_team(warps, in_dtype, weight):
+    """The lead kernel on each team size (forced) at the longest row it holds, half of it plus a
+    unit (idle lanes, a slot left empty) and one unit, 129 rows (several rows to a block, a last
+    block part full, swizzled scales padded to 256 rows), for the schemes with a team exchange
+    after the norm (per token), group scales, and block scales."""
+    longest = norm._row_max(np.dtype(in_dtype).itemsize, warps)
+    for H in sorted({8, longest // 2 + 16, longest}):
+        seed = _seed(warps, in_dtype, H)
+        xh, wh, rh, y, z = _inputs((129, H), in_dtype, True, seed)
+        cases = [CASES[0], CASES[2], CASES[5], CASES[16], CASES[13]]
+        paths = [{"kernel": "lead", "warps": warps, "weight": weight}]
+        run_paths(xh, wh, rh, y, z, [c for c in cases if _case_ok(H, c[0], c[2])], paths)
 
 
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
@@ -409,8 +501,9 @@ def test_empty_rows():
 
 
 # ------------------------------------------------------------------ programmatic dependent launch
+@pytest.mark.parametrize("kernel", list(norm._KERNELS))
 @pytest.mark.parametrize("scheme", ["group", "nvfp4"])
-def test_pdl_the_kernel_waits_for_the_kernel_before(scheme):
+def test_pdl_the_kernel_waits_for_the_kernel_before(scheme, kernel):
     """With PDL (compute capability 9.0+), rounds of new inputs (x, the residual, the weight, and
     NVFP4's device global scale), each written by a kernel that lets the fused kernel start at once
     (tests/_pdl.py): the quantized bytes and scales, the normalized output, and the residual written
@@ -447,6 +540,7 @@ def test_pdl_the_kernel_waits_for_the_kernel_before(scheme):
         eq, es, eg = ref.quantize_nvfp4(y, global_scale=gss[r][0])
         return [eq, es.reshape(-1), y, z, np.array([eg], np.float32)]
 
-    check_rounds(
-        step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
-    )
+    with norm._forced_path(kernel=kernel):
+        check_rounds(
+            step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
+        )

@@ -514,3 +514,42 @@ def test_block_scale_small_launch_shape():
     assert shape(1, 64, 16, True) == ((9, 2), (128, 1), 1)  # 1 x 4096 NVFP4: 2 blocks and 16 of padding
     assert shape(128, 56, 32, False) == ((64, 7), (64, 2), 64)  # 128 x 7168 MX: 448 blocks
     assert shape(1, 65535, 16, False) is not None and shape(1, 65537, 16, False) is None  # 65537 y blocks
+
+
+def test_norm_team_rules():
+    """rms_norm_quantize's teams (norm._fill_team, 132 SMs): the fewest warps that hold a row at 32
+    bytes a lane; for a short call whose teams already span two warps, one unit a lane (16-bit
+    types) while the rows come to at most 16 warps an SM. The "few" rule of the block kernel: at
+    least 16 warps up to 64 rows."""
+    from cupyquant import norm
+
+    def fill(itemsize, rows):
+        return {H: norm._fill_team(H, itemsize, rows, 132) for H in (8, 512, 520, 2048, 4096, 8192, 16384)}
+
+    assert fill(2, 1) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 16, 8192: 32, 16384: 32}
+    assert fill(2, 128) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 16, 8192: 16, 16384: 32}
+    assert fill(2, 133) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 8, 8192: 16, 16384: 32}
+    assert fill(2, 4096) == {8: 1, 512: 1, 520: 2, 2048: 4, 4096: 8, 8192: 16, 16384: 32}
+    assert {H: norm._fill_team(H, 4, 1, 132) for H in (8, 256, 264, 4096, 8192)} == {
+        8: 1,
+        256: 1,
+        264: 2,
+        4096: 16,
+        8192: 32,
+    }
+    assert {M: norm._few_team(4096, 2, M) for M in (1, 64, 65)} == {1: 16, 64: 16, 65: 8}
+    with pytest.raises(ValueError, match="longer"):
+        norm._fill_team(16392, 2, 1, 132)
+    with pytest.raises(ValueError, match="unknown path"):
+        with norm._forced_path(kernel="fast"):
+            pass
+    with pytest.raises(ValueError, match="warps"):
+        with norm._forced_path(warps=3):
+            pass
+    with norm._forced_path(kernel="block", teams="few"):
+        assert norm._PATH == norm._Path("block", "few")
+        with norm._forced_path(warps=4):
+            assert norm._team(4096, 2, 100, 0, norm._PATH) == 8  # 4 warps do not hold the row: the rule's
+            assert norm._team(4096, 2, 1, 0, norm._PATH) == 16
+            assert norm._team(1024, 2, 1, 0, norm._PATH) == 4
+    assert norm._PATH == norm._Path()
