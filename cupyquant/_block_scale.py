@@ -29,9 +29,12 @@ SMALL_THREADS = 128
 #: segments of 16 elements in two rounds of loads; "small", a thread per segment, all its loads in
 #: flight at once, and the swizzled layout's padding rows zeroed by blocks that load nothing.
 GEOMETRIES = ("tile", "small")
-#: The planner takes the tile geometry from this many tiles per SM up, the small one below: at 128
-#: rows of 4096 the tile grid is 16 blocks for the H200's 132 SMs.
-SMALL_BELOW_TILES_PER_SM = 2
+#: The planner gives the 4-bit formats the tile geometry from this many tiles per SM up, the small
+#: one below; 8-bit (MXFP8) takes the small one at every size. On the H200 (bf16 in, swizzled
+#: or dense scales) the small geometry is 1.14-1.56x the tile's speed for MXFP8 from 2048 to 16384
+#: rows of 4096 and 7168; for MXFP4 and NVFP4 1.01-1.55x up to 7.8 tiles an SM (8192 x 4096) and
+#: 0.93-1.04x from 13.6 (8192 x 7168) up.
+SMALL_BELOW_TILES_PER_SM_FP4 = 8
 #: Internal override of the planner, for tests and A/B timing: a name of GEOMETRIES, or None (the
 #: planner's choice). Read at every call and part of the plan's key, so it may change between calls.
 GEOMETRY: str | None = None
@@ -73,11 +76,14 @@ DEQUANT_ARGS = np.dtype(
 )
 
 
-def planned_geometry(rows: int, K: int, sms: int) -> str:
-    """The planner's geometry for ``rows`` rows of ``K`` on ``sms`` SMs: "small" where the tile grid
-    would give the SMs fewer than SMALL_BELOW_TILES_PER_SM tiles each, else "tile"."""
+def planned_geometry(rows: int, K: int, sms: int, bits: int) -> str:
+    """The planner's geometry for ``rows`` rows of ``K`` elements of ``bits``-bit codes on ``sms``
+    SMs: "small" for 8-bit codes, and for 4-bit ones where the tile grid would give the SMs fewer
+    than SMALL_BELOW_TILES_PER_SM_FP4 tiles each; else "tile"."""
+    if bits == 8:
+        return "small"
     tiles = ceil_div(rows, TILE_ROWS) * ceil_div(K, TILE_K)
-    return "small" if tiles < SMALL_BELOW_TILES_PER_SM * sms else "tile"
+    return "small" if tiles < SMALL_BELOW_TILES_PER_SM_FP4 * sms else "tile"
 
 
 def small_launch_shape(rows: int, n_units: int, block: int, swizzled: bool):
@@ -123,7 +129,7 @@ class QuantPlan:
         n_blocks, n_ktiles = ceil_div(K, block), ceil_div(K, TILE_K)
         n_units, swizzled = ceil_div(n_blocks, 4), scale_layout == "swizzled"
         if geometry is None:
-            geometry = planned_geometry(rows, K, _device.sm_count(device))
+            geometry = planned_geometry(rows, K, _device.sm_count(device), fmt.bits)
         small = small_launch_shape(rows, n_units, block, swizzled) if geometry == "small" and rows and K else None
         self.geometry = "small" if small is not None else "tile"
         a = np.array(

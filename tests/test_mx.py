@@ -355,14 +355,15 @@ def test_geometries_views(monkeypatch, fmt):
 
 
 def test_geometry_planner_and_override(monkeypatch):
-    """Unforced, the planner takes the small geometry at 128 rows of 4096 and the tile at 16384 rows;
+    """Unforced, the planner takes the small geometry at 128 rows of 4096, and at 16384 rows the
+    small one for MXFP8 and the tile for MXFP4;
     GEOMETRY changes the geometry of the same call signature between calls (it is part of the
     plan's key), and a name that is not a geometry raises."""
     sms = _device.sm_count(cupy.cuda.Device().id)
     x = cupy.asarray(heavy_tailed((128, 4096), 3, ml_dtypes.bfloat16))
     big = cupy.zeros((16384, 4096), ml_dtypes.bfloat16)
-    assert _block_scale.planned_geometry(128, 4096, sms) == "small"
-    assert _block_scale.planned_geometry(16384, 4096, sms) == "tile"
+    assert _block_scale.planned_geometry(128, 4096, sms, 4) == "small"
+    assert _block_scale.planned_geometry(16384, 4096, sms, 4) == "tile"
 
     def launched(fn):
         with _launch.recording() as rec:
@@ -371,7 +372,8 @@ def test_geometry_planner_and_override(monkeypatch):
 
     for fmt in ("float8_e4m3fn", "float4_e2m1fn"):
         assert "quantize_small" in launched(lambda: cq.quantize_mx(x, fmt))[0]
-        assert "quantize_small" not in launched(lambda: cq.quantize_mx(big, fmt))[0]
+        # MXFP8 takes the small geometry at every size, MXFP4 the tile at 16384 rows
+        assert ("quantize_small" in launched(lambda: cq.quantize_mx(big, fmt))[0]) == (fmt == "float8_e4m3fn")
     assert "quantize_small" in launched(lambda: cq.quantize_nvfp4(x, global_scale=2.0))[0]
     eq, es = ref.quantize_mx(x.get(), "float8_e4m3fn")
     for geometry in ("tile", "small", None, "tile"):

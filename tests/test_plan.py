@@ -476,16 +476,19 @@ def test_per_token_team_choice():
     assert {K: groupwise._token_team(K, 2, 256) for K in few16} == few16
 
 
-def test_block_scale_geometry_below_two_tiles_per_sm():
-    """The MX and NVFP4 quantizers take the small geometry while their 128 x 256 tiles number fewer
-    than SMALL_BELOW_TILES_PER_SM per SM: on 132 SMs up to 2048 rows of 4096 and 1152 of 7168."""
+def test_block_scale_geometry_planner():
+    """MXFP8 takes the small geometry at every size; MXFP4 and NVFP4 while their 128 x 256 tiles
+    number fewer than SMALL_BELOW_TILES_PER_SM_FP4 per SM: on 132 SMs up to 8320 rows of 4096 and
+    4736 of 7168."""
     plan = _block_scale.planned_geometry
-    assert _block_scale.SMALL_BELOW_TILES_PER_SM == 2
-    assert plan(1, 4096, 132) == plan(128, 4096, 132) == plan(1024, 7168, 132) == "small"
-    assert plan(2048, 4096, 132) == "small" and plan(2049, 4096, 132) == "tile"  # 256 and 272 tiles
-    assert plan(1152, 7168, 132) == "small" and plan(1153, 7168, 132) == "tile"  # 252 and 261
-    assert plan(1, 256 * 263, 132) == "small" and plan(1, 256 * 264, 132) == "tile"  # tiles along K alone
-    assert plan(16384, 4096, 132) == "tile"
+    assert _block_scale.SMALL_BELOW_TILES_PER_SM_FP4 == 8
+    for rows, K in ((1, 4096), (128, 4096), (16384, 7168), (1 << 20, 8192)):
+        assert plan(rows, K, 132, 8) == "small"
+    assert plan(1, 4096, 132, 4) == plan(128, 4096, 132, 4) == plan(4096, 7168, 132, 4) == "small"
+    assert plan(8320, 4096, 132, 4) == "small" and plan(8321, 4096, 132, 4) == "tile"  # 1040 and 1056 tiles
+    assert plan(4736, 7168, 132, 4) == "small" and plan(4737, 7168, 132, 4) == "tile"  # 1036 and 1064
+    assert plan(1, 256 * 1055, 132, 4) == "small" and plan(1, 256 * 1056, 132, 4) == "tile"  # along K alone
+    assert plan(16384, 4096, 132, 4) == "tile"
 
 
 def test_block_scale_small_launch_shape():
