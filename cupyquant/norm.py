@@ -303,7 +303,7 @@ class _Plan:
         grid_rows = round_up(rows, _scales.SWIZZLE_ROWS) if swizzled else rows
         na = np.array(
             (rows, grid_rows, x_stride, r_stride, q_shape[-1] if q_shape else 0, n_blocks, H, 0, 0, g_elems,
-             swizzled, np.float32(eps), 0, 0.0, np.float32(1) / np.float32(H), 0, 0, 0, 0),
+             swizzled, np.float32(eps), 0, 0.0, np.float32(1) / np.float32(H), 0, 0, 0),
             dtype=_NORM_ARGS,
         )  # fmt: skip
         if given is not None:
