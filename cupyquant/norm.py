@@ -71,14 +71,11 @@ class _Path:
     """How a plan launches (part of its key). ``kernel``: a key of _KERNELS; ``teams``: "fill"
     (_fill_team) or "few" (_few_team); ``weight``: "async" (rms_norm_quantize_lead stages the weight
     in shared memory by cp.async on the vector path) or "prefetch" (prefetch.global.L1, then loads);
-    ``inv``: "lead" (the lead kernel's first warp of a team computes 1 / rms and hands it on through
-    shared memory and a barrier) or "each" (every warp computes it from the same sums);
     ``warps``: a team size that replaces the rule's where it holds the row (None: the rule's)."""
 
     kernel: str = "lead"
     teams: str = "fill"
     weight: str = "async"
-    inv: str = "lead"
     warps: int | None = None
 
 
@@ -94,12 +91,7 @@ def _forced_path(**changes):
     global."""
     global _PATH
     new = replace(_PATH, **changes)
-    if (
-        new.kernel not in _KERNELS
-        or new.teams not in ("fill", "few")
-        or new.weight not in ("async", "prefetch")
-        or new.inv not in ("lead", "each")
-    ):
+    if new.kernel not in _KERNELS or new.teams not in ("fill", "few") or new.weight not in ("async", "prefetch"):
         raise ValueError(f"unknown path {new}")
     if new.warps is not None and new.warps not in _WARPS:
         raise ValueError(f"warps must be one of {_WARPS}, got {new.warps}")
@@ -129,7 +121,6 @@ _NORM_ARGS = np.dtype(
         ("s_arg", np.float32),
         ("rcp_H", np.float32),
         ("w_async", np.int32),
-        ("inv_each", np.int32),
         ("s_ptr", np.uint64),
         ("s_out", np.uint64),
     ],
@@ -325,7 +316,6 @@ class _Plan:
             # the weight staged by cp.async: 16-byte words, the lead kernel only
             w_async = vec and path.kernel == "lead" and path.weight == "async"
             na["team_shift"], na["vec"], na["w_async"] = threads.bit_length() - 1, vec, w_async
-            na["inv_each"] = path.inv == "each"
             block_dim = (max(_BLOCK, threads),)
             grid = (ceil_div(grid_rows, block_dim[0] // threads),)
             fields = ((6, "s_ptr"), (6, "s_out")) if given is not None else ()

@@ -57,7 +57,6 @@ struct NormArgs {
     float s_arg;
     float rcp_H;     // float32(1 / H), correctly rounded (rms_norm_quantize_lead)
     int w_async;     // rms_norm_quantize_lead, with vec: the weight staged in shared memory by cp.async
-    int inv_each;    // rms_norm_quantize_lead: every warp of a team computes inv (no second barrier)
     const float* s_ptr;
     float* s_out;    // NQ_TENSOR: s; NQ_NVFP4: S_enc; written by the first thread
 };
@@ -397,9 +396,8 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
 //   lanes slot 1 through the other four levels (the order is the unit tree's: lane bits, then the
 //   team's warp bits, then the slot bit);
 // - inv = 1 / sqrt(ss / H + eps) is computed once a row, by the team's first warp, between the
-//   barrier after which the warps' sums are in shared memory and one after which inv is (or, with
-//   inv_each, by every warp from the same sums, without the second barrier); ss / H is div_by with
-//   the host's RN(1 / H) where that is the IEEE quotient, 1 / sqrt is rcp.rn;
+//   barrier after which the warps' sums are in shared memory and one after which inv is; ss / H is
+//   div_by with the host's RN(1 / H) where that is the IEEE quotient, 1 / sqrt is rcp.rn;
 // - per token, the team's amax is an atomicMax in shared memory and one barrier (no loop over the
 //   warps' maxima), the scale amax / qmax by div_by (scale_of) and 1 / s by rcp.rn;
 // - the caller's scalars (NQ_TENSOR's s, NQ_NVFP4's S_enc) are loaded with the row and what derives
@@ -463,7 +461,6 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
     const int lane = threadIdx.x & 31;
     const int tb = threadIdx.x >> a.team_shift;  // the team's index in the block
     const bool first_warp = t < 32;
-    const bool inv_each = a.inv_each != 0;  // every warp computes inv: no barrier after it
     const i64 row = (i64)blockIdx.x * (blockDim.x >> a.team_shift) + tb;
     const bool valid = row < a.rows;  // a row of x; rows up to grid_rows only write padding scales
     const bool vec = a.vec != 0;
@@ -556,24 +553,21 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
         const int wb = threadIdx.x >> 5;  // the warp's index in the block
         if (lane < UNITS) lead_sums[lane][wb] = s;
         __syncthreads();
-        if (first_warp || inv_each) {
-            // lane k takes the team's warp (k mod warps): every aligned group of `warps` lanes sums
-            // all of them, lowest warp bit first; then slot 0 + slot 1
-            const int base = wb & ~(warps - 1);
+        if (first_warp) {
+            // lane k takes warp (k mod warps): every aligned group of `warps` lanes sums all of them,
+            // lowest warp bit first; then slot 0 + slot 1
             float ss = 0.0f;
 #pragma unroll
             for (int v = 0; v < UNITS; ++v) {
-                float sv = lead_sums[v][base + (lane & (warps - 1))];
+                float sv = lead_sums[v][wb + (lane & (warps - 1))];
                 for (int o = 1; o < warps; o *= 2) sv = add_rn(sv, __shfl_xor_sync(FULL, sv, o));
                 ss = v == 0 ? sv : add_rn(ss, sv);
             }
-            inv = rms_inv(ss, a);
-            if (!inv_each && lane == 0) lead_inv[tb] = inv;
+            const float li = rms_inv(ss, a);
+            if (lane == 0) lead_inv[tb] = li;
         }
-        if (!inv_each) {
-            __syncthreads();
-            inv = lead_inv[tb];
-        }
+        __syncthreads();
+        inv = lead_inv[tb];
     }
 
     // y = round_T(round_T(z * inv) * w), in place of z (0 in padding rows)

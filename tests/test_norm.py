@@ -235,12 +235,11 @@ def test_every_team(warps, M, in_dtype, kernel):
 # ------------------------------------------------------------------ both kernels, both team rules
 #: norm._forced_path settings that the tests below run each case under: the block-synchronized
 #: kernel with its few-rows rule, and the lead kernel with the fill rule, its weight staged in
-#: shared memory or prefetched, 1 / rms handed on by the team's first warp or computed by each.
+#: shared memory or prefetched.
 PATHS = [
     {"kernel": "block", "teams": "few", "weight": "prefetch"},
-    {"kernel": "lead", "teams": "fill", "weight": "async", "inv": "lead"},
-    {"kernel": "lead", "teams": "fill", "weight": "prefetch", "inv": "lead"},
-    {"kernel": "lead", "teams": "fill", "weight": "async", "inv": "each"},
+    {"kernel": "lead", "teams": "fill", "weight": "async"},
+    {"kernel": "lead", "teams": "fill", "weight": "prefetch"},
 ]
 PATH_ROWS = (1, 3, 16, 127, 128, 129)
 #: a unit, an odd size (the element path), one unit past 512 and 2048, the model sizes, one unit
@@ -296,14 +295,13 @@ def test_lead_every_team(warps, in_dtype, weight):
     """The lead kernel on each team size (forced) at the longest row it holds, half of it plus a
     unit (idle lanes, a slot left empty) and one unit, 129 rows (several rows to a block, a last
     block part full, swizzled scales padded to 256 rows), for the schemes with a team exchange
-    after the norm (per token), group scales, and block scales; 1 / rms from the team's first warp
-    and from each warp."""
+    after the norm (per token), group scales, and block scales."""
     longest = norm._row_max(np.dtype(in_dtype).itemsize, warps)
     for H in sorted({8, longest // 2 + 16, longest}):
         seed = _seed(warps, in_dtype, H)
         xh, wh, rh, y, z = _inputs((129, H), in_dtype, True, seed)
         cases = [CASES[0], CASES[2], CASES[5], CASES[16], CASES[13]]
-        paths = [{"kernel": "lead", "warps": warps, "weight": weight, "inv": inv} for inv in ("lead", "each")]
+        paths = [{"kernel": "lead", "warps": warps, "weight": weight}]
         run_paths(xh, wh, rh, y, z, [c for c in cases if _case_ok(H, c[0], c[2])], paths)
 
 
