@@ -234,10 +234,11 @@ def test_every_team(warps, M, in_dtype, kernel):
 
 # ------------------------------------------------------------------ both kernels, both team rules
 #: norm._forced_path settings that the tests below run each case under: the block-synchronized
-#: kernel with its few-rows rule, and the lead kernel with the fill rule, its weight staged in
-#: shared memory or prefetched.
+#: kernel with either team rule, and the lead kernel with the fill rule, its weight staged in shared
+#: memory or prefetched.
 PATHS = [
     {"kernel": "block", "teams": "few", "weight": "prefetch"},
+    {"kernel": "block", "teams": "fill", "weight": "prefetch"},
     {"kernel": "lead", "teams": "fill", "weight": "async"},
     {"kernel": "lead", "teams": "fill", "weight": "prefetch"},
 ]

@@ -522,14 +522,15 @@ def test_block_scale_small_launch_shape():
 def test_norm_team_rules():
     """rms_norm_quantize's teams (norm._fill_team, 132 SMs): the fewest warps that hold a row at 32
     bytes a lane; for a short call whose teams already span two warps, one unit a lane (16-bit
-    types) while the rows come to at most 16 warps an SM. The "few" rule of the block kernel: at
-    least 16 warps up to 64 rows."""
+    types) on at most 16 warps while the rows come to at most 16 warps an SM. The "few" rule of the
+    block kernel: at least 16 warps up to 64 rows. Per-token and per-tensor plans take the lead
+    kernel, the other schemes the block kernel."""
     from cupyquant import norm
 
     def fill(itemsize, rows):
         return {H: norm._fill_team(H, itemsize, rows, 132) for H in (8, 512, 520, 2048, 4096, 8192, 16384)}
 
-    assert fill(2, 1) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 16, 8192: 32, 16384: 32}
+    assert fill(2, 1) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 16, 8192: 16, 16384: 32}
     assert fill(2, 128) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 16, 8192: 16, 16384: 32}
     assert fill(2, 133) == {8: 1, 512: 1, 520: 4, 2048: 8, 4096: 8, 8192: 16, 16384: 32}
     assert fill(2, 4096) == {8: 1, 512: 1, 520: 2, 2048: 4, 4096: 8, 8192: 16, 16384: 32}
@@ -556,3 +557,13 @@ def test_norm_team_rules():
             assert norm._team(4096, 2, 1, 0, norm._PATH) == 16
             assert norm._team(1024, 2, 1, 0, norm._PATH) == 4
     assert norm._PATH == norm._Path()
+    lead, block = norm._Path("lead"), norm._Path("block")
+    assert {s: norm._resolved(norm._PATH, s) for s in norm.SCHEMES} == {
+        "token": lead,
+        "tensor": lead,
+        "group": block,
+        "mx": block,
+        "nvfp4": block,
+    }
+    with norm._forced_path(kernel="lead"):
+        assert norm._resolved(norm._PATH, "mx") == lead
