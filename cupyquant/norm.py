@@ -53,20 +53,22 @@ _FILL_MIN_WARPS = 2
 _FILL_MAX_WARPS = 16
 #: Threads of a block: rows of teams of fewer than 256 threads share a block (rms_norm.cu).
 _BLOCK = 256
-#: The two kernels: rms_norm_quantize_lead (a row's scalars computed once by its team's first warp,
-#: the per-token amax by atomicMax) and rms_norm_quantize (every warp computes them).
+#: The two kernels: rms_norm_quantize (every scheme; every warp computes its row's scalars) and
+#: rms_norm_quantize_lead (the schemes of _LEAD_SCHEMES; a row's scalars computed once by its team's
+#: first warp, the per-token amax by atomicMax).
 _KERNELS = {"lead": "rms_norm_quantize_lead", "block": "rms_norm_quantize"}
-#: The schemes whose plans take rms_norm_quantize_lead; the others take rms_norm_quantize. On the
-#: H200 (bf16, the same teams) the lead kernel is 1.01-1.21x the other for per-token and static
-#: per-tensor FP8 from 1 to 4096 rows of 4096 and 8192, and 0.94-1.03x for the group, MX and NVFP4
-#: scales, whose scalars need no exchange between a team's warps.
+#: The schemes whose plans take rms_norm_quantize_lead. On the H200 (bf16, the same teams) it is
+#: 1.01-1.21x the other kernel for per-token and static per-tensor FP8 from 1 to 4096 rows of 4096
+#: and 8192; for the group, MX and NVFP4 scales, whose scalars need no exchange between a team's
+#: warps, a lead kernel measured 0.94-1.03x, so those schemes keep rms_norm_quantize only.
 _LEAD_SCHEMES = ("token", "tensor")
 FAMILY = _jit.register(
     "rms_norm",
     [
         _jit.expr(name, t, _SCHEME_ID[s], _dtypes.element_format(f).ctag)
-        for name in _KERNELS.values()
+        for kernel, name in _KERNELS.items()
         for s, formats in _FORMATS.items()
+        if kernel == "block" or s in _LEAD_SCHEMES
         for f in formats
         for t in _dtypes.INPUT_CTYPES
     ],
@@ -76,8 +78,8 @@ FAMILY = _jit.register(
 
 @dataclass(frozen=True)
 class _Path:
-    """How a plan launches (part of its key). ``kernel``: a key of _KERNELS, or None (the scheme's:
-    "lead" for _LEAD_SCHEMES, else "block"); ``teams``: "fill" (_fill_team) or "few" (_few_team);
+    """How a plan launches (part of its key). ``kernel``: a key of _KERNELS, or None ("lead" for
+    _LEAD_SCHEMES, else "block"; schemes outside _LEAD_SCHEMES take "block" whatever it is); ``teams``: "fill" (_fill_team) or "few" (_few_team);
     ``weight``: "async" (rms_norm_quantize_lead stages the weight
     in shared memory by cp.async on the vector path) or "prefetch" (prefetch.global.L1, then loads);
     ``warps``: a team size that replaces the rule's where it holds the row (None: the rule's)."""
@@ -176,8 +178,10 @@ def _fill_team(H: int, itemsize: int, rows: int, sms: int) -> int:
 
 
 def _resolved(path: _Path, scheme: str) -> _Path:
-    """``path`` with its kernel chosen for ``scheme`` where it leaves that to the plan."""
-    return replace(path, kernel=path.kernel or ("lead" if scheme in _LEAD_SCHEMES else "block"))
+    """``path`` with its kernel for ``scheme``: the lead kernel has the tails of _LEAD_SCHEMES only."""
+    if scheme not in _LEAD_SCHEMES:
+        return replace(path, kernel="block")
+    return replace(path, kernel=path.kernel or "lead")
 
 
 def _team(H: int, itemsize: int, rows: int, device: int, path: _Path) -> int:

@@ -28,9 +28,10 @@
 // input type, scheme and format: the family compiles in a fraction of the time of one per team);
 // without vec, single elements are read and written (rows not 16-byte aligned, H not a multiple of
 // 8). The host checks everything else (H % G, H % 32 for MX, H % 16 for NVFP4).
-// Kernels: rms_norm_quantize_lead (what the wrappers launch; below the first, it computes a row's
-// scalars once) and rms_norm_quantize, whose every warp computes them (cupyquant.norm._forced_path
-// selects it, for comparison). Both give the same bytes with any team.
+// Kernels: rms_norm_quantize, whose every warp computes its row's scalars (every scheme), and
+// rms_norm_quantize_lead (per-token and per-tensor scales; below the first), which computes them
+// once a row (cupyquant.norm picks by scheme; _forced_path forces either). Both give the same bytes
+// with any team.
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load, store, prefetch or copy, so that the wrappers may launch it with programmatic dependent launch.
 
@@ -388,7 +389,8 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
 }
 
 // ================================================================ rms_norm_quantize_lead
-// The same bytes as rms_norm_quantize, with less work a row that does not depend on H (the block's
+// Per-token and per-tensor scales: the same bytes as rms_norm_quantize, with less work a row that
+// does not depend on H (the block's
 // barriers are the same __syncthreads, one barrier resource: a named barrier a team would reserve all
 // sixteen, and 16 barriers a block allow 4 blocks an SM on sm_90, 1 on sm_89 and sm_120):
 // - the sum of squares reduces a lane's two slots (16-bit types) in one shuffle tree: at the first
@@ -400,8 +402,8 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
 //   div_by with the host's RN(1 / H) where that is the IEEE quotient, 1 / sqrt is rcp.rn;
 // - per token, the team's amax is an atomicMax in shared memory and one barrier (no loop over the
 //   warps' maxima), the scale amax / qmax by div_by (scale_of) and 1 / s by rcp.rn;
-// - the caller's scalars (NQ_TENSOR's s, NQ_NVFP4's S_enc) are loaded with the row and what derives
-//   from them is computed before the norm needs it; scale_ub on the device ahead of the reductions
+// - the caller's scale (NQ_TENSOR's s) is loaded with the row and its reciprocal computed before the
+//   norm needs it; scale_ub on the device ahead of the reductions
 //   that precede its use;
 // - with w_async (vec only), the row's weight goes to shared memory by cp.async ahead of the row's own
 //   loads, each thread staging the 16-byte words it later reads, so the weight is on chip when the
@@ -450,6 +452,7 @@ __global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
 rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
                        T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
                        ScaleArgs sa) {
+    static_assert(SCHEME == NQ_TOKEN || SCHEME == NQ_TENSOR, "per-token and per-tensor scales only");
     sa.words = scales;
     constexpr int L = Unit<T>::LOADS;
     constexpr int UNITS = NORM_REG_BYTES / (16 * L);
@@ -472,9 +475,9 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
     extern __shared__ uint4 w_stage[];                       // w_async: [UNITS * L][blockDim.x]
     pdl_wait_then_release();  // no global access above this line
 
-    // the caller's scale, loaded now: NQ_TENSOR's s and NQ_NVFP4's S_enc
+    // the caller's scale, loaded now: NQ_TENSOR's s
     float given = a.s_arg;
-    if constexpr (SCHEME == NQ_TENSOR || SCHEME == NQ_NVFP4) {
+    if constexpr (SCHEME == NQ_TENSOR) {
         if (a.s_mode == SCALE_FROM_DEVICE) given = *a.s_ptr;
         if (blockIdx.x == 0 && threadIdx.x == 0) *a.s_out = given;
     }
@@ -518,12 +521,8 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
     }
 
     // the scalars derived from the caller's, off the norm's chain
-    float tensor_scale = 0.0f, S_enc6 = 0.0f, S_dec = 0.0f;
+    float tensor_scale = 0.0f;
     if constexpr (SCHEME == NQ_TENSOR) tensor_scale = rcp_rn(given);
-    if constexpr (SCHEME == NQ_NVFP4) {
-        S_enc6 = mul_rn(given, Fmt<E2M1>::RCP);
-        S_dec = rcp_rn(given);
-    }
     if (SCHEME == NQ_TOKEN && warps > 1 && t == 0) lead_key[tb] = 0u;  // before the first barrier
 
     // the sum of squares: unit sums, then one tree over the lanes for both slots
@@ -601,7 +600,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
     }
 
     // scale_ub on the device: loaded ahead of the reductions that precede its use
-    const float ub = (SCHEME == NQ_TOKEN || SCHEME == NQ_GROUP) && sa.has_ub ? load_ub(sa) : 0.0f;
+    const float ub = SCHEME == NQ_TOKEN && sa.has_ub ? load_ub(sa) : 0.0f;
     if constexpr (SCHEME == NQ_TOKEN) {
         unsigned m = 0;
 #pragma unroll
@@ -631,28 +630,6 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
             }
         }
         if (t == 0) store_scale(sa, row, 0, sc);
-    } else if constexpr (SCHEME == NQ_GROUP) {
-        const int tpg = a.group_size >> 3;  // lanes per group, a power of two <= 32
-#pragma unroll
-        for (int v = 0; v < UNITS; ++v) {
-            const int c = (v * threads + t) * 8;
-            float f[8];
-            unpack_unit<T>(z[v], f);
-            unsigned m = 0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) m = max(m, abs_key(f[i]));
-            m = group_max(m, tpg);  // all 32 lanes, valid or not
-            if (valid && c < H) {
-                float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
-                if (sa.has_ub) amax = fmin_ieee(amax, ub);
-                float sg = scale_of<F>(amax);
-                if (sa.pow2) sg = pow2_ceil(sg);
-                const uint2 w = quant8<F, CLAMP_LO>(f, sg, rcp_rn(sg), needs_exact_div(sa, sg));
-                const unsigned ww[2] = {w.x, w.y};
-                store_bytes<8>(q + row * a.q_row + c, H - c, ww, vec);
-                if ((t & (tpg - 1)) == 0) store_scale(sa, row, c / a.group_size, sg);
-            }
-        }
     } else if constexpr (SCHEME == NQ_TENSOR) {
         if (!valid) return;
 #pragma unroll
@@ -667,50 +644,6 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
                     w[h] = (unsigned)to_fp8x2<F>(mul_rn(f[4 * h], tensor_scale), mul_rn(f[4 * h + 1], tensor_scale)) |
                            ((unsigned)to_fp8x2<F>(mul_rn(f[4 * h + 2], tensor_scale), mul_rn(f[4 * h + 3], tensor_scale)) << 16);
                 store_bytes<8>(q + row * a.q_row + c, H - c, w, vec);
-            }
-        }
-    } else {  // NQ_MX, NQ_NVFP4: blocks of 32 (4 lanes) or 16 (2 lanes)
-        constexpr bool NV = SCHEME == NQ_NVFP4;
-        constexpr int TPB = NV ? 2 : 4;
-        constexpr int BS = 8 * TPB;
-        constexpr int NB = Fmt<F>::BITS;  // bytes of 8 codes
-        unsigned char* sbytes = reinterpret_cast<unsigned char*>(scales);
-        if (row >= a.grid_rows) return;
-#pragma unroll
-        for (int v = 0; v < UNITS; ++v) {
-            const int c = (v * threads + t) * 8;
-            float f[8];  // zero past H and in padding rows; every lane takes part in the shuffles
-            unpack_unit<T>(z[v], f);
-            // block max |y| as float bits: MX lets a NaN win (its magnitude bits exceed inf's),
-            // NVFP4 ignores NaN
-            unsigned key = 0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) key = max(key, NV ? abs_key(f[i]) : (__float_as_uint(f[i]) & 0x7fffffffu));
-#pragma unroll
-            for (int o = 1; o < TPB; o *= 2) key = max(key, __shfl_xor_sync(FULL, key, o));
-            if (c >= H) continue;  // whole blocks: H % BS == 0
-            unsigned sbyte;
-            float mult;
-            if constexpr (NV) {
-                sbyte = to_e4m3<true>(fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F));
-                mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
-            } else {
-                sbyte = mx_scale<F, true>(key, false);
-                mult = mx_multiplier(sbyte);
-            }
-            if (valid) {
-                float m8[8];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) m8[i] = mul_rn(f[i], mult);
-                unsigned w[2];
-                block_codes8<F>(m8, w);
-                store_bytes<NB>(q + row * a.q_row + c * Fmt<F>::BITS / 8, NB, w, vec);
-            }
-            if ((t & (TPB - 1)) == 0) {
-                const i64 kb = c / BS;
-                sbytes[block_scale_offset(a, row, kb)] = (unsigned char)sbyte;
-                if (a.swizzled && kb == a.n_blocks - 1)
-                    for (i64 k = kb + 1; k < ((a.n_blocks + 3) & ~(i64)3); ++k) sbytes[block_scale_offset(a, row, k)] = 0;
             }
         }
     }

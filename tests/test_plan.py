@@ -566,4 +566,6 @@ def test_norm_team_rules():
         "nvfp4": block,
     }
     with norm._forced_path(kernel="lead"):
-        assert norm._resolved(norm._PATH, "mx") == lead
+        assert norm._resolved(norm._PATH, "mx") == block  # the lead kernel has no MX tail
+    with norm._forced_path(kernel="block"):
+        assert norm._resolved(norm._PATH, "token") == block
