@@ -367,7 +367,9 @@ def plot(run_: dict, path: str) -> None:
     for ax in axes[-1, :]:
         ax.set_xlabel("bytes moved")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{run_['device']}, {run_['date']}: bf16 rows of K in {KS}, M in {MS}", fontsize=10)
+    ks = tuple(sorted({c["K"] for c in cells}))
+    ms = tuple(sorted({c["M"] for c in cells}))
+    fig.suptitle(f"{run_['device']}, {run_['date']}: bf16 rows of K in {ks}, M in {ms}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
