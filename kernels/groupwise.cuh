@@ -267,6 +267,21 @@ template <class F> __device__ __forceinline__ float token_scale(const ScaleArgs&
     return s;
 }
 
+// The same scale and inv as token_scale, with scale_ub given (ub, loaded ahead of the reduction,
+// off the row's chain) and shorter divisions (rms_norm_quantize_lead, token_quantize_few): FP8
+// amax / qmax by scale_of (div_by where amax is finite; below about 2^-100, where div_by may differ
+// in the last place, the quotient is far under the minimum scale that replaces it), 1 / s by
+// rcp_rn. INT8 as TokenRule<I8>.
+template <class F> __device__ __forceinline__ float token_scale_lead(const ScaleArgs& sa, float ub, float amax, float& inv) {
+    if (sa.has_ub) amax = fmin_ieee(amax, ub);
+    float s;
+    if constexpr (F::max_finite == 127.0f) s = TokenRule<F>::scale(amax);
+    else s = fmax_ieee(scale_of<F>(amax), 1.0f / (F::max_finite * 512.0f));
+    if (sa.pow2) s = pow2_ceil(s);
+    if constexpr (F::max_finite == 127.0f) inv = TokenRule<F>::inv(amax, s);
+    else inv = rcp_rn(s);
+    return s;
+}
 
 // A team of WARPS warps per row (token_quantize_regs, rms_norm_quantize): 32 * WARPS threads, blocks of
 // at least 256 threads, ROWS rows per block.

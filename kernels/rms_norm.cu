@@ -432,21 +432,6 @@ __device__ __forceinline__ float rms_inv(float ss, const NormArgs& a) {
     return rcp_rn(sqrt_rn(add_rn(mean, a.eps)));
 }
 
-// The per-token scale of token_scale (groupwise.cuh) with scale_ub given (ub, loaded earlier) and
-// shorter divisions: FP8 amax / qmax by scale_of (div_by where amax is finite; below about 2^-100,
-// where div_by may differ in the last place, the quotient is far under the minimum scale that
-// replaces it), 1 / s by rcp_rn. INT8 as TokenRule<I8>.
-template <class F> __device__ __forceinline__ float token_scale_lead(const ScaleArgs& sa, float ub, float amax, float& inv) {
-    if (sa.has_ub) amax = fmin_ieee(amax, ub);
-    float s;
-    if constexpr (F::max_finite == 127.0f) s = TokenRule<F>::scale(amax);
-    else s = fmax_ieee(scale_of<F>(amax), 1.0f / (F::max_finite * 512.0f));
-    if (sa.pow2) s = pow2_ceil(s);
-    if constexpr (F::max_finite == 127.0f) inv = TokenRule<F>::inv(amax, s);
-    else inv = rcp_rn(s);
-    return s;
-}
-
 template <typename T, int SCHEME, class F>
 __global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
 rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
