@@ -67,6 +67,47 @@ def _token_team(K: int, itemsize: int, rows: int):
     return max(narrow, wide)
 
 
+#: 8-element units a thread of token_quantize_few holds (kernels/groupwise.cu): a block of at most
+#: 1024 threads then takes a row of up to 8192 or 16384 elements in one round of loads.
+_FEW_UNITS = (1, 2)
+_FEW_BLOCK_MAX = 1024
+#: Up to this many rows the planner gives per-token quantization token_quantize_few, a block per
+#: row, where the row fits (see _token_few); above, token_quantize_regs or token_quantize.
+_TOKEN_FEW_KERNEL_ROWS = 256
+#: The per-token kernels: "few" (token_quantize_few) and "regs" (token_quantize_regs, or the two-pass
+#: token_quantize where a row is too long or not 16-byte aligned).
+TOKEN_PATHS = ("few", "regs")
+#: Internal override of the per-token planner, for tests and A/B timing: a name of TOKEN_PATHS
+#: ("few" wherever the row fits, whatever the number of rows), or None (the planner's choice).
+#: Read at every call and part of the plan's key, so it may change between calls.
+TOKEN_PATH: str | None = None
+#: Internal override of token_quantize_few's units a thread: one of _FEW_UNITS (used where the row
+#: fits), or None (the fewest that hold the row).
+TOKEN_FEW_UNITS: int | None = None
+
+
+def _token_few(K: int, rows: int, path: str | None = None, units: int | None = None):
+    """(units a thread, threads a block) of token_quantize_few for ``rows`` rows of K elements, or
+    None for the other per-token kernels: with ``path`` None for at most _TOKEN_FEW_KERNEL_ROWS
+    rows, with "few" for any number; the fewest units (or ``units``) with which a block of at most
+    1024 threads, whole warps, holds the row.
+
+    With few rows a call's time is its fixed chain of dependent steps, not its bytes: a block per
+    row issues all of the row's loads at once (a thread's units, 16 or 32 bytes of a 16-bit type,
+    in one round), and the row's max takes one barrier and two warp reductions."""
+    if path not in (None, *TOKEN_PATHS):
+        raise ValueError(f"groupwise.TOKEN_PATH must be one of {TOKEN_PATHS} or None, got {path!r}")
+    if units not in (None, *_FEW_UNITS):
+        raise ValueError(f"groupwise.TOKEN_FEW_UNITS must be one of {_FEW_UNITS} or None, got {units!r}")
+    if path == "regs" or (path is None and rows > _TOKEN_FEW_KERNEL_ROWS):
+        return None
+    for u in _FEW_UNITS if units is None else (units,):
+        threads = 32 * max(1, ceil_div(ceil_div(K, 8 * u), 32))
+        if threads <= _FEW_BLOCK_MAX:
+            return u, threads
+    return None
+
+
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 FAMILY = _jit.register(
     "groupwise",
@@ -77,6 +118,7 @@ FAMILY = _jit.register(
         for f in _Q8_TAGS
         for w in _TOKEN_WARPS
     ]
+    + _jit.product("token_quantize_few", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FEW_UNITS)
     + _jit.product("token_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
@@ -184,6 +226,8 @@ class _Plan:
         silu,
         symmetric,
         zp_out,
+        token_path=None,
+        few_units=None,
     ):
         if silu:
             if isinstance(x, cupy.ndarray) and x.ndim:
@@ -245,10 +289,15 @@ class _Plan:
         elif not silu and rows and (K or group_size is None):
             # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
             vec = aligned and K % 8 == 0
+            few = _token_few(K, rows, token_path, few_units) if group_size is None and not azp else None
             team = _token_team(K, x.itemsize, rows) if vec and group_size is None else None
             # the asymmetric kernels take the same launch as the symmetric ones (no format argument)
             targs = (in_t.ctype,) if azp else (in_t.ctype, fmt.ctag)
-            if team is not None:
+            if few is not None:
+                units, threads = few
+                kernel = _jit.kernel(device, FAMILY, "token_quantize_few", *targs, units)
+                grid, block, mid = (rows,), (threads,), (np.int32(K), np.int32(vec))
+            elif team is not None:
                 name = "token_quantize_azp_regs" if azp else "token_quantize_regs"
                 kernel = _jit.kernel(device, FAMILY, name, *targs, team)
                 block = (max(_TOKEN_BLOCK, 32 * team),)
@@ -283,7 +332,7 @@ def _quantize(
     key = (
         silu, _validate.array_key(x), dtype, group_size, type(group_size), scale_layout, scale_pow2, scale_dtype,
         _validate.scale_key(scale_ub), symmetric, type(symmetric), _validate.array_key(out),
-        _validate.array_key(scale_out), _validate.array_key(zp_out),
+        _validate.array_key(scale_out), _validate.array_key(zp_out), TOKEN_PATH, TOKEN_FEW_UNITS,
     )  # fmt: skip
     plan = _PLANS.lookup(key)
     if plan is None:
@@ -291,7 +340,7 @@ def _quantize(
             key,
             _Plan(
                 x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric,
-                zp_out,
+                zp_out, TOKEN_PATH, TOKEN_FEW_UNITS,
             ),
         )  # fmt: skip
     ub = scale_ub if type(scale_ub) is cupy.ndarray else None

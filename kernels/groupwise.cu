@@ -36,8 +36,10 @@
 //
 // Threads. Per-group kernels give each thread 16 consecutive elements (16-byte loads, one 16-byte
 // store); a group's G / 16 threads are consecutive lanes of one warp and reduce with xor shuffles.
-// The per-token kernel gives each row a team of one or more warps that holds the row in registers
-// (token_quantize_regs). VEC = false is the scalar path for rows that are not 16-byte aligned.
+// The per-token kernels give each row a team of one or more warps that holds the row in registers
+// (token_quantize_regs, many rows), or a block per row with all of the row's loads in one round
+// (token_quantize_few, few rows). VEC = false (vec = 0) is the scalar path for rows that are not
+// 16-byte aligned.
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
@@ -140,6 +142,120 @@ token_quantize_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __
         }
     }
     if (t == 0) store_scale(sa, row, 0, s);
+}
+
+// A block per row, every thread holding U units of 8 elements (16 or 32 bytes of a 16-bit type), so
+// that a row of up to 8 * U * 1024 elements is read in one round: the block (blockDim.x a multiple
+// of 32, up to 1024) issues all of the row's loads before any arithmetic. The row's max is one
+// redux.sync a warp, the warps' maxima through shared memory and one barrier, and one more redux;
+// scale_ub is loaded while the row is in flight, and the scale and its reciprocal come from
+// token_scale_lead (no IEEE division on the FP8 path). No second pass over global memory. vec:
+// 16-byte loads and 8-byte stores (rows 16-byte aligned, K % 8 == 0); otherwise single elements,
+// zero past K, so that any K and any alignment can take it. The host picks it for few rows
+// (cupyquant.groupwise._token_few), where a row's fixed chain of steps is the cost.
+static constexpr int TOKEN_FEW_BLOCK_MAX = 1024;
+
+// Max over the warp's lanes: one redux.sync (compute capability 8.0 and newer; shuffles before).
+__device__ __forceinline__ unsigned warp_max_redux(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+#else
+    return warp_max(v);
+#endif
+}
+
+// Max of v over the block (blockDim.x a multiple of 32; every thread takes part and gets it).
+__device__ __forceinline__ unsigned block_max_redux(unsigned v) {
+    __shared__ unsigned warp_vals[TOKEN_FEW_BLOCK_MAX / 32];
+    v = warp_max_redux(v);
+    const int warps = blockDim.x >> 5;
+    if (warps == 1) return v;
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) warp_vals[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return warp_max_redux(lane < warps ? warp_vals[lane] : 0u);
+}
+
+// One unit of 8 elements at p as T's bits (LOADS 16-byte words), n elements left in the row: vec,
+// 16-byte loads; otherwise single elements, zero past n.
+template <typename T, int LOADS>
+__device__ __forceinline__ void load_unit_bits(const T* __restrict__ p, int n, bool vec, uint4* w) {
+    if (vec) {
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) w[l] = ld16(p + l * 4);
+        return;
+    }
+    using Bits = typename cond_type<sizeof(T) == 4, unsigned, unsigned short>::type;
+    constexpr int PER_WORD = 4 / sizeof(T);  // elements in a 32-bit word
+    const Bits* b = reinterpret_cast<const Bits*>(p);
+    unsigned u[4 * LOADS];
+#pragma unroll
+    for (int j = 0; j < 4 * LOADS; ++j) u[j] = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < n) u[i / PER_WORD] |= (unsigned)__ldg(b + i) << (8 * sizeof(T) * (i % PER_WORD));
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) w[l] = make_uint4(u[4 * l], u[4 * l + 1], u[4 * l + 2], u[4 * l + 3]);
+}
+
+// The first n of the 8 bytes in w at q: vec, one 8-byte store (n >= 8).
+__device__ __forceinline__ void store_unit_bytes(unsigned char* __restrict__ q, int n, uint2 w, bool vec) {
+    if (vec) {
+        *reinterpret_cast<uint2*>(q) = w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < n) q[i] = (unsigned char)(((i < 4 ? w.x : w.y) >> (8 * (i & 3))) & 0xffu);
+}
+
+template <typename T, class F, int U>
+__global__ void __launch_bounds__(TOKEN_FEW_BLOCK_MAX)
+token_quantize_few(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, int K, int vec,
+                   ScaleArgs sa, unsigned* __restrict__ words) {
+    sa.words = words;
+    constexpr int LOADS = sizeof(T) == 4 ? 2 : 1;  // 16-byte loads per 8-element unit
+    const i64 row = blockIdx.x;
+    const int step = blockDim.x * 8;               // elements between a thread's units
+    const int c0 = threadIdx.x * 8;
+    const T* xr = x + row * x_row_stride + c0;
+    pdl_wait_then_release();  // no global access above this line
+    const float ub = sa.has_ub ? load_ub(sa) : 0.0f;  // first, so that its load is under the row's
+    uint4 raw[U][LOADS];
+#pragma unroll
+    for (int v = 0; v < U; ++v) {
+        const int c = c0 + v * step;
+        if (c < K) {
+            load_unit_bits<T, LOADS>(xr + v * step, K - c, vec != 0, raw[v]);
+        } else {
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) raw[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    unsigned m = 0;
+#pragma unroll
+    for (int v = 0; v < U; ++v)
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) m = max(m, absmax16<T>(raw[v][l]));
+    m = block_max_redux(m);
+    float inv;
+    const float s = token_scale_lead<F>(sa, ub, __uint_as_float(m), inv);
+    const bool pow2 = sa.pow2 != 0;
+    const bool exact_div = needs_exact_div(sa, s);
+    unsigned char* qr = q + row * (i64)K;
+#pragma unroll
+    for (int v = 0; v < U; ++v) {
+        const int c = c0 + v * step;
+        if (c < K) {
+            float f[8];
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) unpack16<T>(raw[v][l], f + l * 4);
+            store_unit_bytes(qr + c, K - c, token_quant8<F>(f, s, inv, pow2, exact_div), vec != 0);
+        }
+    }
+    if (threadIdx.x == 0) store_scale(sa, row, 0, s);
 }
 
 static constexpr int TOKEN_BLOCK = 256;
