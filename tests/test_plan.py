@@ -476,6 +476,47 @@ def test_per_token_team_choice():
     assert {K: groupwise._token_team(K, 2, 256) for K in few16} == few16
 
 
+def test_per_token_few_kernel_choice():
+    """quantize_groupwise per token (groupwise._token_few): token_quantize_few, a block per row of
+    whole warps up to 1024 threads, the fewest units of 8 elements a thread that hold the row (one
+    to 8192 elements, two to 16384), for at most _TOKEN_FEW_KERNEL_ROWS rows unless forced; None
+    past 16384 elements or where "regs" is forced; a bad knob raises ValueError naming it."""
+    from cupyquant import groupwise
+
+    few = groupwise._TOKEN_FEW_KERNEL_ROWS
+    want = {0: (1, 32), 1: (1, 32), 256: (1, 32), 257: (1, 64), 2048: (1, 256), 4096: (1, 512)}
+    want |= {4100: (1, 544), 7168: (1, 896), 8192: (1, 1024), 8200: (2, 544), 16384: (2, 1024), 16392: None}
+    for rows in (1, few):
+        assert {K: groupwise._token_few(K, rows) for K in want} == want
+    assert {K: groupwise._token_few(K, 1 << 20, "few") for K in want} == want
+    assert all(groupwise._token_few(K, few + 1) is None for K in want)
+    assert all(groupwise._token_few(K, 1, "regs") is None for K in want)
+    assert groupwise._token_few(4096, 1, units=2) == (2, 256)
+    assert groupwise._token_few(16384, 1, units=1) is None
+    with pytest.raises(ValueError, match="TOKEN_PATH"):
+        groupwise._token_few(4096, 1, "rows")
+    with pytest.raises(ValueError, match="TOKEN_FEW_UNITS"):
+        groupwise._token_few(4096, 1, units=4)
+
+
+def test_per_token_few_kernel_covers_each_row_once():
+    """token_quantize_few's indexing (kernels/groupwise.cu): thread t of a block of n threads takes
+    the 8-element units starting at (v * n + t) * 8 for v < U; those below K are every unit of the
+    row, once."""
+    from cupyquant import groupwise
+
+    for K in list(range(0, 600)) + [4095, 4096, 4100, 7168, 8191, 8192, 8193, 12000, 16383, 16384]:
+        for units in (None, 1, 2):
+            plan = groupwise._token_few(K, 1, "few", units)
+            if plan is None:
+                assert K > 8 * 1024 * (units or 2)
+                continue
+            u, n = plan
+            assert n % 32 == 0 and 32 <= n <= 1024
+            starts = sorted((v * n + t) * 8 for v in range(u) for t in range(n) if (v * n + t) * 8 < K)
+            assert starts == list(range(0, K, 8)), (K, units)
+
+
 def test_block_scale_geometry_planner():
     """MXFP8 takes the small geometry at every size; MXFP4 and NVFP4 while their 128 x 256 tiles
     number fewer than SMALL_BELOW_TILES_PER_SM_FP4 per SM: on 132 SMs up to 8320 rows of 4096 and
