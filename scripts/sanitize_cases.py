@@ -161,8 +161,9 @@ GROUP_SHAPES = {
     64: [(2, 192), (33, 64)],
     128: [(5, 384), (2, 3, 256), (1, 128)],
     256: [(3, 512)],
-    # per token: scalar rows, then token_quantize_regs with a wide team (few rows), one warp a row
-    # and a part-empty last block (many rows), eight and 32 warps a row, and the two-pass kernel
+    # per token: token_quantize_few (few rows: odd K with single elements, one and two units a
+    # thread), token_quantize_regs with one warp a row and a part-empty last block (many rows) and
+    # with 32 warps a row (40000), and the two-pass kernel (65544)
     None: [(1, 1), (3, 33), (5, 4097), (2, 3, 7), (4, 1024), (300, 2048), (2, 16384), (2, 40000), (1, 65544)],
 }
 
