@@ -148,11 +148,12 @@ token_quantize_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __
 // that a row of up to 8 * U * 1024 elements is read in one round: the block (blockDim.x a multiple
 // of 32, up to 1024) issues all of the row's loads before any arithmetic. The row's max is one
 // redux.sync a warp, the warps' maxima through shared memory and one barrier, and one more redux;
-// scale_ub is loaded while the row is in flight, and the scale and its reciprocal come from
-// token_scale_lead (no IEEE division on the FP8 path). No second pass over global memory. vec:
-// 16-byte loads and 8-byte stores (rows 16-byte aligned, K % 8 == 0); otherwise single elements,
-// zero past K, so that any K and any alignment can take it. The host picks it for few rows
-// (cupyquant.groupwise._token_few), where a row's fixed chain of steps is the cost.
+// scale_ub is loaded while the row is in flight, and the scale and its reciprocal come once a
+// thread from token_scale_lead (for FP8 and a finite amax, no IEEE division). No second pass over
+// global memory. vec: 16-byte loads and 8-byte stores (rows 16-byte aligned, K % 8 == 0);
+// otherwise single elements, zero past K, so that any K and any alignment can take it. The host
+// picks it for few rows (cupyquant.groupwise._token_few), where a row's fixed chain of dependent
+// steps, not its bytes, is the cost.
 static constexpr int TOKEN_FEW_BLOCK_MAX = 1024;
 
 // Max over the warp's lanes: one redux.sync (compute capability 8.0 and newer; shuffles before).
@@ -178,26 +179,38 @@ __device__ __forceinline__ unsigned block_max_redux(unsigned v) {
     return warp_max_redux(lane < warps ? warp_vals[lane] : 0u);
 }
 
-// One unit of 8 elements at p as T's bits (LOADS 16-byte words), n elements left in the row: vec,
-// 16-byte loads; otherwise single elements, zero past n.
-template <typename T, int LOADS>
-__device__ __forceinline__ void load_unit_bits(const T* __restrict__ p, int n, bool vec, uint4* w) {
+// A thread's U units of 8 elements as T's bits (LOADS 16-byte words a unit): unit v starts at
+// element c0 + v * step of the row xr (xr points at element c0); elements at K and past read as 0.
+// vec: 16-byte loads (K % 8 == 0, rows 16-byte aligned); otherwise single elements. Either way
+// every load is issued before any result is used (the single elements are packed afterwards).
+template <typename T, int U, int LOADS>
+__device__ __forceinline__ void load_units(const T* __restrict__ xr, int c0, int step, int K, bool vec,
+                                           uint4 (&w)[U][LOADS]) {
     if (vec) {
 #pragma unroll
-        for (int l = 0; l < LOADS; ++l) w[l] = ld16(p + l * 4);
+        for (int v = 0; v < U; ++v) {
+            const bool in = c0 + v * step < K;
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) w[v][l] = in ? ld16(xr + v * step + l * 4) : make_uint4(0u, 0u, 0u, 0u);
+        }
         return;
     }
     using Bits = typename cond_type<sizeof(T) == 4, unsigned, unsigned short>::type;
     constexpr int PER_WORD = 4 / sizeof(T);  // elements in a 32-bit word
-    const Bits* b = reinterpret_cast<const Bits*>(p);
-    unsigned u[4 * LOADS];
+    const Bits* b = reinterpret_cast<const Bits*>(xr);
+    unsigned e[U][8];
 #pragma unroll
-    for (int j = 0; j < 4 * LOADS; ++j) u[j] = 0u;
+    for (int v = 0; v < U; ++v)
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i < n) u[i / PER_WORD] |= (unsigned)__ldg(b + i) << (8 * sizeof(T) * (i % PER_WORD));
+        for (int i = 0; i < 8; ++i) e[v][i] = c0 + v * step + i < K ? (unsigned)__ldg(b + v * step + i) : 0u;
 #pragma unroll
-    for (int l = 0; l < LOADS; ++l) w[l] = make_uint4(u[4 * l], u[4 * l + 1], u[4 * l + 2], u[4 * l + 3]);
+    for (int v = 0; v < U; ++v) {
+        unsigned u[4 * LOADS] = {};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) u[i / PER_WORD] |= e[v][i] << (8 * sizeof(T) * (i % PER_WORD));
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) w[v][l] = make_uint4(u[4 * l], u[4 * l + 1], u[4 * l + 2], u[4 * l + 3]);
+    }
 }
 
 // The first n of the 8 bytes in w at q: vec, one 8-byte store (n >= 8).
@@ -224,16 +237,7 @@ token_quantize_few(const T* __restrict__ x, i64 x_row_stride, unsigned char* __r
     pdl_wait_then_release();  // no global access above this line
     const float ub = sa.has_ub ? load_ub(sa) : 0.0f;  // first, so that its load is under the row's
     uint4 raw[U][LOADS];
-#pragma unroll
-    for (int v = 0; v < U; ++v) {
-        const int c = c0 + v * step;
-        if (c < K) {
-            load_unit_bits<T, LOADS>(xr + v * step, K - c, vec != 0, raw[v]);
-        } else {
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) raw[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    load_units<T, U, LOADS>(xr, c0, step, K, vec != 0, raw);
     unsigned m = 0;
 #pragma unroll
     for (int v = 0; v < U; ++v)
