@@ -42,6 +42,7 @@
 // global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "groupwise.cuh"
+#include "flat_dequant.cuh"
 
 // ---------------------------------------------------------------- per-group quantization
 // The end of a per-group thread: its 16 elements quantized with the group's scale s and stored; the
@@ -463,6 +464,31 @@ group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 
             y[i] = from_float<OutT>(mul_rn(from_q<F>(q[i]), load_scale(sa, row, c >> g_shift)));
         }
     }
+}
+
+// The flat geometry (flat_dequant.cuh): WORDS 16-byte words of q per thread, q and y 16-byte aligned,
+// any K. g_shift as group_dequantize's; the scale of (row, col) as load_scale's, in two steps: the
+// word that holds it, then its value (a UE8M0 byte of a packed word, or the float32 word).
+struct GroupScale {
+    ScaleArgs sa;
+    int g_shift;
+    __device__ __forceinline__ unsigned load(i64 row, i64 col) const {
+        const int g = (int)(col >> g_shift);
+        return __ldg(sa.words + word_index(sa, row, sa.packed ? g >> 2 : g));
+    }
+    __device__ __forceinline__ float value(unsigned w, i64 col) const {
+        if (!sa.packed) return __uint_as_float(w);
+        return e8m0_to_float((w >> (8 * ((int)(col >> g_shift) & 3))) & 0xffu);
+    }
+};
+
+template <typename OutT, class F, int WORDS>
+__global__ void __launch_bounds__(FLAT_THREADS)
+group_dequantize_flat(const unsigned char* __restrict__ q, OutT* __restrict__ y, FlatRows f, int g_shift, ScaleArgs sa,
+                      unsigned* __restrict__ words) {
+    sa.words = words;
+    pdl_wait_then_release();
+    flat_dequantize<OutT, F, WORDS>(q, y, f, g_shift, GroupScale{sa, g_shift});
 }
 
 // Per-token INT8 with zero points: y = round(float32(q - z) * s) for the scale s and zero point z

@@ -9,11 +9,13 @@
 //                    q = cvt_satfinite_rn(x * 2^(127 - E)) with 2^-127 (subnormal) for E = 254 and
 //                    NaN for E = 255.
 //   mx_dequantize    y = round_rn(float(q) * 2^(E - 127)).
-// Conversions, layouts and the thread mapping: block_scale.cuh.
+// Conversions, layouts and the thread mapping: block_scale.cuh; the flat geometry of the MXFP8
+// dequantizer: flat_dequant.cuh.
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "block_scale.cuh"
+#include "flat_dequant.cuh"
 
 // MXFP8 / MXFP4. Grid: one block per (row tile, K tile), K tiles fastest (so that consecutive
 // blocks write consecutive 512-byte swizzled units).
@@ -38,4 +40,21 @@ __global__ void __launch_bounds__(256)
 mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {
     pdl_wait_then_release();
     block_dequantize<T, F, 32, false, VEC>(q, scales, y, a);
+}
+
+// MXFP8 in the flat geometry (flat_dequant.cuh): WORDS 16-byte words of q per thread, q and y 16-byte
+// aligned, any K; the scale of (row, col) is the E8M0 byte of block col / 32 in a's layout.
+struct MxScale {
+    const unsigned char* __restrict__ scales;
+    DequantArgs a;
+    __device__ __forceinline__ unsigned load(i64 row, i64 col) const { return __ldg(scales + scale_offset(a, row, col >> 5)); }
+    __device__ __forceinline__ float value(unsigned E, i64) const { return e8m0_to_float(E); }
+};
+
+template <typename T, class F, int WORDS>
+__global__ void __launch_bounds__(FLAT_THREADS)
+mx_dequantize_flat(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y,
+                   DequantArgs a, FlatRows f) {
+    pdl_wait_then_release();
+    flat_dequantize<T, F, WORDS>(q, y, f, 5, MxScale{scales, a});
 }
