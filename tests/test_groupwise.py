@@ -13,7 +13,7 @@ from _pdl import assert_rounds_equal, check_rounds
 from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
-from cupyquant import groupwise
+from cupyquant import _flat, _launch, groupwise
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -379,6 +379,147 @@ def test_dequantize_per_token_odd_k():
     q = cq.quantize_groupwise(cupy.asarray(xh), "int8", group_size=None)
     eq, es = ref.quantize_groupwise(xh, "int8", group_size=None)
     assert_bits_equal(q.dequantize(), ref.dequantize_groupwise(eq, es, "int8", np.float16), "y")
+
+
+# ------------------------------------------------------------------ dequantizer geometries
+#: (group_size, scale layout, scale dtype, Ks): per token any K (below one 16-byte word, rows that
+#: end inside a word, whole words), per group the Ks the group sizes divide
+GEOMETRY_CASES = [
+    (None, "row", "float32", [1, 15, 16, 17, 1000, 4096, 4097, 7168]),
+    (None, "col", E8M0, [16, 33, 7168]),
+    (32, "col", "float32", [32, 96, 7168]),
+    (128, "row", "float32", [128, 384, 4096, 7168]),
+    (128, "col", E8M0, [128, 7168]),
+    (256, "row", E8M0, [256, 768, 8192]),
+]
+GEOMETRY_ROWS = [1, 3, 37]
+
+
+def dequantize_in(geometry, monkeypatch, q, out_dtype, out=None):
+    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``geometry`` into ``out`` (a poisoned
+    buffer when not given); checks that the kernel launched is the flat one exactly where the
+    geometry is flat and q.data and out are 16-byte aligned."""
+    monkeypatch.setattr(_flat, "GEOMETRY", geometry)
+    out = poisoned(q.shape, out_dtype) if out is None else out
+    with _launch.recording() as rec:
+        y = cq.dequantize(q, out_dtype, out=out)
+    names = [r[0].name for r in rec if r[5] is not None]
+    aligned = q.data.data.ptr % 16 == 0 and out.data.ptr % 16 == 0
+    assert len(names) == 1 and ("dequantize_flat" in names[0]) == (geometry != "rows" and aligned), (geometry, names)
+    assert y is out
+    return y
+
+
+@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
+    """Each geometry of the dequantizer (_flat.GEOMETRY) forced in turn, into poisoned out= buffers,
+    bit for bit the reference: per token and per group, float32 and UE8M0 scales in both layouts,
+    partial blocks of rows, rows that end inside a 16-byte word of codes, a last word cut short."""
+    for group_size, layout, sdt, ks in GEOMETRY_CASES:
+        for K in ks:
+            for rows in GEOMETRY_ROWS:
+                shape = (rows, K)
+                xh = heavy_tailed(shape, _seed("geometry", shape, fmt, group_size, layout, sdt), np.float32)
+                xh.reshape(-1)[::97] = 0
+                eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_dtype=sdt)
+                q = cq.quantize_groupwise(
+                    cupy.asarray(xh), fmt, group_size=group_size, scale_layout=layout, scale_dtype=sdt
+                )
+                y = dequantize_in(geometry, monkeypatch, q, out_dtype)
+                want = ref.dequantize_groupwise(eq, es, fmt, out_dtype, group_size=group_size)
+                assert_bits_equal(y, want, f"{geometry} {shape} {group_size} {layout} {sdt}")
+
+
+def _moved(a, offset: int):
+    """A C-contiguous copy of ``a`` that starts ``offset`` bytes past a 256-byte boundary."""
+    raw = cupy.empty(a.nbytes + offset, np.uint8)[offset:]
+    raw[...] = a.reshape(-1).view(np.uint8)
+    return raw.view(a.dtype).reshape(a.shape)
+
+
+@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+def test_dequantize_misaligned_views(geometry, monkeypatch):
+    """Codes and out= views that do not start 16-byte aligned (1 and 8 bytes past; out= one
+    element past): every geometry gives the reference's bytes, the flat ones through the row
+    kernel."""
+    fmt, bf16 = "float8_e4m3fn", ml_dtypes.bfloat16
+    for group_size, K in ((128, 1024), (None, 1000), (None, 4097)):
+        shape = (37, K)
+        xh = heavy_tailed(shape, _seed("misaligned", K, group_size), np.float32)
+        eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size)
+        want = ref.dequantize_groupwise(eq, es, fmt, bf16, group_size=group_size)
+        q = cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=group_size)
+        for q_offset in (0, 1, 8):
+            for y_offset in (0, 2):
+                moved = cq.QuantizedTensor(_moved(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
+                out = _moved(poisoned(shape, bf16), y_offset)
+                y = dequantize_in(geometry, monkeypatch, moved, bf16, out=out)
+                assert_bits_equal(y, want, f"{geometry} K={K} q+{q_offset} y+{y_offset}")
+
+
+@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_every_code_and_special_scales(geometry, monkeypatch, fmt):
+    """Every code byte (zeros, subnormals, the largest, inf/NaN codes) under scales that include 0,
+    -0, inf, NaN, float32 subnormals and 2^100, per token and per group of 128, to each output
+    type."""
+    rows, K = 16, 4096
+    codes = ((np.arange(K)[None, :] + 16 * np.arange(rows)[:, None]) % 256).astype(np.uint8)
+    if fmt == "int8":
+        codes = codes.view(np.int8)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 2.0**-149, 2.0**100, -3.5], np.float32)
+    rng = np.random.default_rng(_seed("special scales", fmt))
+    for group_size in (None, 128):
+        ng = 1 if group_size is None else K // group_size
+        scales = (rng.standard_normal((rows, ng)) * 8).astype(np.float32)
+        scales.reshape(-1)[: min(specials.size, scales.size)] = specials[: scales.size]
+        q = cq.quantize_groupwise(cupy.zeros((rows, K), np.float32), fmt, group_size=group_size)
+        assert q.scale.shape == (rows, ng) and q.scale.flags.c_contiguous
+        q.data[...] = cupy.asarray(codes)
+        q.scale[...] = cupy.asarray(scales)
+        for out_dtype in IN_DTYPES:
+            y = dequantize_in(geometry, monkeypatch, q, out_dtype)
+            want = ref.dequantize_groupwise(codes, scales, fmt, out_dtype, group_size=group_size)
+            assert_bits_equal(y, want, f"{geometry} {group_size} {np.dtype(out_dtype).name}")
+
+
+@pytest.mark.parametrize("geometry", ["flat16", "flat32"])
+@pytest.mark.parametrize("group_size", [128, None])
+def test_pdl_flat_dequantizer_waits_for_the_kernel_before(geometry, monkeypatch, group_size):
+    """With PDL (compute capability 9.0+), the flat dequantizer over rounds of new codes and scales,
+    each written by a kernel that lets it start at once (tests/_pdl.py), into the same out= buffer:
+    bit for bit the reference of each round, in a stream and replayed from a CUDA graph."""
+    require_arch("pdl")
+    monkeypatch.setattr(_flat, "GEOMETRY", geometry)
+    R, E4, BF16 = 4, "float8_e4m3fn", ml_dtypes.bfloat16
+    shape = (37, 4096 + 512)  # a partial last block
+    made = [
+        cq.quantize_groupwise(
+            cupy.asarray(heavy_tailed(shape, _seed("pdl flat", r), np.float32)), E4, group_size=group_size
+        )
+        for r in range(R)
+    ]
+    q = cq.quantize_groupwise(cupy.zeros(shape, np.float32), E4, group_size=group_size)  # its buffers are the inputs
+    y = cupy.empty(shape, BF16)
+    host = [(m.data.get(), m.to_host()["scale"]) for m in made]
+    with _launch.recording() as rec:
+        cq.dequantize(q, BF16, out=y)
+    assert ["dequantize_flat" in r[0].name for r in rec if r[5] is not None] == [True]
+
+    def step():
+        return [cq.dequantize(q, BF16, out=y)]
+
+    def want(r):
+        return [ref.dequantize_groupwise(host[r][0], host[r][1], E4, BF16, group_size=group_size)]
+
+    check_rounds(
+        step,
+        [q.data, q.scale],
+        [[m.data, m.scale] for m in made],
+        lambda r, got, where: assert_rounds_equal(got, want(r), ["y"], f"{where} round {r}"),
+    )
 
 
 # ------------------------------------------------------------------ streams, graphs, no sync
