@@ -67,7 +67,7 @@ def _token_team(K: int, itemsize: int, rows: int):
     return max(narrow, wide)
 
 
-_FLAT_WORDS = tuple(sorted(set(_flat.WORDS.values())))
+_FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 FAMILY = _jit.register(
     "groupwise",
@@ -82,7 +82,7 @@ FAMILY = _jit.register(
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
     + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
-    + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_WORDS)
+    + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_PIECES)
     # asymmetric per-token INT8 (zero points)
     + _jit.product("token_quantize_azp_regs", _dtypes.INPUT_CTYPES, _TOKEN_WARPS)
     + _jit.product("token_quantize_azp", _dtypes.INPUT_CTYPES, _BOOLS)
@@ -513,15 +513,15 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
     lay = _scales.group_layout(shape, n_groups, q.scheme.scale_layout, packed and not azp)
     sa = _scales.group_scale_args(lay, 0, packed and not azp, False)
     y_aligned = out is None or out.data.ptr % VECTOR_BYTES == 0
-    aligned = q.data.data.ptr % VECTOR_BYTES == 0 and y_aligned
     vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
     # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
     g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
     if not azp:
+        aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
         geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device))
         if geometry != "rows":
             kernel = _jit.kernel(
-                device, FAMILY, "group_dequantize_flat", out_t.ctype, q.format.ctag, _flat.WORDS[geometry]
+                device, FAMILY, "group_dequantize_flat", out_t.ctype, q.format.ctag, _flat.PIECES[geometry]
             )
             grid, block = _flat.flat_grid(rows * K, geometry)
             args = (ARG, ARG, _flat.flat_rows(rows, K), np.int32(g_shift), sa, ARG)

@@ -35,7 +35,7 @@ from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
 _FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
-_FLAT_WORDS = tuple(sorted(set(_flat.WORDS.values())))
+_FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 # The FP4 and UE8M0 conversions exist as instructions only on the Blackwell family-specific targets.
 FAMILY = _jit.register(
@@ -43,7 +43,7 @@ FAMILY = _jit.register(
     _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_quantize_small", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS)
-    + _jit.product("mx_dequantize_flat", _dtypes.INPUT_CTYPES, _FP8_TAGS, _FLAT_WORDS),
+    + _jit.product("mx_dequantize_flat", _dtypes.INPUT_CTYPES, _FP8_TAGS, _FLAT_PIECES),
     specific_targets=_device.FP4_CVT_TARGETS,
 )
 _MX_BLOCK = _scales.MX_BLOCK

@@ -466,29 +466,36 @@ group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 
     }
 }
 
-// The flat geometry (flat_dequant.cuh): WORDS 16-byte words of q per thread, q and y 16-byte aligned,
-// any K. g_shift as group_dequantize's; the scale of (row, col) as load_scale's, in two steps: the
-// word that holds it, then its value (a UE8M0 byte of a packed word, or the float32 word).
+// The flat geometry (flat_dequant.cuh): PIECES pieces of 8 codes per thread, q 8-byte and y 16-byte
+// aligned, any K. g_shift as group_dequantize's; the scale of (row, col) as load_scale's, in two
+// steps: the word that holds it, then its value (a UE8M0 byte of a packed word, or the float32 word).
 struct GroupScale {
     ScaleArgs sa;
     int g_shift;
-    __device__ __forceinline__ unsigned load(i64 row, i64 col) const {
-        const int g = (int)(col >> g_shift);
-        return __ldg(sa.words + word_index(sa, row, sa.packed ? g >> 2 : g));
+    // 32-bit: rows and scale word offsets are below 2^31 where the flat kernel runs
+    __device__ __forceinline__ unsigned load(unsigned row, unsigned col) const {
+        const unsigned g = col >> g_shift;
+        unsigned b = 0, m = row;
+        if (sa.col) {  // split_row's multiply (m_magic is below 2^32)
+            b = (unsigned)(((u64)row * (unsigned)sa.m_magic) >> sa.m_shift);
+            m = row - b * (unsigned)sa.M;
+        }
+        const unsigned w = b * (unsigned)sa.sb + m * (unsigned)sa.sm + (sa.packed ? g >> 2 : g) * (unsigned)sa.sg;
+        return __ldg(sa.words + w);
     }
-    __device__ __forceinline__ float value(unsigned w, i64 col) const {
+    __device__ __forceinline__ float value(unsigned w, unsigned col) const {
         if (!sa.packed) return __uint_as_float(w);
-        return e8m0_to_float((w >> (8 * ((int)(col >> g_shift) & 3))) & 0xffu);
+        return e8m0_to_float((w >> (8 * ((col >> g_shift) & 3u))) & 0xffu);
     }
 };
 
-template <typename OutT, class F, int WORDS>
+template <typename OutT, class F, int PIECES>
 __global__ void __launch_bounds__(FLAT_THREADS)
 group_dequantize_flat(const unsigned char* __restrict__ q, OutT* __restrict__ y, FlatRows f, int g_shift, ScaleArgs sa,
                       unsigned* __restrict__ words) {
     sa.words = words;
     pdl_wait_then_release();
-    flat_dequantize<OutT, F, WORDS>(q, y, f, g_shift, GroupScale{sa, g_shift});
+    flat_dequantize<OutT, F, PIECES>(q, y, f, g_shift, GroupScale{sa, g_shift});
 }
 
 // Per-token INT8 with zero points: y = round(float32(q - z) * s) for the scale s and zero point z

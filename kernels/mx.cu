@@ -42,19 +42,25 @@ mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restri
     block_dequantize<T, F, 32, false, VEC>(q, scales, y, a);
 }
 
-// MXFP8 in the flat geometry (flat_dequant.cuh): WORDS 16-byte words of q per thread, q and y 16-byte
-// aligned, any K; the scale of (row, col) is the E8M0 byte of block col / 32 in a's layout.
+// MXFP8 in the flat geometry (flat_dequant.cuh): PIECES pieces of 8 codes per thread, q 8-byte and y
+// 16-byte aligned, any K; the scale of (row, col) is the E8M0 byte of block col / 32 in a's layout.
 struct MxScale {
     const unsigned char* __restrict__ scales;
     DequantArgs a;
-    __device__ __forceinline__ unsigned load(i64 row, i64 col) const { return __ldg(scales + scale_offset(a, row, col >> 5)); }
-    __device__ __forceinline__ float value(unsigned E, i64) const { return e8m0_to_float(E); }
+    // scale_offset in 32-bit: rows and scale offsets are below 2^31 where the flat kernel runs
+    __device__ __forceinline__ unsigned load(unsigned m, unsigned col) const {
+        const unsigned k = col >> 5, nb = (unsigned)a.n_blocks;
+        const unsigned o = !a.swizzled ? m * nb + k
+                                       : ((m >> 7) * ((nb + 3) >> 2) + (k >> 2)) * 512 + (m & 31) * 16 + ((m >> 5) & 3) * 4 + (k & 3);
+        return __ldg(scales + o);
+    }
+    __device__ __forceinline__ float value(unsigned E, unsigned) const { return e8m0_to_float(E); }
 };
 
-template <typename T, class F, int WORDS>
+template <typename T, class F, int PIECES>
 __global__ void __launch_bounds__(FLAT_THREADS)
 mx_dequantize_flat(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y,
                    DequantArgs a, FlatRows f) {
     pdl_wait_then_release();
-    flat_dequantize<T, F, WORDS>(q, y, f, 5, MxScale{scales, a});
+    flat_dequantize<T, F, PIECES>(q, y, f, 5, MxScale{scales, a});
 }

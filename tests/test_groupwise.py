@@ -398,13 +398,13 @@ GEOMETRY_ROWS = [1, 3, 37]
 def dequantize_in(geometry, monkeypatch, q, out_dtype, out=None):
     """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``geometry`` into ``out`` (a poisoned
     buffer when not given); checks that the kernel launched is the flat one exactly where the
-    geometry is flat and q.data and out are 16-byte aligned."""
+    geometry is flat and q.data and out are aligned for it (_flat.flat_aligned)."""
     monkeypatch.setattr(_flat, "GEOMETRY", geometry)
     out = poisoned(q.shape, out_dtype) if out is None else out
     with _launch.recording() as rec:
         y = cq.dequantize(q, out_dtype, out=out)
     names = [r[0].name for r in rec if r[5] is not None]
-    aligned = q.data.data.ptr % 16 == 0 and out.data.ptr % 16 == 0
+    aligned = _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
     assert len(names) == 1 and ("dequantize_flat" in names[0]) == (geometry != "rows" and aligned), (geometry, names)
     assert y is out
     return y
@@ -441,9 +441,9 @@ def _moved(a, offset: int):
 
 @pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
 def test_dequantize_misaligned_views(geometry, monkeypatch):
-    """Codes and out= views that do not start 16-byte aligned (1 and 8 bytes past; out= one
-    element past): every geometry gives the reference's bytes, the flat ones through the row
-    kernel."""
+    """Codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one element
+    past): every geometry gives the reference's bytes, the flat ones through the row kernel where
+    the codes are not 8-byte or out= not 16-byte aligned."""
     fmt, bf16 = "float8_e4m3fn", ml_dtypes.bfloat16
     for group_size, K in ((128, 1024), (None, 1000), (None, 4097)):
         shape = (37, K)
@@ -451,7 +451,7 @@ def test_dequantize_misaligned_views(geometry, monkeypatch):
         eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size)
         want = ref.dequantize_groupwise(eq, es, fmt, bf16, group_size=group_size)
         q = cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=group_size)
-        for q_offset in (0, 1, 8):
+        for q_offset in (0, 1, 4, 8):
             for y_offset in (0, 2):
                 moved = cq.QuantizedTensor(_moved(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
                 out = _moved(poisoned(shape, bf16), y_offset)

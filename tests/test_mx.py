@@ -477,13 +477,13 @@ MXFP8 = ["float8_e4m3fn", "float8_e5m2"]
 def _mx_dequantize_in(geometry, monkeypatch, q, out_dtype, out=None):
     """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``geometry`` into ``out`` (a poisoned
     buffer when not given); checks that the kernel launched is the flat one exactly where the
-    geometry is flat, the codes MXFP8 and q.data and out 16-byte aligned."""
+    geometry is flat, the codes MXFP8 and q.data and out aligned for it (_flat.flat_aligned)."""
     monkeypatch.setattr(_flat, "GEOMETRY", geometry)
     out = poisoned(q.shape, out_dtype) if out is None else out
     with _launch.recording() as rec:
         y = cq.dequantize(q, out_dtype, out=out)
     names = [r[0].name for r in rec if r[5] is not None]
-    flat = geometry != "rows" and q.format.bits == 8 and q.data.data.ptr % 16 == 0 and out.data.ptr % 16 == 0
+    flat = geometry != "rows" and q.format.bits == 8 and _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
     assert len(names) == 1 and ("dequantize_flat" in names[0]) == flat, (geometry, names)
     assert y is out
     return y
@@ -517,9 +517,9 @@ def _moved(a, offset: int):
 
 @pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
 def test_dequantize_misaligned_views(geometry, monkeypatch):
-    """MXFP8 codes and out= views that do not start 16-byte aligned (1 and 8 bytes past; out= one
-    element past): every geometry gives the reference's bytes, the flat ones through the row
-    kernel."""
+    """MXFP8 codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one
+    element past): every geometry gives the reference's bytes, the flat ones through the row kernel
+    where the codes are not 8-byte or out= not 16-byte aligned."""
     fmt, bf16 = "float8_e4m3fn", ml_dtypes.bfloat16
     for K in (1000, 4096):
         shape = (37, K)
@@ -527,7 +527,7 @@ def test_dequantize_misaligned_views(geometry, monkeypatch):
         d, s = ref.quantize_mx(xh, fmt)
         want = ref.dequantize_mx(d, s, fmt, bf16, K=K)
         q = cq.quantize_mx(cupy.asarray(xh), fmt, scale_layout="swizzled")
-        for q_offset in (0, 1, 8):
+        for q_offset in (0, 1, 4, 8):
             for y_offset in (0, 2):
                 moved = cq.QuantizedTensor(_moved(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
                 out = _moved(poisoned(shape, bf16), y_offset)

@@ -525,7 +525,7 @@ def test_dequant_geometry_planner():
     2,162,688 elements (264 blocks) up, "rows" below and wherever an array is not aligned."""
     plan = _flat.planned_geometry
     assert _flat.FLAT_FROM_BLOCKS_PER_SM == 2
-    per_block = 16 * _flat.FLAT_THREADS * _flat.WORDS["flat32"]
+    per_block = 8 * _flat.FLAT_THREADS * _flat.PIECES["flat32"]
     assert per_block == 8192
     assert plan(264 * 8192, True, 132) == "flat32" and plan(263 * 8192, True, 132) == "rows"
     assert plan(263 * 8192 + 1, True, 132) == "flat32"  # a partial block counts
@@ -537,23 +537,27 @@ def test_dequant_geometry_planner():
 
 
 def test_dequant_geometry_knob(monkeypatch):
-    """_flat.GEOMETRY overrides the planner: a flat geometry where the arrays are aligned ("rows"
-    where they are not, the flat kernels reading whole 16-byte words), "rows" everywhere; a name of
-    no geometry raises ValueError naming the knob."""
+    """_flat.GEOMETRY overrides the planner: a flat geometry where the arrays are aligned for it
+    (codes 8-byte, output 16-byte) and the tensor has fewer than 2^31 elements ("rows" elsewhere),
+    "rows" everywhere; a name of no geometry raises ValueError naming the knob."""
     for g in _flat.GEOMETRIES:
         monkeypatch.setattr(_flat, "GEOMETRY", g)
         assert _flat.geometry(1, True, 132) == g
         assert _flat.geometry(1 << 30, True, 132) == g
         assert _flat.geometry(1 << 30, False, 132) == "rows"
+        assert _flat.geometry((1 << 31) - 1, True, 132) == g and _flat.geometry(1 << 31, True, 132) == "rows"
     monkeypatch.setattr(_flat, "GEOMETRY", None)
     assert _flat.geometry(1 << 30, True, 132) == "flat32" and _flat.geometry(16, True, 132) == "rows"
+    assert _flat.geometry(1 << 31, True, 132) == "rows"
     monkeypatch.setattr(_flat, "GEOMETRY", "flat64")
     with pytest.raises(ValueError, match="_flat.GEOMETRY must be one of"):
         _flat.geometry(1 << 30, True, 132)
+    assert _flat.flat_aligned(0, 0) and _flat.flat_aligned(8, 16) and _flat.flat_aligned(256 + 8, 32)
+    assert not _flat.flat_aligned(4, 0) and not _flat.flat_aligned(1, 16) and not _flat.flat_aligned(0, 8)
 
 
 def test_dequant_flat_grid_and_rows():
-    """A flat grid covers every 16-byte word of the codes (the last block partial); FlatRows' magic
+    """A flat grid covers every piece of 8 codes (the last block partial); FlatRows' magic
     number divides by K exactly below 2^31 (as the kernels use it)."""
     assert _flat.flat_grid(16384 * 7168, "flat32") == ((14336,), (256,))
     assert _flat.flat_grid(16384 * 7168, "flat16") == ((28672,), (256,))
