@@ -219,7 +219,7 @@ def _dequant_plan(family, name, targs, q, out_t, out, nv: bool, flat):
     pdl = _device.caps(device).pdl
     if flat is not None:
         aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
-        geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device))
+        geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device), q.scale.size)
         if geometry != "rows":
             k = _jit.kernel(device, family, flat, *targs, _flat.PIECES[geometry])
             grid, block = _flat.flat_grid(rows * K, geometry)

@@ -30,8 +30,9 @@ PIECES = {"flat16": 2, "flat32": 4}
 #: work over more SMs), "rows" below.
 FLAT_FROM_BLOCKS_PER_SM = 2
 
-#: The flat kernels take fewer elements than this (their row of an element is a multiply by a magic
-#: number, exact below 2^31); the row kernel takes larger tensors.
+#: The flat kernels take fewer elements than this, with fewer scale words or bytes (their index
+#: arithmetic is 32-bit, the row of an element a multiply by a magic number exact below 2^31); the
+#: row kernel takes larger tensors.
 FLAT_MAX_ELEMENTS = 1 << 31
 #: The kernels' FlatRows argument (flat_dequant.cuh).
 FLAT_ROWS = np.dtype(
@@ -60,13 +61,14 @@ def planned_geometry(n: int, aligned: bool, sms: int) -> str:
     return "flat32" if aligned and blocks >= FLAT_FROM_BLOCKS_PER_SM * sms else "rows"
 
 
-def geometry(n: int, aligned: bool, sms: int) -> str:
-    """:data:`GEOMETRY` where set, else the planner's; a flat one only where ``aligned`` and ``n``
-    is below FLAT_MAX_ELEMENTS, else "rows". A GEOMETRY that names no geometry raises ValueError."""
+def geometry(n: int, aligned: bool, sms: int, scale_span: int = 0) -> str:
+    """:data:`GEOMETRY` where set, else the planner's; a flat one only where ``aligned`` and both
+    ``n`` and ``scale_span`` (the scale array's words or bytes, padding included) are below
+    FLAT_MAX_ELEMENTS, else "rows". A GEOMETRY that names no geometry raises ValueError."""
     forced = GEOMETRY
     if forced is not None and forced not in GEOMETRIES:
         raise ValueError(f"_flat.GEOMETRY must be one of {GEOMETRIES} or None, got {forced!r}")
-    if not aligned or n >= FLAT_MAX_ELEMENTS:
+    if not aligned or max(n, scale_span) >= FLAT_MAX_ELEMENTS:
         return "rows"
     return planned_geometry(n, aligned, sms) if forced is None else forced
 

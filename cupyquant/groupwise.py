@@ -518,7 +518,7 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
     g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
     if not azp:
         aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
-        geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device))
+        geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device), lay.words)
         if geometry != "rows":
             kernel = _jit.kernel(
                 device, FAMILY, "group_dequantize_flat", out_t.ctype, q.format.ctag, _flat.PIECES[geometry]

@@ -21,7 +21,8 @@
 //                    float32 registers (gate = x[..., :H], up = x[..., H:]); amax = max|r|;
 //                    s = amax / qmax, min(s, scale_ub), fmaxf(s, min_scale) with min_scale
 //                    1 / (qmax * 512) for FP8 and FLT_EPSILON for INT8; q = cvt(clamp(r / s)).
-//   group_dequantize y = round_rn(float(q) * s) for the scale of q's group.
+//   group_dequantize y = round_rn(float(q) * s) for the scale of q's group (group_dequantize_flat:
+//                    the same, in the flat geometry of flat_dequant.cuh).
 //   token_dequantize_azp y = round_rn(float32(q - z) * s), q - z exact (64-bit), for the row's s and z.
 // pow2_ceil(s): s' = fmaxf(|s|, 1e-10); e = exponent_field(s') + (mantissa(s') != 0); 2^(e - 127),
 // the UE8M0 exponent byte being e (vLLM's and DeepGEMM's bit rule).
@@ -423,7 +424,9 @@ __global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride,
 // aligned): a 2-D grid as the quantizers', each thread 8 elements (one 8-byte load, 16 or 32 bytes
 // stored), the group index a shift (g_shift = log2 G; 31 for one scale per row) and the (batch,
 // token) split a magic multiply. (A flat grid with 64-bit divisions per thread: 78% of copy at
-// 16384 x 16384.) Otherwise a flat grid-stride loop of single elements.
+// 16384 x 16384.) Otherwise a flat grid-stride loop of single elements. group_dequantize_flat below
+// is the flat geometry of flat_dequant.cuh (pieces of 8 codes, the row a magic multiply in 32-bit),
+// which the host plans for large aligned tensors (cupyquant._flat).
 __device__ __forceinline__ float load_scale(const ScaleArgs& a, i64 row, int g) {
     i64 b = 0, m = row;
     if (a.col) split_row(a, row, b, m);

@@ -8,7 +8,8 @@
 //                    or max(exponent(amax) - emax_elem, 0) ("floor", OCP); NaN -> 255, inf -> 254;
 //                    q = cvt_satfinite_rn(x * 2^(127 - E)) with 2^-127 (subnormal) for E = 254 and
 //                    NaN for E = 255.
-//   mx_dequantize    y = round_rn(float(q) * 2^(E - 127)).
+//   mx_dequantize    y = round_rn(float(q) * 2^(E - 127)) (mx_dequantize_flat: the same for MXFP8,
+//                    in the flat geometry of flat_dequant.cuh).
 // Conversions, layouts and the thread mapping: block_scale.cuh; the flat geometry of the MXFP8
 // dequantizer: flat_dequant.cuh.
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first

@@ -546,6 +546,8 @@ def test_dequant_geometry_knob(monkeypatch):
         assert _flat.geometry(1 << 30, True, 132) == g
         assert _flat.geometry(1 << 30, False, 132) == "rows"
         assert _flat.geometry((1 << 31) - 1, True, 132) == g and _flat.geometry(1 << 31, True, 132) == "rows"
+        assert _flat.geometry(1 << 20, True, 132, (1 << 31) - 1) == g
+        assert _flat.geometry(1 << 20, True, 132, 1 << 31) == "rows"  # scale offsets past 32 bits
     monkeypatch.setattr(_flat, "GEOMETRY", None)
     assert _flat.geometry(1 << 30, True, 132) == "flat32" and _flat.geometry(16, True, 132) == "rows"
     assert _flat.geometry(1 << 31, True, 132) == "rows"
@@ -558,7 +560,7 @@ def test_dequant_geometry_knob(monkeypatch):
 
 def test_dequant_flat_grid_and_rows():
     """A flat grid covers every piece of 8 codes (the last block partial); FlatRows' magic
-    number divides by K exactly below 2^31 (as the kernels use it)."""
+    number is below 2^32 and divides by K exactly below 2^31 (as the kernels use it)."""
     assert _flat.flat_grid(16384 * 7168, "flat32") == ((14336,), (256,))
     assert _flat.flat_grid(16384 * 7168, "flat16") == ((28672,), (256,))
     assert _flat.flat_grid(1, "flat32") == ((1,), (256,)) and _flat.flat_grid(4097, "flat16") == ((2,), (256,))
@@ -570,7 +572,8 @@ def test_dequant_flat_grid_and_rows():
         es = np.concatenate([rng.integers(0, 1 << 31, 2000), [0, K - 1, K, (1 << 31) - 1], (np.arange(1, 50) * K) - 1])
         for e in es[es < (1 << 31)]:
             e = int(e)
-            assert (e * m) >> sh == e // K and (e * m) < (1 << 64), (K, e)
+            assert (e * m) >> sh == e // K, (K, e)
+        assert m < (1 << 32)  # the kernels multiply it as a 32-bit number
 
 
 def test_norm_team_rules():
