@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
+from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
 from cupyquant import _flat, _launch, groupwise
@@ -382,8 +382,8 @@ def test_dequantize_per_token_odd_k():
 
 
 # ------------------------------------------------------------------ dequantizer geometries
-#: (group_size, scale layout, scale dtype, Ks): per token any K (below one 16-byte word, rows that
-#: end inside a word, whole words), per group the Ks the group sizes divide
+#: (group_size, scale layout, scale dtype, Ks): per token any K (below one piece of 8 codes, rows
+#: that end inside a piece, whole pieces), per group the Ks the group sizes divide
 GEOMETRY_CASES = [
     (None, "row", "float32", [1, 15, 16, 17, 1000, 4096, 4097, 7168]),
     (None, "col", E8M0, [16, 33, 7168]),
@@ -416,7 +416,7 @@ def dequantize_in(geometry, monkeypatch, q, out_dtype, out=None):
 def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
     """Each geometry of the dequantizer (_flat.GEOMETRY) forced in turn, into poisoned out= buffers,
     bit for bit the reference: per token and per group, float32 and UE8M0 scales in both layouts,
-    partial blocks of rows, rows that end inside a 16-byte word of codes, a last word cut short."""
+    partial blocks of rows, rows that end inside a piece of 8 codes, a last piece cut short."""
     for group_size, layout, sdt, ks in GEOMETRY_CASES:
         for K in ks:
             for rows in GEOMETRY_ROWS:
@@ -430,13 +430,6 @@ def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
                 y = dequantize_in(geometry, monkeypatch, q, out_dtype)
                 want = ref.dequantize_groupwise(eq, es, fmt, out_dtype, group_size=group_size)
                 assert_bits_equal(y, want, f"{geometry} {shape} {group_size} {layout} {sdt}")
-
-
-def _moved(a, offset: int):
-    """A C-contiguous copy of ``a`` that starts ``offset`` bytes past a 256-byte boundary."""
-    raw = cupy.empty(a.nbytes + offset, np.uint8)[offset:]
-    raw[...] = a.reshape(-1).view(np.uint8)
-    return raw.view(a.dtype).reshape(a.shape)
 
 
 @pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
@@ -453,8 +446,8 @@ def test_dequantize_misaligned_views(geometry, monkeypatch):
         q = cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=group_size)
         for q_offset in (0, 1, 4, 8):
             for y_offset in (0, 2):
-                moved = cq.QuantizedTensor(_moved(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
-                out = _moved(poisoned(shape, bf16), y_offset)
+                moved = cq.QuantizedTensor(moved_copy(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
+                out = moved_copy(poisoned(shape, bf16), y_offset)
                 y = dequantize_in(geometry, monkeypatch, moved, bf16, out=out)
                 assert_bits_equal(y, want, f"{geometry} K={K} q+{q_offset} y+{y_offset}")
 

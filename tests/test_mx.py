@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
+from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, require_arch
 
 import cupyquant as cq
 from cupyquant import _block_scale, _device, _flat, _launch, _plans, _testing
@@ -508,13 +508,6 @@ def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
                 assert_bits_equal(y, want, f"{geometry} {fmt} {layout} {M}x{K}")
 
 
-def _moved(a, offset: int):
-    """A C-contiguous copy of ``a`` that starts ``offset`` bytes past a 256-byte boundary."""
-    raw = cupy.empty(a.nbytes + offset, np.uint8)[offset:]
-    raw[...] = a.reshape(-1).view(np.uint8)
-    return raw.view(a.dtype).reshape(a.shape)
-
-
 @pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
 def test_dequantize_misaligned_views(geometry, monkeypatch):
     """MXFP8 codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one
@@ -529,8 +522,8 @@ def test_dequantize_misaligned_views(geometry, monkeypatch):
         q = cq.quantize_mx(cupy.asarray(xh), fmt, scale_layout="swizzled")
         for q_offset in (0, 1, 4, 8):
             for y_offset in (0, 2):
-                moved = cq.QuantizedTensor(_moved(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
-                out = _moved(poisoned(shape, bf16), y_offset)
+                moved = cq.QuantizedTensor(moved_copy(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
+                out = moved_copy(poisoned(shape, bf16), y_offset)
                 y = _mx_dequantize_in(geometry, monkeypatch, moved, bf16, out=out)
                 assert_bits_equal(y, want, f"{geometry} K={K} q+{q_offset} y+{y_offset}")
 
