@@ -395,25 +395,25 @@ GEOMETRY_CASES = [
 GEOMETRY_ROWS = [1, 3, 37]
 
 
-def dequantize_in(geometry, monkeypatch, q, out_dtype, out=None):
-    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``geometry`` into ``out`` (a poisoned
+def dequantize_in(dq_geometry, monkeypatch, q, out_dtype, out=None):
+    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``dq_geometry`` into ``out`` (a poisoned
     buffer when not given); checks that the kernel launched is the flat one exactly where the
     geometry is flat and q.data and out are aligned for it (_flat.flat_aligned)."""
-    monkeypatch.setattr(_flat, "GEOMETRY", geometry)
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
     out = poisoned(q.shape, out_dtype) if out is None else out
     with _launch.recording() as rec:
         y = cq.dequantize(q, out_dtype, out=out)
     names = [r[0].name for r in rec if r[5] is not None]
-    aligned = _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
-    assert len(names) == 1 and ("dequantize_flat" in names[0]) == (geometry != "rows" and aligned), (geometry, names)
+    flat = dq_geometry != "rows" and _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
+    assert len(names) == 1 and ("dequantize_flat" in names[0]) == flat, (dq_geometry, names)
     assert y is out
     return y
 
 
-@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
 @pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
+def test_dequantize_geometries(dq_geometry, monkeypatch, fmt, out_dtype):
     """Each geometry of the dequantizer (_flat.GEOMETRY) forced in turn, into poisoned out= buffers,
     bit for bit the reference: per token and per group, float32 and UE8M0 scales in both layouts,
     partial blocks of rows, rows that end inside a piece of 8 codes, a last piece cut short."""
@@ -427,13 +427,13 @@ def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
                 q = cq.quantize_groupwise(
                     cupy.asarray(xh), fmt, group_size=group_size, scale_layout=layout, scale_dtype=sdt
                 )
-                y = dequantize_in(geometry, monkeypatch, q, out_dtype)
+                y = dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
                 want = ref.dequantize_groupwise(eq, es, fmt, out_dtype, group_size=group_size)
-                assert_bits_equal(y, want, f"{geometry} {shape} {group_size} {layout} {sdt}")
+                assert_bits_equal(y, want, f"{dq_geometry} {shape} {group_size} {layout} {sdt}")
 
 
-@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
-def test_dequantize_misaligned_views(geometry, monkeypatch):
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+def test_dequantize_misaligned_views(dq_geometry, monkeypatch):
     """Codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one element
     past): every geometry gives the reference's bytes, the flat ones through the row kernel where
     the codes are not 8-byte or out= not 16-byte aligned."""
@@ -448,13 +448,13 @@ def test_dequantize_misaligned_views(geometry, monkeypatch):
             for y_offset in (0, 2):
                 moved = cq.QuantizedTensor(moved_copy(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
                 out = moved_copy(poisoned(shape, bf16), y_offset)
-                y = dequantize_in(geometry, monkeypatch, moved, bf16, out=out)
-                assert_bits_equal(y, want, f"{geometry} K={K} q+{q_offset} y+{y_offset}")
+                y = dequantize_in(dq_geometry, monkeypatch, moved, bf16, out=out)
+                assert_bits_equal(y, want, f"{dq_geometry} K={K} q+{q_offset} y+{y_offset}")
 
 
-@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_dequantize_every_code_and_special_scales(geometry, monkeypatch, fmt):
+def test_dequantize_every_code_and_special_scales(dq_geometry, monkeypatch, fmt):
     """Every code byte (zeros, subnormals, the largest, inf/NaN codes) under scales that include 0,
     -0, inf, NaN, float32 subnormals and 2^100, per token and per group of 128, to each output
     type."""
@@ -473,19 +473,19 @@ def test_dequantize_every_code_and_special_scales(geometry, monkeypatch, fmt):
         q.data[...] = cupy.asarray(codes)
         q.scale[...] = cupy.asarray(scales)
         for out_dtype in IN_DTYPES:
-            y = dequantize_in(geometry, monkeypatch, q, out_dtype)
+            y = dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
             want = ref.dequantize_groupwise(codes, scales, fmt, out_dtype, group_size=group_size)
-            assert_bits_equal(y, want, f"{geometry} {group_size} {np.dtype(out_dtype).name}")
+            assert_bits_equal(y, want, f"{dq_geometry} {group_size} {np.dtype(out_dtype).name}")
 
 
-@pytest.mark.parametrize("geometry", ["flat16", "flat32"])
+@pytest.mark.parametrize("dq_geometry", ["flat16", "flat32"])
 @pytest.mark.parametrize("group_size", [128, None])
-def test_pdl_flat_dequantizer_waits_for_the_kernel_before(geometry, monkeypatch, group_size):
+def test_pdl_flat_dequantizer_waits_for_the_kernel_before(dq_geometry, monkeypatch, group_size):
     """With PDL (compute capability 9.0+), the flat dequantizer over rounds of new codes and scales,
     each written by a kernel that lets it start at once (tests/_pdl.py), into the same out= buffer:
     bit for bit the reference of each round, in a stream and replayed from a CUDA graph."""
     require_arch("pdl")
-    monkeypatch.setattr(_flat, "GEOMETRY", geometry)
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
     R, E4, BF16 = 4, "float8_e4m3fn", ml_dtypes.bfloat16
     shape = (37, 4096 + 512)  # a partial last block
     made = [

@@ -474,25 +474,25 @@ def test_dequantize_special_scales(fmt):
 MXFP8 = ["float8_e4m3fn", "float8_e5m2"]
 
 
-def _mx_dequantize_in(geometry, monkeypatch, q, out_dtype, out=None):
-    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``geometry`` into ``out`` (a poisoned
+def _mx_dequantize_in(dq_geometry, monkeypatch, q, out_dtype, out=None):
+    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``dq_geometry`` into ``out`` (a poisoned
     buffer when not given); checks that the kernel launched is the flat one exactly where the
     geometry is flat, the codes MXFP8 and q.data and out aligned for it (_flat.flat_aligned)."""
-    monkeypatch.setattr(_flat, "GEOMETRY", geometry)
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
     out = poisoned(q.shape, out_dtype) if out is None else out
     with _launch.recording() as rec:
         y = cq.dequantize(q, out_dtype, out=out)
     names = [r[0].name for r in rec if r[5] is not None]
-    flat = geometry != "rows" and q.format.bits == 8 and _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
-    assert len(names) == 1 and ("dequantize_flat" in names[0]) == flat, (geometry, names)
+    flat = dq_geometry != "rows" and q.format.bits == 8 and _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
+    assert len(names) == 1 and ("dequantize_flat" in names[0]) == flat, (dq_geometry, names)
     assert y is out
     return y
 
 
-@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
 @pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
 @pytest.mark.parametrize("fmt", MX_FORMATS)
-def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
+def test_dequantize_geometries(dq_geometry, monkeypatch, fmt, out_dtype):
     """Each geometry of the dequantizer (_flat.GEOMETRY) forced in turn, into poisoned out= buffers,
     on every M of GEOMETRY_MS by every K of GEOMETRY_KS, both scale layouts: bit for bit the
     reference (MXFP4 has the row kernel only, whatever the knob)."""
@@ -504,12 +504,12 @@ def test_dequantize_geometries(geometry, monkeypatch, fmt, out_dtype):
             want = ref.dequantize_mx(d, s, fmt, out_dtype, K=K)
             for layout in LAYOUTS:
                 q = cq.quantize_mx(cupy.asarray(xh), fmt, scale_layout=layout)
-                y = _mx_dequantize_in(geometry, monkeypatch, q, out_dtype)
-                assert_bits_equal(y, want, f"{geometry} {fmt} {layout} {M}x{K}")
+                y = _mx_dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
+                assert_bits_equal(y, want, f"{dq_geometry} {fmt} {layout} {M}x{K}")
 
 
-@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
-def test_dequantize_misaligned_views(geometry, monkeypatch):
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+def test_dequantize_misaligned_views(dq_geometry, monkeypatch):
     """MXFP8 codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one
     element past): every geometry gives the reference's bytes, the flat ones through the row kernel
     where the codes are not 8-byte or out= not 16-byte aligned."""
@@ -524,13 +524,13 @@ def test_dequantize_misaligned_views(geometry, monkeypatch):
             for y_offset in (0, 2):
                 moved = cq.QuantizedTensor(moved_copy(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
                 out = moved_copy(poisoned(shape, bf16), y_offset)
-                y = _mx_dequantize_in(geometry, monkeypatch, moved, bf16, out=out)
-                assert_bits_equal(y, want, f"{geometry} K={K} q+{q_offset} y+{y_offset}")
+                y = _mx_dequantize_in(dq_geometry, monkeypatch, moved, bf16, out=out)
+                assert_bits_equal(y, want, f"{dq_geometry} K={K} q+{q_offset} y+{y_offset}")
 
 
-@pytest.mark.parametrize("geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
 @pytest.mark.parametrize("fmt", MXFP8)
-def test_dequantize_geometries_every_code_and_scale(geometry, monkeypatch, fmt):
+def test_dequantize_geometries_every_code_and_scale(dq_geometry, monkeypatch, fmt):
     """Every code byte under every E8M0 value (0: the subnormal 2^-127, 254, 255: NaN), 16 rows of
     256 blocks, the bytes shifted by 16 a row, dense and swizzled, to each output type."""
     K = 256 * 32
@@ -541,19 +541,19 @@ def test_dequantize_geometries_every_code_and_scale(geometry, monkeypatch, fmt):
         q.data = cupy.asarray(codes)
         q.scale = cupy.asarray(expected_scales(scales, layout))
         for out_dtype in IN_DTYPES:
-            y = _mx_dequantize_in(geometry, monkeypatch, q, out_dtype)
+            y = _mx_dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
             want = ref.dequantize_mx(codes, scales, fmt, out_dtype, K=K)
-            assert_bits_equal(y, want, f"{geometry} {layout} {np.dtype(out_dtype).name}")
+            assert_bits_equal(y, want, f"{dq_geometry} {layout} {np.dtype(out_dtype).name}")
 
 
-@pytest.mark.parametrize("geometry", ["flat16", "flat32"])
+@pytest.mark.parametrize("dq_geometry", ["flat16", "flat32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_pdl_flat_dequantizer_waits_for_the_kernel_before(geometry, monkeypatch, layout):
+def test_pdl_flat_dequantizer_waits_for_the_kernel_before(dq_geometry, monkeypatch, layout):
     """With PDL (compute capability 9.0+), the flat MXFP8 dequantizer over rounds of new codes and
     scales, each written by a kernel that lets it start at once (tests/_pdl.py), into the same out=
     buffer: bit for bit the reference of each round, in a stream and replayed from a CUDA graph."""
     require_arch("pdl")
-    monkeypatch.setattr(_flat, "GEOMETRY", geometry)
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
     R, fmt, BF16 = 4, "float8_e4m3fn", ml_dtypes.bfloat16
     shape = (133, 4096 + 512)  # a partial last block, a partial last tile of swizzled scales
     xs = [heavy_tailed(shape, _seed("pdl flat", layout, r), np.float32) for r in range(R)]
