@@ -478,6 +478,38 @@ def test_dequantize_every_code_and_special_scales(dq_geometry, monkeypatch, fmt)
             assert_bits_equal(y, want, f"{dq_geometry} {group_size} {np.dtype(out_dtype).name}")
 
 
+def launched_flat(fn):
+    """(result of ``fn()``, whether the one kernel it launched is a flat dequantizer)."""
+    with _launch.recording() as rec:
+        y = fn()
+    names = [r[0].name for r in rec if r[5] is not None]
+    assert len(names) == 1, names
+    return y, "dequantize_flat" in names[0]
+
+
+def test_dequantize_planner_picks_the_flat_kernel_for_large_aligned_tensors(monkeypatch):
+    """With _flat.GEOMETRY unset, the planner's geometry is the one launched: "rows" for a few rows,
+    "flat32" from FLAT_FROM_BLOCKS_PER_SM blocks of it per SM, "rows" for an out= that is not
+    16-byte aligned; the bytes are the row kernel's every time."""
+    from cupyquant import _device
+
+    sms = _device.sm_count(cupy.cuda.Device().id)
+    big = -(-_flat.FLAT_FROM_BLOCKS_PER_SM * sms * 8192 // 4096)  # rows of 4096 at the planner's line
+    E4, BF16 = "float8_e4m3fn", ml_dtypes.bfloat16
+    for rows, flat in ((16, False), (big, True)):
+        monkeypatch.setattr(_flat, "GEOMETRY", None)
+        shape = (rows, 4096)
+        assert (_flat.planned_geometry(rows * 4096, True, sms) == "flat32") == flat
+        q = cq.quantize_groupwise(cupy.asarray(heavy_tailed(shape, _seed("planner", rows), BF16)), E4, group_size=128)
+        y, launched = launched_flat(lambda: cq.dequantize(q, BF16))
+        assert launched == flat
+        out = moved_copy(poisoned(shape, BF16), 2)
+        y2, launched = launched_flat(lambda: cq.dequantize(q, BF16, out=out))
+        assert not launched
+        assert_bits_equal(y2, y, f"{rows} rows, misaligned out=")
+        assert_bits_equal(y, dequantize_in("rows", monkeypatch, q, BF16), f"{rows} rows, planner's pick against rows")
+
+
 @pytest.mark.parametrize("dq_geometry", ["flat16", "flat32"])
 @pytest.mark.parametrize("group_size", [128, None])
 def test_pdl_flat_dequantizer_waits_for_the_kernel_before(dq_geometry, monkeypatch, group_size):
