@@ -198,7 +198,7 @@ def plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_
 def _dequant_plan(family, name, targs, q, out_t, out, nv: bool, flat):
     """(launch or None, overlap check): arguments q.data, the scales, y, then NVFP4's global scale
     (a field of the argument struct). ``flat``: the name of the family's flat kernel
-    (``flat<out, F, PIECES>``, kernels/flat_dequant.cuh) where it has one, launched where
+    (``flat<out, F, PIECES, SWIZZLED>``, kernels/flat_dequant.cuh) where it has one, launched where
     :func:`cupyquant._flat.geometry` picks a flat geometry."""
     fmt = q.format
     shape = q.shape
@@ -221,7 +221,7 @@ def _dequant_plan(family, name, targs, q, out_t, out, nv: bool, flat):
         aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
         geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device), q.scale.size)
         if geometry != "rows":
-            k = _jit.kernel(device, family, flat, *targs, _flat.PIECES[geometry])
+            k = _jit.kernel(device, family, flat, *targs, _flat.PIECES[geometry], q.scheme.scale_layout == "swizzled")
             grid, block = _flat.flat_grid(rows * K, geometry)
             return Launch(k, grid, block, (ARG, ARG, ARG, a, _flat.flat_rows(rows, K)), pdl=pdl), disjoint
     # pieces of 8 elements: 4 (FP4) or 8 (FP8) bytes in, 8 elements out per load/store
@@ -241,7 +241,7 @@ def dequantize(
     family: str, name: str, targs, q, out_t: _dtypes.InputType, out, nv: bool = False, flat: str | None = None
 ) -> cupy.ndarray:
     """The body of the MX and NVFP4 dequantizers: the plan of ``name<targs..., VEC>`` of ``family``
-    or of its flat kernel ``flat<targs..., PIECES>`` (memoized per signature, the flat geometry's
+    or of its flat kernel ``flat<targs..., PIECES, SWIZZLED>`` (memoized per signature, the flat geometry's
     knob :data:`cupyquant._flat.GEOMETRY` part of it), the overlap check of ``out``, the output, one
     launch; ``nv``: NVFP4, whose kernel also reads ``q.global_scale``."""
     data = q.data

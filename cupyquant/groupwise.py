@@ -82,7 +82,7 @@ FAMILY = _jit.register(
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
     + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
-    + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_PIECES)
+    + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_PIECES, _BOOLS)
     # asymmetric per-token INT8 (zero points)
     + _jit.product("token_quantize_azp_regs", _dtypes.INPUT_CTYPES, _TOKEN_WARPS)
     + _jit.product("token_quantize_azp", _dtypes.INPUT_CTYPES, _BOOLS)
@@ -520,8 +520,9 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
         aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
         geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device), lay.words)
         if geometry != "rows":
+            row_f32 = q.scheme.scale_layout == "row" and not packed
             kernel = _jit.kernel(
-                device, FAMILY, "group_dequantize_flat", out_t.ctype, q.format.ctag, _flat.PIECES[geometry]
+                device, FAMILY, "group_dequantize_flat", out_t.ctype, q.format.ctag, _flat.PIECES[geometry], row_f32
             )
             grid, block = _flat.flat_grid(rows * K, geometry)
             args = (ARG, ARG, _flat.flat_rows(rows, K), np.int32(g_shift), sa, ARG)

@@ -43,7 +43,7 @@ FAMILY = _jit.register(
     _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_quantize_small", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS)
-    + _jit.product("mx_dequantize_flat", _dtypes.INPUT_CTYPES, _FP8_TAGS, _FLAT_PIECES),
+    + _jit.product("mx_dequantize_flat", _dtypes.INPUT_CTYPES, _FP8_TAGS, _FLAT_PIECES, _BOOLS),
     specific_targets=_device.FP4_CVT_TARGETS,
 )
 _MX_BLOCK = _scales.MX_BLOCK

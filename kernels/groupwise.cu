@@ -472,12 +472,15 @@ group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 
 // The flat geometry (flat_dequant.cuh): PIECES pieces of 8 codes per thread, q 8-byte and y 16-byte
 // aligned, any K. g_shift as group_dequantize's; the scale of (row, col) as load_scale's, in two
 // steps: the word that holds it, then its value (a UE8M0 byte of a packed word, or the float32 word).
-struct GroupScale {
+// ROW_F32: float32 scales in the "row" layout (word row * sm + g * sg: no batch split, no byte
+// select), the common case compiled without the other layouts' branches.
+template <bool ROW_F32> struct GroupScale {
     ScaleArgs sa;
     int g_shift;
     // 32-bit: rows and scale word offsets are below 2^31 where the flat kernel runs
     __device__ __forceinline__ unsigned load(unsigned row, unsigned col) const {
         const unsigned g = col >> g_shift;
+        if constexpr (ROW_F32) return __ldg(sa.words + row * (unsigned)sa.sm + g * (unsigned)sa.sg);
         unsigned b = 0, m = row;
         if (sa.col) {  // split_row's multiply (m_magic is below 2^32)
             b = (unsigned)(((u64)row * (unsigned)sa.m_magic) >> sa.m_shift);
@@ -487,18 +490,18 @@ struct GroupScale {
         return __ldg(sa.words + w);
     }
     __device__ __forceinline__ float value(unsigned w, unsigned col) const {
-        if (!sa.packed) return __uint_as_float(w);
+        if (ROW_F32 || !sa.packed) return __uint_as_float(w);
         return e8m0_to_float((w >> (8 * ((col >> g_shift) & 3u))) & 0xffu);
     }
 };
 
-template <typename OutT, class F, int PIECES>
+template <typename OutT, class F, int PIECES, bool ROW_F32>
 __global__ void __launch_bounds__(FLAT_THREADS)
 group_dequantize_flat(const unsigned char* __restrict__ q, OutT* __restrict__ y, FlatRows f, int g_shift, ScaleArgs sa,
                       unsigned* __restrict__ words) {
     sa.words = words;
     pdl_wait_then_release();
-    flat_dequantize<OutT, F, PIECES>(q, y, f, g_shift, GroupScale{sa, g_shift});
+    flat_dequantize<OutT, F, PIECES>(q, y, f, g_shift, GroupScale<ROW_F32>{sa, g_shift});
 }
 
 // Per-token INT8 with zero points: y = round(float32(q - z) * s) for the scale s and zero point z

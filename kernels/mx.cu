@@ -44,24 +44,25 @@ mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restri
 }
 
 // MXFP8 in the flat geometry (flat_dequant.cuh): PIECES pieces of 8 codes per thread, q 8-byte and y
-// 16-byte aligned, any K; the scale of (row, col) is the E8M0 byte of block col / 32 in a's layout.
-struct MxScale {
+// 16-byte aligned, any K; the scale of (row, col) is the E8M0 byte of block col / 32 in the dense or
+// (SWIZZLED) the swizzled layout: block_scale.cuh's scale_offset in 32-bit, rows and scale offsets
+// being below 2^31 where the flat kernel runs.
+template <bool SWIZZLED> struct MxScale {
     const unsigned char* __restrict__ scales;
-    DequantArgs a;
-    // scale_offset in 32-bit: rows and scale offsets are below 2^31 where the flat kernel runs
+    unsigned n_blocks;
     __device__ __forceinline__ unsigned load(unsigned m, unsigned col) const {
-        const unsigned k = col >> 5, nb = (unsigned)a.n_blocks;
-        const unsigned o = !a.swizzled ? m * nb + k
-                                       : ((m >> 7) * ((nb + 3) >> 2) + (k >> 2)) * 512 + (m & 31) * 16 + ((m >> 5) & 3) * 4 + (k & 3);
+        const unsigned k = col >> 5;
+        if constexpr (!SWIZZLED) return __ldg(scales + m * n_blocks + k);
+        const unsigned o = ((m >> 7) * ((n_blocks + 3) >> 2) + (k >> 2)) * 512 + (m & 31) * 16 + ((m >> 5) & 3) * 4 + (k & 3);
         return __ldg(scales + o);
     }
     __device__ __forceinline__ float value(unsigned E, unsigned) const { return e8m0_to_float(E); }
 };
 
-template <typename T, class F, int PIECES>
+template <typename T, class F, int PIECES, bool SWIZZLED>
 __global__ void __launch_bounds__(FLAT_THREADS)
 mx_dequantize_flat(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y,
                    DequantArgs a, FlatRows f) {
     pdl_wait_then_release();
-    flat_dequantize<T, F, PIECES>(q, y, f, 5, MxScale{scales, a});
+    flat_dequantize<T, F, PIECES>(q, y, f, 5, MxScale<SWIZZLED>{scales, (unsigned)a.n_blocks});
 }
