@@ -241,9 +241,9 @@ def dequantize(
     family: str, name: str, targs, q, out_t: _dtypes.InputType, out, nv: bool = False, flat: str | None = None
 ) -> cupy.ndarray:
     """The body of the MX and NVFP4 dequantizers: the plan of ``name<targs..., VEC>`` of ``family``
-    or of its flat kernel ``flat<targs..., PIECES, SWIZZLED>`` (memoized per signature, the flat geometry's
-    knob :data:`cupyquant._flat.GEOMETRY` part of it), the overlap check of ``out``, the output, one
-    launch; ``nv``: NVFP4, whose kernel also reads ``q.global_scale``."""
+    or of its flat kernel ``flat<targs..., PIECES, SWIZZLED>`` (memoized per signature, the flat
+    geometry's knob :data:`cupyquant._flat.GEOMETRY` part of it), the overlap check of ``out``, the
+    output, one launch; ``nv``: NVFP4, whose kernel also reads ``q.global_scale``."""
     data = q.data
     key = (family, name, targs, q.scheme, q.shape, _validate.array_key(data), nv, _validate.array_key(out))
     key += (flat, _flat.GEOMETRY)

@@ -55,8 +55,8 @@ def flat_aligned(q_ptr: int, y_ptr: int) -> bool:
 
 def planned_geometry(n: int, aligned: bool, sms: int) -> str:
     """The planner's geometry for ``n`` codes on ``sms`` SMs: "flat32" where the codes and the
-    output are aligned for it (``aligned``: :func:`flat_aligned`) and its grid has at least FLAT_FROM_BLOCKS_PER_SM
-    blocks per SM, else "rows"."""
+    output are aligned for it (``aligned``: :func:`flat_aligned`) and its grid has at least
+    FLAT_FROM_BLOCKS_PER_SM blocks per SM, else "rows"."""
     blocks = ceil_div(n, 8 * FLAT_THREADS * PIECES["flat32"])
     return "flat32" if aligned and blocks >= FLAT_FROM_BLOCKS_PER_SM * sms else "rows"
 
