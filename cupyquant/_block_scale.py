@@ -16,7 +16,7 @@ import os
 import cupy
 import numpy as np
 
-from . import _device, _dtypes, _jit, _plans, _scales, _validate
+from . import _device, _dtypes, _flat, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
 from ._sizes import MAX_GRID_X, MAX_GRID_YZ, VECTOR_BYTES, ceil_div
 
@@ -195,9 +195,11 @@ def plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_
     return plan
 
 
-def _dequant_plan(family, name, targs, q, out_t, out, nv: bool):
+def _dequant_plan(family, name, targs, q, out_t, out, nv: bool, flat):
     """(launch or None, overlap check): arguments q.data, the scales, y, then NVFP4's global scale
-    (a field of the argument struct)."""
+    (a field of the argument struct). ``flat``: the name of the family's flat kernel
+    (``flat<out, F, PIECES, SWIZZLED>``, kernels/flat_dequant.cuh) where it has one, launched where
+    :func:`cupyquant._flat.geometry` picks a flat geometry."""
     fmt = q.format
     shape = q.shape
     K = shape[-1] if shape else 0
@@ -213,29 +215,41 @@ def _dequant_plan(family, name, targs, q, out_t, out, nv: bool):
          q.scheme.scale_layout == "swizzled", 0),
         dtype=DEQUANT_ARGS,
     )[()]  # fmt: skip
-    # pieces of 8 elements: 4 (FP4) or 8 (FP8) bytes in, 8 elements out per load/store
     y_aligned = out is None or out.data.ptr % VECTOR_BYTES == 0
+    pdl = _device.caps(device).pdl
+    if flat is not None:
+        aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
+        geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device), q.scale.size)
+        if geometry != "rows":
+            k = _jit.kernel(device, family, flat, *targs, _flat.PIECES[geometry], q.scheme.scale_layout == "swizzled")
+            grid, block = _flat.flat_grid(rows * K, geometry)
+            return Launch(k, grid, block, (ARG, ARG, ARG, a, _flat.flat_rows(rows, K)), pdl=pdl), disjoint
+    # pieces of 8 elements: 4 (FP4) or 8 (FP8) bytes in, 8 elements out per load/store
     vec = K % 8 == 0 and q.data.data.ptr % (4 if fmt.bits == 4 else 8) == 0 and y_aligned
     k = _jit.kernel(device, family, name, *targs, vec)
     spans = ceil_div(K, 8 * DEQUANT_PIECES)
     warps = min(8, spans)
     fields = ((3, "gs_ptr"),) if nv else ()
     grid, block = (rows, ceil_div(spans, warps)), (32, warps)
-    return Launch(k, grid, block, (ARG, ARG, ARG, a), pdl=_device.caps(device).pdl, fields=fields), disjoint
+    return Launch(k, grid, block, (ARG, ARG, ARG, a), pdl=pdl, fields=fields), disjoint
 
 
 _DEQUANT_PLANS = _plans.Plans()
 
 
-def dequantize(family: str, name: str, targs, q, out_t: _dtypes.InputType, out, nv: bool = False) -> cupy.ndarray:
+def dequantize(
+    family: str, name: str, targs, q, out_t: _dtypes.InputType, out, nv: bool = False, flat: str | None = None
+) -> cupy.ndarray:
     """The body of the MX and NVFP4 dequantizers: the plan of ``name<targs..., VEC>`` of ``family``
-    (memoized per signature), the overlap check of ``out``, the output, one launch; ``nv``: NVFP4,
-    whose kernel also reads ``q.global_scale``."""
+    or of its flat kernel ``flat<targs..., PIECES, SWIZZLED>`` (memoized per signature, the flat
+    geometry's knob :data:`cupyquant._flat.GEOMETRY` part of it), the overlap check of ``out``, the
+    output, one launch; ``nv``: NVFP4, whose kernel also reads ``q.global_scale``."""
     data = q.data
     key = (family, name, targs, q.scheme, q.shape, _validate.array_key(data), nv, _validate.array_key(out))
+    key += (flat, _flat.GEOMETRY)
     plan = _DEQUANT_PLANS.lookup(key)
     if plan is None:
-        plan = _DEQUANT_PLANS.keep(key, _dequant_plan(family, name, targs, q, out_t, out, nv))
+        plan = _DEQUANT_PLANS.keep(key, _dequant_plan(family, name, targs, q, out_t, out, nv, flat))
     launch, disjoint = plan
     if out is not None:
         disjoint.check((data.data.ptr, out.data.ptr))

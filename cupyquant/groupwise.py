@@ -32,7 +32,7 @@ import math
 import cupy
 import numpy as np
 
-from . import _checks, _device, _dtypes, _jit, _plans, _scales, _validate
+from . import _checks, _device, _dtypes, _flat, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
 from ._sizes import MAX_GRID_YZ, VECTOR_BYTES, ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
@@ -108,6 +108,7 @@ def _token_few(K: int, rows: int, path: str | None = None, units: int | None = N
     return None
 
 
+_FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 FAMILY = _jit.register(
     "groupwise",
@@ -123,6 +124,7 @@ FAMILY = _jit.register(
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
     + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_PIECES, _BOOLS)
     # asymmetric per-token INT8 (zero points)
     + _jit.product("token_quantize_azp_regs", _dtypes.INPUT_CTYPES, _TOKEN_WARPS)
     + _jit.product("token_quantize_azp", _dtypes.INPUT_CTYPES, _BOOLS)
@@ -539,9 +541,9 @@ def _silu_mul_intermediate(x: cupy.ndarray):
 
 
 def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
-    """(launch or None, overlap check) of the dequantization of ``q``: group_dequantize, or
-    token_dequantize_azp for per-token INT8 with zero points (arguments q.data, y, the scales, the
-    zero points)."""
+    """(launch or None, overlap check) of the dequantization of ``q``: group_dequantize_flat or
+    group_dequantize (the geometry of :func:`cupyquant._flat.geometry`), or token_dequantize_azp
+    for per-token INT8 with zero points (arguments q.data, y, the scales, the zero points)."""
     shape = q.shape
     K = shape[-1] if shape else 0
     device = q.data.data.device_id
@@ -561,12 +563,23 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
     sa = _scales.group_scale_args(lay, 0, packed and not azp, False)
     y_aligned = out is None or out.data.ptr % VECTOR_BYTES == 0
     vec = K % 8 == 0 and q.data.data.ptr % 8 == 0 and y_aligned
+    # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
+    g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
+    if not azp:
+        aligned = _flat.flat_aligned(q.data.data.ptr, 0 if out is None else out.data.ptr)
+        geometry = _flat.geometry(rows * K, aligned, _device.sm_count(device), lay.words)
+        if geometry != "rows":
+            row_f32 = q.scheme.scale_layout == "row" and not packed
+            kernel = _jit.kernel(
+                device, FAMILY, "group_dequantize_flat", out_t.ctype, q.format.ctag, _flat.PIECES[geometry], row_f32
+            )
+            grid, block = _flat.flat_grid(rows * K, geometry)
+            args = (ARG, ARG, _flat.flat_rows(rows, K), np.int32(g_shift), sa, ARG)
+            return Launch(kernel, grid, block, args, pdl=_device.caps(device).pdl), disjoint
     if azp:
         kernel = _jit.kernel(device, FAMILY, "token_dequantize_azp", out_t.ctype, vec)
         mid = (np.int64(rows), np.int32(K))
     else:
-        # the group of column c is c >> g_shift: G is a power of two, or one scale per row (G = K)
-        g_shift = 31 if q.scheme.granularity == "token" else G.bit_length() - 1
         kernel = _jit.kernel(device, FAMILY, "group_dequantize", out_t.ctype, q.format.ctag, vec)
         mid = (np.int64(rows), np.int32(K), np.int32(g_shift))
     if vec:
@@ -583,7 +596,7 @@ _DEQUANT_PLANS = _plans.Plans()
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
     data = q.data
     azp = q.zero_point is not None
-    key = (q.scheme, q.shape, _validate.array_key(data), azp, out_t, _validate.array_key(out))
+    key = (q.scheme, q.shape, _validate.array_key(data), azp, out_t, _validate.array_key(out), _flat.GEOMETRY)
     plan = _DEQUANT_PLANS.lookup(key)
     if plan is None:
         plan = _DEQUANT_PLANS.keep(key, _dequant_plan(q, out_t, out))

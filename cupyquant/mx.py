@@ -29,18 +29,21 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _block_scale, _checks, _device, _dtypes, _jit, _scales, _validate
+from . import _block_scale, _checks, _device, _dtypes, _flat, _jit, _scales, _validate
 from ._scales import block_scale_shape as block_scale_shape  # public, re-exported by cupyquant
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
+_FP8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES)
+_FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _MX_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.MX_NAMES)
 # The FP4 and UE8M0 conversions exist as instructions only on the Blackwell family-specific targets.
 FAMILY = _jit.register(
     "mx",
     _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_quantize_small", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
-    + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS),
+    + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS)
+    + _jit.product("mx_dequantize_flat", _dtypes.INPUT_CTYPES, _FP8_TAGS, _FLAT_PIECES, _BOOLS),
     specific_targets=_device.FP4_CVT_TARGETS,
 )
 _MX_BLOCK = _scales.MX_BLOCK
@@ -123,7 +126,8 @@ def quantize_mx(
 
 
 def _dequantize(q: QuantizedTensor, out_t: _dtypes.InputType, out) -> cupy.ndarray:
-    return _block_scale.dequantize(FAMILY, "mx_dequantize", (out_t.ctype, q.format.ctag), q, out_t, out)
+    flat = "mx_dequantize_flat" if q.format.bits == 8 else None
+    return _block_scale.dequantize(FAMILY, "mx_dequantize", (out_t.ctype, q.format.ctag), q, out_t, out, flat=flat)
 
 
 register_dequantizer(FAMILY, _dequantize)

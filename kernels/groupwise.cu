@@ -21,7 +21,8 @@
 //                    float32 registers (gate = x[..., :H], up = x[..., H:]); amax = max|r|;
 //                    s = amax / qmax, min(s, scale_ub), fmaxf(s, min_scale) with min_scale
 //                    1 / (qmax * 512) for FP8 and FLT_EPSILON for INT8; q = cvt(clamp(r / s)).
-//   group_dequantize y = round_rn(float(q) * s) for the scale of q's group.
+//   group_dequantize y = round_rn(float(q) * s) for the scale of q's group (group_dequantize_flat:
+//                    the same, in the flat geometry of flat_dequant.cuh).
 //   token_dequantize_azp y = round_rn(float32(q - z) * s), q - z exact (64-bit), for the row's s and z.
 // pow2_ceil(s): s' = fmaxf(|s|, 1e-10); e = exponent_field(s') + (mantissa(s') != 0); 2^(e - 127),
 // the UE8M0 exponent byte being e (vLLM's and DeepGEMM's bit rule).
@@ -44,6 +45,7 @@
 // global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
 #include "groupwise.cuh"
+#include "flat_dequant.cuh"
 
 // ---------------------------------------------------------------- per-group quantization
 // The end of a per-group thread: its 16 elements quantized with the group's scale s and stored; the
@@ -542,7 +544,9 @@ __global__ void silu_mul_intermediate(const T* __restrict__ x, i64 x_row_stride,
 // aligned): a 2-D grid as the quantizers', each thread 8 elements (one 8-byte load, 16 or 32 bytes
 // stored), the group index a shift (g_shift = log2 G; 31 for one scale per row) and the (batch,
 // token) split a magic multiply. (A flat grid with 64-bit divisions per thread: 78% of copy at
-// 16384 x 16384.) Otherwise a flat grid-stride loop of single elements.
+// 16384 x 16384.) Otherwise a flat grid-stride loop of single elements. group_dequantize_flat below
+// is the flat geometry of flat_dequant.cuh (pieces of 8 codes, the row a magic multiply in 32-bit),
+// which the host plans for large aligned tensors (cupyquant._flat).
 __device__ __forceinline__ float load_scale(const ScaleArgs& a, i64 row, int g) {
     i64 b = 0, m = row;
     if (a.col) split_row(a, row, b, m);
@@ -583,6 +587,41 @@ group_dequantize(const unsigned char* __restrict__ q, OutT* __restrict__ y, i64 
             y[i] = from_float<OutT>(mul_rn(from_q<F>(q[i]), load_scale(sa, row, c >> g_shift)));
         }
     }
+}
+
+// The flat geometry (flat_dequant.cuh): PIECES pieces of 8 codes per thread, q 8-byte and y 16-byte
+// aligned, any K. g_shift as group_dequantize's; the scale of (row, col) as load_scale's, in two
+// steps: the word that holds it, then its value (a UE8M0 byte of a packed word, or the float32 word).
+// ROW_F32: float32 scales in the "row" layout (word row * sm + g * sg: no batch split, no byte
+// select), the common case compiled without the other layouts' branches.
+template <bool ROW_F32> struct GroupScale {
+    ScaleArgs sa;
+    int g_shift;
+    // 32-bit: rows and scale word offsets are below 2^31 where the flat kernel runs
+    __device__ __forceinline__ unsigned load(unsigned row, unsigned col) const {
+        const unsigned g = col >> g_shift;
+        if constexpr (ROW_F32) return __ldg(sa.words + row * (unsigned)sa.sm + g * (unsigned)sa.sg);
+        unsigned b = 0, m = row;
+        if (sa.col) {  // split_row's multiply (m_magic is below 2^32)
+            b = (unsigned)(((u64)row * (unsigned)sa.m_magic) >> sa.m_shift);
+            m = row - b * (unsigned)sa.M;
+        }
+        const unsigned w = b * (unsigned)sa.sb + m * (unsigned)sa.sm + (sa.packed ? g >> 2 : g) * (unsigned)sa.sg;
+        return __ldg(sa.words + w);
+    }
+    __device__ __forceinline__ float value(unsigned w, unsigned col) const {
+        if (ROW_F32 || !sa.packed) return __uint_as_float(w);
+        return e8m0_to_float((w >> (8 * ((col >> g_shift) & 3u))) & 0xffu);
+    }
+};
+
+template <typename OutT, class F, int PIECES, bool ROW_F32>
+__global__ void __launch_bounds__(FLAT_THREADS)
+group_dequantize_flat(const unsigned char* __restrict__ q, OutT* __restrict__ y, FlatRows f, int g_shift, ScaleArgs sa,
+                      unsigned* __restrict__ words) {
+    sa.words = words;
+    pdl_wait_then_release();
+    flat_dequantize<OutT, F, PIECES>(q, y, f, g_shift, GroupScale<ROW_F32>{sa, g_shift});
 }
 
 // Per-token INT8 with zero points: y = round(float32(q - z) * s) for the scale s and zero point z

@@ -177,6 +177,16 @@ def poisoned(shape, dtype):
     return a
 
 
+def moved_copy(a, offset: int):
+    """A C-contiguous CuPy copy of ``a`` that starts ``offset`` bytes past a 256-byte boundary (a
+    misaligned view, as a slice of a larger buffer would be)."""
+    import cupy
+
+    raw = cupy.empty(a.nbytes + offset, np.uint8)[offset:]
+    raw[...] = a.reshape(-1).view(np.uint8)
+    return raw.view(a.dtype).reshape(a.shape)
+
+
 def to_numpy(a) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 

@@ -10,10 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
+from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
-from cupyquant import _launch, groupwise
+from cupyquant import _flat, _launch, groupwise
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -532,6 +532,172 @@ def test_dequantize_per_token_odd_k():
     q = cq.quantize_groupwise(cupy.asarray(xh), "int8", group_size=None)
     eq, es = ref.quantize_groupwise(xh, "int8", group_size=None)
     assert_bits_equal(q.dequantize(), ref.dequantize_groupwise(eq, es, "int8", np.float16), "y")
+
+
+# ------------------------------------------------------------------ dequantizer geometries
+#: (group_size, scale layout, scale dtype, Ks): per token any K (below one piece of 8 codes, rows
+#: that end inside a piece, whole pieces), per group the Ks the group sizes divide
+GEOMETRY_CASES = [
+    (None, "row", "float32", [1, 15, 16, 17, 1000, 4096, 4097, 7168]),
+    (None, "col", E8M0, [16, 33, 7168]),
+    (32, "col", "float32", [32, 96, 7168]),
+    (128, "row", "float32", [128, 384, 4096, 7168]),
+    (128, "col", E8M0, [128, 7168]),
+    (256, "row", E8M0, [256, 768, 8192]),
+]
+GEOMETRY_ROWS = [1, 3, 37]
+
+
+def dequantize_in(dq_geometry, monkeypatch, q, out_dtype, out=None):
+    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``dq_geometry`` into ``out`` (a poisoned
+    buffer when not given); checks that the kernel launched is the flat one exactly where the
+    geometry is flat and q.data and out are aligned for it (_flat.flat_aligned)."""
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
+    out = poisoned(q.shape, out_dtype) if out is None else out
+    with _launch.recording() as rec:
+        y = cq.dequantize(q, out_dtype, out=out)
+    names = [r[0].name for r in rec if r[5] is not None]
+    flat = dq_geometry != "rows" and _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
+    assert len(names) == 1 and ("dequantize_flat" in names[0]) == flat, (dq_geometry, names)
+    assert y is out
+    return y
+
+
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_geometries(dq_geometry, monkeypatch, fmt, out_dtype):
+    """Each geometry of the dequantizer (_flat.GEOMETRY) forced in turn, into poisoned out= buffers,
+    bit for bit the reference: per token and per group, float32 and UE8M0 scales in both layouts,
+    partial blocks of rows, rows that end inside a piece of 8 codes, a last piece cut short."""
+    for group_size, layout, sdt, ks in GEOMETRY_CASES:
+        for K in ks:
+            for rows in GEOMETRY_ROWS:
+                shape = (rows, K)
+                xh = heavy_tailed(shape, _seed("geometry", shape, fmt, group_size, layout, sdt), np.float32)
+                xh.reshape(-1)[::97] = 0
+                eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size, scale_dtype=sdt)
+                q = cq.quantize_groupwise(
+                    cupy.asarray(xh), fmt, group_size=group_size, scale_layout=layout, scale_dtype=sdt
+                )
+                y = dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
+                want = ref.dequantize_groupwise(eq, es, fmt, out_dtype, group_size=group_size)
+                assert_bits_equal(y, want, f"{dq_geometry} {shape} {group_size} {layout} {sdt}")
+
+
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+def test_dequantize_misaligned_views(dq_geometry, monkeypatch):
+    """Codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one element
+    past): every geometry gives the reference's bytes, the flat ones through the row kernel where
+    the codes are not 8-byte or out= not 16-byte aligned."""
+    fmt, bf16 = "float8_e4m3fn", ml_dtypes.bfloat16
+    for group_size, K in ((128, 1024), (None, 1000), (None, 4097)):
+        shape = (37, K)
+        xh = heavy_tailed(shape, _seed("misaligned", K, group_size), np.float32)
+        eq, es = ref.quantize_groupwise(xh, fmt, group_size=group_size)
+        want = ref.dequantize_groupwise(eq, es, fmt, bf16, group_size=group_size)
+        q = cq.quantize_groupwise(cupy.asarray(xh), fmt, group_size=group_size)
+        for q_offset in (0, 1, 4, 8):
+            for y_offset in (0, 2):
+                moved = cq.QuantizedTensor(moved_copy(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
+                out = moved_copy(poisoned(shape, bf16), y_offset)
+                y = dequantize_in(dq_geometry, monkeypatch, moved, bf16, out=out)
+                assert_bits_equal(y, want, f"{dq_geometry} K={K} q+{q_offset} y+{y_offset}")
+
+
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_every_code_and_special_scales(dq_geometry, monkeypatch, fmt):
+    """Every code byte (zeros, subnormals, the largest, inf/NaN codes) under scales that include 0,
+    -0, inf, NaN, float32 subnormals and 2^100, per token and per group of 128, to each output
+    type."""
+    rows, K = 16, 4096
+    codes = ((np.arange(K)[None, :] + 16 * np.arange(rows)[:, None]) % 256).astype(np.uint8)
+    if fmt == "int8":
+        codes = codes.view(np.int8)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 2.0**-149, 2.0**100, -3.5], np.float32)
+    rng = np.random.default_rng(_seed("special scales", fmt))
+    for group_size in (None, 128):
+        ng = 1 if group_size is None else K // group_size
+        scales = (rng.standard_normal((rows, ng)) * 8).astype(np.float32)
+        scales.reshape(-1)[: min(specials.size, scales.size)] = specials[: scales.size]
+        q = cq.quantize_groupwise(cupy.zeros((rows, K), np.float32), fmt, group_size=group_size)
+        assert q.scale.shape == (rows, ng) and q.scale.flags.c_contiguous
+        q.data[...] = cupy.asarray(codes)
+        q.scale[...] = cupy.asarray(scales)
+        for out_dtype in IN_DTYPES:
+            y = dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
+            want = ref.dequantize_groupwise(codes, scales, fmt, out_dtype, group_size=group_size)
+            assert_bits_equal(y, want, f"{dq_geometry} {group_size} {np.dtype(out_dtype).name}")
+
+
+def launched_flat(fn):
+    """(result of ``fn()``, whether the one kernel it launched is a flat dequantizer)."""
+    with _launch.recording() as rec:
+        y = fn()
+    names = [r[0].name for r in rec if r[5] is not None]
+    assert len(names) == 1, names
+    return y, "dequantize_flat" in names[0]
+
+
+def test_dequantize_planner_picks_the_flat_kernel_for_large_aligned_tensors(monkeypatch):
+    """With _flat.GEOMETRY unset, the planner's geometry is the one launched: "rows" for a few rows,
+    "flat32" from FLAT_FROM_BLOCKS_PER_SM blocks of it per SM, "rows" for an out= that is not
+    16-byte aligned; the bytes are the row kernel's every time."""
+    from cupyquant import _device
+
+    sms = _device.sm_count(cupy.cuda.Device().id)
+    big = -(-_flat.FLAT_FROM_BLOCKS_PER_SM * sms * 8192 // 4096)  # rows of 4096 at the planner's line
+    E4, BF16 = "float8_e4m3fn", ml_dtypes.bfloat16
+    for rows, flat in ((16, False), (big, True)):
+        monkeypatch.setattr(_flat, "GEOMETRY", None)
+        shape = (rows, 4096)
+        assert (_flat.planned_geometry(rows * 4096, True, sms) == "flat32") == flat
+        q = cq.quantize_groupwise(cupy.asarray(heavy_tailed(shape, _seed("planner", rows), BF16)), E4, group_size=128)
+        y, launched = launched_flat(lambda: cq.dequantize(q, BF16))
+        assert launched == flat
+        out = moved_copy(poisoned(shape, BF16), 2)
+        y2, launched = launched_flat(lambda: cq.dequantize(q, BF16, out=out))
+        assert not launched
+        assert_bits_equal(y2, y, f"{rows} rows, misaligned out=")
+        assert_bits_equal(y, dequantize_in("rows", monkeypatch, q, BF16), f"{rows} rows, planner's pick against rows")
+
+
+@pytest.mark.parametrize("dq_geometry", ["flat16", "flat32"])
+@pytest.mark.parametrize("group_size", [128, None])
+def test_pdl_flat_dequantizer_waits_for_the_kernel_before(dq_geometry, monkeypatch, group_size):
+    """With PDL (compute capability 9.0+), the flat dequantizer over rounds of new codes and scales,
+    each written by a kernel that lets it start at once (tests/_pdl.py), into the same out= buffer:
+    bit for bit the reference of each round, in a stream and replayed from a CUDA graph."""
+    require_arch("pdl")
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
+    R, E4, BF16 = 4, "float8_e4m3fn", ml_dtypes.bfloat16
+    shape = (37, 4096 + 512)  # a partial last block
+    made = [
+        cq.quantize_groupwise(
+            cupy.asarray(heavy_tailed(shape, _seed("pdl flat", r), np.float32)), E4, group_size=group_size
+        )
+        for r in range(R)
+    ]
+    q = cq.quantize_groupwise(cupy.zeros(shape, np.float32), E4, group_size=group_size)  # its buffers are the inputs
+    y = cupy.empty(shape, BF16)
+    host = [(m.data.get(), m.to_host()["scale"]) for m in made]
+    with _launch.recording() as rec:
+        cq.dequantize(q, BF16, out=y)
+    assert ["dequantize_flat" in r[0].name for r in rec if r[5] is not None] == [True]
+
+    def step():
+        return [cq.dequantize(q, BF16, out=y)]
+
+    def want(r):
+        return [ref.dequantize_groupwise(host[r][0], host[r][1], E4, BF16, group_size=group_size)]
+
+    check_rounds(
+        step,
+        [q.data, q.scale],
+        [[m.data, m.scale] for m in made],
+        lambda r, got, where: assert_rounds_equal(got, want(r), ["y"], f"{where} round {r}"),
+    )
 
 
 # ------------------------------------------------------------------ streams, graphs, no sync

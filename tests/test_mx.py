@@ -11,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
+from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, require_arch
 
 import cupyquant as cq
-from cupyquant import _block_scale, _device, _launch, _plans, _testing
+from cupyquant import _block_scale, _device, _flat, _launch, _plans, _testing
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -468,6 +468,115 @@ def test_dequantize_special_scales(fmt):
     q.data, q.scale, q.shape = cupy.asarray(codes), cupy.asarray(scales), (16, K)
     for out_dtype in IN_DTYPES:
         assert_bits_equal(q.dequantize(out_dtype), ref.dequantize_mx(codes, scales, fmt, out_dtype, K=K), "all E8M0")
+
+
+# ---------------------------------------------------------------- dequantizer geometries
+MXFP8 = ["float8_e4m3fn", "float8_e5m2"]
+
+
+def _mx_dequantize_in(dq_geometry, monkeypatch, q, out_dtype, out=None):
+    """Dequantize ``q`` with ``_flat.GEOMETRY`` forced to ``dq_geometry`` into ``out`` (a poisoned
+    buffer when not given); checks that the kernel launched is the flat one exactly where the
+    geometry is flat, the codes MXFP8 and q.data and out aligned for it (_flat.flat_aligned)."""
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
+    out = poisoned(q.shape, out_dtype) if out is None else out
+    with _launch.recording() as rec:
+        y = cq.dequantize(q, out_dtype, out=out)
+    names = [r[0].name for r in rec if r[5] is not None]
+    flat = dq_geometry != "rows" and q.format.bits == 8 and _flat.flat_aligned(q.data.data.ptr, out.data.ptr)
+    assert len(names) == 1 and ("dequantize_flat" in names[0]) == flat, (dq_geometry, names)
+    assert y is out
+    return y
+
+
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("out_dtype", IN_DTYPES, ids=_id)
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+def test_dequantize_geometries(dq_geometry, monkeypatch, fmt, out_dtype):
+    """Each geometry of the dequantizer (_flat.GEOMETRY) forced in turn, into poisoned out= buffers,
+    on every M of GEOMETRY_MS by every K of GEOMETRY_KS, both scale layouts: bit for bit the
+    reference (MXFP4 has the row kernel only, whatever the knob)."""
+    for M in GEOMETRY_MS:
+        for K in GEOMETRY_KS:
+            xh = heavy_tailed((M, K), _seed("dq geometry", M, K, fmt), np.float32)
+            xh.reshape(-1)[::97] = 0
+            d, s = ref.quantize_mx(xh, fmt)
+            want = ref.dequantize_mx(d, s, fmt, out_dtype, K=K)
+            for layout in LAYOUTS:
+                q = cq.quantize_mx(cupy.asarray(xh), fmt, scale_layout=layout)
+                y = _mx_dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
+                assert_bits_equal(y, want, f"{dq_geometry} {fmt} {layout} {M}x{K}")
+
+
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+def test_dequantize_misaligned_views(dq_geometry, monkeypatch):
+    """MXFP8 codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one
+    element past): every geometry gives the reference's bytes, the flat ones through the row kernel
+    where the codes are not 8-byte or out= not 16-byte aligned."""
+    fmt, bf16 = "float8_e4m3fn", ml_dtypes.bfloat16
+    for K in (1000, 4096):
+        shape = (37, K)
+        xh = heavy_tailed(shape, _seed("dq misaligned", K), np.float32)
+        d, s = ref.quantize_mx(xh, fmt)
+        want = ref.dequantize_mx(d, s, fmt, bf16, K=K)
+        q = cq.quantize_mx(cupy.asarray(xh), fmt, scale_layout="swizzled")
+        for q_offset in (0, 1, 4, 8):
+            for y_offset in (0, 2):
+                moved = cq.QuantizedTensor(moved_copy(q.data, q_offset), q.scale, q.scheme, q.shape, q.dtype)
+                out = moved_copy(poisoned(shape, bf16), y_offset)
+                y = _mx_dequantize_in(dq_geometry, monkeypatch, moved, bf16, out=out)
+                assert_bits_equal(y, want, f"{dq_geometry} K={K} q+{q_offset} y+{y_offset}")
+
+
+@pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
+@pytest.mark.parametrize("fmt", MXFP8)
+def test_dequantize_geometries_every_code_and_scale(dq_geometry, monkeypatch, fmt):
+    """Every code byte under every E8M0 value (0: the subnormal 2^-127, 254, 255: NaN), 16 rows of
+    256 blocks, the bytes shifted by 16 a row, dense and swizzled, to each output type."""
+    K = 256 * 32
+    codes = ((np.arange(K)[None, :] + 16 * np.arange(16)[:, None]) % 256).astype(np.uint8)
+    scales = np.tile(np.arange(256, dtype=np.uint8), (16, 1))
+    for layout in LAYOUTS:
+        q = cq.quantize_mx(cupy.zeros((16, K), np.float32), fmt, scale_layout=layout)
+        q.data = cupy.asarray(codes)
+        q.scale = cupy.asarray(expected_scales(scales, layout))
+        for out_dtype in IN_DTYPES:
+            y = _mx_dequantize_in(dq_geometry, monkeypatch, q, out_dtype)
+            want = ref.dequantize_mx(codes, scales, fmt, out_dtype, K=K)
+            assert_bits_equal(y, want, f"{dq_geometry} {layout} {np.dtype(out_dtype).name}")
+
+
+@pytest.mark.parametrize("dq_geometry", ["flat16", "flat32"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pdl_flat_dequantizer_waits_for_the_kernel_before(dq_geometry, monkeypatch, layout):
+    """With PDL (compute capability 9.0+), the flat MXFP8 dequantizer over rounds of new codes and
+    scales, each written by a kernel that lets it start at once (tests/_pdl.py), into the same out=
+    buffer: bit for bit the reference of each round, in a stream and replayed from a CUDA graph."""
+    require_arch("pdl")
+    monkeypatch.setattr(_flat, "GEOMETRY", dq_geometry)
+    R, fmt, BF16 = 4, "float8_e4m3fn", ml_dtypes.bfloat16
+    shape = (133, 4096 + 512)  # a partial last block, a partial last tile of swizzled scales
+    xs = [heavy_tailed(shape, _seed("pdl flat", layout, r), np.float32) for r in range(R)]
+    made = [cq.quantize_mx(cupy.asarray(x), fmt, scale_layout=layout) for x in xs]
+    q = cq.quantize_mx(cupy.zeros(shape, np.float32), fmt, scale_layout=layout)  # its buffers are the inputs
+    y = cupy.empty(shape, BF16)
+    with _launch.recording() as rec:
+        cq.dequantize(q, BF16, out=y)
+    assert ["dequantize_flat" in r[0].name for r in rec if r[5] is not None] == [True]
+
+    def step():
+        return [cq.dequantize(q, BF16, out=y)]
+
+    def want(r):
+        d, s = ref.quantize_mx(xs[r], fmt)
+        return [ref.dequantize_mx(d, s, fmt, BF16, K=shape[-1])]
+
+    check_rounds(
+        step,
+        [q.data, q.scale],
+        [[m.data, m.scale] for m in made],
+        lambda r, got, where: assert_rounds_equal(got, want(r), ["y"], f"{where} round {r}"),
+    )
 
 
 # ---------------------------------------------------------------- conversions

@@ -12,7 +12,7 @@ import pytest
 
 import cupyquant as cq
 import cupyquant.weight
-from cupyquant import _block_scale, _device
+from cupyquant import _block_scale, _device, _flat
 from cupyquant._sizes import ceil_div
 from cupyquant.weight import decode, dispatch, sm90_gemm
 from cupyquant.weight.formats import weight_scheme
@@ -558,6 +558,63 @@ def test_block_scale_small_launch_shape():
     assert shape(1, 64, 16, True) == ((9, 2), (128, 1), 1)  # 1 x 4096 NVFP4: 2 blocks and 16 of padding
     assert shape(128, 56, 32, False) == ((64, 7), (64, 2), 64)  # 128 x 7168 MX: 448 blocks
     assert shape(1, 65535, 16, False) is not None and shape(1, 65537, 16, False) is None  # 65537 y blocks
+
+
+def test_dequant_geometry_planner():
+    """The 8-bit dequantizers take "flat32" where the codes and the output are 16-byte aligned and
+    its grid (8192 elements a block) has FLAT_FROM_BLOCKS_PER_SM blocks per SM: on 132 SMs from
+    2,162,688 elements (264 blocks) up, "rows" below and wherever an array is not aligned."""
+    plan = _flat.planned_geometry
+    assert _flat.FLAT_FROM_BLOCKS_PER_SM == 2
+    per_block = 8 * _flat.FLAT_THREADS * _flat.PIECES["flat32"]
+    assert per_block == 8192
+    assert plan(264 * 8192, True, 132) == "flat32" and plan(263 * 8192, True, 132) == "rows"
+    assert plan(263 * 8192 + 1, True, 132) == "flat32"  # a partial block counts
+    for rows, K in ((1024, 4096), (4096, 7168), (16384, 4096), (16384, 7168)):
+        assert plan(rows * K, True, 132) == "flat32"
+        assert plan(rows * K, False, 132) == "rows"
+    for rows, K in ((1, 4096), (16, 7168), (128, 8192), (256, 8192)):
+        assert plan(rows * K, True, 132) == "rows"
+
+
+def test_dequant_geometry_knob(monkeypatch):
+    """_flat.GEOMETRY overrides the planner: a flat geometry where the arrays are aligned for it
+    (codes 8-byte, output 16-byte) and the tensor has fewer than 2^31 elements ("rows" elsewhere),
+    "rows" everywhere; a name of no geometry raises ValueError naming the knob."""
+    for g in _flat.GEOMETRIES:
+        monkeypatch.setattr(_flat, "GEOMETRY", g)
+        assert _flat.geometry(1, True, 132) == g
+        assert _flat.geometry(1 << 30, True, 132) == g
+        assert _flat.geometry(1 << 30, False, 132) == "rows"
+        assert _flat.geometry((1 << 31) - 1, True, 132) == g and _flat.geometry(1 << 31, True, 132) == "rows"
+        assert _flat.geometry(1 << 20, True, 132, (1 << 31) - 1) == g
+        assert _flat.geometry(1 << 20, True, 132, 1 << 31) == "rows"  # scale offsets past 32 bits
+    monkeypatch.setattr(_flat, "GEOMETRY", None)
+    assert _flat.geometry(1 << 30, True, 132) == "flat32" and _flat.geometry(16, True, 132) == "rows"
+    assert _flat.geometry(1 << 31, True, 132) == "rows"
+    monkeypatch.setattr(_flat, "GEOMETRY", "flat64")
+    with pytest.raises(ValueError, match="_flat.GEOMETRY must be one of"):
+        _flat.geometry(1 << 30, True, 132)
+    assert _flat.flat_aligned(0, 0) and _flat.flat_aligned(8, 16) and _flat.flat_aligned(256 + 8, 32)
+    assert not _flat.flat_aligned(4, 0) and not _flat.flat_aligned(1, 16) and not _flat.flat_aligned(0, 8)
+
+
+def test_dequant_flat_grid_and_rows():
+    """A flat grid covers every piece of 8 codes (the last block partial); FlatRows' magic
+    number is below 2^32 and divides by K exactly below 2^31 (as the kernels use it)."""
+    assert _flat.flat_grid(16384 * 7168, "flat32") == ((14336,), (256,))
+    assert _flat.flat_grid(16384 * 7168, "flat16") == ((28672,), (256,))
+    assert _flat.flat_grid(1, "flat32") == ((1,), (256,)) and _flat.flat_grid(4097, "flat16") == ((2,), (256,))
+    rng = np.random.default_rng(0)
+    for K in (1, 15, 16, 17, 1000, 4096, 4097, 7168, 8192, 65535, (1 << 31) - 1):
+        f = _flat.flat_rows(3, K)
+        assert int(f["n"]) == 3 * K and int(f["K"]) == K
+        m, sh = int(f["k_magic"]), int(f["k_shift"])
+        es = np.concatenate([rng.integers(0, 1 << 31, 2000), [0, K - 1, K, (1 << 31) - 1], (np.arange(1, 50) * K) - 1])
+        for e in es[es < (1 << 31)]:
+            e = int(e)
+            assert (e * m) >> sh == e // K, (K, e)
+        assert m < (1 << 32)  # the kernels multiply it as a 32-bit number
 
 
 def test_norm_team_rules():
