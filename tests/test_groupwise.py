@@ -642,17 +642,18 @@ def launched_flat(fn):
 
 def test_dequantize_planner_picks_the_flat_kernel_for_large_aligned_tensors(monkeypatch):
     """With _flat.GEOMETRY unset, the planner's geometry is the one launched: "rows" for a few rows,
-    "flat32" from FLAT_FROM_BLOCKS_PER_SM blocks of it per SM, "rows" for an out= that is not
+    _flat.PLANNED_FLAT from FLAT_FROM_BLOCKS_PER_SM blocks of it per SM, "rows" for an out= that is not
     16-byte aligned; the bytes are the row kernel's every time."""
     from cupyquant import _device
 
     sms = _device.sm_count(cupy.cuda.Device().id)
-    big = -(-_flat.FLAT_FROM_BLOCKS_PER_SM * sms * 8192 // 4096)  # rows of 4096 at the planner's line
+    per_block = 8 * _flat.FLAT_THREADS * _flat.PIECES[_flat.PLANNED_FLAT]
+    big = -(-_flat.FLAT_FROM_BLOCKS_PER_SM * sms * per_block // 4096)  # rows of 4096 at the planner's line
     E4, BF16 = "float8_e4m3fn", ml_dtypes.bfloat16
     for rows, flat in ((16, False), (big, True)):
         monkeypatch.setattr(_flat, "GEOMETRY", None)
         shape = (rows, 4096)
-        assert (_flat.planned_geometry(rows * 4096, True, sms) == "flat32") == flat
+        assert (_flat.planned_geometry(rows * 4096, True, sms) == _flat.PLANNED_FLAT) == flat
         q = cq.quantize_groupwise(cupy.asarray(heavy_tailed(shape, _seed("planner", rows), BF16)), E4, group_size=128)
         y, launched = launched_flat(lambda: cq.dequantize(q, BF16))
         assert launched == flat

@@ -561,17 +561,18 @@ def test_block_scale_small_launch_shape():
 
 
 def test_dequant_geometry_planner():
-    """The 8-bit dequantizers take "flat32" where the codes and the output are 16-byte aligned and
-    its grid (8192 elements a block) has FLAT_FROM_BLOCKS_PER_SM blocks per SM: on 132 SMs from
-    2,162,688 elements (264 blocks) up, "rows" below and wherever an array is not aligned."""
+    """The 8-bit dequantizers take "flat16" where the codes and the output are 8- and 16-byte
+    aligned and its grid (4096 elements a block) has FLAT_FROM_BLOCKS_PER_SM blocks per SM: on 132
+    SMs from 2,162,688 elements (528 blocks) up, "rows" below and wherever an array is not
+    aligned."""
     plan = _flat.planned_geometry
-    assert _flat.FLAT_FROM_BLOCKS_PER_SM == 2
-    per_block = 8 * _flat.FLAT_THREADS * _flat.PIECES["flat32"]
-    assert per_block == 8192
-    assert plan(264 * 8192, True, 132) == "flat32" and plan(263 * 8192, True, 132) == "rows"
-    assert plan(263 * 8192 + 1, True, 132) == "flat32"  # a partial block counts
+    assert _flat.PLANNED_FLAT == "flat16" and _flat.FLAT_FROM_BLOCKS_PER_SM == 4
+    per_block = 8 * _flat.FLAT_THREADS * _flat.PIECES["flat16"]
+    assert per_block == 4096
+    assert plan(528 * 4096, True, 132) == "flat16" and plan(527 * 4096, True, 132) == "rows"
+    assert plan(527 * 4096 + 1, True, 132) == "flat16"  # a partial block counts
     for rows, K in ((1024, 4096), (4096, 7168), (16384, 4096), (16384, 7168)):
-        assert plan(rows * K, True, 132) == "flat32"
+        assert plan(rows * K, True, 132) == "flat16"
         assert plan(rows * K, False, 132) == "rows"
     for rows, K in ((1, 4096), (16, 7168), (128, 8192), (256, 8192)):
         assert plan(rows * K, True, 132) == "rows"
@@ -590,7 +591,7 @@ def test_dequant_geometry_knob(monkeypatch):
         assert _flat.geometry(1 << 20, True, 132, (1 << 31) - 1) == g
         assert _flat.geometry(1 << 20, True, 132, 1 << 31) == "rows"  # scale offsets past 32 bits
     monkeypatch.setattr(_flat, "GEOMETRY", None)
-    assert _flat.geometry(1 << 30, True, 132) == "flat32" and _flat.geometry(16, True, 132) == "rows"
+    assert _flat.geometry(1 << 30, True, 132) == "flat16" and _flat.geometry(16, True, 132) == "rows"
     assert _flat.geometry(1 << 31, True, 132) == "rows"
     monkeypatch.setattr(_flat, "GEOMETRY", "flat64")
     with pytest.raises(ValueError, match="_flat.GEOMETRY must be one of"):
