@@ -72,7 +72,9 @@ def _token_team(K: int, itemsize: int, rows: int):
 _FEW_UNITS = (1, 2)
 _FEW_BLOCK_MAX = 1024
 #: Up to this many rows the planner gives per-token quantization token_quantize_few, a block per
-#: row, where the row fits (see _token_few); above, token_quantize_regs or token_quantize.
+#: row, where the row fits (see _token_few); above, token_quantize_regs or token_quantize. On an
+#: H200 (bf16, K 4096 and 7168) the few-rows kernel is 1.29-1.75x the team kernel up to 256 rows
+#: and 0.90-0.99x at 1024.
 _TOKEN_FEW_KERNEL_ROWS = 256
 #: The per-token kernels: "few" (token_quantize_few) and "regs" (token_quantize_regs, or the two-pass
 #: token_quantize where a row is too long or not 16-byte aligned).
