@@ -500,6 +500,48 @@ def test_silu_mul_3d_and_odd_rows():
     assert q.scale.shape == (3, 7, 3)
 
 
+@pytest.mark.parametrize("op", ["group", "silu"])
+def test_group_quantizers_block_threads(op, monkeypatch):
+    """group_quantize and silu_mul_quantize launch 128-thread blocks where 256-thread blocks would
+    be fewer than the SMs (groupwise.quantize_threads) and 256 beyond; the bytes are the
+    reference's at both sizes and with the small grid's size forced to 256 (plans cleared: the
+    size is not part of a plan's key)."""
+    from cupyquant import _device, _plans
+
+    sms = _device.sm_count(cupy.cuda.Device().id)
+    K = 2048
+    big = 2 * sms * 256 // (K // 16)  # rows at which 256-thread blocks number 2x the SMs
+    fmt, BF16 = "float8_e4m3fn", ml_dtypes.bfloat16
+
+    def run(x):
+        with _launch.recording() as rec:
+            q = cq.silu_mul_quantize(x, fmt) if op == "silu" else cq.quantize_groupwise(x, fmt, group_size=128)
+        [block] = [r[2][1] for r in rec if r[5] is not None]
+        return q, block[0] * block[1]
+
+    for rows, threads in ((1, 128), (16, 128), (big, 256)):
+        width = 2 * K if op == "silu" else K
+        xh = heavy_tailed((rows, width), _seed("threads", op, rows), BF16)
+        x = cupy.asarray(xh)
+        assert groupwise.quantize_threads(rows, K // 16, sms) == threads
+        monkeypatch.setattr(groupwise, "_SMALL_GRID_THREADS", 128)
+        _plans.clear()
+        q, launched = run(x)
+        assert launched == threads, (rows, launched)
+        if op == "silu":
+            eq, es = ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), fmt, group_size=128)
+        else:
+            eq, es = ref.quantize_groupwise(xh, fmt, group_size=128)
+        check(q, eq, es, "row")
+        monkeypatch.setattr(groupwise, "_SMALL_GRID_THREADS", 256)
+        _plans.clear()
+        q256, launched = run(x)
+        assert launched == 256
+        assert_bits_equal(q256.data, q.data, f"{op} {rows} rows, codes at 256 threads")
+        assert_bits_equal(q256.scale, q.scale, f"{op} {rows} rows, scales at 256 threads")
+    _plans.clear()
+
+
 # ------------------------------------------------------------------ dequantization
 
 

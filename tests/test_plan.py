@@ -560,6 +560,19 @@ def test_block_scale_small_launch_shape():
     assert shape(1, 65535, 16, False) is not None and shape(1, 65537, 16, False) is None  # 65537 y blocks
 
 
+def test_group_quantize_threads():
+    """The 2-D group quantizers take 128-thread blocks where 256-thread blocks would be fewer than
+    the SMs, 256 from one per SM up; grid2d splits those threads into whole groups of a row."""
+    from cupyquant import groupwise
+
+    t = groupwise.quantize_threads
+    assert t(1, 256, 132) == 128 and t(16, 256, 132) == 128  # 1 and 16 blocks of 256
+    assert t(131, 256, 132) == 128 and t(132, 256, 132) == 256  # 131 and 132 blocks
+    assert t(1024, 448, 132) == 256 and t(16, 448, 114) == 128
+    assert groupwise.grid2d(16, 256, 128) == ((16, 2), (128, 1))
+    assert groupwise.grid2d(16, 8, 128) == ((1, 1), (8, 16))
+
+
 def test_dequant_geometry_planner():
     """The 8-bit dequantizers take "flat16" where the codes and the output are 8- and 16-byte
     aligned and its grid (4096 elements a block) has FLAT_FROM_BLOCKS_PER_SM blocks per SM: on 132
