@@ -9,7 +9,7 @@
     python scripts/bench.py --kv-cache           # the FP8 KV-cache write (scripts/bench_kv_cache.py)
     python scripts/bench.py --norm               # fused RMSNorm + quantization (scripts/bench_norm.py)
     python scripts/bench.py --host               # host time per call of every op (scripts/bench_host.py)
-    python scripts/bench.py --sweep --json sweep.json --plot sweep.png
+    python scripts/bench.py --sweep --json sweep.json --plot sweep.png --plot-ratio ratio.png
                                                  # the inference shape sweep (scripts/bench_sweep.py)
 
 Protocol (docs/performance.md): CUDA events around each call, warm-up, median of --reps calls, inputs rotated
@@ -563,6 +563,9 @@ def build_parser():
         "--from-json", help="--sweep: tabulate (and --plot) saved runs (comma-separated) instead of measuring"
     )
     s.add_argument("--plot", help="--sweep: draw GB/s against bytes moved to this image (needs matplotlib)")
+    s.add_argument(
+        "--plot-ratio", help="--sweep: draw torch.compile's time over ours per cell, coloured, to this image"
+    )
     w = p.add_argument_group("W8A8 FP8 and INT8 matmul (scripts/bench_w8a8.py)")
     w.add_argument("--w8a8", action="store_true", help="the W8A8 matmul table against cuBLASLt and cuBLAS bf16")
     w.add_argument("--w8a8-ms", default=None, help=f"rows of a (default {','.join(map(str, bench_w8a8.MS))})")

@@ -374,6 +374,73 @@ def plot(run_: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+#: A ratio to torch.compile below this is a tie (the sweep's repeat-to-repeat spread at short cells).
+TIE = 1.02
+
+
+def behind(run_: dict, below: float = TIE) -> list:
+    """The cells whose time over torch.compile's is under ``below``, as markdown table lines (op, M,
+    K, ours and torch.compile's us, the ratio, % of copy), slowest first; no lines without torch."""
+    slow = sorted((c for c in run_["cells"] if c.get("x_compile") is not None and c["x_compile"] < below),
+                  key=lambda c: c["x_compile"])  # fmt: skip
+    if not slow:
+        return []
+    out = ["| op | M | K | us | torch.compile us | x compile | % copy |", "|---|---|---|---|---|---|---|"]
+    for c in slow:
+        out.append(
+            f"| {c['op']} | {c['M']} | {c['K']} | {_f(c['us'], 2)} | {_f(c['compile_us'], 2)} | "
+            f"{c['x_compile']:.2f} | {c['pct_copy']:.0f}% |"
+        )
+    return out
+
+
+def plot_ratio(run_: dict, path: str) -> None:
+    """Per op, a grid of M (down) by K (across) whose cells are coloured by torch.compile's time over
+    ours (green ahead, red behind, yellow a tie at 1.0) and labelled with the ratio."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot-ratio needs matplotlib: pip install 'cupyquant[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    cells = [c for c in run_["cells"] if c.get("x_compile") is not None]
+    if not cells:
+        raise SystemExit("--plot-ratio needs a run with torch.compile's timings")
+    ops = list(dict.fromkeys(c["op"] for c in cells))
+    ks = sorted({c["K"] for c in cells})
+    ms = sorted({c["M"] for c in cells})
+    by = {(c["op"], c["M"], c["K"]): c["x_compile"] for c in cells}
+    norm = TwoSlopeNorm(vmin=0.5, vcenter=1.0, vmax=2.0)  # 2x and more: the deepest green
+    cols = 4
+    rows = -(-len(ops) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 0.42 * len(ms) * rows + 1.2 * rows), squeeze=False)
+    for ax, op in zip(axes.flat, ops):
+        grid = [[by.get((op, M, K), float("nan")) for K in ks] for M in ms]
+        ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if v == v:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, weight="bold" if v < TIE else None)
+        ax.set_xticks(range(len(ks)), [str(k) for k in ks], fontsize=7)
+        ax.set_yticks(range(len(ms)), [str(m) for m in ms], fontsize=7)
+        ax.set_title(op, fontsize=9)
+    for ax in list(axes.flat)[len(ops) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("M", fontsize=8)
+    for ax in axes[-1, :]:
+        ax.set_xlabel("K", fontsize=8)
+    fig.suptitle(
+        f"{run_['device']}, {run_['date']}: torch.compile's time over cupyquant's (> 1: cupyquant faster; "
+        f"bold: under {TIE})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def join(runs: list) -> dict:
     """Saved runs as one: the first run's header, every cell, a later run's cell replacing an
     earlier one of the same op, M and K (a rerun of some cells), and the same for the host timings
@@ -420,6 +487,12 @@ def main_sweep(a, B):
         f"{run_['device']}, {run_['date']}; copy bandwidth {run_['copy_gbps']:.0f} GB/s; bf16 input; "
         "cell: device us per call (CUDA graph) / % copy" + (" / x torch.compile" if run_.get("torch") else "")
     )
-    B._emit(header, markdown(run_).splitlines(), a.markdown)
+    lines = markdown(run_).splitlines()
+    slow = behind(run_)
+    if slow:
+        lines += ["", f"Cells under {TIE}x torch.compile:", "", *slow]
+    B._emit(header, lines, a.markdown)
     if a.plot:
         plot(run_, a.plot)
+    if a.plot_ratio:
+        plot_ratio(run_, a.plot_ratio)

@@ -91,6 +91,19 @@ def test_markdown(sweep):
     assert "x" not in sweep.markdown(_run(sweep, torch=False)).splitlines()[2].split(" | ")[2]
 
 
+def test_cells_behind_torch_compile(sweep):
+    """behind() lists the cells under the tie line, slowest first; none without torch's timings."""
+    r = _run(sweep)
+    slow = [c for c in r["cells"] if c["op"] == "token_fp8"]
+    slow[0].update(compile_us=0.9 * slow[0]["us"], x_compile=0.9)
+    slow[1].update(compile_us=1.01 * slow[1]["us"], x_compile=1.01)
+    lines = sweep.behind(r)
+    assert lines[0].startswith("| op | M | K | us |") and len(lines) == 4
+    assert lines[2].startswith(f"| token_fp8 | {slow[0]['M']} | {slow[0]['K']} |") and "| 0.90 |" in lines[2]
+    assert "| 1.01 |" in lines[3]
+    assert sweep.behind(_run(sweep)) == [] and sweep.behind(_run(sweep, torch=False)) == []
+
+
 def test_join_lets_a_later_run_replace_cells(sweep):
     first = _run(sweep)
     later = {
@@ -111,7 +124,9 @@ def test_from_json_and_plot(bench, sweep, tmp_path, capsys):
     path.write_text(json.dumps(_run(sweep)))
     png = tmp_path / "sweep.png"
     md = tmp_path / "sweep.md"
-    bench.main(["--from-json", str(path), "--plot", str(png), "--markdown", str(md)])
+    ratio = tmp_path / "ratio.png"
+    bench.main(["--from-json", str(path), "--plot", str(png), "--plot-ratio", str(ratio), "--markdown", str(md)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ratio.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| token_fp8 | 1 |" in md.read_text()
     assert "copy bandwidth 3000 GB/s" in capsys.readouterr().out
