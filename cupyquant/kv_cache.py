@@ -22,12 +22,35 @@ _BOOLS = (False, True)
 FAMILY = _jit.register(
     "kv_cache",
     _jit.product("kv_cache_write", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS)
+    + _jit.product("kv_cache_write_wide", _dtypes.INPUT_CTYPES, _FP8_TAGS, (1, 2))
     + _jit.product("kv_cache_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
 )
 
 _BLOCK = 256  # threads per block (KV_BLOCK in kv_cache.cu)
 _UNITS_PER_LANE = {True: 2, False: 8}  # KVUnits in kv_cache.cu
 _MAX_ROWS = (1 << 31) - 1  # rows split into (token, head) with 32-bit arithmetic
+
+#: The write kernels of static scales, as :data:`WRITE_PATH` names them: "units8" (kv_cache_write:
+#: a lane takes units of 8 elements, an 8-byte store each) and "wide" (kv_cache_write_wide: a lane
+#: takes 16 contiguous elements of WIDE_ROWS rows, one 16-byte store each). Dynamic scales always
+#: take kv_cache_write.
+WRITE_PATHS = ("units8", "wide")
+#: Internal override of the write planner, for tests and A/B timing: a name of WRITE_PATHS, or None
+#: (the planner's choice). Read at every call and part of the plan's key, so it may change between
+#: calls. "wide" asked for where it does not apply (dynamic scales, alignment, head_dim) gives
+#: "units8".
+WRITE_PATH: str | None = None
+#: Rows a lane of the wide kernel holds in flight (its ROWS), as WIDE_ROWS may force them.
+WIDE_ROWS_CHOICES = (1, 2)
+#: Internal override of the wide kernel's rows per lane: a value of WIDE_ROWS_CHOICES or None
+#: (PLANNED_WIDE_ROWS). Read at every call and part of the plan's key.
+WIDE_ROWS: int | None = None
+#: The planner's rows per lane. ptxas (sm_90), 16-bit x: one row takes 32 registers (8 blocks of
+#: 256 threads per SM, 32 bytes of loads a lane); two rows take 48 (5 blocks per SM, 64 bytes a
+#: lane). kv_cache_write takes 42 (5 blocks per SM, 32 bytes a lane).
+PLANNED_WIDE_ROWS = 1
+#: The wide kernel's largest head_dim: one pass of 16 elements by each of at most 32 lanes.
+WIDE_MAX_HEAD_DIM = 32 * 16
 
 # The kernels' KVWriteArgs and KVReadArgs, field for field (C alignment).
 _WRITE_ARGS = np.dtype(
@@ -181,6 +204,33 @@ def _scale_cache(sc, arg: str, shape, device: int) -> None:
 
 
 # ------------------------------------------------------------------ the write
+def wide_applies(dynamic: bool, head_dim: int, x_aligned: bool, cache_ptrs) -> bool:
+    """Whether kv_cache_write_wide can write this call: static scales, head_dim a multiple of 16 up
+    to WIDE_MAX_HEAD_DIM, key and value 16-byte aligned with 16-byte token and head strides
+    (``x_aligned``), and both caches 16-byte aligned (so that every cache row of head_dim bytes is)."""
+    return (
+        not dynamic
+        and head_dim % 16 == 0
+        and 0 < head_dim <= WIDE_MAX_HEAD_DIM
+        and x_aligned
+        and all(p % 16 == 0 for p in cache_ptrs)
+    )
+
+
+def write_path(applies: bool) -> tuple:
+    """(path, rows per lane) of a write: :data:`WRITE_PATH` where set, else the planner's ("wide"
+    wherever it applies); "units8" (rows None) where the wide kernel does not apply. A WRITE_PATH or
+    WIDE_ROWS that names no choice raises ValueError."""
+    forced, rows = WRITE_PATH, WIDE_ROWS
+    if forced is not None and forced not in WRITE_PATHS:
+        raise ValueError(f"kv_cache.WRITE_PATH must be one of {WRITE_PATHS} or None, got {forced!r}")
+    if rows is not None and (type(rows) is not int or rows not in WIDE_ROWS_CHOICES):
+        raise ValueError(f"kv_cache.WIDE_ROWS must be one of {WIDE_ROWS_CHOICES} or None, got {rows!r}")
+    if not applies or forced == "units8":
+        return "units8", None
+    return "wide", PLANNED_WIDE_ROWS if rows is None else rows
+
+
 class _WritePlan(NamedTuple):
     launch: object  # None: nothing to launch
     num_slots: int
@@ -247,8 +297,11 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         )
         and all(c.data.ptr % 8 == 0 for c in (key_cache, value_cache))
     )
-    units = head_dim // 8 if vec else head_dim
-    tpr_log2 = _team_log2(units, vec)
+    path, wide_rows = write_path(wide_applies(sk.dynamic, head_dim, vec, (key_cache.data.ptr, value_cache.data.ptr)))
+    if path == "wide":
+        tpr_log2 = (head_dim // 16 - 1).bit_length()  # the fewest lanes with 16 elements each
+    else:
+        tpr_log2 = _team_log2(head_dim // 8 if vec else head_dim, vec)
     args = np.array(
         (
             rows,
@@ -273,8 +326,11 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         _WRITE_ARGS,
     )[()]
     with _validate.on_device_of(key):
-        k = _jit.kernel(device, FAMILY, "kv_cache_write", in_t.ctype, fmt.ctag, vec)
-    grid = (ceil_div(rows, _BLOCK >> tpr_log2), 2)
+        if path == "wide":
+            k = _jit.kernel(device, FAMILY, "kv_cache_write_wide", in_t.ctype, fmt.ctag, wide_rows)
+        else:
+            k = _jit.kernel(device, FAMILY, "kv_cache_write", in_t.ctype, fmt.ctag, vec)
+    grid = (ceil_div(rows, (_BLOCK >> tpr_log2) * (wide_rows or 1)), 2)
     # key, value, the caches, slot_mapping, the device scales (or null) and the values, the scale caches
     launch = Launch(k, grid, (_BLOCK,), (ARG,) * 7 + (sk.value, sv.value, ARG, ARG, args), pdl=_device.caps(device).pdl)
     return _WritePlan(launch, num_slots, disjoint)
@@ -372,7 +428,7 @@ def quantize_kv_cache(
     ksc, vsc = key_scale_cache, value_scale_cache
     k = _validate.array_key
     key_ = (k(key), k(value), k(slot_mapping), k(key_cache), k(value_cache), k(ksc), k(vsc))
-    key_ += (_validate.scale_key(scale_k), _validate.scale_key(scale_v), dtype, kv_layout)
+    key_ += (_validate.scale_key(scale_k), _validate.scale_key(scale_v), dtype, kv_layout, WRITE_PATH, WIDE_ROWS)
     plan = _WRITE_PLANS.lookup(key_)
     if plan is None:
         plan = _WRITE_PLANS.keep(

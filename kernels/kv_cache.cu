@@ -14,6 +14,7 @@
 //                                  rule); q = cvt_rn_satfinite(fminf(x / s, qmax)) (NaN -> +qmax);
 //                                  s is stored in the scale cache at the same slot and head.
 //                        blockIdx.y = 0 writes the keys, 1 the values: one launch for both.
+//   kv_cache_write_wide  the static write of kv_cache_write, the same bytes, with 16-byte stores.
 //   kv_cache_dequantize  y[i] = round_rn(float(q) * s) of cache block block_ids[i], s the static
 //                        scale of the element's head or the row's scale-cache entry; an id outside
 //                        [0, blocks) gives a block of NaNs (never an out-of-bounds read).
@@ -30,7 +31,9 @@
 // aligned, the caches 8-byte aligned) and one element on the scalar path (any D and alignment). A
 // dynamic row is read once into registers when it fits (KVUnits units per lane), else twice, the
 // second read from L1/L2. The team's amax is an xor-shuffle reduction in which every lane of the
-// warp takes part (lanes of skipped or absent rows with zeros). Indexing is 64-bit; the host keeps
+// warp takes part (lanes of skipped or absent rows with zeros). kv_cache_write_wide, for static
+// scales where D % 16 == 0 and everything is 16-byte aligned, gives a lane 16 contiguous elements
+// of each of ROWS rows instead (one 16-byte store a row; see there). Indexing is 64-bit; the host keeps
 // the row count below 2^31 so that a row splits into (token, head) with a 32-bit division.
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load or store, so that the wrappers may launch it with programmatic dependent launch.
@@ -120,15 +123,13 @@ __device__ __forceinline__ bool fast_div_ok(float s) {
     return b >= 0x1f800000u && b <= 0x5f800000u;
 }
 
-// x / s (IEEE, correctly rounded), the clamp of the dynamic rule and the saturating conversion of
-// N elements, stored. The quotients come from div_by with r = 1 / s when fast (fast_div_ok(s)); a
-// unit with a quotient that is not below 2^64 (x inf or NaN, or an overflow) is divided again with
-// div_rn, as is every unit when not fast. (div_rn for every element: 14.1 us at 4096 x 8 x 128
-// bf16 on H100, static scale; 13.5 us this way.)
+// x / s (IEEE, correctly rounded) of N elements, clamped by the dynamic rule. The quotients come
+// from div_by with r = 1 / s when fast (fast_div_ok(s)); a group of N with a quotient that is not
+// below 2^64 (x inf or NaN, or an overflow) is divided again with div_rn, as is every group when not
+// fast. (div_rn for every element: 14.1 us at 4096 x 8 x 128 bf16 on H100, static scale; 13.5 us
+// this way.)
 template <class F, int N>
-__device__ __forceinline__ void quantize_store(unsigned char* __restrict__ dst, const float* f, float s, float r,
-                                               bool fast, bool dynamic) {
-    float v[N];
+__device__ __forceinline__ void quotients(const float* f, float s, float r, bool fast, bool dynamic, float* v) {
     unsigned big = 0xffffffffu;
     if (fast) {
         big = 0;
@@ -146,20 +147,47 @@ __device__ __forceinline__ void quantize_store(unsigned char* __restrict__ dst, 
 #pragma unroll
         for (int i = 0; i < N; ++i) v[i] = fmin_ieee(v[i], F::max_finite);
     }
-    if constexpr (N == 8) {
-        unsigned w[2];
+}
+
+// The saturating conversion of 8 quotients: two words of codes, element 0 in the low byte.
+template <class F> __device__ __forceinline__ uint2 codes8(const float* v) {
+    unsigned w[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            w[h] = (unsigned)to_fp8x2<F>(v[4 * h], v[4 * h + 1]) | ((unsigned)to_fp8x2<F>(v[4 * h + 2], v[4 * h + 3]) << 16);
-        __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
-    } else {
-        *dst = (unsigned char)__nv_cvt_float_to_fp8(v[0], __NV_SATFINITE, F::kind);
-    }
+    for (int h = 0; h < 2; ++h)
+        w[h] = (unsigned)to_fp8x2<F>(v[4 * h], v[4 * h + 1]) | ((unsigned)to_fp8x2<F>(v[4 * h + 2], v[4 * h + 3]) << 16);
+    return make_uint2(w[0], w[1]);
+}
+
+// quotients() of N elements (8 or 1), converted and stored.
+template <class F, int N>
+__device__ __forceinline__ void quantize_store(unsigned char* __restrict__ dst, const float* f, float s, float r,
+                                               bool fast, bool dynamic) {
+    float v[N];
+    quotients<F, N>(f, s, r, fast, dynamic, v);
+    if constexpr (N == 8) __stcs(reinterpret_cast<uint2*>(dst), codes8<F>(v));
+    else *dst = (unsigned char)__nv_cvt_float_to_fp8(v[0], __NV_SATFINITE, F::kind);
 }
 
 // n / d for n < 2^32: a shift where d is a power of two (d_log2 >= 0), else a 32-bit division.
 __device__ __forceinline__ unsigned div_u32(unsigned n, unsigned d, int d_log2) {
     return d_log2 >= 0 ? n >> d_log2 : n / d;
+}
+
+// slot_mapping[token], int64 or int32.
+__device__ __forceinline__ i64 load_slot(const void* slot_mapping, unsigned token, int slot64) {
+    return slot64 ? static_cast<const long long*>(slot_mapping)[token] : (i64) static_cast<const int*>(slot_mapping)[token];
+}
+
+// A valid slot (0 <= slot < num_slots) as its cache block and offset in it: 32-bit arithmetic (a
+// shift where block_size is a power of two) when every slot fits in 32 bits.
+__device__ __forceinline__ void split_slot(i64 slot, const KVWriteArgs& a, i64& blk, i64& off) {
+    if (a.num_slots <= 0xffffffffLL) {
+        blk = div_u32((unsigned)slot, (unsigned)a.block_size, a.block_size_log2);
+        off = (unsigned)slot - (unsigned)blk * (unsigned)a.block_size;
+    } else {
+        blk = slot / a.block_size;
+        off = slot - blk * a.block_size;
+    }
 }
 
 __device__ __forceinline__ unsigned team_max(unsigned m, int tpr_log2) {
@@ -203,9 +231,7 @@ kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, unsigned 
         if (in_rows && c < units) raw[k].load(xr + (i64)c * U::N);
         else raw[k].clear();
     }
-    i64 slot = -1;
-    if (in_rows)
-        slot = a.slot64 ? static_cast<const long long*>(slot_mapping)[token] : (i64) static_cast<const int*>(slot_mapping)[token];
+    const i64 slot = in_rows ? load_slot(slot_mapping, token, a.slot64) : -1;
     float s = 0.0f;
     if (!a.dynamic) {
         const float* sp = is_v ? v_scale : k_scale;
@@ -213,15 +239,7 @@ kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, unsigned 
     }
     const bool valid = in_rows && slot >= 0 && slot < a.num_slots;  // a hole (< 0) or a slot past the cache: skipped
     i64 blk = 0, off = 0;
-    if (valid) {
-        if (a.num_slots <= 0xffffffffLL) {
-            blk = div_u32((unsigned)slot, (unsigned)a.block_size, a.block_size_log2);
-            off = (unsigned)slot - (unsigned)blk * (unsigned)a.block_size;
-        } else {
-            blk = slot / a.block_size;
-            off = slot - blk * a.block_size;
-        }
-    }
+    if (valid) split_slot(slot, a, blk, off);
     unsigned char* dst = cache + blk * a.c_block + off * a.c_off + (i64)head * a.c_head;
 
     if (a.dynamic) {
@@ -259,6 +277,131 @@ kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, unsigned 
                 raw[k].floats(f);
                 quantize_store<F, U::N>(dst + (i64)c * U::N, f, s, r, fast, a.dynamic);
             }
+        }
+    }
+}
+
+// quotients<F, 8>() of static scales then codes8<F>(), for 8 elements of x held as the raw 16-byte
+// vectors: each pair converted as soon as its quotients are ready, so that only the raw vectors stay
+// live and not 8 floats and 8 quotients (kv_cache_write_wide<bf16, ROWS = 1>: 32 registers on
+// sm_90). div_by with r = 1 / s when fast; where a quotient is
+// not below 2^64, or not fast, all 8 again with div_rn, unpacked again from the raw vectors.
+template <typename T, class F>
+__device__ __forceinline__ uint2 static_codes8(const uint4* raw, float s, float r, bool fast) {
+    constexpr int E = Vec16<T>::N;
+    unsigned big = 0xffffffffu;
+    uint2 w = make_uint2(0u, 0u);
+    if (fast) {
+        big = 0;
+#pragma unroll
+        for (int l = 0; l < 8 / E; ++l) {
+            float f[E];
+            unpack16<T>(raw[l], f);
+#pragma unroll
+            for (int i = 0; i < E; i += 2) {
+                const float q0 = div_by(f[i], s, r), q1 = div_by(f[i + 1], s, r);
+                big = max(big, max(__float_as_uint(q0) & 0x7fffffffu, __float_as_uint(q1) & 0x7fffffffu));
+                const int e = l * E + i;  // element index in the 8
+                const unsigned c = (unsigned)to_fp8x2<F>(q0, q1) << (16 * ((e >> 1) & 1));
+                if (e < 4) w.x |= c;
+                else w.y |= c;
+            }
+        }
+    }
+    if (big >= 0x5f800000u) {  // 2^64, inf and NaN
+        float f[8], q[8];
+#pragma unroll
+        for (int l = 0; l < 8 / E; ++l) unpack16<T>(raw[l], f + l * E);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = div_rn(f[i], s);
+        w = codes8<F>(q);
+    }
+    return w;
+}
+
+// kv_cache_write for static scales with wide stores (cupyquant.kv_cache.WRITE_PATH "wide"). A lane
+// takes 16 contiguous elements of a row (two 16-byte loads of 16-bit x, four of float32) and writes
+// their codes with one 16-byte store, so that each store instruction of a team writes whole 16-byte
+// pieces and the team the row's D bytes at once (D = 128: 8 lanes, one 128-byte line). A lane holds
+// ROWS rows, KV_BLOCK / team rows apart: a block covers ROWS * KV_BLOCK / team consecutive rows, and
+// each of its load and store instructions covers KV_BLOCK / team of them side by side. Every load
+// of x, slot and scale of a lane's rows is issued before the first is used; the (token, head) split,
+// the slot, its split and the cache address are computed once per row and lane, the scale's
+// reciprocal once per lane unless the scales are per head. Needs D % 16 == 0 and D <= 32 * 16 (one
+// pass of the fewest lanes, up to 32, that give each 16 elements), x rows and strides 16-byte
+// aligned and both caches 16-byte aligned (so that every cache row of D bytes is). The bytes are
+// kv_cache_write's (static_codes8 is quotients() and codes8() of 8 elements).
+template <typename T, class F, int ROWS>
+__global__ void __launch_bounds__(KV_BLOCK)
+kv_cache_write_wide(const T* __restrict__ key, const T* __restrict__ value, unsigned char* __restrict__ key_cache,
+                    unsigned char* __restrict__ value_cache, const void* __restrict__ slot_mapping,
+                    const float* __restrict__ k_scale, const float* __restrict__ v_scale, float k_scale_arg,
+                    float v_scale_arg, float* __restrict__ k_scale_cache, float* __restrict__ v_scale_cache,
+                    KVWriteArgs a) {
+    constexpr int N = 16;                   // elements a lane takes from a row: one 16-byte store
+    constexpr int E = Vec16<T>::N;          // elements of x in one 16-byte load
+    constexpr int LOADS = N / E;
+    const bool is_v = blockIdx.y != 0;
+    const T* x = is_v ? value : key;
+    unsigned char* cache = is_v ? value_cache : key_cache;
+    const i64 x_tok = is_v ? a.x_tok_v : a.x_tok_k, x_head = is_v ? a.x_head_v : a.x_head_k;
+    const float* sp = is_v ? v_scale : k_scale;  // null: the scale by argument
+    const i64 s_stride = is_v ? a.stride_v : a.stride_k;  // 0: one scale for every head
+
+    const int tpr = 1 << a.tpr_log2;
+    const int lane = threadIdx.x & (tpr - 1);
+    const int teams = KV_BLOCK >> a.tpr_log2;
+    const i64 row0 = (i64)blockIdx.x * teams * ROWS + (threadIdx.x >> a.tpr_log2);
+    const int chunks = a.head_dim >> 4;
+    bool in_rows[ROWS];
+    unsigned token[ROWS], head[ROWS];
+    const T* xr[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+        const i64 row = row0 + (i64)k * teams;
+        in_rows[k] = row < a.rows;
+        token[k] = div_u32((unsigned)row, (unsigned)a.heads, a.heads_log2);
+        head[k] = (unsigned)row - token[k] * (unsigned)a.heads;
+        xr[k] = x + (i64)token[k] * x_tok + (i64)head[k] * x_head + lane * N;
+    }
+    pdl_wait_then_release();  // no global access above this line
+
+    // Every row's first 16 elements, slot and scale in flight together.
+    uint4 v[ROWS][LOADS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) v[k][l] = in_rows[k] && lane < chunks ? ld16(xr[k] + l * E) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    i64 slot[ROWS];
+    float s[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+        slot[k] = in_rows[k] ? load_slot(slot_mapping, token[k], a.slot64) : -1;
+        if (k == 0 || (sp && s_stride)) s[k] = sp ? sp[(i64)head[k] * s_stride] : (is_v ? v_scale_arg : k_scale_arg);
+        else s[k] = s[0];
+    }
+    unsigned char* dst[ROWS];
+    bool valid[ROWS];
+    float r[ROWS];
+    bool fast[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+        valid[k] = in_rows[k] && slot[k] >= 0 && slot[k] < a.num_slots;  // a hole or a slot past the cache: skipped
+        i64 blk = 0, off = 0;
+        if (valid[k]) split_slot(slot[k], a, blk, off);
+        dst[k] = cache + blk * a.c_block + off * a.c_off + (i64)head[k] * a.c_head + lane * N;
+        r[k] = (k == 0 || (sp && s_stride)) ? rcp_rn(s[k]) : r[0];
+        fast[k] = fast_div_ok(s[k]);
+    }
+    if (lane >= chunks) return;
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+        if (valid[k]) {  // two groups of 8, one store
+            uint2 w[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) w[h] = static_codes8<T, F>(&v[k][h * LOADS / 2], s[k], r[k], fast[k]);
+            st16(dst[k], make_uint4(w[0].x, w[0].y, w[1].x, w[1].y));
         }
     }
 }

@@ -12,6 +12,7 @@ from _pdl import assert_rounds_equal, check_rounds
 from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
 
 import cupyquant as cq
+from cupyquant import _launch
 from cupyquant import kv_cache as kvc
 from cupyquant import reference as ref
 
@@ -228,6 +229,42 @@ def test_launch_structs_and_teams():
     assert [1 << kvc._team_log2(u, False) for u in (1, 8, 9, 100, 300)] == [1, 1, 2, 16, 32]
 
 
+def test_write_planner_takes_the_wide_kernel_where_it_applies(monkeypatch):
+    """kv_cache.wide_applies and write_path: "wide" for static scales, head_dim % 16 == 0 up to 512
+    and 16-byte alignment, "units8" otherwise; WRITE_PATH and WIDE_ROWS force them, a bad value
+    raises ValueError naming the knob."""
+    ok = dict(dynamic=False, head_dim=128, x_aligned=True, cache_ptrs=(256, 4096))
+    assert kvc.wide_applies(**ok)
+    for head_dim in (16, 48, 80, 512):
+        assert kvc.wide_applies(**dict(ok, head_dim=head_dim)), head_dim
+    for bad in (
+        dict(dynamic=True),
+        dict(head_dim=72),
+        dict(head_dim=8),
+        dict(head_dim=528),
+        dict(head_dim=0),
+        dict(x_aligned=False),
+        dict(cache_ptrs=(256, 4104)),
+        dict(cache_ptrs=(264, 4096)),
+    ):
+        assert not kvc.wide_applies(**dict(ok, **bad)), bad
+    assert kvc.write_path(True) == ("wide", kvc.PLANNED_WIDE_ROWS)
+    assert kvc.write_path(False) == ("units8", None)
+    monkeypatch.setattr(kvc, "WIDE_ROWS", 2)
+    assert kvc.write_path(True) == ("wide", 2)
+    monkeypatch.setattr(kvc, "WRITE_PATH", "units8")
+    assert kvc.write_path(True) == ("units8", None)
+    monkeypatch.setattr(kvc, "WRITE_PATH", "wide")
+    assert kvc.write_path(True) == ("wide", 2) and kvc.write_path(False) == ("units8", None)
+    for knob, bad in (("WRITE_PATH", "narrow"), ("WIDE_ROWS", 3), ("WIDE_ROWS", True), ("WIDE_ROWS", 1.0)):
+        monkeypatch.setattr(kvc, knob, bad)
+        with pytest.raises(ValueError, match=f"^kv_cache.{knob}"):
+            kvc.write_path(True)
+        monkeypatch.undo()
+    assert kvc.PLANNED_WIDE_ROWS in kvc.WIDE_ROWS_CHOICES
+    assert set(kvc.WRITE_PATHS) == {"units8", "wide"}
+
+
 # ------------------------------------------------------------------ the GPU op against the reference
 def _cupy():
     return pytest.importorskip("cupy")
@@ -298,19 +335,50 @@ def _run_both(cupy, key, value, kh, vh, slots, *, fmt, kv_layout, mode, blocks, 
     return kc, vc
 
 
+#: (WRITE_PATH, WIDE_ROWS) of the static write, forced in turn
+WRITE_PATHS = [("units8", None), ("wide", 1), ("wide", 2)]
+
+
+def _path_id(p):
+    return p[0] if p[1] is None else f"{p[0]}{p[1]}"
+
+
+def _force_path(monkeypatch, path):
+    monkeypatch.setattr(kvc, "WRITE_PATH", path[0])
+    monkeypatch.setattr(kvc, "WIDE_ROWS", path[1])
+
+
+def _write_kernels(fn):
+    """The names of the kernels that fn() launches."""
+    with _launch.recording() as rec:
+        fn()
+    return [r[0].name for r in rec if r[5] is not None]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", WRITE_PATHS, ids=_path_id)
 @pytest.mark.parametrize("mode", ["float", "tensor", "head", "dynamic"])
 @pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_write_matches_reference(in_dtype, fmt, kv_layout, mode):
+def test_write_matches_reference(in_dtype, fmt, kv_layout, mode, path, monkeypatch):
+    """Each write path forced in turn (dynamic scales take kv_cache_write on every path), into
+    pre-filled caches, bit for bit the reference: 3 heads, padding tokens, holes, slots past the
+    cache, int32 and int64 slots."""
     cupy = _cupy()
+    _force_path(monkeypatch, path)
     seed = zlib.crc32(repr((np.dtype(in_dtype).name, fmt, kv_layout, mode)).encode())
     rng = np.random.default_rng(seed)
     tokens, heads, head_dim, blocks, block_size = 301, 3, 128, 29, 16
     key, value, kh, vh = _fused_views(cupy, tokens, heads, head_dim, in_dtype, seed)
     slot_dtype = np.int64 if seed % 2 else np.int32
     slots = _slots(rng, tokens - 5, blocks * block_size, slot_dtype)  # the last 5 tokens: padding
+    if mode != "dynamic":  # the forced kernel is the one launched
+        kc = cupy.zeros((blocks, block_size, heads, head_dim), np.uint8)
+        names = _write_kernels(
+            lambda: cq.quantize_kv_cache(key, value, kc, kc.copy(), cupy.asarray(slots), scale_k=1.0, scale_v=1.0)
+        )
+        assert len(names) == 1 and ("write_wide" in names[0]) == (path[0] == "wide"), (path, names)
     _run_both(
         cupy,
         key,
@@ -328,13 +396,16 @@ def test_write_matches_reference(in_dtype, fmt, kv_layout, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", WRITE_PATHS, ids=_path_id)
 @pytest.mark.parametrize("mode", ["head", "dynamic"])
 @pytest.mark.parametrize("in_dtype", [np.float32, ml_dtypes.bfloat16], ids=_id)
 # 1, 100, 300: the scalar path (300 dynamic: two passes over the row); 72: vector, 9 units on 8
-# lanes; 1032: vector, three passes
-@pytest.mark.parametrize("head_dim", [1, 72, 100, 300, 1032])
-def test_odd_head_dims(head_dim, in_dtype, mode):
+# lanes; 1032: vector, three passes; wide where static: 16 (one lane a row), 48 (3 lanes of a team
+# of 4), 80 (5 of 8), 512 (32 lanes); 72, 1032 and the scalar ones fall back to kv_cache_write
+@pytest.mark.parametrize("head_dim", [1, 16, 48, 72, 80, 100, 300, 512, 1032])
+def test_odd_head_dims(head_dim, in_dtype, mode, path, monkeypatch):
     cupy = _cupy()
+    _force_path(monkeypatch, path)
     seed = zlib.crc32(repr((head_dim, np.dtype(in_dtype).name, mode)).encode())
     rng = np.random.default_rng(seed)
     tokens, heads, blocks, block_size = 41, 2, 7, 5  # block_size not a power of two
@@ -381,6 +452,78 @@ def test_misaligned_views_take_the_scalar_path(offset):
             block_size=16,
             seed=offset,
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", WRITE_PATHS, ids=_path_id)
+@pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
+def test_wide_path_falls_back_on_misaligned_caches(kv_layout, path, monkeypatch):
+    """Caches 8 bytes off 16-byte alignment (C-contiguous views into a larger buffer): the write
+    takes kv_cache_write whatever WRITE_PATH asks, and still writes the reference's bytes; aligned
+    caches take the forced path. Poisoned caches, skipped slots, per-head device scales."""
+    cupy = _cupy()
+    _force_path(monkeypatch, path)
+    tokens, heads, head_dim, blocks, block_size = 53, 3, 64, 5, 16
+    seed = zlib.crc32(repr(("misaligned", kv_layout, path)).encode())
+    key, value, kh, vh = _fused_views(cupy, tokens, heads, head_dim, BF16, seed)
+    slots_h = _slots(np.random.default_rng(seed), tokens, blocks * block_size, np.int32)
+    shape = _cache_shape(blocks, block_size, heads, head_dim, kv_layout)
+    n = int(np.prod(shape))
+    s_h = np.random.default_rng(seed).uniform(0.01, 2.0, (2, heads)).astype(np.float32)
+    sk, sv = cupy.asarray(s_h[0]), cupy.asarray(s_h[1])
+    for offset, wide in ((8, False), (16, path[0] == "wide")):
+        bufs = [poisoned((n + 32,), np.uint8) for _ in range(2)]
+        kc, vc = (b[offset : offset + n].reshape(shape) for b in bufs)
+        assert (kc.data.ptr % 16 == 0) == (offset == 16)
+        pre = kc.get(), vc.get()
+        names = _write_kernels(
+            lambda: cq.quantize_kv_cache(
+                key, value, kc, vc, cupy.asarray(slots_h), scale_k=sk, scale_v=sv, kv_layout=kv_layout
+            )
+        )
+        assert len(names) == 1 and ("write_wide" in names[0]) == wide, (offset, path, names)
+        ek, ev, _, _ = ref.quantize_kv_cache(kh, vh, pre[0], pre[1], slots_h, scale_k=s_h[0], scale_v=s_h[1],
+                                             kv_layout=kv_layout)  # fmt: skip
+        assert_bits_equal(kc, ek, f"key_cache at offset {offset}")
+        assert_bits_equal(vc, ev, f"value_cache at offset {offset}")
+        for b in bufs:  # nothing outside the view
+            assert (b[:offset].get() == 0xFF).all() and (b[offset + n :].get() == 0xFF).all()
+
+
+@pytest.mark.gpu
+def test_planner_pick_is_what_launches(monkeypatch):
+    """With WRITE_PATH and WIDE_ROWS unset, the write launches the planner's kernel: kv_cache_write_wide
+    with PLANNED_WIDE_ROWS rows a lane (its grid) for static scales on aligned arrays, kv_cache_write
+    for dynamic scales, a head_dim that 16 does not divide and x off 16-byte alignment."""
+    cupy = _cupy()
+    monkeypatch.setattr(kvc, "WRITE_PATH", None)
+    monkeypatch.setattr(kvc, "WIDE_ROWS", None)
+
+    def launched(key, value, kc, **kw):
+        kw = kw or dict(scale_k=0.5, scale_v=0.25)
+        slots = cupy.arange(key.shape[0], dtype=np.int64)
+        with _launch.recording() as rec:
+            cq.quantize_kv_cache(key, value, kc, kc.copy(), slots, **kw)
+        [(name, grid)] = [(r[0].name, r[1]) for r in rec if r[5] is not None]
+        return name, grid
+
+    key, value, _, _ = _fused_views(cupy, 300, 8, 128, BF16, 11)
+    kc = cupy.zeros((19, 16, 8, 128), np.uint8)
+    name, grid = launched(key, value, kc)
+    assert "write_wide" in name, name
+    rows_per_block = (256 // 8) * kvc.PLANNED_WIDE_ROWS  # teams of 8 lanes at head_dim 128
+    assert tuple(grid)[:2] == (-(-300 * 8 // rows_per_block), 2), grid
+    sc = cq.empty_kv_scale_cache(kc)
+    name, _ = launched(key, value, kc, scale_k="dynamic", scale_v="dynamic", key_scale_cache=sc,
+                       value_scale_cache=cq.empty_kv_scale_cache(kc))  # fmt: skip
+    assert "write_wide" not in name and "kv_cache_write" in name, name
+    k72, v72, _, _ = _fused_views(cupy, 40, 2, 72, BF16, 12)
+    name, _ = launched(k72, v72, cupy.zeros((3, 16, 2, 72), np.uint8))
+    assert "write_wide" not in name and "kv_cache_write" in name, name
+    base = cupy.zeros(40 * 2 * 64 + 4, dtype=BF16)
+    off = base[4:].reshape(40, 2, 64)  # 8 bytes off 16-byte alignment
+    name, _ = launched(off, off, cupy.zeros((3, 16, 2, 64), np.uint8))
+    assert "write_wide" not in name and "kv_cache_write" in name, name
 
 
 def _special_rows(in_dtype, fmt, scale):
