@@ -561,14 +561,15 @@ def test_silu_planner_and_override(monkeypatch):
     and the per-element one above; SILU_PATH changes the kernel of the same call signature between
     calls (part of the plan's key), the bytes identical; a bad value raises ValueError naming the
     knob."""
-    from cupyquant import _jit
+    from cupyquant import _dtypes, _jit
 
     few = groupwise._SILU_BATCHED_ROWS
     BF16, fmt = ml_dtypes.bfloat16, "float8_e4m3fn"
     device = cupy.cuda.Device().id
+    targs = (_dtypes.input_type(BF16).ctype, _dtypes.element_format(fmt).ctag, True)
 
     def want(batched):
-        return _jit.kernel(device, groupwise.FAMILY, "silu_mul_quantize", "__nv_bfloat16", "E4M3", True, batched)
+        return _jit.kernel(device, groupwise.FAMILY, "silu_mul_quantize", *targs, batched)
 
     def run(x):
         with _launch.recording() as rec:
