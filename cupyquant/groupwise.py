@@ -110,6 +110,30 @@ def _token_few(K: int, rows: int, path: str | None = None, units: int | None = N
     return None
 
 
+#: The fused SiLU*Mul quantizer's two ways to its float32 intermediate r, the same r bit for bit
+#: (kernels/groupwise.cu): "per_element" (silu_mul: rcp.rn's exponent test and branch around each
+#: element's reciprocal, so a thread's 16 elements run one after another) and "batched"
+#: (silu_mul16: one exponent test for the thread's 16 reciprocals, taken by ptxas's own rcp.rn fast
+#: path where every one of them allows it, and no branch between them).
+SILU_PATHS = ("per_element", "batched")
+#: Internal override of the SiLU*Mul planner, for tests and A/B timing: a name of SILU_PATHS, or None
+#: (the planner's choice, _silu_batched). Read at every call and part of the plan's key.
+SILU_PATH: str | None = None
+#: Up to this many rows the planner gives silu_mul_quantize the batched path. With few rows a call is
+#: its per-thread chain (one or two warps a scheduler), which the batched path shortens; with many,
+#: other warps hide the chain and the batched path's 4-blocks-an-SM register budget (54-64 registers
+#: against 46-48) costs occupancy.
+_SILU_BATCHED_ROWS = 128
+
+
+def _silu_batched(rows: int, path: str | None = None) -> bool:
+    """Whether silu_mul_quantize takes the batched path over ``rows`` rows: ``path`` if given (a
+    name of SILU_PATHS), else up to _SILU_BATCHED_ROWS rows."""
+    if path not in (None, *SILU_PATHS):
+        raise ValueError(f"groupwise.SILU_PATH must be one of {SILU_PATHS} or None, got {path!r}")
+    return rows <= _SILU_BATCHED_ROWS if path is None else path == "batched"
+
+
 _FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 FAMILY = _jit.register(
@@ -123,7 +147,7 @@ FAMILY = _jit.register(
     ]
     + _jit.product("token_quantize_few", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FEW_UNITS)
     + _jit.product("token_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
-    + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
     + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_PIECES, _BOOLS)
@@ -247,6 +271,7 @@ class _Plan:
         zp_out,
         token_path=None,
         few_units=None,
+        silu_path=None,
     ):
         if silu:
             if isinstance(x, cupy.ndarray) and x.ndim:
@@ -302,7 +327,8 @@ class _Plan:
         kernel, grid, block, mid = None, (), (), ()
         if silu and rows and K_out:
             vec = aligned and (K_out * x.itemsize) % VECTOR_BYTES == 0
-            kernel = _jit.kernel(device, FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec)
+            batched = _silu_batched(rows, silu_path)
+            kernel = _jit.kernel(device, FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec, batched)
             units = K_out // 16
             grid, block = grid2d(rows, units, quantize_threads(rows, units, _device.sm_count(device)))
             mid = (np.int64(rows), np.int32(K_out), np.int32(group_size))
@@ -353,7 +379,7 @@ def _quantize(
     key = (
         silu, _validate.array_key(x), dtype, group_size, type(group_size), scale_layout, scale_pow2, scale_dtype,
         _validate.scale_key(scale_ub), symmetric, type(symmetric), _validate.array_key(out),
-        _validate.array_key(scale_out), _validate.array_key(zp_out), TOKEN_PATH, TOKEN_FEW_UNITS,
+        _validate.array_key(scale_out), _validate.array_key(zp_out), TOKEN_PATH, TOKEN_FEW_UNITS, SILU_PATH,
     )  # fmt: skip
     plan = _PLANS.lookup(key)
     if plan is None:
@@ -361,7 +387,7 @@ def _quantize(
             key,
             _Plan(
                 x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric,
-                zp_out, TOKEN_PATH, TOKEN_FEW_UNITS,
+                zp_out, TOKEN_PATH, TOKEN_FEW_UNITS, SILU_PATH,
             ),
         )  # fmt: skip
     ub = scale_ub if type(scale_ub) is cupy.ndarray else None

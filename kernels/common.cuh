@@ -48,6 +48,42 @@ __device__ __forceinline__ float rcp_rn(float a) {  // 1 / a, correctly rounded 
     return r;
 }
 
+// rcp.rn.f32 as ptxas builds it (SASS for sm_80, sm_90, sm_100, sm_120): a test of a's exponent,
+// then for a normal a with |a| in [2^-126, 2^126) the fast path, MUFU.RCP and one Newton step by two
+// FMAs, and a call to a slow path for every other a (zero, subnormal, huge, inf, NaN). Each rcp_rn
+// is therefore a branch with its convergence barrier, and ptxas does not move a later value's
+// arithmetic across it: N reciprocals in a row run one after another. rcp_rn_n takes the test once
+// for N values. rcp_fast is that fast path, written out (rcp.approx.ftz.f32 is MUFU.RCP): equal to
+// rcp_rn(a) bit for bit wherever rcp_fast_ok(a) (all 2^32 inputs checked on the device:
+// tests/test_groupwise.py::test_rcp_fast_matches_rcp_rn_everywhere_it_is_taken).
+__device__ __forceinline__ unsigned rcp_fast_key(float a) {  // >= 2 << 23 iff a takes the fast path
+    return (__float_as_uint(a) + 0x01800000u) & 0x7f800000u;      // (exponent field + 3) mod 256
+}
+__device__ __forceinline__ bool rcp_fast_ok(float a) { return rcp_fast_key(a) >= 0x02000000u; }
+__device__ __forceinline__ float rcp_fast(float a) {
+    float r0, e, r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(a));
+    asm("fma.rn.f32 %0, %1, %2, 0fBF800000;" : "=f"(e) : "f"(a), "f"(r0));  // a * r0 - 1, exact
+    asm("{ .reg .f32 ne; neg.f32 ne, %1; fma.rn.f32 %0, %2, ne, %2; }" : "=f"(r) : "f"(e), "f"(r0));
+    return r;
+}
+
+// r[i] = rcp_rn(a[i]) for N values, bit for bit: one test of all N exponents, then N fast paths
+// without a branch between them (so their latencies overlap), or N rcp_rn where any value needs the
+// slow path.
+template <int N> __device__ __forceinline__ void rcp_rn_n(const float* a, float* r) {
+    unsigned key = rcp_fast_key(a[0]);
+#pragma unroll
+    for (int i = 1; i < N; ++i) key = min(key, rcp_fast_key(a[i]));
+    if (key >= 0x02000000u) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) r[i] = rcp_fast(a[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) r[i] = rcp_rn(a[i]);
+    }
+}
+
 __device__ __forceinline__ float add_rn(float a, float b) {
     float r;
     asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));

@@ -476,11 +476,28 @@ token_quantize_azp(const T* __restrict__ x, i64 x_row_stride, unsigned char* __r
 // ---------------------------------------------------------------- fused SiLU(gate) * up + group quantization
 // The one definition of the intermediate, shared by the fused kernel and the test kernel below:
 // e = expf(-gate) (CUDA's expf, within 2 ulp), then IEEE steps only.
-__device__ __forceinline__ float silu_mul_from_exp(float gate, float up, float e) {
-    const float sigmoid = rcp_rn(add_rn(1.0f, e));  // == 1.0f / (1.0f + e), correctly rounded
+__device__ __forceinline__ float silu_mul_from_sigmoid(float gate, float up, float sigmoid) {
     return mul_rn(mul_rn(gate, sigmoid), up);
 }
+__device__ __forceinline__ float silu_mul_from_exp(float gate, float up, float e) {
+    const float sigmoid = rcp_rn(add_rn(1.0f, e));  // == 1.0f / (1.0f + e), correctly rounded
+    return silu_mul_from_sigmoid(gate, up, sigmoid);
+}
 __device__ __forceinline__ float silu_mul(float gate, float up) { return silu_mul_from_exp(gate, up, expf(-gate)); }
+
+// silu_mul of 16 elements (g holds the gates and receives r), the same r bit for bit, the 16
+// reciprocals by rcp_rn_n: one exponent test for all 16 and no branch between them, so the 16 chains
+// of expf, reciprocal and products overlap. (silu_mul per element puts rcp_rn's branch and its
+// convergence barrier around each reciprocal, and ptxas issues the 16 chains one after another, about
+// 30 dependent instructions each with two MUFU latencies: sm_90 SASS.)
+__device__ __forceinline__ void silu_mul16(float* g, const float* up) {
+    float d[16], sigmoid[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) d[i] = add_rn(1.0f, expf(-g[i]));
+    rcp_rn_n<16>(d, sigmoid);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) g[i] = silu_mul_from_sigmoid(g[i], up[i], sigmoid[i]);
+}
 
 template <class F> struct SiluRule {
     static constexpr int CLAMP = CLAMP_HI;
@@ -491,9 +508,13 @@ template <> struct SiluRule<I8> {
     __device__ static float min_scale() { return 1.1920928955078125e-07f; }  // FLT_EPSILON
 };
 
-// Grid as group_quantize (16 outputs per thread), over the H output columns.
-template <typename T, class F, bool VEC>
-__global__ void __launch_bounds__(256)
+// Grid as group_quantize (16 outputs per thread), over the H output columns. RCP16: r by silu_mul16
+// (one exponent test a thread), else by silu_mul (a branch an element); the same bytes. RCP16 asks
+// for 4 blocks an SM (64 registers): with no minimum, ptxas holds it to 48 registers by issuing the
+// loads of `up` after the 16 expf, which puts a second memory latency on the thread's chain (sm_90
+// SASS; with the minimum, 54 registers and the four loads issued together).
+template <typename T, class F, bool VEC, bool RCP16>
+__global__ void __launch_bounds__(256, RCP16 ? 4 : 0)
 silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int H,
                   int group_size, ScaleArgs sa, unsigned* __restrict__ words) {
     sa.words = words;
@@ -510,8 +531,12 @@ silu_mul_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __re
         load8<T, VEC>(p + 8, r + 8);
         load8<T, VEC>(p + H, up);
         load8<T, VEC>(p + H + 8, up + 8);
+        if constexpr (RCP16) {
+            silu_mul16(r, up);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) r[i] = silu_mul(r[i], up[i]);
+            for (int i = 0; i < 16; ++i) r[i] = silu_mul(r[i], up[i]);
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < 16; ++i) r[i] = 0.0f;

@@ -83,6 +83,13 @@ def token_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=groupwise.SILU_PATHS)
+def silu_path(request, monkeypatch):
+    """The SiLU*Mul path forced for the whole test (groupwise.SILU_PATH)."""
+    monkeypatch.setattr(groupwise, "SILU_PATH", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("pow2", [False, True])
 @pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)
@@ -456,7 +463,7 @@ def check_intermediate(xh, r, e):
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_silu_mul_quantize(in_dtype, fmt, group_size, layout):
+def test_silu_mul_quantize(in_dtype, fmt, group_size, layout, silu_path):
     shape = (11, 2 * 1024)
     xh = (heavy_tailed(shape, _seed(in_dtype, fmt, group_size, layout), np.float32) * 0.3).astype(in_dtype)
     x = cupy.asarray(xh)
@@ -471,15 +478,22 @@ def test_silu_mul_quantize(in_dtype, fmt, group_size, layout):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_silu_mul_scale_ub_and_specials(fmt):
+def test_silu_mul_scale_ub_and_specials(fmt, silu_path):
+    """Specials, and gates whose 1 + expf(-gate) leaves rcp.rn's fast path (>= 2^126, inf, NaN: the
+    batched path's exact fallback for the whole 16 elements of a thread) next to elements that do
+    not, against the reference quantization of the device's own intermediate."""
     H = 256
     rng = np.random.default_rng(5)
-    xh = rng.standard_normal((6, 2 * H)).astype(np.float32) * 4
+    xh = rng.standard_normal((8, 2 * H)).astype(np.float32) * 4
     xh[1, :H] = 0  # silu(0) = 0: an all-zero group, the minimum scale
     xh[2, 5] = 100.0  # a large gate
     xh[3, :3] = [-100.0, np.inf, -np.inf]
     xh[4, H + 7] = np.nan
     xh[5, :H] = 1e-42  # subnormal gates
+    xh[6, 17] = np.nan  # a NaN gate: 1 + e is NaN
+    xh[6, 40] = -87.4  # 1 + expf(87.4) just past 2^126
+    xh[6, 41] = -87.3  # and just below
+    xh[7, 16:32] = np.linspace(-90.0, -85.0, 16)  # one thread's 16 across the boundary
     x = cupy.asarray(xh)
     r, e = (a.get() for a in groupwise._silu_mul_intermediate(x))
     check_intermediate(xh, r, e)
@@ -490,7 +504,7 @@ def test_silu_mul_scale_ub_and_specials(fmt):
         check(q, eq, es, "col")
 
 
-def test_silu_mul_3d_and_odd_rows():
+def test_silu_mul_3d_and_odd_rows(silu_path):
     xh = heavy_tailed((3, 7, 2 * 384), 21, ml_dtypes.bfloat16)
     x = cupy.asarray(xh)
     q = cq.silu_mul_quantize(x, "float8_e4m3fn", group_size=128, scale_layout="col")
@@ -540,6 +554,114 @@ def test_group_quantizers_block_threads(op, monkeypatch):
         assert_bits_equal(q256.data, q.data, f"{op} {rows} rows, codes at 256 threads")
         assert_bits_equal(q256.scale, q.scale, f"{op} {rows} rows, scales at 256 threads")
     _plans.clear()
+
+
+def test_silu_planner_and_override(monkeypatch):
+    """Unforced, silu_mul_quantize launches the batched instantiation up to _SILU_BATCHED_ROWS rows
+    and the per-element one above; SILU_PATH changes the kernel of the same call signature between
+    calls (part of the plan's key), the bytes identical; a bad value raises ValueError naming the
+    knob."""
+    from cupyquant import _dtypes, _jit
+
+    few = groupwise._SILU_BATCHED_ROWS
+    BF16, fmt = ml_dtypes.bfloat16, "float8_e4m3fn"
+    device = cupy.cuda.Device().id
+    targs = (_dtypes.input_type(BF16).ctype, _dtypes.element_format(fmt).ctag, True)
+
+    def want(batched):
+        return _jit.kernel(device, groupwise.FAMILY, "silu_mul_quantize", *targs, batched)
+
+    def run(x):
+        with _launch.recording() as rec:
+            q = cq.silu_mul_quantize(x, fmt)
+        [k] = [r[0] for r in rec if r[5] is not None]
+        return q, k
+
+    for rows in (1, few, few + 1):
+        xh = heavy_tailed((rows, 2 * 1024), _seed("silu planner", rows), BF16)
+        x = cupy.asarray(xh)
+        eq, es = ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), fmt, group_size=128)
+        assert groupwise._silu_batched(rows) == (rows <= few)
+        got = {}
+        for path in (None, *groupwise.SILU_PATHS):
+            monkeypatch.setattr(groupwise, "SILU_PATH", path)
+            q, k = run(x)
+            batched = rows <= few if path is None else path == "batched"
+            assert k is want(batched), (rows, path, k.name)
+            check(q, eq, es, "row")
+            got[path] = q
+        assert_bits_equal(got["batched"].data, got["per_element"].data, f"{rows} rows, codes of the two paths")
+    monkeypatch.setattr(groupwise, "SILU_PATH", "fast")
+    with pytest.raises(ValueError, match="SILU_PATH"):
+        cq.silu_mul_quantize(x, fmt)
+
+
+_RCP_SWEEP = r"""
+// counts[0]: inputs that take rcp.rn's fast path (rcp_fast_ok); counts[1]: of them, those whose
+// rcp_fast differs from rcp_rn in any bit.
+extern "C" __global__ void rcp_sweep(unsigned long long* counts) {
+    unsigned long long fast = 0, bad = 0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < (1ull << 32);
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float a = __uint_as_float((unsigned)i);
+        if (cq::rcp_fast_ok(a)) {
+            ++fast;
+            bad += __float_as_uint(cq::rcp_fast(a)) != __float_as_uint(cq::rcp_rn(a));
+        }
+    }
+    atomicAdd(counts, fast);
+    atomicAdd(counts + 1, bad);
+}
+// rcp_rn_n<16> on the 16 values of thread t, and rcp_rn on each
+extern "C" __global__ void rcp_n(const float* a, float* r16, float* r1, int n) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    cq::rcp_rn_n<16>(a + 16 * t, r16 + 16 * t);
+    for (int i = 0; i < 16; ++i) r1[16 * t + i] = cq::rcp_rn(a[16 * t + i]);
+}
+"""
+
+
+def test_rcp_fast_matches_rcp_rn_everywhere_it_is_taken():
+    """rcp_fast (common.cuh: MUFU.RCP and one Newton step, ptxas's own rcp.rn.f32 fast path) equals
+    rcp_rn bit for bit for every one of the 2^32 float32 inputs that rcp_fast_ok admits, which are
+    exactly the normal values with |a| in [2^-126, 2^126); rcp_rn_n<16> equals rcp_rn on each value,
+    with and without values outside that range among the 16."""
+    from cupyquant import _jit
+
+    src = "#include <cuda_fp8.h>\n" + (_jit.kernel_dir() / "common.cuh").read_text() + _RCP_SWEEP
+    mod = cupy.RawModule(code=src, options=_jit.options())
+    counts = cupy.zeros(2, np.uint64)
+    mod.get_function("rcp_sweep")((4096,), (256,), (counts,))
+    fast, bad = (int(c) for c in counts.get())
+    assert fast == 2 * 252 * (1 << 23), fast  # both signs, exponent fields 1..252, every mantissa
+    assert bad == 0, f"rcp_fast differs from rcp_rn on {bad} inputs"
+
+    rng = np.random.default_rng(3)
+    n = 4096
+    a = (rng.standard_normal(16 * n) * np.exp(rng.uniform(-80, 80, 16 * n))).astype(np.float32)
+    odd = np.array(
+        [
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-45,
+            2.0**-126,
+            2.0**126,
+            -(2.0**126),
+            np.nextafter(2.0**126, 0),
+            3.4e38,
+            np.inf,
+            -np.inf,
+            np.nan,
+        ],
+        np.float32,
+    )
+    a[: 16 * len(odd) : 16] = odd  # one out-of-range value among 15 ordinary ones ...
+    a[16 * len(odd) : 32 * len(odd)] = np.repeat(odd, 16)[: 16 * len(odd)]  # ... and threads of them
+    r16, r1 = cupy.empty(16 * n, np.float32), cupy.empty(16 * n, np.float32)
+    mod.get_function("rcp_n")((n // 128,), (128,), (cupy.asarray(a), r16, r1, np.int32(n)))
+    assert_bits_equal(r16.get(), r1.get(), "rcp_rn_n<16> against rcp_rn")
 
 
 # ------------------------------------------------------------------ dequantization
@@ -827,7 +949,14 @@ def test_div_by_matches_ieee_division_sampled():
 # ------------------------------------------------------------------ programmatic dependent launch
 @pytest.mark.parametrize(
     "case",
-    ["fp8-g128", "fp8-token-few-scale_ub-device", "fp8-token-regs-scale_ub-device", "int8-token-azp", "silu-fp8-g128"],
+    [
+        "fp8-g128",
+        "fp8-token-few-scale_ub-device",
+        "fp8-token-regs-scale_ub-device",
+        "int8-token-azp",
+        "silu-per_element-fp8-g128",
+        "silu-batched-fp8-g128",
+    ],
 )
 def test_pdl_each_kernel_waits_for_the_kernel_before(case, monkeypatch):
     """With PDL (compute capability 9.0+), rounds of new inputs (x, and the device scale_ub), each
@@ -836,7 +965,7 @@ def test_pdl_each_kernel_waits_for_the_kernel_before(case, monkeypatch):
     of the device's own intermediate, as test_silu_mul_quantize) are bit for bit the reference of
     each round, in a stream and replayed from a CUDA graph. The group case writes into the same out=
     and scale_out= buffers every round; the per-token FP8 cases force each per-token kernel
-    (token_quantize_few, token_quantize_regs)."""
+    (token_quantize_few, token_quantize_regs), the SiLU*Mul cases each path (groupwise.SILU_PATH)."""
     require_arch("pdl")
     R, BF16 = 4, ml_dtypes.bfloat16
     silu = case.startswith("silu")
@@ -882,6 +1011,7 @@ def test_pdl_each_kernel_waits_for_the_kernel_before(case, monkeypatch):
             eq, es, ez = ref.quantize_groupwise(xs[r], "int8", group_size=None, symmetric=False)
             return [eq, es, ez, ref.dequantize_groupwise(eq, es, "int8", np.float32, zero_point=ez)]
     else:
+        monkeypatch.setattr(groupwise, "SILU_PATH", case.split("-")[1])
         names = ["q", "scales"]
         intermediates = [groupwise._silu_mul_intermediate(cupy.asarray(a))[0].get() for a in xs]
 

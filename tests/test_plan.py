@@ -573,6 +573,20 @@ def test_group_quantize_threads():
     assert groupwise.grid2d(16, 8, 128) == ((1, 1), (8, 16))
 
 
+def test_silu_path_planner():
+    """silu_mul_quantize takes the batched path up to _SILU_BATCHED_ROWS rows, the per-element one
+    above; SILU_PATH overrides at any size; a bad value raises ValueError naming the knob."""
+    from cupyquant import groupwise
+
+    few = groupwise._SILU_BATCHED_ROWS
+    b = groupwise._silu_batched
+    assert b(1) and b(16) and b(few) and not b(few + 1) and not b(1 << 20)
+    assert b(1 << 20, "batched") and not b(1, "per_element")
+    for bad in ("fast", True, 1):
+        with pytest.raises(ValueError, match="SILU_PATH"):
+            b(1, bad)
+
+
 def test_dequant_geometry_planner():
     """The 8-bit dequantizers take "flat16" where the codes and the output are 8- and 16-byte
     aligned and its grid (4096 elements a block) has FLAT_FROM_BLOCKS_PER_SM blocks per SM: on 132
