@@ -122,6 +122,52 @@ template <int NB> __device__ __forceinline__ void store_bytes(unsigned char* __r
     }
 }
 
+// ---------------------------------------------------------------- a row's loads
+// The lane's units of `row` (unit v at element (v * threads + t) * 8), as T's bits, zero past H and
+// where !valid: z = x, or z = round_T(x + residual) stored back into the residual. Both kernels call
+// it right after pdl_wait_then_release() and the weight's prefetch or staging, then unit_sums (the
+// lead kernel with its scalars in between, where ptxas keeps 40 registers).
+template <typename T, int UNITS>
+__device__ __forceinline__ void load_row(const T* __restrict__ x, T* __restrict__ residual, const NormArgs& a, i64 row,
+                                         int t, int threads, bool valid, bool vec, uint4 (&z)[UNITS][Unit<T>::LOADS]) {
+    constexpr int L = Unit<T>::LOADS;
+    const int H = a.H;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
+            if (residual != nullptr) {
+                uint4 r[L];
+                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
+                float fz[8], fr[8];
+                unpack_unit<T>(z[v], fz);
+                unpack_unit<T>(r, fr);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
+                pack_unit<T>(fz, z[v]);
+                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// Each unit's sum of squares, left to right: p = z_0 * z_0, then p = p + z_i * z_i (no FMA).
+template <typename T, int UNITS>
+__device__ __forceinline__ void unit_sums(const uint4 (&z)[UNITS][Unit<T>::LOADS], float (&p)[UNITS]) {
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        float f[8];
+        unpack_unit<T>(z[v], f);
+        p[v] = mul_rn(f[0], f[0]);
+#pragma unroll
+        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
+    }
+}
+
 // ---------------------------------------------------------------- team reductions
 static constexpr int NORM_BLOCK_MAX = 1024;  // threads of the widest team (32 warps)
 // Row bytes a lane holds: 32 (8 registers), so that a thread needs 40 registers and an SM runs 1536
@@ -187,38 +233,11 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
 
     // z in registers, as T's bits
     uint4 z[UNITS][L];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
-            if (residual != nullptr) {
-                uint4 r[L];
-                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
-                float fz[8], fr[8];
-                unpack_unit<T>(z[v], fz);
-                unpack_unit<T>(r, fr);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
-                pack_unit<T>(fz, z[v]);
-                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
-            }
-        } else {
-#pragma unroll
-            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    load_row<T, UNITS>(x, residual, a, row, t, threads, valid, vec, z);
 
     // the sum of squares: unit sums, then the tree over lanes, warps and slots
     float p[UNITS];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        float f[8];
-        unpack_unit<T>(z[v], f);
-        p[v] = mul_rn(f[0], f[0]);
-#pragma unroll
-        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
-    }
+    unit_sums<T, UNITS>(z, p);
 #pragma unroll
     for (int o = 1; o < 32; o *= 2)
 #pragma unroll
@@ -483,27 +502,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
 
     // z in registers, as T's bits
     uint4 z[UNITS][L];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
-            if (residual != nullptr) {
-                uint4 r[L];
-                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
-                float fz[8], fr[8];
-                unpack_unit<T>(z[v], fz);
-                unpack_unit<T>(r, fr);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
-                pack_unit<T>(fz, z[v]);
-                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
-            }
-        } else {
-#pragma unroll
-            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    load_row<T, UNITS>(x, residual, a, row, t, threads, valid, vec, z);
 
     // the scalars derived from the caller's, off the norm's chain
     float tensor_scale = 0.0f;
@@ -512,14 +511,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
 
     // the sum of squares: unit sums, then one tree over the lanes for both slots
     float p[UNITS];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        float f[8];
-        unpack_unit<T>(z[v], f);
-        p[v] = mul_rn(f[0], f[0]);
-#pragma unroll
-        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
-    }
+    unit_sums<T, UNITS>(z, p);
     float s;  // UNITS == 2: even lanes slot 0's warp sum, odd lanes slot 1's; UNITS == 1: the warp sum
     if constexpr (UNITS == 2) {
         const bool odd = (lane & 1) != 0;
