@@ -32,6 +32,8 @@
 // rms_norm_quantize_lead (per-token and per-tensor scales; below the first), which computes them
 // once a row (cupyquant.norm picks by scheme; _forced_path forces either). Both give the same bytes
 // with any team.
+// OCC: the register bound of both kernels (see NORM_REG_BYTES), an instantiation each
+// (cupyquant.norm._Path.occupancy).
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load, store, prefetch or copy, so that the wrappers may launch it with programmatic dependent launch.
 
@@ -174,6 +176,12 @@ static constexpr int NORM_BLOCK_MAX = 1024;  // threads of the widest team (32 w
 // threads. H100, bf16 with a residual, per-token FP8: 16384 x 8192 in 322 us at 32 bytes a lane, 344 at 64
 // (60 registers), 416 at 128 (64 registers and spills).
 static constexpr int NORM_REG_BYTES = 32;
+// OCC, a template argument of both kernels: blocks of NORM_BLOCK_MAX threads that an SM must hold
+// (__launch_bounds__). 1: ptxas may use 64 registers a thread; the 16-bit instances take 36-52
+// (sm_90), so an SM holds 3 rows of 8192 bf16 on 16 warps (40 registers), 2 at 47-52 (the lead
+// kernel's per-tensor tail, the MX tails). 2: at most 32 registers a thread, 2048 threads an SM:
+// 4 rows of 8192 on 16 warps, 8 rows of 4096 on 8, the row's loads of 2 to 4 rows more in flight
+// an SM; ptxas spills 4-32 bytes a thread in the 16-bit instances (to local memory, in L1).
 
 // The pairwise tree over the team's `warps` warp values (lowest index bit first), given in
 // vals[0 .. warps): lane k of every warp takes value k (0 past warps) and xor shuffles add them; the
@@ -206,8 +214,8 @@ template <class F> __device__ __forceinline__ void block_codes8(const float* v, 
 // ---------------------------------------------------------------- the kernel
 // Blocks of max(256, team) threads; every thread of a block reaches each __syncthreads (rows past
 // the grid's take part with zeros).
-template <typename T, int SCHEME, class F>
-__global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
+template <typename T, int SCHEME, class F, int OCC>
+__global__ void __launch_bounds__(NORM_BLOCK_MAX, OCC)
 rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
                   T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
                   ScaleArgs sa) {
@@ -451,8 +459,8 @@ __device__ __forceinline__ float rms_inv(float ss, const NormArgs& a) {
     return rcp_rn(sqrt_rn(add_rn(mean, a.eps)));
 }
 
-template <typename T, int SCHEME, class F>
-__global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
+template <typename T, int SCHEME, class F, int OCC>
+__global__ void __launch_bounds__(NORM_BLOCK_MAX, OCC)
 rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
                        T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
                        ScaleArgs sa) {
