@@ -62,10 +62,16 @@ _KERNELS = {"lead": "rms_norm_quantize_lead", "block": "rms_norm_quantize"}
 #: and 8192; for the group, MX and NVFP4 scales, whose scalars need no exchange between a team's
 #: warps, a lead kernel measured 0.94-1.03x, so those schemes keep rms_norm_quantize only.
 _LEAD_SCHEMES = ("token", "tensor")
+#: The kernels' register bound (rms_norm.cu OCC): blocks of 1024 threads an SM must hold. 1: up to
+#: 64 registers a thread (36-52 in the 16-bit instances: 2 or 3 rows of 8192 bf16 an SM); 2: at most
+#: 32, so an SM holds 2048 threads (4 rows of 8192, 8 of 4096), with 4-32 bytes a thread spilled.
+#: Plans take _OCCUPANCY[0] unless _Path.occupancy says otherwise.
+_OCCUPANCY = (1, 2)
 FAMILY = _jit.register(
     "rms_norm",
     [
-        _jit.expr(name, t, _SCHEME_ID[s], _dtypes.element_format(f).ctag)
+        _jit.expr(name, t, _SCHEME_ID[s], _dtypes.element_format(f).ctag, occ)
+        for occ in _OCCUPANCY
         for kernel, name in _KERNELS.items()
         for s, formats in _FORMATS.items()
         if kernel == "block" or s in _LEAD_SCHEMES
@@ -82,12 +88,14 @@ class _Path:
     _LEAD_SCHEMES, else "block"; schemes outside _LEAD_SCHEMES take "block" whatever it is); ``teams``: "fill" (_fill_team) or "few" (_few_team);
     ``weight``: "async" (rms_norm_quantize_lead stages the weight
     in shared memory by cp.async on the vector path) or "prefetch" (prefetch.global.L1, then loads);
-    ``warps``: a team size that replaces the rule's where it holds the row (None: the rule's)."""
+    ``warps``: a team size that replaces the rule's where it holds the row (None: the rule's);
+    ``occupancy``: the kernels' register bound, one of _OCCUPANCY (None: _OCCUPANCY[0])."""
 
     kernel: str | None = None
     teams: str = "fill"
     weight: str = "async"
     warps: int | None = None
+    occupancy: int | None = None
 
 
 #: The path of new plans (_forced_path changes it).
@@ -107,6 +115,8 @@ def _forced_path(**changes):
         raise ValueError(f"unknown path {new}")
     if new.warps is not None and new.warps not in _WARPS:
         raise ValueError(f"warps must be one of {_WARPS}, got {new.warps}")
+    if new.occupancy is not None and (type(new.occupancy) is not int or new.occupancy not in _OCCUPANCY):
+        raise ValueError(f"occupancy must be None or one of {_OCCUPANCY}, got {new.occupancy!r}")
     saved, _PATH = _PATH, new
     try:
         yield
@@ -332,7 +342,8 @@ class _Plan:
                 and (out is None or out.data.ptr % 8 == 0)
             )
             name = _KERNELS[path.kernel]
-            kernel = _jit.kernel(device, FAMILY, name, in_t.ctype, _SCHEME_ID[scheme], fmt.ctag)
+            occ = path.occupancy or _OCCUPANCY[0]
+            kernel = _jit.kernel(device, FAMILY, name, in_t.ctype, _SCHEME_ID[scheme], fmt.ctag, occ)
             threads = 32 * warps
             # the weight staged by cp.async: 16-byte words, the lead kernel only
             w_async = vec and path.kernel == "lead" and path.weight == "async"

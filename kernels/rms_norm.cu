@@ -32,6 +32,8 @@
 // rms_norm_quantize_lead (per-token and per-tensor scales; below the first), which computes them
 // once a row (cupyquant.norm picks by scheme; _forced_path forces either). Both give the same bytes
 // with any team.
+// OCC: the register bound of both kernels (see NORM_REG_BYTES), an instantiation each
+// (cupyquant.norm._Path.occupancy).
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load, store, prefetch or copy, so that the wrappers may launch it with programmatic dependent launch.
 
@@ -122,12 +124,64 @@ template <int NB> __device__ __forceinline__ void store_bytes(unsigned char* __r
     }
 }
 
+// ---------------------------------------------------------------- a row's loads
+// The lane's units of `row` (unit v at element (v * threads + t) * 8), as T's bits, zero past H and
+// where !valid: z = x, or z = round_T(x + residual) stored back into the residual. Both kernels call
+// it right after pdl_wait_then_release() and the weight's prefetch or staging, then unit_sums (the
+// lead kernel with its scalars in between, where ptxas keeps 40 registers).
+template <typename T, int UNITS>
+__device__ __forceinline__ void load_row(const T* __restrict__ x, T* __restrict__ residual, const NormArgs& a, i64 row,
+                                         int t, int threads, bool valid, bool vec, uint4 (&z)[UNITS][Unit<T>::LOADS]) {
+    constexpr int L = Unit<T>::LOADS;
+    const int H = a.H;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
+            if (residual != nullptr) {
+                uint4 r[L];
+                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
+                float fz[8], fr[8];
+                unpack_unit<T>(z[v], fz);
+                unpack_unit<T>(r, fr);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
+                pack_unit<T>(fz, z[v]);
+                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// Each unit's sum of squares, left to right: p = z_0 * z_0, then p = p + z_i * z_i (no FMA).
+template <typename T, int UNITS>
+__device__ __forceinline__ void unit_sums(const uint4 (&z)[UNITS][Unit<T>::LOADS], float (&p)[UNITS]) {
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        float f[8];
+        unpack_unit<T>(z[v], f);
+        p[v] = mul_rn(f[0], f[0]);
+#pragma unroll
+        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
+    }
+}
+
 // ---------------------------------------------------------------- team reductions
 static constexpr int NORM_BLOCK_MAX = 1024;  // threads of the widest team (32 warps)
 // Row bytes a lane holds: 32 (8 registers), so that a thread needs 40 registers and an SM runs 1536
 // threads. H100, bf16 with a residual, per-token FP8: 16384 x 8192 in 322 us at 32 bytes a lane, 344 at 64
 // (60 registers), 416 at 128 (64 registers and spills).
 static constexpr int NORM_REG_BYTES = 32;
+// OCC, a template argument of both kernels: blocks of NORM_BLOCK_MAX threads that an SM must hold
+// (__launch_bounds__). 1: ptxas may use 64 registers a thread; the 16-bit instances take 36-52
+// (sm_90), so an SM holds 3 rows of 8192 bf16 on 16 warps (40 registers), 2 at 47-52 (the lead
+// kernel's per-tensor tail, the MX tails). 2: at most 32 registers a thread, 2048 threads an SM:
+// 4 rows of 8192 on 16 warps, 8 rows of 4096 on 8, the row's loads of 2 to 4 rows more in flight
+// an SM; ptxas spills 4-32 bytes a thread in the 16-bit instances (to local memory, in L1).
 
 // The pairwise tree over the team's `warps` warp values (lowest index bit first), given in
 // vals[0 .. warps): lane k of every warp takes value k (0 past warps) and xor shuffles add them; the
@@ -160,8 +214,8 @@ template <class F> __device__ __forceinline__ void block_codes8(const float* v, 
 // ---------------------------------------------------------------- the kernel
 // Blocks of max(256, team) threads; every thread of a block reaches each __syncthreads (rows past
 // the grid's take part with zeros).
-template <typename T, int SCHEME, class F>
-__global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
+template <typename T, int SCHEME, class F, int OCC>
+__global__ void __launch_bounds__(NORM_BLOCK_MAX, OCC)
 rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
                   T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
                   ScaleArgs sa) {
@@ -187,38 +241,11 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
 
     // z in registers, as T's bits
     uint4 z[UNITS][L];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
-            if (residual != nullptr) {
-                uint4 r[L];
-                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
-                float fz[8], fr[8];
-                unpack_unit<T>(z[v], fz);
-                unpack_unit<T>(r, fr);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
-                pack_unit<T>(fz, z[v]);
-                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
-            }
-        } else {
-#pragma unroll
-            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    load_row<T, UNITS>(x, residual, a, row, t, threads, valid, vec, z);
 
     // the sum of squares: unit sums, then the tree over lanes, warps and slots
     float p[UNITS];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        float f[8];
-        unpack_unit<T>(z[v], f);
-        p[v] = mul_rn(f[0], f[0]);
-#pragma unroll
-        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
-    }
+    unit_sums<T, UNITS>(z, p);
 #pragma unroll
     for (int o = 1; o < 32; o *= 2)
 #pragma unroll
@@ -432,8 +459,8 @@ __device__ __forceinline__ float rms_inv(float ss, const NormArgs& a) {
     return rcp_rn(sqrt_rn(add_rn(mean, a.eps)));
 }
 
-template <typename T, int SCHEME, class F>
-__global__ void __launch_bounds__(NORM_BLOCK_MAX, 1)
+template <typename T, int SCHEME, class F, int OCC>
+__global__ void __launch_bounds__(NORM_BLOCK_MAX, OCC)
 rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ weight,
                        T* __restrict__ y_out, unsigned char* __restrict__ q, unsigned* __restrict__ scales, NormArgs a,
                        ScaleArgs sa) {
@@ -483,27 +510,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
 
     // z in registers, as T's bits
     uint4 z[UNITS][L];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            load_unit<T>(x + row * a.x_stride + c, H - c, z[v], vec);
-            if (residual != nullptr) {
-                uint4 r[L];
-                load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
-                float fz[8], fr[8];
-                unpack_unit<T>(z[v], fz);
-                unpack_unit<T>(r, fr);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
-                pack_unit<T>(fz, z[v]);
-                store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
-            }
-        } else {
-#pragma unroll
-            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    load_row<T, UNITS>(x, residual, a, row, t, threads, valid, vec, z);
 
     // the scalars derived from the caller's, off the norm's chain
     float tensor_scale = 0.0f;
@@ -512,14 +519,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
 
     // the sum of squares: unit sums, then one tree over the lanes for both slots
     float p[UNITS];
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        float f[8];
-        unpack_unit<T>(z[v], f);
-        p[v] = mul_rn(f[0], f[0]);
-#pragma unroll
-        for (int i = 1; i < 8; ++i) p[v] = add_rn(p[v], mul_rn(f[i], f[i]));
-    }
+    unit_sums<T, UNITS>(z, p);
     float s;  // UNITS == 2: even lanes slot 0's warp sum, odd lanes slot 1's; UNITS == 1: the warp sum
     if constexpr (UNITS == 2) {
         const bool odd = (lane & 1) != 0;

@@ -206,41 +206,47 @@ ISSUE_SHAPES = [(M, H) for M in (1, 3, 128) for H in (64, 128, 2048, 4096, 5120,
 ISSUE_SHAPES += [(4096, 64), (4096, 128), (4096, 2048), (4096, 8192)]
 
 
+@pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize("M,H", ISSUE_SHAPES)
-def test_inference_shapes(M, H):
-    """The inference sizes: bf16 with a residual, each shape under two schemes in turn."""
+def test_inference_shapes(M, H, occupancy):
+    """The inference sizes: bf16 with a residual, each shape under two schemes in turn, at either
+    register bound of the kernels."""
     i = _seed(H, M)
     xh, wh, rh, y, z = _inputs((M, H), BF16, True, i)
     for k in range(2 if M < 4096 else 1):
         scheme, fmt, kw = SHAPE_CASES[(i + k) % len(SHAPE_CASES)]
         if M == 4096 and H == 8192:
             scheme, fmt, kw = CASES[0]
-        run_case(xh, wh, rh.copy(), y, z, scheme, fmt, kw)
+        with norm._forced_path(occupancy=occupancy):
+            run_case(xh, wh, rh.copy(), y, z, scheme, fmt, kw)
 
 
+@pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize("kernel", list(norm._KERNELS))
 @pytest.mark.parametrize("in_dtype", [np.float32, BF16], ids=_id)
 @pytest.mark.parametrize("M", [5, 300])
 @pytest.mark.parametrize("warps", norm._WARPS)
-def test_every_team(warps, M, in_dtype, kernel):
+def test_every_team(warps, M, in_dtype, kernel, occupancy):
     """Rows at the longest a team holds and one unit past it: the sum of squares has one order
-    whatever the team, so every team gives the reference's bytes."""
+    whatever the team, so every team gives the reference's bytes, at either register bound."""
     longest = norm._row_max(np.dtype(in_dtype).itemsize, warps)
     for H in (longest, longest + 8) if warps < norm._WARPS[-1] else (longest,):
         xh, wh, rh, y, z = _inputs((M, H), in_dtype, True, _seed(warps, M, in_dtype, H))
-        with norm._forced_path(kernel=kernel, warps=warps):
+        with norm._forced_path(kernel=kernel, warps=warps, occupancy=occupancy):
             run_case(xh, wh, rh, y, z, "token", "float8_e4m3fn", {}, normalized=False)
 
 
 # ------------------------------------------------------------------ both kernels, both team rules
 #: norm._forced_path settings that the tests below run each case under: the block-synchronized
 #: kernel with either team rule, and the lead kernel with the fill rule, its weight staged in shared
-#: memory or prefetched.
+#: memory or prefetched; then both kernels at the 32-register bound (occupancy 2).
 PATHS = [
     {"kernel": "block", "teams": "few", "weight": "prefetch"},
     {"kernel": "block", "teams": "fill", "weight": "prefetch"},
     {"kernel": "lead", "teams": "fill", "weight": "async"},
     {"kernel": "lead", "teams": "fill", "weight": "prefetch"},
+    {"kernel": "block", "teams": "fill", "weight": "prefetch", "occupancy": 2},
+    {"kernel": "lead", "teams": "fill", "weight": "async", "occupancy": 2},
 ]
 PATH_ROWS = (1, 3, 16, 127, 128, 129)
 #: a unit, an odd size (the element path), one unit past 512 and 2048, the model sizes, one unit
@@ -289,10 +295,11 @@ def test_paths_many_rows(H, in_dtype, residual):
     run_paths(xh, wh, rh, y, z, _cases_for(H, seed))
 
 
+@pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize("weight", ["async", "prefetch"])
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 @pytest.mark.parametrize("warps", norm._WARPS)
-def test_lead_every_team(warps, in_dtype, weight):
+def test_lead_every_team(warps, in_dtype, weight, occupancy):
     """The lead kernel on each team size (forced) at the longest row it holds, half of it plus a
     unit (idle lanes, a slot left empty) and one unit, 129 rows (several rows to a block, a last
     block part full), for the schemes it takes: per token (a team exchange after the norm; FP8 and
@@ -302,7 +309,7 @@ def test_lead_every_team(warps, in_dtype, weight):
         seed = _seed(warps, in_dtype, H)
         xh, wh, rh, y, z = _inputs((129, H), in_dtype, True, seed)
         cases = [CASES[0], CASES[2], CASES[4], CASES[11], CASES[12]]
-        paths = [{"kernel": "lead", "warps": warps, "weight": weight}]
+        paths = [{"kernel": "lead", "warps": warps, "weight": weight, "occupancy": occupancy}]
         run_paths(xh, wh, rh, y, z, [c for c in cases if _case_ok(H, c[0], c[2])], paths)
 
 
@@ -314,19 +321,21 @@ def test_odd_h_on_the_element_path(H, in_dtype):
         run_case(xh, wh, rh, y, z, scheme, fmt, kw)
 
 
+@pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize("scheme,fmt,kw", [CASES[i] for i in (0, 7, 11, 15, 16)], ids=_id)
-def test_misaligned_and_strided_rows(scheme, fmt, kw):
+def test_misaligned_and_strided_rows(scheme, fmt, kw, occupancy):
     base = heavy_tailed((2, 3, 257), 11, BF16)
     x = cupy.asarray(base)[:, :, 1:]  # rows start 2 bytes past 16-byte alignment, row stride 257
     xh = base[:, :, 1:]
     wh = _weight(256, BF16, 3)
     rh = heavy_tailed(xh.shape, 12, BF16)
     y, z = ref.rms_norm(xh, wh, residual=rh)
-    run_case(xh, wh, rh, y, z, scheme, fmt, kw, x=x)
-    # strided rows (every other row of a larger array): 16-byte aligned, the vector path
-    big = heavy_tailed((8, 256), 13, BF16)
-    y, _ = ref.rms_norm(big[::2], wh)
-    run_case(big[::2], wh, None, y, None, scheme, fmt, kw, x=cupy.asarray(big)[::2])
+    with norm._forced_path(occupancy=occupancy):
+        run_case(xh, wh, rh, y, z, scheme, fmt, kw, x=x)
+        # strided rows (every other row of a larger array): 16-byte aligned, the vector path
+        big = heavy_tailed((8, 256), 13, BF16)
+        y, _ = ref.rms_norm(big[::2], wh)
+        run_case(big[::2], wh, None, y, None, scheme, fmt, kw, x=cupy.asarray(big)[::2])
 
 
 def _special_rows(dtype, H):
@@ -502,10 +511,11 @@ def test_empty_rows():
 
 
 # ------------------------------------------------------------------ programmatic dependent launch
+@pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize(
     "scheme, kernel", [("token", "lead"), ("token", "block"), ("group", "block"), ("nvfp4", "block")]
 )
-def test_pdl_the_kernel_waits_for_the_kernel_before(scheme, kernel):
+def test_pdl_the_kernel_waits_for_the_kernel_before(scheme, kernel, occupancy):
     """With PDL (compute capability 9.0+), rounds of new inputs (x, the residual, the weight, and
     NVFP4's device global scale), each written by a kernel that lets the fused kernel start at once
     (tests/_pdl.py): the quantized bytes and scales, the normalized output, and the residual written
@@ -542,7 +552,7 @@ def test_pdl_the_kernel_waits_for_the_kernel_before(scheme, kernel):
         eq, es, eg = ref.quantize_nvfp4(y, global_scale=gss[r][0])
         return [eq, es.reshape(-1), y, z, np.array([eg], np.float32)]
 
-    with norm._forced_path(kernel=kernel):
+    with norm._forced_path(kernel=kernel, occupancy=occupancy):
         check_rounds(
             step, inputs, sources, lambda r, got, where: assert_rounds_equal(got, want(r), names, f"{where} round {r}")
         )

@@ -12,7 +12,7 @@ import pytest
 
 import cupyquant as cq
 import cupyquant.weight
-from cupyquant import _block_scale, _device, _flat
+from cupyquant import _block_scale, _device, _flat, _jit
 from cupyquant._sizes import ceil_div
 from cupyquant.weight import decode, dispatch, sm90_gemm
 from cupyquant.weight.formats import weight_scheme
@@ -676,6 +676,16 @@ def test_norm_team_rules():
     with pytest.raises(ValueError, match="warps"):
         with norm._forced_path(warps=3):
             pass
+    for bad in (0, 3, "2", 2.0, True):
+        with pytest.raises(ValueError, match="occupancy"):
+            with norm._forced_path(occupancy=bad):
+                pass
+    with norm._forced_path(occupancy=2):  # part of the plan key: one process can A/B
+        assert norm._PATH == norm._Path(occupancy=2) != norm._Path()
+    exprs = _jit._FAMILIES["rms_norm"]
+    for occ in norm._OCCUPANCY:  # both kernels at each register bound
+        assert f"rms_norm_quantize_lead<__nv_bfloat16, 2, cq::E4M3, {occ}>" in exprs
+        assert f"rms_norm_quantize<__nv_bfloat16, 1, cq::E4M3, {occ}>" in exprs
     with norm._forced_path(kernel="block", teams="few"):
         assert norm._PATH == norm._Path("block", "few")
         with norm._forced_path(warps=4):
