@@ -49,6 +49,10 @@ WIDE_ROWS: int | None = None
 #: 256 threads per SM, 32 bytes of loads a lane); two rows take 48 (5 blocks per SM, 64 bytes a
 #: lane). kv_cache_write takes 42 (5 blocks per SM, 32 bytes a lane).
 PLANNED_WIDE_ROWS = 1
+#: The planner takes the wide kernel from this many (token, head) rows up. On an H200 (bf16, head_dim
+#: 128) it is 1.14-1.16x kv_cache_write from 32768 rows (4096 tokens x 8 heads) up, and 0.97x at 2048
+#: (2.10 us against 2.03), where a call is its launch and one row of work a lane.
+WIDE_FROM_ROWS = 8192
 #: The wide kernel's largest head_dim: one pass of 16 elements by each of at most 32 lanes.
 WIDE_MAX_HEAD_DIM = 32 * 16
 
@@ -217,18 +221,19 @@ def wide_applies(dynamic: bool, head_dim: int, x_aligned: bool, cache_ptrs) -> b
     )
 
 
-def write_path(applies: bool) -> tuple:
-    """(path, rows per lane) of a write: :data:`WRITE_PATH` where set, else the planner's ("wide"
-    wherever it applies); "units8" (rows None) where the wide kernel does not apply. A WRITE_PATH or
-    WIDE_ROWS that names no choice raises ValueError."""
-    forced, rows = WRITE_PATH, WIDE_ROWS
+def write_path(applies: bool, rows: int) -> tuple:
+    """(path, rows per lane) of a write of ``rows`` (token, head) rows: :data:`WRITE_PATH` where set,
+    else the planner's ("wide" where it applies from WIDE_FROM_ROWS rows up); "units8" (rows per
+    lane None) where the wide kernel does not apply. A WRITE_PATH or WIDE_ROWS that names no choice
+    raises ValueError."""
+    forced, lane_rows = WRITE_PATH, WIDE_ROWS
     if forced is not None and forced not in WRITE_PATHS:
         raise ValueError(f"kv_cache.WRITE_PATH must be one of {WRITE_PATHS} or None, got {forced!r}")
-    if rows is not None and (type(rows) is not int or rows not in WIDE_ROWS_CHOICES):
-        raise ValueError(f"kv_cache.WIDE_ROWS must be one of {WIDE_ROWS_CHOICES} or None, got {rows!r}")
-    if not applies or forced == "units8":
+    if lane_rows is not None and (type(lane_rows) is not int or lane_rows not in WIDE_ROWS_CHOICES):
+        raise ValueError(f"kv_cache.WIDE_ROWS must be one of {WIDE_ROWS_CHOICES} or None, got {lane_rows!r}")
+    if not applies or forced == "units8" or (forced is None and rows < WIDE_FROM_ROWS):
         return "units8", None
-    return "wide", PLANNED_WIDE_ROWS if rows is None else rows
+    return "wide", PLANNED_WIDE_ROWS if lane_rows is None else lane_rows
 
 
 class _WritePlan(NamedTuple):
@@ -297,7 +302,8 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         )
         and all(c.data.ptr % 8 == 0 for c in (key_cache, value_cache))
     )
-    path, wide_rows = write_path(wide_applies(sk.dynamic, head_dim, vec, (key_cache.data.ptr, value_cache.data.ptr)))
+    applies = wide_applies(sk.dynamic, head_dim, vec, (key_cache.data.ptr, value_cache.data.ptr))
+    path, wide_rows = write_path(applies, rows)
     if path == "wide":
         tpr_log2 = (head_dim // 16 - 1).bit_length()  # the fewest lanes with 16 elements each
     else:

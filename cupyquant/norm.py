@@ -65,8 +65,22 @@ _LEAD_SCHEMES = ("token", "tensor")
 #: The kernels' register bound (rms_norm.cu OCC): blocks of 1024 threads an SM must hold. 1: up to
 #: 64 registers a thread (36-52 in the 16-bit instances: 2 or 3 rows of 8192 bf16 an SM); 2: at most
 #: 32, so an SM holds 2048 threads (4 rows of 8192, 8 of 4096), with 4-32 bytes a thread spilled.
-#: Plans take _OCCUPANCY[0] unless _Path.occupancy says otherwise.
+#: Plans take _planned_occupancy's unless _Path.occupancy says otherwise.
 _OCCUPANCY = (1, 2)
+#: The schemes whose plans take occupancy 2 from _OCC2_FROM_ROWS_PER_SM rows per SM up (more rows
+#: than an SM holds at once at occupancy 1). On an H200 (bf16, FP8, with a residual) occupancy 2
+#: is 1.25-1.27x occupancy 1 for static per-tensor scales at 4096 and 16384 rows of 8192, 1.05-1.06x
+#: per token, 1.04x per group of 128, 1.00-1.07x at 4096 rows of 4096, and 0.97-1.01x at 1-128
+#: rows. MX and NVFP4 (48-52 registers at occupancy 1) were not measured at occupancy 2.
+_OCC2_SCHEMES = ("token", "tensor", "group")
+_OCC2_FROM_ROWS_PER_SM = 4
+
+
+def _planned_occupancy(scheme: str, rows: int, sms: int) -> int:
+    """The register bound of a plan of ``rows`` rows of ``scheme`` on ``sms`` SMs (rms_norm.cu OCC)."""
+    return 2 if scheme in _OCC2_SCHEMES and rows >= _OCC2_FROM_ROWS_PER_SM * sms else 1
+
+
 FAMILY = _jit.register(
     "rms_norm",
     [
@@ -89,7 +103,7 @@ class _Path:
     ``weight``: "async" (rms_norm_quantize_lead stages the weight
     in shared memory by cp.async on the vector path) or "prefetch" (prefetch.global.L1, then loads);
     ``warps``: a team size that replaces the rule's where it holds the row (None: the rule's);
-    ``occupancy``: the kernels' register bound, one of _OCCUPANCY (None: _OCCUPANCY[0])."""
+    ``occupancy``: the kernels' register bound, one of _OCCUPANCY (None: _planned_occupancy's)."""
 
     kernel: str | None = None
     teams: str = "fill"
@@ -342,7 +356,7 @@ class _Plan:
                 and (out is None or out.data.ptr % 8 == 0)
             )
             name = _KERNELS[path.kernel]
-            occ = path.occupancy or _OCCUPANCY[0]
+            occ = path.occupancy or _planned_occupancy(scheme, rows, _device.sm_count(device))
             kernel = _jit.kernel(device, FAMILY, name, in_t.ctype, _SCHEME_ID[scheme], fmt.ctag, occ)
             threads = 32 * warps
             # the weight staged by cp.async: 16-byte words, the lead kernel only

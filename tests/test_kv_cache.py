@@ -248,18 +248,20 @@ def test_write_planner_takes_the_wide_kernel_where_it_applies(monkeypatch):
         dict(cache_ptrs=(264, 4096)),
     ):
         assert not kvc.wide_applies(**dict(ok, **bad)), bad
-    assert kvc.write_path(True) == ("wide", kvc.PLANNED_WIDE_ROWS)
-    assert kvc.write_path(False) == ("units8", None)
+    many, few = kvc.WIDE_FROM_ROWS, kvc.WIDE_FROM_ROWS - 1
+    assert kvc.write_path(True, many) == ("wide", kvc.PLANNED_WIDE_ROWS)
+    assert kvc.write_path(True, few) == ("units8", None)
+    assert kvc.write_path(False, many) == ("units8", None)
     monkeypatch.setattr(kvc, "WIDE_ROWS", 2)
-    assert kvc.write_path(True) == ("wide", 2)
+    assert kvc.write_path(True, many) == ("wide", 2)
     monkeypatch.setattr(kvc, "WRITE_PATH", "units8")
-    assert kvc.write_path(True) == ("units8", None)
+    assert kvc.write_path(True, many) == ("units8", None)
     monkeypatch.setattr(kvc, "WRITE_PATH", "wide")
-    assert kvc.write_path(True) == ("wide", 2) and kvc.write_path(False) == ("units8", None)
+    assert kvc.write_path(True, 1) == ("wide", 2) and kvc.write_path(False, many) == ("units8", None)
     for knob, bad in (("WRITE_PATH", "narrow"), ("WIDE_ROWS", 3), ("WIDE_ROWS", True), ("WIDE_ROWS", 1.0)):
         monkeypatch.setattr(kvc, knob, bad)
         with pytest.raises(ValueError, match=f"^kv_cache.{knob}"):
-            kvc.write_path(True)
+            kvc.write_path(True, many)
         monkeypatch.undo()
     assert kvc.PLANNED_WIDE_ROWS in kvc.WIDE_ROWS_CHOICES
     assert set(kvc.WRITE_PATHS) == {"units8", "wide"}
@@ -493,8 +495,9 @@ def test_wide_path_falls_back_on_misaligned_caches(kv_layout, path, monkeypatch)
 @pytest.mark.gpu
 def test_planner_pick_is_what_launches(monkeypatch):
     """With WRITE_PATH and WIDE_ROWS unset, the write launches the planner's kernel: kv_cache_write_wide
-    with PLANNED_WIDE_ROWS rows a lane (its grid) for static scales on aligned arrays, kv_cache_write
-    for dynamic scales, a head_dim that 16 does not divide and x off 16-byte alignment."""
+    with PLANNED_WIDE_ROWS rows a lane (its grid) for static scales on aligned arrays from
+    WIDE_FROM_ROWS rows up, kv_cache_write below, for dynamic scales, a head_dim that 16 does not
+    divide and x off 16-byte alignment."""
     cupy = _cupy()
     monkeypatch.setattr(kvc, "WRITE_PATH", None)
     monkeypatch.setattr(kvc, "WIDE_ROWS", None)
@@ -507,12 +510,15 @@ def test_planner_pick_is_what_launches(monkeypatch):
         [(name, grid)] = [(r[0].name, r[1]) for r in rec if r[5] is not None]
         return name, grid
 
-    key, value, _, _ = _fused_views(cupy, 300, 8, 128, BF16, 11)
+    tokens = -(-kvc.WIDE_FROM_ROWS // 8)  # 8 heads: the planner's line
+    key, value, _, _ = _fused_views(cupy, tokens, 8, 128, BF16, 11)
     kc = cupy.zeros((19, 16, 8, 128), np.uint8)
     name, grid = launched(key, value, kc)
     assert "write_wide" in name, name
     rows_per_block = (256 // 8) * kvc.PLANNED_WIDE_ROWS  # teams of 8 lanes at head_dim 128
-    assert tuple(grid)[:2] == (-(-300 * 8 // rows_per_block), 2), grid
+    assert tuple(grid)[:2] == (-(-tokens * 8 // rows_per_block), 2), grid
+    name, _ = launched(key[: tokens - 1], value[: tokens - 1], kc)  # below the line
+    assert "write_wide" not in name and "kv_cache_write" in name, name
     sc = cq.empty_kv_scale_cache(kc)
     name, _ = launched(key, value, kc, scale_k="dynamic", scale_v="dynamic", key_scale_cache=sc,
                        value_scale_cache=cq.empty_kv_scale_cache(kc))  # fmt: skip

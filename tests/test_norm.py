@@ -221,6 +221,28 @@ def test_inference_shapes(M, H, occupancy):
             run_case(xh, wh, rh.copy(), y, z, scheme, fmt, kw)
 
 
+@pytest.mark.parametrize("scheme, fmt, kw", [CASES[0], CASES[5], ("tensor", "float8_e4m3fn", {"scale": 0.05})])
+def test_planner_occupancy_is_what_launches(scheme, fmt, kw):
+    """Unforced, a plan takes norm._planned_occupancy's register bound: occupancy 2 for per-token,
+    per-tensor and group scales from _OCC2_FROM_ROWS_PER_SM rows per SM up, 1 below; the launched
+    instantiation is that bound's, and the bytes are the reference's either side of the line."""
+    from cupyquant import _device, _dtypes, _jit, _launch
+
+    device = cupy.cuda.Device().id
+    sms = _device.sm_count(device)
+    kernel = norm._KERNELS["lead" if scheme in norm._LEAD_SCHEMES else "block"]
+    targs = (_dtypes.input_type(BF16).ctype, norm._SCHEME_ID[scheme], _dtypes.element_format(fmt).ctag)
+    line = norm._OCC2_FROM_ROWS_PER_SM * sms
+    H = 256
+    for M, occ in ((line - 1, 1), (line, 2)):
+        assert norm._planned_occupancy(scheme, M, sms) == occ
+        xh, wh, rh, y, z = _inputs((M, H), BF16, True, _seed("occupancy", scheme, M))
+        with _launch.recording() as rec:
+            run_case(xh, wh, rh.copy(), y, z, scheme, fmt, kw, normalized=False)
+        launched = [r[0] for r in rec if r[5] is not None]
+        assert launched == [_jit.kernel(device, norm.FAMILY, kernel, *targs, occ)], (M, occ)
+
+
 @pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize("kernel", list(norm._KERNELS))
 @pytest.mark.parametrize("in_dtype", [np.float32, BF16], ids=_id)

@@ -680,6 +680,11 @@ def test_norm_team_rules():
         with pytest.raises(ValueError, match="occupancy"):
             with norm._forced_path(occupancy=bad):
                 pass
+    line = norm._OCC2_FROM_ROWS_PER_SM * 132
+    for scheme in norm.SCHEMES:  # occupancy 2 for the measured schemes from the line up
+        two = scheme in ("token", "tensor", "group")
+        assert norm._planned_occupancy(scheme, line, 132) == (2 if two else 1)
+        assert norm._planned_occupancy(scheme, line - 1, 132) == 1
     with norm._forced_path(occupancy=2):  # part of the plan key: one process can A/B
         assert norm._PATH == norm._Path(occupancy=2) != norm._Path()
     exprs = _jit._FAMILIES["rms_norm"]
