@@ -530,7 +530,7 @@ def test_group_quantizers_block_threads(op, monkeypatch):
     def run(x):
         with _launch.recording() as rec:
             q = cq.silu_mul_quantize(x, fmt) if op == "silu" else cq.quantize_groupwise(x, fmt, group_size=128)
-        [block] = [r[2][1] for r in rec if r[5] is not None]
+        [block] = [r[2] for r in rec if r[5] is not None]
         return q, block[0] * block[1]
 
     for rows, threads in ((1, 128), (16, 128), (big, 256)):
