@@ -32,109 +32,30 @@ import math
 import cupy
 import numpy as np
 
-from . import _checks, _device, _dtypes, _flat, _jit, _plans, _scales, _validate
+from . import _checks, _device, _dtypes, _flat, _group_plan, _jit, _plans, _scales, _validate
 from ._launch import ARG, Launch
 from ._sizes import MAX_GRID_YZ, VECTOR_BYTES, ceil_div
 from .quantized import QuantizedTensor, Scheme, register_dequantizer
 
 _BOOLS = (False, True)
-#: Warps per row of token_quantize_regs (kernels/groupwise.cu): a lane holds 128 bytes of the row.
-_TOKEN_WARPS = (1, 2, 4, 8, 16, 32)
-_TOKEN_BLOCK = 256  # the block of token_quantize, and of token_quantize_regs up to 8 warps per row
 
-
-def _token_row_max(itemsize: int, warps: int) -> int:
-    """The longest row that ``warps`` warps hold in registers: 128 bytes a lane, in 8-element units."""
-    return 32 * warps * (128 // (8 * itemsize)) * 8
-
-
-#: Up to this many rows, a row gets a wide team (see _token_team).
-_TOKEN_FEW_ROWS = 256
-
-
-def _token_team(K: int, itemsize: int, rows: int):
-    """The warps per row of token_quantize_regs for rows of K elements, or None past the longest.
-
-    Many rows: the fewest warps that hold a row (128 bytes a lane), so that each lane keeps the
-    most bytes in flight; at 64 registers a thread that is what feeds the memory system (H100,
-    16384 x 2048 bf16 to FP8: 38 us at 128 bytes a lane, 64 us at 32). Few rows: up to a whole
-    block (8 warps) on each row, at least 32 bytes a lane, so that the row's arithmetic is spread
-    over more warps (128 x 4096: 3.5 us against 3.9)."""
-    narrow = next((w for w in _TOKEN_WARPS if K <= _token_row_max(itemsize, w)), None)
-    if narrow is None or rows > _TOKEN_FEW_ROWS:
-        return narrow
-    wide = next(w for w in _TOKEN_WARPS if w == 8 or K <= _token_row_max(itemsize, w) // 4)
-    return max(narrow, wide)
-
-
-#: 8-element units a thread of token_quantize_few holds (kernels/groupwise.cu): a block of at most
-#: 1024 threads then takes a row of up to 8192 or 16384 elements in one round of loads.
-_FEW_UNITS = (1, 2)
-_FEW_BLOCK_MAX = 1024
-#: Up to this many rows the planner gives per-token quantization token_quantize_few, a block per
-#: row, where the row fits (see _token_few); above, token_quantize_regs or token_quantize. On an
-#: H200 (bf16, K 4096 and 7168) the few-rows kernel is 1.29-1.75x the team kernel up to 256 rows
-#: and 0.90-0.99x at 1024.
-_TOKEN_FEW_KERNEL_ROWS = 256
-#: The per-token kernels: "few" (token_quantize_few) and "regs" (token_quantize_regs, or the two-pass
-#: token_quantize where a row is too long or not 16-byte aligned).
-TOKEN_PATHS = ("few", "regs")
+# The planner (cupyquant/_group_plan.py) takes its override knobs as arguments; they live here,
+# where _quantize reads them at every call.
+#: The per-token kernels TOKEN_PATH names: "few" (token_quantize_few) and "regs"
+#: (token_quantize_regs, or the two-pass token_quantize).
+TOKEN_PATHS = _group_plan.TOKEN_PATHS
 #: Internal override of the per-token planner, for tests and A/B timing: a name of TOKEN_PATHS
 #: ("few" wherever the row fits, whatever the number of rows), or None (the planner's choice).
 #: Read at every call and part of the plan's key, so it may change between calls.
 TOKEN_PATH: str | None = None
-#: Internal override of token_quantize_few's units a thread: one of _FEW_UNITS (used where the row
-#: fits), or None (the fewest that hold the row).
+#: Internal override of token_quantize_few's units a thread: one of _group_plan._FEW_UNITS (used
+#: where the row fits), or None (the fewest that hold the row).
 TOKEN_FEW_UNITS: int | None = None
-
-
-def _token_few(K: int, rows: int, path: str | None = None, units: int | None = None):
-    """(units a thread, threads a block) of token_quantize_few for ``rows`` rows of K elements, or
-    None for the other per-token kernels: with ``path`` None for at most _TOKEN_FEW_KERNEL_ROWS
-    rows, with "few" for any number; the fewest units (or ``units``) with which a block of at most
-    1024 threads, whole warps, holds the row.
-
-    With few rows a call's time is its fixed chain of dependent steps, not its bytes: a block per
-    row issues all of the row's loads at once (a thread's units, 16 or 32 bytes of a 16-bit type,
-    in one round), and the row's max takes one barrier and two warp reductions."""
-    if path not in (None, *TOKEN_PATHS):
-        raise ValueError(f"groupwise.TOKEN_PATH must be one of {TOKEN_PATHS} or None, got {path!r}")
-    if units not in (None, *_FEW_UNITS):
-        raise ValueError(f"groupwise.TOKEN_FEW_UNITS must be one of {_FEW_UNITS} or None, got {units!r}")
-    if path == "regs" or (path is None and rows > _TOKEN_FEW_KERNEL_ROWS):
-        return None
-    for u in _FEW_UNITS if units is None else (units,):
-        threads = 32 * max(1, ceil_div(ceil_div(K, 8 * u), 32))
-        if threads <= _FEW_BLOCK_MAX:
-            return u, threads
-    return None
-
-
-#: The fused SiLU*Mul quantizer's two ways to its float32 intermediate r, the same r bit for bit
-#: (kernels/groupwise.cu): "per_element" (silu_mul: rcp.rn's exponent test and branch around each
-#: element's reciprocal, so a thread's 16 elements run one after another) and "batched"
-#: (silu_mul16: one exponent test for the thread's 16 reciprocals, taken by ptxas's own rcp.rn fast
-#: path where every one of them allows it, and no branch between them).
-SILU_PATHS = ("per_element", "batched")
+#: The SiLU*Mul paths SILU_PATH names: "per_element" and "batched" (the same bytes).
+SILU_PATHS = _group_plan.SILU_PATHS
 #: Internal override of the SiLU*Mul planner, for tests and A/B timing: a name of SILU_PATHS, or None
-#: (the planner's choice, _silu_batched). Read at every call and part of the plan's key.
+#: (the planner's choice, _group_plan._silu_batched). Read at every call and part of the plan's key.
 SILU_PATH: str | None = None
-#: Up to this many rows the planner gives silu_mul_quantize the batched path. With few rows a call is
-#: its per-thread chain (one or two warps a scheduler), which the batched path shortens; with many,
-#: other warps hide more of the chain and the batched path's 4-blocks-an-SM register budget (54-64
-#: registers against 46-48) costs occupancy. On an H200 (bf16 to FP8, group 128, H 2048-16384) it is
-#: 1.41-1.60x the per-element path at 1 and 16 rows, 1.08-1.40x at 128 and 1.09-1.33x at 1024; more
-#: rows were not measured, so they keep the per-element path.
-_SILU_BATCHED_ROWS = 1024
-
-
-def _silu_batched(rows: int, path: str | None = None) -> bool:
-    """Whether silu_mul_quantize takes the batched path over ``rows`` rows: ``path`` if given (a
-    name of SILU_PATHS), else up to _SILU_BATCHED_ROWS rows."""
-    if path not in (None, *SILU_PATHS):
-        raise ValueError(f"groupwise.SILU_PATH must be one of {SILU_PATHS} or None, got {path!r}")
-    return rows <= _SILU_BATCHED_ROWS if path is None else path == "batched"
-
 
 _FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
@@ -145,46 +66,20 @@ FAMILY = _jit.register(
         _jit.expr("token_quantize_regs", t.ctype, f, w)
         for t in _dtypes.INPUT_TYPES
         for f in _Q8_TAGS
-        for w in _TOKEN_WARPS
+        for w in _group_plan._TOKEN_WARPS
     ]
-    + _jit.product("token_quantize_few", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FEW_UNITS)
+    + _jit.product("token_quantize_few", _dtypes.INPUT_CTYPES, _Q8_TAGS, _group_plan._FEW_UNITS)
     + _jit.product("token_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("silu_mul_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS, _BOOLS)
     + _jit.product("silu_mul_intermediate", _dtypes.INPUT_CTYPES)
     + _jit.product("group_dequantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
     + _jit.product("group_dequantize_flat", _dtypes.INPUT_CTYPES, _Q8_TAGS, _FLAT_PIECES, _BOOLS)
     # asymmetric per-token INT8 (zero points)
-    + _jit.product("token_quantize_azp_regs", _dtypes.INPUT_CTYPES, _TOKEN_WARPS)
+    + _jit.product("token_quantize_azp_regs", _dtypes.INPUT_CTYPES, _group_plan._TOKEN_WARPS)
     + _jit.product("token_quantize_azp", _dtypes.INPUT_CTYPES, _BOOLS)
     + _jit.product("token_dequantize_azp", _dtypes.INPUT_CTYPES, _BOOLS),
 )
 _FORMATS = _checks.GROUPWISE_FORMATS
-
-
-#: Threads of a group_quantize / silu_mul_quantize block where blocks of 256 would leave SMs idle
-#: (see quantize_threads): on an H200 at 16 rows of 2048-16384 (bf16, group-128) they take 0.03-0.19 us
-#: off a 1.3-2.5 us call (SiLU*Mul at 16 x 4096: 2.34 us against 2.53), and are within 2% of 256
-#: at 128 and 1024 rows.
-_SMALL_GRID_THREADS = 128
-
-
-def quantize_threads(rows: int, units: int, sms: int) -> int:
-    """Threads of a block of the 2-D group quantizers over ``rows`` rows of ``units`` 16-element
-    pieces: 256, or _SMALL_GRID_THREADS where 256-thread blocks would number fewer than the ``sms``
-    SMs (the call is then its per-thread chain of arithmetic; smaller blocks spread the threads over
-    more SMs, so fewer warps share each SM's schedulers)."""
-    return _SMALL_GRID_THREADS if ceil_div(rows * units, 256) < sms else 256
-
-
-def grid2d(rows: int, units: int, threads: int = 256) -> tuple:
-    """(grid, block) of the 2-D row kernels: blockDim (bx, by), bx the largest power of two up to
-    ``threads`` that divides the ``units`` (16- or 8-element pieces) of a row, so that no group
-    straddles two block rows, and by = threads / bx rows per block."""
-    bx = threads
-    while units % bx:
-        bx //= 2
-    by = threads // bx
-    return (ceil_div(rows, by), units // bx), (bx, by)
 
 
 def empty_scales(
@@ -329,16 +224,18 @@ class _Plan:
         kernel, grid, block, mid = None, (), (), ()
         if silu and rows and K_out:
             vec = aligned and (K_out * x.itemsize) % VECTOR_BYTES == 0
-            batched = _silu_batched(rows, silu_path)
+            batched = _group_plan._silu_batched(rows, silu_path)
             kernel = _jit.kernel(device, FAMILY, "silu_mul_quantize", in_t.ctype, fmt.ctag, vec, batched)
             units = K_out // 16
-            grid, block = grid2d(rows, units, quantize_threads(rows, units, _device.sm_count(device)))
+            grid, block = _group_plan.grid2d(
+                rows, units, _group_plan.quantize_threads(rows, units, _device.sm_count(device))
+            )
             mid = (np.int64(rows), np.int32(K_out), np.int32(group_size))
         elif not silu and rows and (K or group_size is None):
             # per token, an empty row (K = 0) still gets its one scale, that of an all-zero row
             vec = aligned and K % 8 == 0
-            few = _token_few(K, rows, token_path, few_units) if group_size is None and not azp else None
-            team = _token_team(K, x.itemsize, rows) if vec and group_size is None else None
+            few = _group_plan._token_few(K, rows, token_path, few_units) if group_size is None and not azp else None
+            team = _group_plan._token_team(K, x.itemsize, rows) if vec and group_size is None else None
             # the asymmetric kernels take the same launch as the symmetric ones (no format argument)
             targs = (in_t.ctype,) if azp else (in_t.ctype, fmt.ctag)
             if few is not None:
@@ -348,17 +245,19 @@ class _Plan:
             elif team is not None:
                 name = "token_quantize_azp_regs" if azp else "token_quantize_regs"
                 kernel = _jit.kernel(device, FAMILY, name, *targs, team)
-                block = (max(_TOKEN_BLOCK, 32 * team),)
+                block = (max(_group_plan._TOKEN_BLOCK, 32 * team),)
                 grid = (ceil_div(rows, block[0] // (32 * team)),)
                 mid = (np.int64(rows), np.int32(K))
             elif group_size is None:
                 name = "token_quantize_azp" if azp else "token_quantize"
                 kernel = _jit.kernel(device, FAMILY, name, *targs, vec)
-                grid, block, mid = (rows,), (_TOKEN_BLOCK,), (np.int32(K),)
+                grid, block, mid = (rows,), (_group_plan._TOKEN_BLOCK,), (np.int32(K),)
             else:
                 kernel = _jit.kernel(device, FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
                 units = K // 16
-                grid, block = grid2d(rows, units, quantize_threads(rows, units, _device.sm_count(device)))
+                grid, block = _group_plan.grid2d(
+                    rows, units, _group_plan.quantize_threads(rows, units, _device.sm_count(device))
+                )
                 mid = (np.int64(rows), np.int32(K), np.int32(group_size))
         self.launch = None
         if kernel is not None:
@@ -630,7 +529,7 @@ def _dequant_plan(q: QuantizedTensor, out_t: _dtypes.InputType, out):
         kernel = _jit.kernel(device, FAMILY, "group_dequantize", out_t.ctype, q.format.ctag, vec)
         mid = (np.int64(rows), np.int32(K), np.int32(g_shift))
     if vec:
-        grid, block = grid2d(rows, K // 8)
+        grid, block = _group_plan.grid2d(rows, K // 8)
     else:
         grid, block = (min(ceil_div(rows * K, 256), MAX_GRID_YZ * 16),), (256,)
     args = (ARG, ARG, *mid, sa, ARG) + ((ARG,) if azp else ())

@@ -191,7 +191,7 @@ def _fill_team(H: int, itemsize: int, rows: int, sms: int) -> int:
     _FILL_MIN_WARPS and the call is short, the fewest (up to _FILL_MAX_WARPS) that hold it at one unit a lane (16 bytes of a
     16-bit type; float32's unit is already 32 bytes): while ``rows`` such teams come to at most
     _FILL_WARPS_PER_SM warps on each of the ``sms`` SMs. Like quantize_groupwise's per-token team
-    (groupwise._token_team), a short call spreads each row over more lanes and a long one keeps the
+    (_group_plan._token_team), a short call spreads each row over more lanes and a long one keeps the
     most bytes in flight a lane."""
     narrow = _narrow_team(H, itemsize)
     wide = next(w for w in _WARPS if w == _WARPS[-1] or H <= 32 * w * _UNIT)

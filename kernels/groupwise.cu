@@ -98,7 +98,7 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
 // 8 * UNITS * 32 * WARPS elements (2048 * WARPS of a 16-bit type, 1024 * WARPS of float32) is read
 // once. The block holds 256 / (32 * WARPS) rows (one row of 32 * WARPS threads for WARPS > 8); the
 // row max is a warp shuffle reduction, plus one exchange through shared memory across a team's
-// warps. The host picks WARPS (cupyquant.groupwise._token_team): for many rows the fewest that
+// warps. The host picks WARPS (cupyquant._group_plan._token_team): for many rows the fewest that
 // hold a row, for few rows up to 8, so that short rows do not leave a block of threads idling on a
 // reduction. Rows must be 16-byte aligned with K % 8 == 0 (the host checks).
 
@@ -154,7 +154,7 @@ token_quantize_regs(const T* __restrict__ x, i64 x_row_stride, unsigned char* __
 // thread from token_scale_lead (for FP8 and a finite amax, no IEEE division). No second pass over
 // global memory. vec: 16-byte loads and 8-byte stores (rows 16-byte aligned, K % 8 == 0);
 // otherwise single elements, zero past K, so that any K and any alignment can take it. The host
-// picks it for few rows (cupyquant.groupwise._token_few), where a row's fixed chain of dependent
+// picks it for few rows (cupyquant._group_plan._token_few), where a row's fixed chain of dependent
 // steps, not its bytes, is the cost.
 static constexpr int TOKEN_FEW_BLOCK_MAX = 1024;
 

@@ -13,7 +13,7 @@ from _pdl import assert_rounds_equal, check_rounds
 from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, raw_scale_words, require_arch
 
 import cupyquant as cq
-from cupyquant import _flat, _launch, groupwise
+from cupyquant import _flat, _group_plan, _launch, groupwise
 from cupyquant import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -140,7 +140,7 @@ def test_per_token_every_team(in_dtype, fmt, token_path):
     # empty; past the longest team, the two-pass kernel with 16-byte loads. Forced to "few", the
     # rows that fit token_quantize_few take it at 13 and 300 rows.
     item = np.dtype(in_dtype).itemsize
-    longest = [groupwise._token_row_max(item, w) for w in groupwise._TOKEN_WARPS]
+    longest = [_group_plan._token_row_max(item, w) for w in _group_plan._TOKEN_WARPS]
     for K in [8, 264] + longest + [k + 8 for k in longest]:
         for rows in (13, 300) if K <= 4096 else (2,):  # few rows (wide teams) and many
             xh = heavy_tailed((rows, K), _seed(K, rows, in_dtype, fmt, "team"), in_dtype)
@@ -176,7 +176,7 @@ def _each_token_path(monkeypatch, xh, fmt, layout="row", pow2=False, scale_dtype
     """The per-token quantization of ``xh`` by token_quantize_few (at its planned units a thread,
     and forced to two), then by the other kernels, each into poisoned out= and scale_out=
     buffers and checked against the reference; the kernels' bytes and scale buffers are the same."""
-    assert groupwise._token_few(xh.shape[-1], 1, "few") is not None, "the row fits token_quantize_few"
+    assert _group_plan._token_few(xh.shape[-1], 1, "few") is not None, "the row fits token_quantize_few"
     got = []
     for path, units in (("few", None), ("few", 2), ("regs", None)):
         monkeypatch.setattr(groupwise, "TOKEN_PATH", path)
@@ -204,7 +204,7 @@ def test_per_token_planner_and_override(monkeypatch):
     and token_quantize_regs above; TOKEN_PATH and TOKEN_FEW_UNITS change the kernel of the same
     call signature between calls (they are part of the plan's key); a bad value raises ValueError
     naming the knob before anything is launched."""
-    few_rows = groupwise._TOKEN_FEW_KERNEL_ROWS
+    few_rows = _group_plan._TOKEN_FEW_KERNEL_ROWS
     x = cupy.asarray(heavy_tailed((few_rows, 4096), 5, ml_dtypes.bfloat16))
     many = cupy.asarray(heavy_tailed((few_rows + 1, 4096), 6, ml_dtypes.bfloat16))
 
@@ -517,7 +517,7 @@ def test_silu_mul_3d_and_odd_rows(silu_path):
 @pytest.mark.parametrize("op", ["group", "silu"])
 def test_group_quantizers_block_threads(op, monkeypatch):
     """group_quantize and silu_mul_quantize launch 128-thread blocks where 256-thread blocks would
-    be fewer than the SMs (groupwise.quantize_threads) and 256 beyond; the bytes are the
+    be fewer than the SMs (_group_plan.quantize_threads) and 256 beyond; the bytes are the
     reference's at both sizes and with the small grid's size forced to 256 (plans cleared: the
     size is not part of a plan's key)."""
     from cupyquant import _device, _plans
@@ -537,9 +537,9 @@ def test_group_quantizers_block_threads(op, monkeypatch):
         width = 2 * K if op == "silu" else K
         xh = heavy_tailed((rows, width), _seed("threads", op, rows), BF16)
         x = cupy.asarray(xh)
-        monkeypatch.setattr(groupwise, "_SMALL_GRID_THREADS", 128)
+        monkeypatch.setattr(_group_plan, "_SMALL_GRID_THREADS", 128)
         _plans.clear()
-        assert groupwise.quantize_threads(rows, K // 16, sms) == threads
+        assert _group_plan.quantize_threads(rows, K // 16, sms) == threads
         q, launched = run(x)
         assert launched == threads, (rows, launched)
         if op == "silu":
@@ -547,7 +547,7 @@ def test_group_quantizers_block_threads(op, monkeypatch):
         else:
             eq, es = ref.quantize_groupwise(xh, fmt, group_size=128)
         check(q, eq, es, "row")
-        monkeypatch.setattr(groupwise, "_SMALL_GRID_THREADS", 256)
+        monkeypatch.setattr(_group_plan, "_SMALL_GRID_THREADS", 256)
         _plans.clear()
         q256, launched = run(x)
         assert launched == 256
@@ -563,7 +563,7 @@ def test_silu_planner_and_override(monkeypatch):
     knob."""
     from cupyquant import _dtypes, _jit
 
-    few = groupwise._SILU_BATCHED_ROWS
+    few = _group_plan._SILU_BATCHED_ROWS
     BF16, fmt = ml_dtypes.bfloat16, "float8_e4m3fn"
     device = cupy.cuda.Device().id
     targs = (_dtypes.input_type(BF16).ctype, _dtypes.element_format(fmt).ctag, True)
@@ -581,7 +581,7 @@ def test_silu_planner_and_override(monkeypatch):
         xh = heavy_tailed((rows, 2 * 1024), _seed("silu planner", rows), BF16)
         x = cupy.asarray(xh)
         eq, es = ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), fmt, group_size=128)
-        assert groupwise._silu_batched(rows) == (rows <= few)
+        assert _group_plan._silu_batched(rows) == (rows <= few)
         got = {}
         for path in (None, *groupwise.SILU_PATHS):
             monkeypatch.setattr(groupwise, "SILU_PATH", path)

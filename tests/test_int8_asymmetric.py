@@ -289,10 +289,10 @@ def test_per_token_matches_reference(shape, in_dtype, layout):
 @gpu
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 def test_per_token_every_team_and_the_two_pass_kernel(in_dtype):
-    from cupyquant import groupwise
+    from cupyquant import _group_plan
 
     item = np.dtype(in_dtype).itemsize
-    longest = [groupwise._token_row_max(item, w) for w in groupwise._TOKEN_WARPS]
+    longest = [_group_plan._token_row_max(item, w) for w in _group_plan._TOKEN_WARPS]
     for K in [8, 264] + longest + [k + 8 for k in longest] + [9, 1001]:
         for rows in (13, 300) if K <= 4096 else (2,):
             xh = heavy_tailed((rows, K), _seed(K, rows, in_dtype, "team"), in_dtype)

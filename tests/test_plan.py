@@ -12,7 +12,7 @@ import pytest
 
 import cupyquant as cq
 import cupyquant.weight
-from cupyquant import _block_scale, _device, _flat, _jit
+from cupyquant import _block_scale, _device, _flat, _group_plan, _jit
 from cupyquant._sizes import ceil_div
 from cupyquant.weight import decode, dispatch, sm90_gemm
 from cupyquant.weight.formats import weight_scheme
@@ -463,51 +463,45 @@ def test_forced_path_restores():
 
 
 def test_per_token_team_choice():
-    """quantize_groupwise per token (groupwise._token_team): for many rows the fewest warps per row
+    """quantize_groupwise per token (_group_plan._token_team): for many rows the fewest warps per row
     that hold the row in registers at 128 bytes a lane; for few rows up to 8 warps, at least 32
     bytes a lane; None (the two-pass kernel) past rows of 65536 (16-bit) or 32768 (float32)."""
-    from cupyquant import groupwise
-
     many16 = {8: 1, 2048: 1, 2056: 2, 4096: 2, 7168: 4, 8192: 4, 16384: 8, 32768: 16, 65536: 32, 65544: None}
     many32 = {8: 1, 1024: 1, 2048: 2, 4096: 4, 7168: 8, 16384: 16, 32768: 32, 32776: None}
     few16 = {8: 1, 512: 1, 520: 2, 2048: 4, 4096: 8, 7168: 8, 16384: 8, 32768: 16, 65544: None}
-    assert {K: groupwise._token_team(K, 2, 1024) for K in many16} == many16
-    assert {K: groupwise._token_team(K, 4, 257) for K in many32} == many32
-    assert {K: groupwise._token_team(K, 2, 256) for K in few16} == few16
+    assert {K: _group_plan._token_team(K, 2, 1024) for K in many16} == many16
+    assert {K: _group_plan._token_team(K, 4, 257) for K in many32} == many32
+    assert {K: _group_plan._token_team(K, 2, 256) for K in few16} == few16
 
 
 def test_per_token_few_kernel_choice():
-    """quantize_groupwise per token (groupwise._token_few): token_quantize_few, a block per row of
+    """quantize_groupwise per token (_group_plan._token_few): token_quantize_few, a block per row of
     whole warps up to 1024 threads, the fewest units of 8 elements a thread that hold the row (one
     to 8192 elements, two to 16384), for at most _TOKEN_FEW_KERNEL_ROWS rows unless forced; None
     past 16384 elements or where "regs" is forced; a bad knob raises ValueError naming it."""
-    from cupyquant import groupwise
-
-    few = groupwise._TOKEN_FEW_KERNEL_ROWS
+    few = _group_plan._TOKEN_FEW_KERNEL_ROWS
     want = {0: (1, 32), 1: (1, 32), 256: (1, 32), 257: (1, 64), 2048: (1, 256), 4096: (1, 512)}
     want |= {4100: (1, 544), 7168: (1, 896), 8192: (1, 1024), 8200: (2, 544), 16384: (2, 1024), 16392: None}
     for rows in (1, few):
-        assert {K: groupwise._token_few(K, rows) for K in want} == want
-    assert {K: groupwise._token_few(K, 1 << 20, "few") for K in want} == want
-    assert all(groupwise._token_few(K, few + 1) is None for K in want)
-    assert all(groupwise._token_few(K, 1, "regs") is None for K in want)
-    assert groupwise._token_few(4096, 1, units=2) == (2, 256)
-    assert groupwise._token_few(16384, 1, units=1) is None
+        assert {K: _group_plan._token_few(K, rows) for K in want} == want
+    assert {K: _group_plan._token_few(K, 1 << 20, "few") for K in want} == want
+    assert all(_group_plan._token_few(K, few + 1) is None for K in want)
+    assert all(_group_plan._token_few(K, 1, "regs") is None for K in want)
+    assert _group_plan._token_few(4096, 1, units=2) == (2, 256)
+    assert _group_plan._token_few(16384, 1, units=1) is None
     with pytest.raises(ValueError, match="TOKEN_PATH"):
-        groupwise._token_few(4096, 1, "rows")
+        _group_plan._token_few(4096, 1, "rows")
     with pytest.raises(ValueError, match="TOKEN_FEW_UNITS"):
-        groupwise._token_few(4096, 1, units=4)
+        _group_plan._token_few(4096, 1, units=4)
 
 
 def test_per_token_few_kernel_covers_each_row_once():
     """token_quantize_few's indexing (kernels/groupwise.cu): thread t of a block of n threads takes
     the 8-element units starting at (v * n + t) * 8 for v < U; those below K are every unit of the
     row, once."""
-    from cupyquant import groupwise
-
     for K in list(range(0, 600)) + [4095, 4096, 4100, 7168, 8191, 8192, 8193, 12000, 16383, 16384]:
         for units in (None, 1, 2):
-            plan = groupwise._token_few(K, 1, "few", units)
+            plan = _group_plan._token_few(K, 1, "few", units)
             if plan is None:
                 assert K > 8 * 1024 * (units or 2)
                 continue
@@ -563,23 +557,19 @@ def test_block_scale_small_launch_shape():
 def test_group_quantize_threads():
     """The 2-D group quantizers take 128-thread blocks where 256-thread blocks would be fewer than
     the SMs, 256 from one per SM up; grid2d splits those threads into whole groups of a row."""
-    from cupyquant import groupwise
-
-    t = groupwise.quantize_threads
+    t = _group_plan.quantize_threads
     assert t(1, 256, 132) == 128 and t(16, 256, 132) == 128  # 1 and 16 blocks of 256
     assert t(131, 256, 132) == 128 and t(132, 256, 132) == 256  # 131 and 132 blocks
     assert t(1024, 448, 132) == 256 and t(16, 448, 114) == 128
-    assert groupwise.grid2d(16, 256, 128) == ((16, 2), (128, 1))
-    assert groupwise.grid2d(16, 8, 128) == ((1, 1), (8, 16))
+    assert _group_plan.grid2d(16, 256, 128) == ((16, 2), (128, 1))
+    assert _group_plan.grid2d(16, 8, 128) == ((1, 1), (8, 16))
 
 
 def test_silu_path_planner():
     """silu_mul_quantize takes the batched path up to _SILU_BATCHED_ROWS rows, the per-element one
     above; SILU_PATH overrides at any size; a bad value raises ValueError naming the knob."""
-    from cupyquant import groupwise
-
-    few = groupwise._SILU_BATCHED_ROWS
-    b = groupwise._silu_batched
+    few = _group_plan._SILU_BATCHED_ROWS
+    b = _group_plan._silu_batched
     assert b(1) and b(16) and b(few) and not b(few + 1) and not b(1 << 20)
     assert b(1 << 20, "batched") and not b(1, "per_element")
     for bad in ("fast", True, 1):
