@@ -170,6 +170,48 @@ __device__ __forceinline__ void unit_sums(const uint4 (&z)[UNITS][Unit<T>::LOADS
     }
 }
 
+// ---------------------------------------------------------------- the normalize step
+// y = round_T(round_T(z * inv) * w) for each of the lane's units, in place of z: w is the weight's
+// unit from global memory or, with `staged` (the lead kernel's w_async), its copy that stage16 put
+// in w_stage ([UNITS * L][blockDim.x] 16-byte words, complete after stage_wait). y goes to y_out
+// where given; units past H and rows that are not valid (padding rows) become zeros. Both kernels
+// call it once the row's inv is known.
+template <typename T, int UNITS>
+__device__ __forceinline__ void normalize_row(uint4 (&z)[UNITS][Unit<T>::LOADS], float inv,
+                                              const T* __restrict__ weight, bool staged, const uint4* w_stage,
+                                              T* __restrict__ y_out, const NormArgs& a, i64 row, int t, int threads,
+                                              bool valid, bool vec) {
+    constexpr int L = Unit<T>::LOADS;
+    const int H = a.H;
+#pragma unroll
+    for (int v = 0; v < UNITS; ++v) {
+        const int c = (v * threads + t) * 8;
+        if (valid && c < H) {
+            uint4 wr[L];
+            if (staged) {
+#pragma unroll
+                for (int l = 0; l < L; ++l) wr[l] = w_stage[(v * L + l) * blockDim.x + threadIdx.x];
+            } else {
+                load_unit<T>(weight + c, H - c, wr, vec);
+            }
+            float f[8], w[8];
+            unpack_unit<T>(z[v], f);
+            unpack_unit<T>(wr, w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
+            pack_unit<T>(f, z[v]);
+            unpack_unit<T>(z[v], f);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
+            pack_unit<T>(f, z[v]);
+            if (y_out != nullptr) store_unit<T>(y_out + row * (i64)H + c, H - c, z[v], vec);
+        } else {
+#pragma unroll
+            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
 // ---------------------------------------------------------------- team reductions
 static constexpr int NORM_BLOCK_MAX = 1024;  // threads of the widest team (32 warps)
 // Row bytes a lane holds: 32 (8 registers), so that a thread needs 40 registers and an SM runs 1536
@@ -268,28 +310,7 @@ rms_norm_quantize(const T* __restrict__ x, T* __restrict__ residual, const T* __
     const float inv = div_rn(1.0f, sqrt_rn(add_rn(div_rn(p[0], (float)H), a.eps)));
 
     // y = round_T(round_T(z * inv) * w), in place of z (0 in padding rows)
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            uint4 wr[L];
-            load_unit<T>(weight + c, H - c, wr, vec);
-            float f[8], w[8];
-            unpack_unit<T>(z[v], f);
-            unpack_unit<T>(wr, w);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
-            pack_unit<T>(f, z[v]);
-            unpack_unit<T>(z[v], f);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
-            pack_unit<T>(f, z[v]);
-            if (y_out != nullptr) store_unit<T>(y_out + row * (i64)H + c, H - c, z[v], vec);
-        } else {
-#pragma unroll
-            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    normalize_row<T, UNITS>(z, inv, weight, false, nullptr, y_out, a, row, t, threads, valid, vec);
 
     if constexpr (SCHEME == NQ_TOKEN) {
         unsigned m = 0;
@@ -556,33 +577,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
 
     // y = round_T(round_T(z * inv) * w), in place of z (0 in padding rows)
     if (w_async) stage_wait();
-#pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            uint4 wr[L];
-            if (w_async) {
-#pragma unroll
-                for (int l = 0; l < L; ++l) wr[l] = w_stage[(v * L + l) * blockDim.x + threadIdx.x];
-            } else {
-                load_unit<T>(weight + c, H - c, wr, vec);
-            }
-            float f[8], w[8];
-            unpack_unit<T>(z[v], f);
-            unpack_unit<T>(wr, w);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
-            pack_unit<T>(f, z[v]);
-            unpack_unit<T>(z[v], f);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
-            pack_unit<T>(f, z[v]);
-            if (y_out != nullptr) store_unit<T>(y_out + row * (i64)H + c, H - c, z[v], vec);
-        } else {
-#pragma unroll
-            for (int l = 0; l < L; ++l) z[v][l] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    normalize_row<T, UNITS>(z, inv, weight, w_async, w_stage, y_out, a, row, t, threads, valid, vec);
 
     // scale_ub on the device: loaded ahead of the reductions that precede its use
     const float ub = SCHEME == NQ_TOKEN && sa.has_ub ? load_ub(sa) : 0.0f;
