@@ -84,7 +84,9 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                                                               GemmArgs a) {
     constexpr int THREADS = 32 * GM_WN * WM;
     constexpr int BM = 16 * MT * WM;
-    constexpr bool FP8 = S == W_FP8;
+    constexpr bool FP8 = is_fp8_scheme(S);
+    constexpr bool F32S = S == W_FP8_BLOCK;  // float32 scales (128 x 128 block weights)
+    using SW = typename cond_type<F32S, unsigned, unsigned short>::type;  // a scale's bits
     constexpr int W_TILE = FP8 ? 2048 : 1024;  // bytes of a 16-row weight tile a stage
     constexpr int A_BYTES = BM * GM_BK * 2;
     constexpr int STAGE_BYTES = A_BYTES + (GM_BN / 16) * W_TILE;
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     // tile in nibble i % 2 of byte i / 2). Rows nb + 8 j and nc + 8 j + h lie in tile (nb >> 4) +
     // j / 2 at row (nb & 15) + 8 (j % 2) (nb & 15 = g, nc & 15 = 2 t: n0 and 32 wn are whole tiles).
     const i64 tstep = a.ng * 16;  // scales per tile
-    const unsigned short* s_b = reinterpret_cast<const unsigned short*>(scales) + (nb >> 4) * tstep + g;
+    const SW* s_b = reinterpret_cast<const SW*>(scales) + (nb >> 4) * tstep + g;
     const T* s_c = scales + (nc >> 4) * tstep + 2 * t;
     const unsigned char* z_b = zeros + (nb >> 4) * a.ng * 8 + g / 2;
     // FP4 scale bytes [N / 16][chunk][16][NB]: row g of tile nb >> 4 at chunk 0
@@ -180,10 +182,10 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 #pragma unroll
         for (int j = 0; j < GM_NT; ++j) {
             const bool ok = nb + 8 * j < a.N;
-            unsigned short sb = 0;
+            SW sb = 0;
             const i64 tj = (j >> 1) * tstep + grp * 16 + 8 * (j & 1);
             if (!SCALE_AFTER_SUM && ok) sb = __ldg(s_b + tj);
-            r.s2[j] = (unsigned)sb * 0x10001u;
+            r.s2[j] = F32S ? (unsigned)sb : (unsigned)sb * 0x10001u;  // float32 bits, or the T pair
             unsigned z = 8u;
             if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + (tj >> 1)) >> (4 * (g & 1))) & 15u) : 0u;
             r.zb[j] = frag_zero_bias<T>(z, j & 1);
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         float sf[FP8 ? GM_NT : 1];
         if constexpr (FP8) {
 #pragma unroll
-            for (int j = 0; j < GM_NT; ++j) sf[j] = bits16_to_float<T>(cur.s2[j]);
+            for (int j = 0; j < GM_NT; ++j) sf[j] = F32S ? __uint_as_float(cur.s2[j]) : bits16_to_float<T>(cur.s2[j]);
         }
         float part[SCALE_AFTER_SUM ? MT : 1][GM_NT][4];
         if constexpr (SCALE_AFTER_SUM) {
@@ -287,7 +289,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                     for (int e = 0; e < 2; ++e) {
                         if constexpr (FP8) {
                             const unsigned word = reinterpret_cast<const unsigned*>(&w8[j])[2 * (sub & 1) + h];
-                            bw[j][e] = fp8x2_scaled<T>((unsigned short)(e ? word >> 16 : word & 0xffffu), cur.s2[j], sf[j]);
+                            bw[j][e] = fp8x2_scaled<T, F32S>((unsigned short)(e ? word >> 16 : word & 0xffffu), cur.s2[j], sf[j]);
                             continue;
                         }
                         const unsigned word = reinterpret_cast<const unsigned*>(&wv[j >> 1][sub >> 1])[2 * h + e];

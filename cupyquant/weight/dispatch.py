@@ -17,7 +17,7 @@ from .. import _device, _plans, _validate, _workspace
 from .._sizes import VECTOR_BYTES
 from . import decode, layout, sm80_gemm, sm90_gemm
 from .container import QuantizedWeight, check_weight
-from .formats import CHUNK, FP4_BLOCK
+from .formats import CHUNK, FP4_BLOCK, kernel_scheme
 from .problem import Problem
 
 #: The path that tests force (_forced_path); None: matmul_path decides.
@@ -109,8 +109,8 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     ``arch`` is the compute capability as CuPy spells it (``"90"``) and ``sms`` the GPU's
     multiprocessor count; by default the current device's, or (no GPU) none, which gives
     ``"sm80_gemm"`` for the tensor-core path, and 132 (an H100 SXM). The thresholds are
-    ``cupyquant.weight.dispatch.PATHS``. Block weights (``w.block_size``) and int8 weights have no
-    path: a ValueError, as in :func:`matmul`."""
+    ``cupyquant.weight.dispatch.PATHS``. FP8 weights in 128 x 128 blocks take the paths of FP8
+    weights in groups. Int8 weights have no path: a ValueError, as in :func:`matmul`."""
     _weight_only_format(w)
     if _FORCED is not None:
         return _FORCED
@@ -127,18 +127,13 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
 
 
 def _weight_only_format(w) -> None:
-    """Refuse the W8A8 weights (FP8 in 128 x 128 blocks, INT8), which the weight-only matmul does not take."""
+    """Refuse the INT8 (W8A8) weights, which the weight-only matmul does not take."""
     if not isinstance(w, QuantizedWeight):
         return
     if w.scheme.format == "int8":
         raise ValueError(
             "w is an int8 (W8A8) weight, which the weight-only matmul does not take: use cupyquant.scaled_matmul "
             "with INT8 activations, or w.dequantize() and a float matmul"
-        )
-    if w.block_size is not None:
-        raise ValueError(
-            f"w is an FP8 weight in {w.block_size} blocks, which the weight-only matmul does not take: "
-            "use cupyquant.scaled_matmul (FP8 activations), or w.dequantize() and a float matmul"
         )
 
 
@@ -164,7 +159,8 @@ class _Plan:
         if a.ndim == 0 or a.shape[-1] != K:
             raise ValueError(f"a.shape[-1] must equal w's K = {K}, got a.shape {a.shape}")
         fmt = w.scheme.format
-        if fmt not in FP4_BLOCK and w.scale.dtype != a.dtype:
+        block = w.scheme.granularity == "block"  # float32 block scales: either activation dtype
+        if fmt not in FP4_BLOCK and not block and w.scale.dtype != a.dtype:
             raise TypeError(
                 f"w's scales are {w.scale.dtype} but a is {a.dtype}: the kernel dequantizes in a's dtype, "
                 f"so quantize a weight of dtype {a.dtype} (or pass a as {w.scale.dtype})"
@@ -216,8 +212,8 @@ class _Plan:
                     "(its K stages)"
                 )
             p = Problem(
-                device, t, M, N, K, lda, fmt, w._group, layout.k_permuted(w), _device.sm_count(device), pdl,
-                caps.wgmma, caps.pdl,
+                device, t, M, N, K, lda, fmt, kernel_scheme(w), w._group, layout.k_permuted(w),
+                _device.sm_count(device), pdl, caps.wgmma, caps.pdl,
             )  # fmt: skip
             with _validate.on_device_of(w.data):
                 self.steps = tuple(_KERNELS[path](p))
