@@ -235,10 +235,11 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     w : QuantizedWeight
         Prepared by :func:`prepare_weight` (the layout the kernels read), or plain, which is then
         converted on every call: a copy of the weight through memory, several times the matmul's
-        own time at decode, so prepare a weight once and reuse it. INT4 and FP8: its scales must
-        have ``a``'s dtype (the kernel dequantizes in that dtype; quantize a weight of the
-        activation dtype); NVFP4 and MXFP4 weights (scale bytes) take either activation dtype.
-        K must be a multiple of 128 (INT4, FP4) or 64 (FP8).
+        own time at decode, so prepare a weight once and reuse it. INT4 and FP8 in groups or per
+        channel: its scales must have ``a``'s dtype (the kernel dequantizes in that dtype; quantize
+        a weight of the activation dtype); FP8 in 128 x 128 blocks (float32 block scales), NVFP4
+        and MXFP4 weights (scale bytes) take either activation dtype. K must be a multiple of 128
+        (INT4, FP4) or 64 (FP8, blocks included; any N).
     out : cupy.ndarray, optional
         ``(..., N)`` of ``a``'s dtype, C-contiguous.
     pdl : bool, optional
@@ -295,6 +296,15 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     product is exact and the sums are float32, in an order that differs from a sequential sum, and
     that depends on the path and tile (so a row's result can change in the last bits with M).
 
+    FP8 in 128 x 128 blocks (every kernel, FP8's paths and thresholds): each E4M3 value times its
+    block's float32 scale ``scale[n // 128, k // 128]`` in an IEEE float32 multiply, rounded once
+    to a's dtype (the scale itself never rounded to 16 bits): the weights of ``w.dequantize(a.dtype)``,
+    bit for bit (:func:`cupyquant.reference.dequantize_weight_blocks`), then summed as above; so
+    each output is within ``(K 2^-23 + 2^-22) sum_k |a w|`` plus half an ulp of a's dtype of the
+    float64 product with those weights (:func:`cupyquant.reference.weight_matmul_blocks` and
+    ``weight_matmul_error_bound``). :func:`prepare_weight` holds the block scales once per row and
+    128 k, float32.
+
     NVFP4 and MXFP4 (every kernel): the tensor cores multiply ``a`` by ``e2m1(q) * s * 2^-C`` (``s``
     the block's E4M3 or E8M0 scale; ``C`` 24 for MXFP4 with bf16, 7 otherwise), built in registers
     and exact in fp16 and bf16, and the float32 sums are multiplied once by ``2^C`` (times NVFP4's
@@ -309,10 +319,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     ------
     TypeError
         ``a`` is not a CuPy array of float16 or bfloat16; ``w`` is not a :class:`QuantizedWeight`;
-        ``w``'s scales (INT4, FP8) are not in ``a``'s dtype; ``out`` has the wrong dtype.
+        ``w``'s scales (INT4, FP8 groups and channels) are not in ``a``'s dtype; ``out`` has the wrong dtype.
     ValueError
-        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4, FP4) or 64 (FP8); ``w`` in
-        128 x 128 blocks or int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
+        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4, FP4) or 64 (FP8); ``w``
+        int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
         overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """
     key = (_validate.array_key(a), w._signature() if type(w) is QuantizedWeight else [w], _validate.array_key(out))
