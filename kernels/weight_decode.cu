@@ -64,6 +64,11 @@ using namespace cq;
 // times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16. A lane's VALS
 // weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
+// W_FP8_BLOCK (FP8 in 128 x 128 blocks): the same bytes and layout, the scales float32 (the prepared
+// layout repeats each block scale for the rows of its block: groups of 128 along K, the last one
+// partial where 128 does not divide K), each value times its scale in an IEEE float32 multiply and
+// rounded once to T for fp16 and bf16 alike (weight_mma.cuh fp8x2_scaled<T, true>): the bits of
+// reference.dequantize_weight_blocks(q, s, T); the scale is never rounded to 16 bits.
 static constexpr int DECODE_STAGES = 2;  // weight chunks in flight per warp (the ring's slots)
 static constexpr int DECODE_MAX_SPLITS = 8;  // blocks of a K split (a portable cluster's size)
 // Configurations (cupyquant/weight/decode.py DECODE_CONFIGS; each row's fields are the template

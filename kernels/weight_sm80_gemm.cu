@@ -41,7 +41,9 @@ using namespace cq;
 // 8 i of those, and k16 step h of it takes the 32-bit word (i % 2) 2 + h of the 16-byte piece i / 2,
 // its bytes (0, 1) as slots (2t, 2t + 1) and (2, 3) as (2t + 8, 2t + 9), the k of the activation
 // registers as loaded; each pair becomes T by weight_mma.cuh fp8x2_scaled (times the row's group
-// scale, one rounding: the decode kernel's dequantization).
+// scale, one rounding: the decode kernel's dequantization). W_FP8_BLOCK: the same with float32
+// scales (128 x 128 block weights, repeated per row in the prepared layout), multiplied in float32
+// and rounded once to T (weight_decode.cu).
 //
 // Shared memory per stage: a (BM rows of 256 bytes, its 16-byte chunks XOR-swizzled so that the
 // 8 lanes of a quarter warp, reading chunk 4t + i of rows g, hit 8 distinct bank groups), then w

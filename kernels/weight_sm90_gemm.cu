@@ -76,7 +76,9 @@
 // g + 8 at k 16 s + 2t, + 1 and 16 s + 2t + 8, + 9: four 16-bit reads of byte pairs a step (16 a
 // half, against INT4's four 4-byte words), conflict-free, each pair turned into T and multiplied by
 // its row's scale of the step's 32-k group in one rounding (weight_mma.cuh fp8x2_scaled, as the
-// decode kernel does): the weights w.dequantize(a.dtype) gives.
+// decode kernel does): the weights w.dequantize(a.dtype) gives. W_FP8_BLOCK (128 x 128 block weights):
+// the scales are float32, one per row and 128 k (64 bytes a tile and group in the scale ring: a
+// slot's 64 bytes a tile and half), multiplied in float32 and rounded once to T (weight_decode.cu).
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
