@@ -64,6 +64,11 @@ using namespace cq;
 // times the scale in one rounding (fma with -0). FP8 goes through the exact fp8 -> f16x2
 // conversion; fp16 multiplies there, bf16 in float32 (exact) and rounds once to bf16. A lane's VALS
 // weights of a row lie in one group (G >= VALS), so it needs one scale per row and chunk.
+// W_FP8_BLOCK (FP8 in 128 x 128 blocks): the same bytes and layout, the scales float32 (the prepared
+// layout repeats each block scale for the rows of its block: groups of 128 along K, the last one
+// partial where 128 does not divide K), each value times its scale in an IEEE float32 multiply and
+// rounded once to T for fp16 and bf16 alike (weight_mma.cuh fp8x2_scaled<T, true>): the bits of
+// reference.dequantize_weight_blocks(q, s, T); the scale is never rounded to 16 bits.
 static constexpr int DECODE_STAGES = 2;  // weight chunks in flight per warp (the ring's slots)
 static constexpr int DECODE_MAX_SPLITS = 8;  // blocks of a K split (a portable cluster's size)
 // Configurations (cupyquant/weight/decode.py DECODE_CONFIGS; each row's fields are the template
@@ -109,7 +114,9 @@ template <typename T, int S, int WARPS, int BLOCKS_PER_SM, int ROW_TILES, int SC
 __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T* __restrict__ act, const unsigned char* __restrict__ wq,
                                                                          const T* __restrict__ scales, const unsigned char* __restrict__ zeros,
                                                                          const float* __restrict__ scale_2, T* __restrict__ y, MatmulArgs a) {
-    constexpr bool FP8 = S == W_FP8;
+    constexpr bool FP8 = is_fp8_scheme(S);
+    constexpr bool F32S = S == W_FP8_BLOCK;  // float32 scales (128 x 128 block weights)
+    using SW = typename cond_type<F32S, unsigned, unsigned short>::type;  // a scale's bits
     constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
     constexpr int NB = S == W_NVFP4 ? 8 : 4;  // FP4: scale bytes of a weight row per chunk
     constexpr int VALS = FP8 ? 16 : 32;  // weights per 16-byte load
@@ -132,7 +139,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     const i64 n0 = (i64)blockIdx.x * (16 * RT);
     const i64 m0 = (i64)blockIdx.y * 16;
     const int nchunks = (int)(a.K / CHUNK);  // the wrapper keeps it below 2^31
-    const unsigned short* sc16 = reinterpret_cast<const unsigned short*>(scales);
+    const SW* sc16 = reinterpret_cast<const SW*>(scales);
 
     // This lane's weight rows n0 + 16 r + 8 h + g: the first byte it copies, its scales and zero codes,
     // in the prepared layout (weight/layout.py prepared_of): tile n16 of 16 rows holds chunk c at
@@ -144,7 +151,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
     // (an mma output depends on its own row of A and column of B alone), so no load needs a row
     // predicate.
     const unsigned char* wsrc[RT][2];
-    const unsigned short* srow[RT][2];
+    const SW* srow[RT][2];
     const unsigned char* zrow[RT][2];
     const unsigned char* s8row[RT][2];  // FP4: the row's NB scale bytes of chunk 0 ([n16][chunk][16][NB])
     const i64 ntiles = (a.N + 15) / 16;
@@ -305,6 +312,10 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
                     fp4_scale_pairs<T, S>(gd[r][h], sq[r][h]);
                     continue;
                 }
+                if constexpr (FP8) {
+                    fp8_scale<T, S>(gd[r][h], s2[r][h], sf[r][h]);
+                    continue;
+                }
                 const unsigned sb = gd[r][h] & 0xffffu;
                 const unsigned z = S == W_UINT4 ? gd[r][h] >> 16 : 8u;
                 s2[r][h] = sb * 0x10001u;
@@ -351,8 +362,8 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM) w16_decode(const T*
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {  // rows g (a0, a2) and g + 8 (a1, a3)
                         const unsigned* ww = reinterpret_cast<const unsigned*>(&wv[r][h]);
-                        af[h] = fp8x2_scaled<T>((unsigned short)(ww[st] & 0xffffu), s2[r][h], sf[r][h]);
-                        af[2 + h] = fp8x2_scaled<T>((unsigned short)(ww[st] >> 16), s2[r][h], sf[r][h]);
+                        af[h] = fp8x2_scaled<T, F32S>((unsigned short)(ww[st] & 0xffffu), s2[r][h], sf[r][h]);
+                        af[2 + h] = fp8x2_scaled<T, F32S>((unsigned short)(ww[st] >> 16), s2[r][h], sf[r][h]);
                     }
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) mma16816<T>(acc[r][mt], af, bf[mt][0], bf[mt][1]);

@@ -10,6 +10,10 @@
 #define W_FP8 2    // E4M3 values
 #define W_NVFP4 4  // E2M1 values, an E4M3 scale per 16 k and a float32 scale_2 per weight
 #define W_MXFP4 5  // E2M1 values, an E8M0 scale per 32 k (3 is weight_quant.cu's W_INT8)
+#define W_FP8_BLOCK 6  // E4M3 values, a float32 scale per row and 128 k (128 x 128 block weights, prepared)
+
+// Both FP8 schemes: the same bytes and layout, scales in T (W_FP8) or float32 (W_FP8_BLOCK).
+__host__ __device__ constexpr bool is_fp8_scheme(int s) { return s == W_FP8 || s == W_FP8_BLOCK; }
 
 
 template <typename T> struct HalfOps;
@@ -187,15 +191,29 @@ template <typename T> __device__ __forceinline__ float bits16_to_float(unsigned 
 }
 // Two E4M3 bytes (b: byte 0 the low half) -> their values times s as a T pair, one rounding each.
 // s2 holds s's bits in both halves (read by fp16), sf is s as float (read by bf16).
-template <typename T>
+// F32 (W_FP8_BLOCK: a float32 block scale sf, never rounded to 16 bits): each value times sf in an
+// IEEE float32 multiply (mul.rn, no flush), then rounded once to T, for fp16 and bf16 alike: the
+// bits of dequantize_weight_blocks(q, s, T) (round_to(float32(fp8(q) * s), T)).
+template <typename T, bool F32 = false>
 __device__ __forceinline__ unsigned fp8x2_scaled(unsigned short b, unsigned s2, float sf) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(b, __NV_E4M3);
-    if constexpr (cq::same_type<T, __half>::value) {
+    if constexpr (cq::same_type<T, __half>::value && !F32) {
         return HalfOps<__half>::fma2((unsigned)h.x | ((unsigned)h.y << 16), s2, 0x80008000u);
     } else {
         const float lo = cq::mul_rn(__half2float(__ushort_as_half(h.x)), sf);
         const float hi = cq::mul_rn(__half2float(__ushort_as_half(h.y)), sf);
-        return (unsigned)cq::bits16_rn<__nv_bfloat16>(lo) | ((unsigned)cq::bits16_rn<__nv_bfloat16>(hi) << 16);
+        return (unsigned)cq::bits16_rn<T>(lo) | ((unsigned)cq::bits16_rn<T>(hi) << 16);
+    }
+}
+// An FP8 scale's bits as loaded (the 16 bits of a T scale in the low half, or a float32's 32) ->
+// (s2, sf) for fp8x2_scaled: the 16-bit pair and the float value.
+template <typename T, int S> __device__ __forceinline__ void fp8_scale(unsigned bits, unsigned& s2, float& sf) {
+    if constexpr (S == W_FP8_BLOCK) {
+        s2 = 0u;
+        sf = __uint_as_float(bits);
+    } else {
+        s2 = (bits & 0xffffu) * 0x10001u;
+        sf = bits16_to_float<T>(bits & 0xffffu);
     }
 }
 

@@ -41,7 +41,9 @@ using namespace cq;
 // 8 i of those, and k16 step h of it takes the 32-bit word (i % 2) 2 + h of the 16-byte piece i / 2,
 // its bytes (0, 1) as slots (2t, 2t + 1) and (2, 3) as (2t + 8, 2t + 9), the k of the activation
 // registers as loaded; each pair becomes T by weight_mma.cuh fp8x2_scaled (times the row's group
-// scale, one rounding: the decode kernel's dequantization).
+// scale, one rounding: the decode kernel's dequantization). W_FP8_BLOCK: the same with float32
+// scales (128 x 128 block weights, repeated per row in the prepared layout), multiplied in float32
+// and rounded once to T (weight_decode.cu).
 //
 // Shared memory per stage: a (BM rows of 256 bytes, its 16-byte chunks XOR-swizzled so that the
 // 8 lanes of a quarter warp, reading chunk 4t + i of rows g, hit 8 distinct bank groups), then w
@@ -84,7 +86,9 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                                                               GemmArgs a) {
     constexpr int THREADS = 32 * GM_WN * WM;
     constexpr int BM = 16 * MT * WM;
-    constexpr bool FP8 = S == W_FP8;
+    constexpr bool FP8 = is_fp8_scheme(S);
+    constexpr bool F32S = S == W_FP8_BLOCK;  // float32 scales (128 x 128 block weights)
+    using SW = typename cond_type<F32S, unsigned, unsigned short>::type;  // a scale's bits
     constexpr int W_TILE = FP8 ? 2048 : 1024;  // bytes of a 16-row weight tile a stage
     constexpr int A_BYTES = BM * GM_BK * 2;
     constexpr int STAGE_BYTES = A_BYTES + (GM_BN / 16) * W_TILE;
@@ -149,7 +153,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
     // tile in nibble i % 2 of byte i / 2). Rows nb + 8 j and nc + 8 j + h lie in tile (nb >> 4) +
     // j / 2 at row (nb & 15) + 8 (j % 2) (nb & 15 = g, nc & 15 = 2 t: n0 and 32 wn are whole tiles).
     const i64 tstep = a.ng * 16;  // scales per tile
-    const unsigned short* s_b = reinterpret_cast<const unsigned short*>(scales) + (nb >> 4) * tstep + g;
+    const SW* s_b = reinterpret_cast<const SW*>(scales) + (nb >> 4) * tstep + g;
     const T* s_c = scales + (nc >> 4) * tstep + 2 * t;
     const unsigned char* z_b = zeros + (nb >> 4) * a.ng * 8 + g / 2;
     // FP4 scale bytes [N / 16][chunk][16][NB]: row g of tile nb >> 4 at chunk 0
@@ -180,10 +184,10 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
 #pragma unroll
         for (int j = 0; j < GM_NT; ++j) {
             const bool ok = nb + 8 * j < a.N;
-            unsigned short sb = 0;
+            SW sb = 0;
             const i64 tj = (j >> 1) * tstep + grp * 16 + 8 * (j & 1);
             if (!SCALE_AFTER_SUM && ok) sb = __ldg(s_b + tj);
-            r.s2[j] = (unsigned)sb * 0x10001u;
+            r.s2[j] = F32S ? (unsigned)sb : (unsigned)sb * 0x10001u;  // float32 bits, or the T pair
             unsigned z = 8u;
             if constexpr (S == W_UINT4) z = ok ? (unsigned)((__ldg(z_b + (tj >> 1)) >> (4 * (g & 1))) & 15u) : 0u;
             r.zb[j] = frag_zero_bias<T>(z, j & 1);
@@ -240,7 +244,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
         float sf[FP8 ? GM_NT : 1];
         if constexpr (FP8) {
 #pragma unroll
-            for (int j = 0; j < GM_NT; ++j) sf[j] = bits16_to_float<T>(cur.s2[j]);
+            for (int j = 0; j < GM_NT; ++j) sf[j] = F32S ? __uint_as_float(cur.s2[j]) : bits16_to_float<T>(cur.s2[j]);
         }
         float part[SCALE_AFTER_SUM ? MT : 1][GM_NT][4];
         if constexpr (SCALE_AFTER_SUM) {
@@ -287,7 +291,7 @@ __global__ void __launch_bounds__(32 * GM_WN * WM) sm80_w16_gemm(const T* __rest
                     for (int e = 0; e < 2; ++e) {
                         if constexpr (FP8) {
                             const unsigned word = reinterpret_cast<const unsigned*>(&w8[j])[2 * (sub & 1) + h];
-                            bw[j][e] = fp8x2_scaled<T>((unsigned short)(e ? word >> 16 : word & 0xffffu), cur.s2[j], sf[j]);
+                            bw[j][e] = fp8x2_scaled<T, F32S>((unsigned short)(e ? word >> 16 : word & 0xffffu), cur.s2[j], sf[j]);
                             continue;
                         }
                         const unsigned word = reinterpret_cast<const unsigned*>(&wv[j >> 1][sub >> 1])[2 * h + e];

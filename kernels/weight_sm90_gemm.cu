@@ -76,7 +76,9 @@
 // g + 8 at k 16 s + 2t, + 1 and 16 s + 2t + 8, + 9: four 16-bit reads of byte pairs a step (16 a
 // half, against INT4's four 4-byte words), conflict-free, each pair turned into T and multiplied by
 // its row's scale of the step's 32-k group in one rounding (weight_mma.cuh fp8x2_scaled, as the
-// decode kernel does): the weights w.dequantize(a.dtype) gives.
+// decode kernel does): the weights w.dequantize(a.dtype) gives. W_FP8_BLOCK (128 x 128 block weights):
+// the scales are float32, one per row and 128 k (64 bytes a tile and group in the scale ring: a
+// slot's 64 bytes a tile and half), multiplied in float32 and rounded once to T (weight_decode.cu).
 //
 // Split K: when the tiles cannot fill the GPU, K is split across blocks (gridDim.z). With a
 // workspace (ws not null), as in weight_sm80_gemm.cu: float32 partial tiles to the workspace, a per-tile
@@ -393,7 +395,7 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     int w_odd = (int)(it0 & 1);
     i64 w_tstep = 0;
     unsigned w_okm = 0;
-    if constexpr (S == W_FP8) {
+    if constexpr (is_fp8_scheme(S)) {
         constexpr int TP = 64 * HALVES, TT = WG_THREADS / TP;  // pieces a tile; tiles a pass of the threads
         const int p = tid % TP, r = (p >> 2) & 15;
 #pragma unroll
@@ -439,15 +441,16 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     constexpr bool WS = BMA == 128;
     const int szt = WS ? tid - WG_THREADS : tid;
     const int ngst = max(1, BK >> min(a.gshift, 16));  // groups a stage spans
+    constexpr int GB = S == W_FP8_BLOCK ? 64 : 32;  // a tile's scale bytes a group: 16 rows of float32 (W_FP8_BLOCK) or T
     constexpr int SC_T = 32 * HALVES, ZC_T = 8 * HALVES;
     const bool is_sc = szt < SC_T;
     const int sz_tile = is_sc ? szt / (4 * HALVES) : (szt - SC_T) / HALVES;
     const int sc_piece = szt % (4 * HALVES), zc_piece = (szt - SC_T) % HALVES;
     const i64 sz_n16 = n0 / 16 + sz_tile;
-    bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < 2 * ngst;
+    bool sc_ok = is_sc && sz_n16 < n16_total && sc_piece < GB / 16 * ngst;
     const int zc_bytes = 8 * ngst - 16 * zc_piece;  // of this thread's piece: 16, 8, or none
     const bool zc_ok = S == W_UINT4 && !is_sc && szt < SC_T + ZC_T && sz_n16 < n16_total && zc_bytes > 0;
-    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * 32 + sc_piece * 16;
+    const unsigned char* sc_base = reinterpret_cast<const unsigned char*>(scales) + (sz_n16 * a.ng) * GB + sc_piece * 16;
     const unsigned char* zc_base = zeros + (sz_n16 * a.ng) * 8 + zc_piece * 16;
     unsigned sz_dst = sbase + STAGES * STAGE + (is_sc ? sz_tile * SC_TILE + sc_piece * 16 : 8 * SC_TILE + sz_tile * ZC_TILE + zc_piece * 16);
     const int sz_k = (int)(it0 * BK);  // k of the first stage (K < 2^31: host)
@@ -458,9 +461,9 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
     // plus an even group base plus the stage's place jj in its group, so the step after a load is
     // sc_step_odd for odd jj, sc_step_even for even jj, each set by it0's parity.
     const bool g2 = BK == 64 && gsh == 7, odd0 = (it0 & 1) != 0;
-    int sc_step_even = g2 ? (odd0 ? 32 : 0) : 32 * (BK >> min(gsh, 16));
-    int sc_step_odd = g2 ? (odd0 ? 0 : 32) : sc_step_even;
-    const unsigned char* sc_next = sc_base + (sz_k >> gsh) * 32;
+    int sc_step_even = g2 ? (odd0 ? GB : 0) : GB * (BK >> min(gsh, 16));
+    int sc_step_odd = g2 ? (odd0 ? 0 : GB) : sc_step_even;
+    const unsigned char* sc_next = sc_base + (sz_k >> gsh) * GB;
     const unsigned char* zc_next = zc_base + (sz_k >> gsh) * 8;
     if constexpr (S == W_NVFP4 || S == W_MXFP4) {
         // FP4: the scale bytes of tile n16 and chunk c, (n16 nchunks + c) 16 NB bytes (row i's NB
@@ -507,8 +510,8 @@ __device__ __forceinline__ void copies_init(WgCopies& c, const T* __restrict__ a
 template <typename T, int S, int HALVES, bool K_PERMUTED>
 __device__ __forceinline__ void copy_advance(WgCopies& c, int stages) {
     constexpr int BK = 64 * HALVES;
-    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED || S == W_FP8;
-    constexpr int W_STEP = S == W_FP8 ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
+    constexpr bool W_FIXED = HALVES == 2 || K_PERMUTED || is_fp8_scheme(S);
+    constexpr int W_STEP = is_fp8_scheme(S) ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
     c.a_next += stages * BK * (int)sizeof(T);
     asm volatile("" : "+l"(c.a_next));  // one register pair: an address operand as it is, not copied into one each stage
     if constexpr (W_FIXED) c.w_next += stages * W_STEP, c.w_next2 += stages * W_STEP;
@@ -547,8 +550,8 @@ __device__ __forceinline__ void cp_async4_if(unsigned s, const void* gmem, bool 
 // the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
 template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
 __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
-    constexpr int W_STEP = S == W_FP8 ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
-    if constexpr (S == W_FP8) {
+    constexpr int W_STEP = is_fp8_scheme(S) ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
+    if constexpr (is_fp8_scheme(S)) {
 #pragma unroll
         for (int q = 0; q < 2 * HALVES; ++q)
             cp_async16_if(c.w_dst[0] + slot * STAGE + q * (WG_THREADS * 16), c.w_next + jj * W_STEP + q * c.w_tstep, (c.w_okm >> q) & 1u);
@@ -611,7 +614,7 @@ __device__ __forceinline__ void produce_ws(const unsigned char* __restrict__ wq,
     const unsigned char* pw8 = wq + ((n0 >> 4) * 2 * nchunks + 2 * it0) * 1024 + p * 16;
     const unsigned pw8_dst = sbase + A_BYTES + ((p & ~3) | ((p & 3) ^ ((r8 >> 1) & 3))) * 16;
     auto wcopy = [&](int i, int slot) {
-        if constexpr (S == W_FP8) {
+        if constexpr (is_fp8_scheme(S)) {
 #pragma unroll
             for (int c = 0; c < 8; ++c)
                 cp_async16_if(pw8_dst + slot * STAGE + c * 2048, pw8 + (c * 2 * nchunks + 2 * (i64)i) * 1024, (n0 >> 4) + c < n16_total);
@@ -661,7 +664,8 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     constexpr bool WS = BMA == 128;
     constexpr int A_ATOM = BMA * 128, A_BYTES = A_ATOM * HALVES, SC_TILE = 64 * HALVES, ZC_TILE = 16 * HALVES;
     constexpr bool FP4 = S == W_NVFP4 || S == W_MXFP4;
-    constexpr bool FP8 = S == W_FP8;
+    constexpr bool FP8 = is_fp8_scheme(S);
+    constexpr bool F32S = S == W_FP8_BLOCK;  // float32 scales (128 x 128 block weights)
     static_assert(!FP4 || K_PERMUTED, "FP4 weights are in the k-permuted order");
     static_assert(!FP8 || !K_PERMUTED, "FP8 weights are in k order");
     constexpr int WV = FP8 ? 16 : 4;  // a lane's words of a half (FP8: 16-bit byte pairs)
@@ -729,7 +733,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const unsigned s2 = sc[r & 1][s >> 1];
-                f[r] = fp8x2_scaled<T>((unsigned short)w[4 * s + r], s2, bits16_to_float<T>(s2));
+                f[r] = fp8x2_scaled<T, F32S>((unsigned short)w[4 * s + r], s2, F32S ? __uint_as_float(s2) : bits16_to_float<T>(s2));
             }
         } else if constexpr (K_PERMUTED) {  // step s: the layout's steps hh + 4 (s % 2) and + 2, their words' registers 2 (s / 2) ..
             dq(f, w[2 * (s & 1)], w[2 * (s & 1) + 1], 2 * (s >> 1), 2 * (s >> 1), sc, zc, s);
@@ -767,7 +771,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     // computed once like woff
     // (FP4: of row nrow's scale bytes, FRB a row: + 8 FRB r)
     constexpr int FRB = S == W_NVFP4 && HALVES == 2 ? 8 : 4;
-    int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * (FP4 ? FRB : 2), zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
+    int sc_row = (nrow >> 4) * SC_TILE + (nrow & 15) * (FP4 ? FRB : F32S ? 4 : 2), zc_row = 8 * SC_TILE + (nrow >> 4) * ZC_TILE + ((nrow & 15) >> 1);
     asm volatile("" : "+r"(sc_row), "+r"(zc_row));
     // this lane's words of half hh of the stage at st (the layout's four k16 steps: K_PERMUTED steps hh + 2 u,
     // else 4 hh + u; HALVES = 1: hh = i % 2), and its rows' scales and zero biases from the scale slot szs.
@@ -791,8 +795,12 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
         // A scale is read as its 16 bits in the low half: dq's FMA takes them into both halves through
         // an operand selector (fma2_lo), where a multiply by 0x10001 here cost an IMAD a scale.
         auto read_sz = [&](int r, int gl, unsigned& sv, unsigned& zv) {  // row nrow + 8 r
-            sv = (unsigned)*reinterpret_cast<const unsigned short*>(szs + sc_row + 16 * r + gl * 32);
-            if constexpr (FP8) sv *= 0x10001u;  // fp8x2_scaled takes the pair
+            if constexpr (F32S) {  // the float32 scale's bits (16 rows of 4 bytes a group)
+                sv = *reinterpret_cast<const unsigned*>(szs + sc_row + 32 * r + gl * 64);
+            } else {
+                sv = (unsigned)*reinterpret_cast<const unsigned short*>(szs + sc_row + 16 * r + gl * 32);
+                if constexpr (FP8) sv *= 0x10001u;  // fp8x2_scaled takes the pair
+            }
             if constexpr (S == W_UINT4) {
                 const unsigned zbyte = szs[zc_row + 4 * r + gl * 8];
                 zv = zb_table[16 * r + ((zbyte >> (4 * (g & 1))) & 15u)];
@@ -1009,7 +1017,7 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
     constexpr int BK = 64 * HALVES;              // k per stage
     constexpr int A_ATOM = BMA * 128;            // one 64-k half of the activations: a 128-byte swizzle atom per row
     constexpr int A_BYTES = A_ATOM * HALVES;
-    constexpr int W_ROW = (S == W_FP8 ? 64 : 32) * HALVES;  // weight bytes per row and stage
+    constexpr int W_ROW = (is_fp8_scheme(S) ? 64 : 32) * HALVES;  // weight bytes per row and stage
     constexpr int STAGE = A_BYTES + WG_BN * W_ROW;  // a multiple of 1024: every slot's activations stay 1024-aligned
     constexpr int ND = BMA / 2;                  // accumulators per thread
     constexpr int SC_TILE = 64 * HALVES;         // scale bytes a tile in a ring slot: up to BK / 32 groups of 32 bytes

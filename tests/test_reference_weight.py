@@ -610,3 +610,112 @@ def test_prepare_weight_fp4(fmt, N, B):
         ref.prepare_weight(data, scales, np.zeros((N, 1), np.uint8), scheme=fmt)
     with pytest.raises(ValueError, match="^scales must have shape"):
         ref.prepare_weight(data, scales[:, :1], scheme=fmt)
+
+
+# ---------------------------------------------------------------- FP8 weights in 128 x 128 blocks: the weight-only matmul
+def _block_weight(N, K, seed, finite=True):
+    """Random E4M3 codes (finite ones only, or any) and float32 block scales with full 24-bit
+    significands (none of them a bfloat16 or float16 value)."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+    if finite:
+        codes[(codes & 0x7F) == 0x7F] = 0x3F
+    nb, kb = -(-N // 128), -(-K // 128)
+    scales = (np.float32(1) + rng.integers(1, 2**23, (nb, kb)).astype(np.float32) * np.float32(2.0**-23)) * np.ldexp(
+        np.float32(1), rng.integers(-12, -4, (nb, kb))
+    )
+    return codes, scales.astype(np.float32)
+
+
+def test_prepare_weight_blocks():
+    """Block scales go once per row (row n takes scales[n // 128]), tile-major like group scales, as
+    float32 values as stored; the data as FP8's; N and K past whole blocks (200 x 192: the second row
+    of blocks has 72 rows, the second column of blocks 64 k)."""
+    N, K = 200, 192
+    data, scales = _block_weight(N, K, 1)
+    d, s, z = ref.prepare_weight(data, scales, scheme=E4M3, block_size=(128, 128))
+    d8, _, _ = ref.prepare_weight(data, np.ones((N, 3), np.float16), scheme=E4M3)
+    np.testing.assert_array_equal(d, d8)
+    T = -(-N // 16)
+    assert z is None and s.dtype == np.float32 and s.shape == (T, 2, 16)
+    n = np.arange(N)
+    for j in range(2):
+        np.testing.assert_array_equal(s[n // 16, j, n % 16].view(np.uint32), scales[n // 128, j].view(np.uint32))
+    assert not s[T - 1, :, N % 16 :].any()  # padding rows
+    with pytest.raises(ValueError, match=r"float32 of shape \(2, 2\)"):
+        ref.prepare_weight(data, scales.astype(np.float16), scheme=E4M3, block_size=(128, 128))
+    with pytest.raises(ValueError, match=r"float32 of shape \(2, 2\)"):
+        ref.prepare_weight(data, scales[:1], scheme=E4M3, block_size=(128, 128))
+    with pytest.raises(ValueError, match="block_size=.128, 128. takes float8_e4m3fn"):
+        ref.prepare_weight(data, scales, scheme="int4", block_size=(128, 128))
+    with pytest.raises(ValueError, match="block_size=.128, 128. takes float8_e4m3fn"):
+        ref.prepare_weight(data, scales, np.zeros((N, 1), np.uint8), scheme=E4M3, block_size=(128, 128))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_weight_matmul_blocks_formula(dtype):
+    """ref is the float64 product with each weight fp8(q) * s[n // 128, k // 128] in float32, rounded
+    once to a's dtype, written here element by element; leading dimensions of a kept. Rounding the
+    float32 scale to a's dtype first would change that weight (the formula is sharp enough to tell)."""
+    N, K = 200, 320
+    data, scales = _block_weight(N, K, 2)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 3, K)).astype(np.float32).astype(dtype)
+    y, S = ref.weight_matmul_blocks(a, data, scales)
+    assert y.shape == S.shape == (2, 3, N) and y.dtype == np.float64
+    v = data.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    sf = scales[np.arange(N)[:, None] // 128, np.arange(K)[None, :] // 128]
+    W = (v * sf).astype(np.float32).astype(dtype).astype(np.float64)
+    a64 = a.astype(np.float64).reshape(-1, K)
+    np.testing.assert_array_equal(y.reshape(-1, N), a64 @ W.T)
+    np.testing.assert_array_equal(S.reshape(-1, N), np.abs(a64) @ np.abs(W).T)
+    W16 = (v * sf.astype(dtype).astype(np.float32)).astype(np.float32).astype(dtype).astype(np.float64)
+    assert (W16 != W).mean() > 0.05
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        ref.weight_matmul_blocks(a.astype(np.float32), data, scales)
+    with pytest.raises(ValueError, match="share K"):
+        ref.weight_matmul_blocks(a[..., :-64], data, scales)
+    with pytest.raises(ValueError, match="float32"):
+        ref.weight_matmul_blocks(a, data, scales.astype(np.float16))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_weight_matmul_error_bound_covers_float32_sums(dtype):
+    """Float32 sums of the exact products in three orders (sequential, reversed, and per 64-k chunk
+    then chunk by chunk, as the kernels add), rounded once to a's dtype, lie within
+    weight_matmul_error_bound of ref; with integer activations and weights of few bits and
+    power-of-two scales every partial sum is exact, and all three are round_to(ref) bit for bit."""
+    N, K = 130, 1280
+    data, scales = _block_weight(N, K, 4)
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((9, K)) * 2.0 ** rng.uniform(-4, 4, (9, 1))).astype(np.float32).astype(dtype)
+    W = ref.dequantize_weight_blocks(data, scales, dtype).astype(np.float32)
+    prods = a.astype(np.float32)[:, None, :] * W[None, :, :]  # exact in float32
+
+    def sums(p):
+        seq = np.zeros(p.shape[:2], np.float32)
+        rev = np.zeros(p.shape[:2], np.float32)
+        for k in range(K):
+            seq += p[..., k]
+            rev += p[..., K - 1 - k]
+        chunks = np.zeros(p.shape[:2], np.float32)
+        for c in range(K // 64):
+            part = np.zeros(p.shape[:2], np.float32)
+            for k in range(64 * c, 64 * c + 64):
+                part += p[..., k]
+            chunks += part
+        return seq, rev, chunks
+
+    want, S = ref.weight_matmul_blocks(a, data, scales)
+    bound = ref.weight_matmul_error_bound(want, S, K, dtype)
+    for y in sums(prods):
+        y16 = ref.round_to(y, dtype).astype(np.float64)
+        assert (np.abs(y16 - want) <= bound).all()
+    # exact sums: integer activations, E4M3 values of few bits, power-of-two block scales
+    codes = rng.choice(np.array([0, 0x38, 0xB8, 0x40, 0xC0, 0x3C, 0x44, 0x30], np.uint8), (N, K))
+    pow2 = np.ldexp(np.float32(1), rng.integers(-2, 2, scales.shape)).astype(np.float32)
+    ai = rng.integers(-4, 5, (9, K)).astype(np.float32).astype(dtype)
+    We = ref.dequantize_weight_blocks(codes, pow2, dtype).astype(np.float32)
+    want, _ = ref.weight_matmul_blocks(ai, codes, pow2)
+    for y in sums(ai.astype(np.float32)[:, None, :] * We[None, :, :]):
+        np.testing.assert_array_equal(ref.round_to(y, dtype).view(np.uint16), ref.round_to(want, dtype).view(np.uint16))

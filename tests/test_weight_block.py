@@ -294,13 +294,13 @@ def test_block_weight_container():
     assert h["codes"].dtype == ml_dtypes.float8_e4m3fn and h["zero_point"] is None and h["scale"].dtype == np.float32
     assert "block_size=(128, 128)" in repr(qw) and "float32" in repr(qw)
     assert qw.nbytes == 200 * 272 + 2 * 3 * 4
+    # the weight-only matmul takes it (tests/test_weight_fp8_block_matmul.py), prepared or plain
     a = cupy.ones((4, 272), BF16)
-    with pytest.raises(ValueError, match="scaled_matmul"):
-        cq.matmul(a, qw)
-    with pytest.raises(ValueError, match="scaled_matmul"):
-        cqw.matmul_path(4, qw)
-    with pytest.raises(ValueError, match="no prepared layout"):
-        cq.prepare_weight(qw)
+    assert cqw.matmul_path(4, qw) == "decode"
+    qp = cq.prepare_weight(qw)
+    assert qp.data_layout == "prepared" and qp.block_size == BLOCK and qp.scale.dtype == np.float32
+    assert_bits_equal(qp.plain().scale, qw.scale)
+    assert_bits_equal(cq.matmul(a, qp), cq.matmul(a, qw))
     bad = qw.copy()
     bad.scale = bad.scale.astype(cupy.float16)
     with pytest.raises(ValueError, match="w.scale must be float32"):

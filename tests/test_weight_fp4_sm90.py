@@ -128,7 +128,8 @@ def test_sm90_fp4_cluster_capacity_builds():
     from INT4's."""
     require_arch("wgmma")
     from cupyquant import _dtypes
+    from cupyquant.weight.formats import SCHEME_IDS
 
     t = _dtypes.input_type(np.float16, "a")
     for fmt in FORMATS:
-        assert sorted(sm90_gemm.cluster_cap(cupy.cuda.Device().id, t, fmt, True)) == [3, 4, 5, 6, 7, 8]
+        assert sorted(sm90_gemm.cluster_cap(cupy.cuda.Device().id, t, SCHEME_IDS[fmt], True)) == [3, 4, 5, 6, 7, 8]

@@ -81,6 +81,7 @@ from .w8a8 import (
 from .weight import (
     AWQ_RANGE_FLOOR,
     FP4_WEIGHT_BLOCK,
+    WEIGHT_MATMUL_REL_ERROR,
     dequantize_weight,
     dequantize_weight_blocks,
     dequantize_weight_fp4,
@@ -91,6 +92,8 @@ from .weight import (
     quantize_weight_fp4,
     quantize_weight_int8,
     weight_code_sum,
+    weight_matmul_blocks,
+    weight_matmul_error_bound,
 )
 
 # Family by family, each op's helpers before it (docs/api.md lists the functions in this order).
@@ -168,6 +171,10 @@ __all__ = [
     "quantize_weight_fp4",
     "dequantize_weight_fp4",
     "prepare_weight",
+    # the weight-only matmul of FP8 weights in 128 x 128 blocks
+    "WEIGHT_MATMUL_REL_ERROR",
+    "weight_matmul_blocks",
+    "weight_matmul_error_bound",
     # the W8A8 matmul (FP8 and INT8)
     "W8A8_BLOCK",
     "W8A8_REL_ERROR",

@@ -1,6 +1,7 @@
 """Weight-only quantization (GPTQ/Marlin uint4b8, AWQ, W8A16, NVFP4 and MXFP4), FP8 weights in
-128 x 128 blocks (DeepSeek-V3, for W8A8), INT8 weights per output channel (SmoothQuant /
-compressed-tensors W8A8 INT8) with their code sums, and the prepared layout of the matmul kernels."""
+128 x 128 blocks (DeepSeek-V3, for W8A8 and the weight-only matmul), INT8 weights per output
+channel (SmoothQuant / compressed-tensors W8A8 INT8) with their code sums, the prepared layout of
+the matmul kernels, and the weight-only matmul of block weights with its error bound."""
 
 from __future__ import annotations
 
@@ -218,6 +219,51 @@ def dequantize_weight_blocks(data, scales, out_dtype=np.float32):
     return round_to(y, out_dtype)
 
 
+#: The weight-only matmul's float32 sums: at most ``(K 2^-23 + 2^-22) S`` from the float64 sum
+#: (``S = sum_k |a w|``): one rounding (truncation included) an addition, and the last one.
+WEIGHT_MATMUL_REL_ERROR = (2.0**-23, 2.0**-22)
+
+
+def weight_matmul_blocks(a, data, scales):
+    """The weight-only matmul ``y = a @ W.T`` of FP8 weights in 128 x 128 blocks as
+    :func:`cupyquant.matmul` defines it, in float64: returns ``(ref, S)``, both ``a.shape[:-1] + (N,)``.
+
+    ``W = dequantize_weight_blocks(data, scales, a.dtype)``: each E4M3 value times the float32 scale
+    of its block, ``scales[n // 128, k // 128]``, in an IEEE float32 multiply, rounded once to a's
+    dtype (float16 or bfloat16), the bits of ``w.dequantize(a.dtype)``; the scale itself is never
+    rounded to 16 bits. ``ref = sum_k a[m, k] W[n, k]`` in float64 and ``S = sum_k |a[m, k] W[n, k]|``.
+    Every product ``a W`` is exact in float32 (at most 11 + 11 significant bits), so the kernels'
+    float32 sums, in whatever order, and their one rounding to a's dtype are within
+    :func:`weight_matmul_error_bound` of ``ref``; where every partial sum is exact in float32 (small
+    integer activations, weights of few bits) ``y`` is ``round_to(ref, a.dtype)`` bit for bit.
+    ``data`` uint8 ``(N, K)`` E4M3 codes, ``scales`` float32 ``(ceil(N / 128), ceil(K / 128))``,
+    ``a`` ``(..., K)``."""
+    a = np.asarray(a)
+    t = _dtypes.input_type(a.dtype, "a")
+    if t.name not in ("float16", "bfloat16"):
+        raise TypeError(f"a must be float16 or bfloat16, got {a.dtype}")
+    data = np.asarray(data)
+    if data.ndim != 2 or a.ndim == 0 or a.shape[-1] != data.shape[1]:
+        raise ValueError(f"a (..., K) and data (N, K) must share K, got {a.shape} and {data.shape}")
+    W = dequantize_weight_blocks(data, scales, a.dtype).astype(np.float64)
+    N, K = data.shape
+    a64 = a.astype(np.float64).reshape(-1, K)
+    shape = a.shape[:-1] + (N,)
+    return (a64 @ W.T).reshape(shape), (np.abs(a64) @ np.abs(W).T).reshape(shape)
+
+
+def weight_matmul_error_bound(ref, S, K: int, out_dtype) -> np.ndarray:
+    """The element-wise bound of ``|y - ref|`` for :func:`weight_matmul_blocks`' ``(ref, S)``:
+    ``err = (K 2^-23 + 2^-22) S`` (float32 sums) plus half an ulp of ``out_dtype`` at
+    ``|ref| + err`` (the one rounding to a's dtype, in the binade the float32 sum may reach)."""
+    out_dtype = _dtypes.input_type(out_dtype, "out_dtype").dtype
+    per_k, last = WEIGHT_MATMUL_REL_ERROR
+    err = (int(K) * per_k + last) * np.asarray(S, dtype=np.float64)
+    fi = ml_dtypes.finfo(out_dtype)
+    mag = np.maximum(np.abs(np.asarray(ref, dtype=np.float64)) + err, float(fi.smallest_normal))
+    return err + np.ldexp(1.0, (np.floor(np.log2(mag)) - fi.nmant - 1).astype(np.int64))
+
+
 INT8_QMAX = np.float32(127)  # s = amax / 127: vLLM's int8 kernels and SmoothQuant's per-channel weights
 INT8_CODES = (-128, 127)  # the int8 range, compressed-tensors calculate_range and cvt.rni.sat.s8.f32
 
@@ -369,7 +415,7 @@ def dequantize_weight_fp4(data, scales, fmt="nvfp4", scale_2=None, out_dtype=np.
     return round_to(y, out_dtype)
 
 
-def prepare_weight(data, scales, zeros=None, *, scheme):
+def prepare_weight(data, scales, zeros=None, *, scheme, block_size=None):
     """The prepared (tile-major) layout that the matmul kernels read, from the plain layout of
     :func:`quantize_weight` (``data`` ``(N, B)`` uint8 with B = K / 2 for INT4 or K for FP8, a
     multiple of 64; ``scales`` ``(N, ng)``; ``zeros`` ``(N, ceil(ng / 2))`` or None; ``scheme`` the
@@ -400,6 +446,12 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
       ``NB = 128 / block`` (8 NVFP4, 4 MXFP4): the byte of row n, block j (natural k order, chunk
       ``j // NB``) at ``[n // 16, j // NB, n % 16, j % NB]``, so that a row's NB bytes of a chunk
       are contiguous. NVFP4's ``scale_2`` has one layout (unchanged).
+    - FP8 in 128 x 128 blocks (``scheme="float8_e4m3fn"``, ``block_size=(128, 128)``; ``scales``
+      float32 ``(ceil(N / 128), ceil(K / 128))``, ``zeros`` None): data as FP8's; the scales first
+      repeated for each row of their block (row n takes ``scales[n // 128]``), then laid out as
+      the scales above, ``(T, ceil(K / 128), 16)`` float32: the scale of row n and k at
+      ``[n // 16, k // 128, n % 16]``, a group of 128 along K (the last one partial where 128 does
+      not divide K), every value as stored.
 
     Written as the scatter of each element to its flat offset, not as the reshape and transpose of
     ``cupyquant.weight``, so that the two are independent checks of each other."""
@@ -410,6 +462,18 @@ def prepare_weight(data, scales, zeros=None, *, scheme):
     data = np.asarray(data, dtype=np.uint8)
     scales = _fp4_scale_bytes(scales, scheme) if fp4 else np.asarray(scales)
     N, B = data.shape
+    if block_size is not None:
+        if scheme != "float8_e4m3fn" or tuple(block_size) != (BLOCK, BLOCK) or zeros is not None:
+            raise ValueError(
+                f"block_size=(128, 128) takes float8_e4m3fn weights without zeros, got scheme {scheme!r}, "
+                f"block_size {block_size!r}, zeros {'None' if zeros is None else 'given'}"
+            )
+        if scales.dtype != np.float32 or scales.shape != _block_scale_shape(N, B):
+            raise ValueError(
+                f"scales of 128 x 128 blocks must be float32 of shape {_block_scale_shape(N, B)}, "
+                f"got {scales.dtype} {scales.shape}"
+            )
+        scales = np.repeat(scales, BLOCK, axis=0)[:N]
     ng = scales.shape[1]
     if B % 64:
         raise ValueError(f"the data's row of {B} bytes must be a multiple of 64 (128 INT4 or 64 FP8 elements)")

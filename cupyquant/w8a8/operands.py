@@ -301,7 +301,10 @@ def _b_of_weight(w: QuantizedWeight, device: int) -> dict:
     prepared = w.data_layout == "prepared"
     if prepared:
         if g == "block":
-            raise ValueError("b: a weight of 128 x 128 blocks has no prepared layout; pass the plain weight")
+            raise ValueError(
+                "b: a prepared weight of 128 x 128 blocks is the weight-only matmul's layout; pass the plain "
+                "weight (b.plain())"
+            )
         check_weight(w)  # the prepared shapes; build.operands converts it (plain_of)
         data = None
     else:

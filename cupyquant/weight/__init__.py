@@ -1,7 +1,8 @@
-"""Weight-only quantization (INT4 as GPTQ/Marlin and AWQ, FP8 for W8A16, NVFP4 and MXFP4) and the
-matmul that dequantizes the weights in registers; also the weights of the W8A8 matmul
-(:func:`cupyquant.scaled_matmul`): FP8 in 128 x 128 blocks and INT8 per output channel (with their
-code sums), which the weight-only matmul does not take.
+"""Weight-only quantization (INT4 as GPTQ/Marlin and AWQ, FP8 for W8A16 in groups, per channel or
+in 128 x 128 blocks with float32 scales, NVFP4 and MXFP4) and the matmul that dequantizes the
+weights in registers; also the weights of the W8A8 matmul (:func:`cupyquant.scaled_matmul`): FP8
+in 128 x 128 blocks (which both matmuls take) and INT8 per output channel (with their code sums),
+which the weight-only matmul does not take.
 
 Kernels: ``kernels/weight_quant.cu`` (quantize, dequantize), ``kernels/weight_decode.cu`` (the
 matmul for few rows of activations), ``kernels/weight_sm80_gemm.cu`` and
@@ -42,7 +43,8 @@ per-channel), each chunk's 4 x 4 blocks of 8 k are transposed first, so that the
 decode kernel that share a row read its activations 64 contiguous bytes at a time
 (:func:`cupyquant.reference.prepare_weight` has the exact map). FP8
 data ``(ceil(N / 16), K / 64, 16, 64)``: the 16 rows x 64 bytes of a chunk. Scales
-``(ceil(N / 16), K / G, 16)`` (a tile's 16 scales of a group together); uint4 zero points
+``(ceil(N / 16), K / G, 16)`` (a tile's 16 scales of a group together; FP8 in 128 x 128 blocks:
+float32 ``(ceil(N / 16), ceil(K / 128), 16)``, each block scale repeated for the rows of its block); uint4 zero points
 ``(ceil(N / 16), K / G, 8)`` uint8 (row ``i`` of the tile in the low nibble of byte ``i / 2`` when
 ``i`` is even, the high one when odd). FP4 data: INT4's fragment order, always with the chunks'
 4 x 4 blocks of 8 k transposed; FP4 scales ``(ceil(N / 16), K / 128, 16, 128 / B)`` uint8: each

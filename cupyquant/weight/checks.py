@@ -23,17 +23,25 @@ def _check_block_weight(w) -> None:
             f"block weights are float8_e4m3fn in blocks of ({BLOCK}, {BLOCK}), "
             f"got format {w.scheme.format!r}, block {w.scheme.block}"
         )
-    if w.data_layout == "prepared":
-        raise ValueError("w.data_layout must be 'plain' for block weights (they have no prepared layout)")
     if w.zero_point is not None:
         raise ValueError("w.zero_point must be None for float8_e4m3fn weights")
-    if w.data.shape != (N, K) or w.data.dtype != np.uint8:
+    if w.data_layout == "prepared":
+        # the FP8 tiles, and the float32 block scales once per row and 128 k (layout.prepared_of)
+        n16, chunk = ceil_div(N, TILE_ROWS), CHUNK["float8_e4m3fn"]
+        if K % chunk:
+            raise ValueError(f"w.shape's K must be a multiple of {chunk} for a prepared weight, got w.shape {w.shape}")
+        data_shape, scale_shape = (n16, K // chunk, 16, 64), (n16, ceil_div(K, BLOCK), 16)
+        scale_what = "(ceil(N / 16), ceil(K / 128), 16)"
+    else:
+        data_shape, scale_shape, scale_what = (N, K), block_grid(N, K), "(ceil(N / 128), ceil(K / 128))"
+    if w.data.shape != data_shape or w.data.dtype != np.uint8:
         raise ValueError(
-            f"w.data must be uint8 of shape {(N, K)} for a weight of shape {w.shape}, got {w.data.dtype} {w.data.shape}"
+            f"w.data must be uint8 of shape {data_shape} for a {w.data_layout} weight of shape {w.shape}, "
+            f"got {w.data.dtype} {w.data.shape}"
         )
-    if w.scale.shape != block_grid(N, K) or w.scale.dtype != np.float32:
+    if w.scale.shape != scale_shape or w.scale.dtype != np.float32:
         raise ValueError(
-            f"w.scale must be float32 of shape {block_grid(N, K)} (ceil(N / 128), ceil(K / 128)) for a "
+            f"w.scale must be float32 of shape {scale_shape} {scale_what} for a {w.data_layout} "
             f"weight of shape {w.shape}, got {w.scale.dtype} {w.scale.shape}"
         )
 

@@ -408,11 +408,6 @@ def prepare(w: QuantizedWeight) -> QuantizedWeight:
             "w is an int8 (W8A8) weight, which has no prepared layout and no weight-only matmul: pass it as it "
             "is to cupyquant.scaled_matmul with INT8 activations, or dequantize it (w.dequantize())"
         )
-    if w.block_size is not None:
-        raise ValueError(
-            f"w is a weight in {w.block_size} blocks, which has no prepared layout: pass it to "
-            "cupyquant.scaled_matmul as it is"
-        )
     if w.data_layout == "prepared":
         return w
     K = w.shape[1]

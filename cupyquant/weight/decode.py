@@ -18,7 +18,7 @@ import numpy as np
 from .. import _dtypes, _jit, _workspace
 from .._launch import ARG, Launch
 from .._sizes import MAX_GRID_YZ, ceil_div
-from .formats import CHUNK, FP4_IDS, INT4_IDS, SCHEME_IDS, TILE_ROWS, WEIGHT_FP8, WEIGHT_INT4, WEIGHT_UINT4
+from .formats import CHUNK, FP4_IDS, INT4_IDS, TILE_ROWS, WEIGHT_FP8, WEIGHT_FP8_BLOCK, WEIGHT_INT4, WEIGHT_UINT4
 from .problem import Problem, Step
 
 _BOOLS = (False, True)
@@ -101,8 +101,8 @@ ARGS = np.dtype(
     align=True,
 )
 
-# FP4 weights are dequantized before the mma (no scale_after_sum), and not offered the even/odd
-# configuration, which serves scale_after_sum only.
+# FP4 weights and FP8 weights in 128 x 128 blocks (float32 scales) are dequantized before the mma
+# (no scale_after_sum), and not offered the even/odd configuration, which serves scale_after_sum only.
 FAMILY = _jit.register(
     "weight_decode",
     [
@@ -120,7 +120,9 @@ FAMILY = _jit.register(
         e
         for cfg in DECODE_CONFIGS
         if not cfg.even_odd_sums
-        for e in _jit.product("w16_decode", _dtypes.HALF_CTYPES, FP4_IDS, *[(v,) for v in cfg.targs], (False,))
+        for e in _jit.product(
+            "w16_decode", _dtypes.HALF_CTYPES, FP4_IDS + (WEIGHT_FP8_BLOCK,), *[(v,) for v in cfg.targs], (False,)
+        )
     ],
 )
 
@@ -240,7 +242,7 @@ def plan(p: Problem) -> list:
     scales each chunk's float32 partial sums (scale_after_sum), the chunks' blocks of 8 k transposed
     (the kernel reads the activations that way; FP4 weights are in that order too, dequantized
     before the mma)."""
-    sid = SCHEME_IDS[p.fmt]
+    sid = p.sid
     nchunks = p.K // CHUNK[p.fmt]
     scale_after_sum = p.k_permuted and sid in INT4_IDS
     rows_per_launch = TILE_ROWS * MAX_GRID_YZ
@@ -268,7 +270,7 @@ def plan(p: Problem) -> list:
         cluster = (1, 1, splits) if splits > 1 else None
         launches = []
         for early in (False, True) if p.pdl else (False,):
-            a = np.array((mrows, p.N, p.K, p.lda, p.K // p.group, p.gshift, int(early)), dtype=ARGS)[()]
+            a = np.array((mrows, p.N, p.K, p.lda, p.ng, p.gshift, int(early)), dtype=ARGS)[()]
             launches.append(
                 Launch(k, grid + (splits,), (32 * cfg.warps,), (ARG,) * 6 + (a,), smem=smem, pdl=p.pdl, cluster=cluster)
             )

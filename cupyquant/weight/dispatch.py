@@ -17,7 +17,7 @@ from .. import _device, _plans, _validate, _workspace
 from .._sizes import VECTOR_BYTES
 from . import decode, layout, sm80_gemm, sm90_gemm
 from .container import QuantizedWeight, check_weight
-from .formats import CHUNK, FP4_BLOCK
+from .formats import CHUNK, FP4_BLOCK, kernel_scheme
 from .problem import Problem
 
 #: The path that tests force (_forced_path); None: matmul_path decides.
@@ -109,8 +109,8 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
     ``arch`` is the compute capability as CuPy spells it (``"90"``) and ``sms`` the GPU's
     multiprocessor count; by default the current device's, or (no GPU) none, which gives
     ``"sm80_gemm"`` for the tensor-core path, and 132 (an H100 SXM). The thresholds are
-    ``cupyquant.weight.dispatch.PATHS``. Block weights (``w.block_size``) and int8 weights have no
-    path: a ValueError, as in :func:`matmul`."""
+    ``cupyquant.weight.dispatch.PATHS``. FP8 weights in 128 x 128 blocks take the paths of FP8
+    weights in groups. Int8 weights have no path: a ValueError, as in :func:`matmul`."""
     _weight_only_format(w)
     if _FORCED is not None:
         return _FORCED
@@ -127,18 +127,13 @@ def matmul_path(M: int, w: QuantizedWeight, *, arch=None, sms=None) -> str:
 
 
 def _weight_only_format(w) -> None:
-    """Refuse the W8A8 weights (FP8 in 128 x 128 blocks, INT8), which the weight-only matmul does not take."""
+    """Refuse the INT8 (W8A8) weights, which the weight-only matmul does not take."""
     if not isinstance(w, QuantizedWeight):
         return
     if w.scheme.format == "int8":
         raise ValueError(
             "w is an int8 (W8A8) weight, which the weight-only matmul does not take: use cupyquant.scaled_matmul "
             "with INT8 activations, or w.dequantize() and a float matmul"
-        )
-    if w.block_size is not None:
-        raise ValueError(
-            f"w is an FP8 weight in {w.block_size} blocks, which the weight-only matmul does not take: "
-            "use cupyquant.scaled_matmul (FP8 activations), or w.dequantize() and a float matmul"
         )
 
 
@@ -164,7 +159,8 @@ class _Plan:
         if a.ndim == 0 or a.shape[-1] != K:
             raise ValueError(f"a.shape[-1] must equal w's K = {K}, got a.shape {a.shape}")
         fmt = w.scheme.format
-        if fmt not in FP4_BLOCK and w.scale.dtype != a.dtype:
+        block = w.scheme.granularity == "block"  # float32 block scales: either activation dtype
+        if fmt not in FP4_BLOCK and not block and w.scale.dtype != a.dtype:
             raise TypeError(
                 f"w's scales are {w.scale.dtype} but a is {a.dtype}: the kernel dequantizes in a's dtype, "
                 f"so quantize a weight of dtype {a.dtype} (or pass a as {w.scale.dtype})"
@@ -216,8 +212,8 @@ class _Plan:
                     "(its K stages)"
                 )
             p = Problem(
-                device, t, M, N, K, lda, fmt, w._group, layout.k_permuted(w), _device.sm_count(device), pdl,
-                caps.wgmma, caps.pdl,
+                device, t, M, N, K, lda, fmt, kernel_scheme(w), w._group, layout.k_permuted(w),
+                _device.sm_count(device), pdl, caps.wgmma, caps.pdl,
             )  # fmt: skip
             with _validate.on_device_of(w.data):
                 self.steps = tuple(_KERNELS[path](p))
@@ -239,10 +235,11 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     w : QuantizedWeight
         Prepared by :func:`prepare_weight` (the layout the kernels read), or plain, which is then
         converted on every call: a copy of the weight through memory, several times the matmul's
-        own time at decode, so prepare a weight once and reuse it. INT4 and FP8: its scales must
-        have ``a``'s dtype (the kernel dequantizes in that dtype; quantize a weight of the
-        activation dtype); NVFP4 and MXFP4 weights (scale bytes) take either activation dtype.
-        K must be a multiple of 128 (INT4, FP4) or 64 (FP8).
+        own time at decode, so prepare a weight once and reuse it. INT4 and FP8 in groups or per
+        channel: its scales must have ``a``'s dtype (the kernel dequantizes in that dtype; quantize
+        a weight of the activation dtype); FP8 in 128 x 128 blocks (float32 block scales), NVFP4
+        and MXFP4 weights (scale bytes) take either activation dtype. K must be a multiple of 128
+        (INT4, FP4) or 64 (FP8, blocks included; any N).
     out : cupy.ndarray, optional
         ``(..., N)`` of ``a``'s dtype, C-contiguous.
     pdl : bool, optional
@@ -299,6 +296,15 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     product is exact and the sums are float32, in an order that differs from a sequential sum, and
     that depends on the path and tile (so a row's result can change in the last bits with M).
 
+    FP8 in 128 x 128 blocks (every kernel, FP8's paths and thresholds): each E4M3 value times its
+    block's float32 scale ``scale[n // 128, k // 128]`` in an IEEE float32 multiply, rounded once
+    to a's dtype (the scale itself never rounded to 16 bits): the weights of ``w.dequantize(a.dtype)``,
+    bit for bit (:func:`cupyquant.reference.dequantize_weight_blocks`), then summed as above; so
+    each output is within ``(K 2^-23 + 2^-22) sum_k |a w|`` plus half an ulp of a's dtype of the
+    float64 product with those weights (:func:`cupyquant.reference.weight_matmul_blocks` and
+    ``weight_matmul_error_bound``). :func:`prepare_weight` holds the block scales once per row and
+    128 k, float32.
+
     NVFP4 and MXFP4 (every kernel): the tensor cores multiply ``a`` by ``e2m1(q) * s * 2^-C`` (``s``
     the block's E4M3 or E8M0 scale; ``C`` 24 for MXFP4 with bf16, 7 otherwise), built in registers
     and exact in fp16 and bf16, and the float32 sums are multiplied once by ``2^C`` (times NVFP4's
@@ -313,10 +319,10 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     ------
     TypeError
         ``a`` is not a CuPy array of float16 or bfloat16; ``w`` is not a :class:`QuantizedWeight`;
-        ``w``'s scales (INT4, FP8) are not in ``a``'s dtype; ``out`` has the wrong dtype.
+        ``w``'s scales (INT4, FP8 groups and channels) are not in ``a``'s dtype; ``out`` has the wrong dtype.
     ValueError
-        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4, FP4) or 64 (FP8); ``w`` in
-        128 x 128 blocks or int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
+        ``a``'s last axis is not ``w``'s K; K not a multiple of 128 (INT4, FP4) or 64 (FP8); ``w``
+        int8 (use :func:`cupyquant.scaled_matmul`); ``a`` and ``w`` on different devices; ``out`` of the wrong shape or device, not C-contiguous, or
         overlapping ``a`` or ``w``; ``pdl=True`` on a GPU below compute capability 9.0.
     """
     key = (_validate.array_key(a), w._signature() if type(w) is QuantizedWeight else [w], _validate.array_key(out))

@@ -7,11 +7,13 @@ import numpy as np
 
 from ..quantized import Scheme
 
-# Weight schemes of the kernels (kernels/weight_mma.cuh W_INT4, W_UINT4, W_FP8, W_NVFP4, W_MXFP4;
-# weight_quant.cu W_INT8). SCHEME_IDS: the matmul kernels' schemes; QUANT_SCHEME_IDS:
-# weight_quant.cu's, which also quantizes and dequantizes INT8 (W8A8) weights, which no weight-only
-# matmul takes.
+# Weight schemes of the kernels (kernels/weight_mma.cuh W_INT4, W_UINT4, W_FP8, W_NVFP4, W_MXFP4,
+# W_FP8_BLOCK; weight_quant.cu W_INT8). SCHEME_IDS: the matmul kernels' schemes by format;
+# QUANT_SCHEME_IDS: weight_quant.cu's, which also quantizes and dequantizes INT8 (W8A8) weights,
+# which no weight-only matmul takes. WEIGHT_FP8_BLOCK: FP8 weights in 128 x 128 blocks, whose
+# float32 block scales the prepared layout holds once per row and 128 k (kernel_scheme).
 WEIGHT_INT4, WEIGHT_UINT4, WEIGHT_FP8, WEIGHT_INT8, WEIGHT_NVFP4, WEIGHT_MXFP4 = 0, 1, 2, 3, 4, 5
+WEIGHT_FP8_BLOCK = 6
 SCHEME_IDS = {
     "int4": WEIGHT_INT4,
     "uint4": WEIGHT_UINT4,
@@ -22,6 +24,8 @@ SCHEME_IDS = {
 QUANT_SCHEME_IDS = {n: i for n, i in SCHEME_IDS.items() if n not in ("nvfp4", "mxfp4")} | {"int8": WEIGHT_INT8}
 INT4_IDS = (WEIGHT_INT4, WEIGHT_UINT4)
 FP4_IDS = (WEIGHT_NVFP4, WEIGHT_MXFP4)
+#: The FP8 schemes: scales in a's 16-bit dtype per group, or float32 per 128 x 128 block.
+FP8_IDS = (WEIGHT_FP8, WEIGHT_FP8_BLOCK)
 #: The FP4 formats: E2M1 codes with a scale byte per block of ``block`` k (E4M3 or E8M0).
 FP4_BLOCK = {"nvfp4": 16, "mxfp4": 32}
 FP4_FORMATS = tuple(FP4_BLOCK)
@@ -38,6 +42,14 @@ BLOCK = 128
 #: A weight's data layouts: "plain" (the interchange layout, what quantize_weight returns) and
 #: "prepared" (every array in the matmul kernels' tile order, made by prepare_weight).
 DATA_LAYOUTS = ("plain", "prepared")
+
+
+def kernel_scheme(w) -> int:
+    """The matmul kernels' scheme number of the weight ``w``: SCHEME_IDS of its format, and
+    WEIGHT_FP8_BLOCK for FP8 in 128 x 128 blocks."""
+    if w.scheme.granularity == "block":
+        return WEIGHT_FP8_BLOCK
+    return SCHEME_IDS[w.scheme.format]
 
 
 class _DefaultBlockSize(tuple):

@@ -1,6 +1,8 @@
 """The two data layouts of a weight and the copies between them (the package's docstring describes
 both): :func:`prepared_of` makes the prepared (tile-major) layout the matmul kernels read, on the GPU,
-bit-exact with :func:`cupyquant.reference.prepare_weight`; :func:`plain_of` goes back. Both take a
+bit-exact with :func:`cupyquant.reference.prepare_weight` (FP8 weights in 128 x 128 blocks: their
+float32 block scales repeated for each row of the block, so that the kernels read them as FP8
+groups of 128 along K); :func:`plain_of` goes back. Both take a
 weight and return a new one of its kind (``w._with``)."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import numpy as np
 
 from .. import _validate
 from .._sizes import ceil_div
-from .formats import CHUNK, FP4_BLOCK, TILE_ROWS
+from .formats import BLOCK, CHUNK, FP4_BLOCK, TILE_ROWS
 
 
 def _pad_rows(x, rows, keep):
@@ -58,10 +60,18 @@ def k_permuted(w) -> bool:
     return w.scheme.format in FP4_BLOCK or w.scheme.format != "float8_e4m3fn" and w._group % 128 == 0
 
 
+def _block_rows(w, keep):
+    """The float32 block scales of plain block weight ``w`` once per row: ``(N, ceil(K / 128))``,
+    row n the scales of its row of blocks, n // 128."""
+    return keep(cupy.repeat(w.scale, BLOCK, axis=0)[: w.shape[0]])
+
+
 def prepared_of(w):
     """The copies of prepare_weight (plain w, on its device)."""
     N, K = w.shape
-    n16, ng, chunk = ceil_div(N, TILE_ROWS), K // w._group, CHUNK[w.scheme.format]
+    block = w.scheme.granularity == "block"
+    n16, chunk = ceil_div(N, TILE_ROWS), CHUNK[w.scheme.format]
+    ng = ceil_div(K, BLOCK) if block else K // w._group
     keep, done = _temps()
     rows = _pad_rows(w.data, 16 * n16, keep)
     if w.scheme.format == "float8_e4m3fn":
@@ -78,7 +88,8 @@ def prepared_of(w):
         scales, padded = _fp4_prepared_scales(w)
         keep(padded)
     else:
-        scales = cupy.ascontiguousarray(_pad_rows(w.scale, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
+        rows_s = _block_rows(w, keep) if block else w.scale
+        scales = cupy.ascontiguousarray(_pad_rows(rows_s, 16 * n16, keep).reshape(n16, 16, ng).transpose(0, 2, 1))
     zeros = None
     if w.zero_point is not None:
         codes = _nibbles(w.zero_point, keep)[:, :ng]
@@ -91,7 +102,9 @@ def prepared_of(w):
 def plain_of(w):
     """The inverse of prepared_of (prepared w, on its device)."""
     N, K = w.shape
-    n16, ng = w.data.shape[0], K // w._group
+    block = w.scheme.granularity == "block"
+    n16 = w.data.shape[0]
+    ng = ceil_div(K, BLOCK) if block else K // w._group
     keep, done = _temps()
     if w.scheme.format == "float8_e4m3fn":
         data = cupy.ascontiguousarray(keep(w.data.transpose(0, 2, 1, 3).reshape(16 * n16, -1))[:N])
@@ -105,6 +118,8 @@ def plain_of(w):
     if w.scheme.format in FP4_BLOCK:
         scales, t = _fp4_plain_scales(w)
         keep(t)
+    elif block:  # the first row of each row of blocks
+        scales = cupy.ascontiguousarray(keep(w.scale.transpose(0, 2, 1).reshape(16 * n16, ng))[:N:BLOCK])
     else:
         scales = cupy.ascontiguousarray(keep(w.scale.transpose(0, 2, 1).reshape(16 * n16, ng))[:N])
     zeros = None

@@ -38,7 +38,7 @@ def gemm_args(last: str) -> np.dtype:
 
 class Problem(NamedTuple):
     """One matmul shape: ``y (M, N) = a (M, K) @ dequant(w).T`` on ``device`` with a prepared
-    weight of format ``fmt``, rows of ``a`` ``lda`` elements apart (16-byte aligned), ``sms``
+    weight of format ``fmt`` (kernel scheme ``sid``), rows of ``a`` ``lda`` elements apart (16-byte aligned), ``sms``
     multiprocessors, programmatic dependent launch if ``pdl``."""
 
     device: int
@@ -48,7 +48,8 @@ class Problem(NamedTuple):
     K: int
     lda: int
     fmt: str
-    group: int  # K per scale (K per channel)
+    sid: int  # the kernels' scheme number (formats.kernel_scheme: WEIGHT_FP8_BLOCK for 128 x 128 blocks)
+    group: int  # K per scale (K per channel; 128 for 128 x 128 blocks)
     k_permuted: bool  # the prepared chunks' 4 x 4 blocks of 8 k are transposed (layout.k_permuted)
     sms: int
     pdl: bool
@@ -60,6 +61,11 @@ class Problem(NamedTuple):
         """The kernels find k's group as k >> gshift: log2 of the group size, or 62 (every k < 2^62)
         for one group per row."""
         return 62 if self.group == self.K else self.group.bit_length() - 1
+
+    @property
+    def ng(self) -> int:
+        """Scales per weight row (groups of K; a partial last group for blocks whose K 128 does not divide)."""
+        return ceil_div(self.K, self.group)
 
     @property
     def fp4(self) -> bool:
@@ -116,9 +122,7 @@ def gemm_steps(p: Problem, k, threads: int, smem: int, rows: int, bk: int, split
         ws = None if splits == 1 or cluster is not None else (splits, mtiles, ntiles, rows, GEMM_BN)
         launches = []
         for flag in (False, True) if wide is not None and p.pdl else (last,):
-            a = np.array(
-                (mrows, p.N, p.K, p.lda, p.K // p.group, p.gshift, splits, iters, int(flag)), dtype=args_dtype
-            )[()]
+            a = np.array((mrows, p.N, p.K, p.lda, p.ng, p.gshift, splits, iters, int(flag)), dtype=args_dtype)[()]
             tail = (Blob(_launch.TENSOR_MAP),) * 2 if wide is not None else ()
             launches.append(
                 Launch(

@@ -60,7 +60,8 @@ def quantize_weight(
         ``False`` selects zero points (INT4 only).
     block_size : {None, (128, 128)}
         ``(128, 128)`` (``"float8_e4m3fn"`` only): one scale per 2-D block of 128 rows by 128
-        columns, DeepSeek-V3's FP8 weights, for :func:`cupyquant.scaled_matmul`; any N and K (the
+        columns, DeepSeek-V3's FP8 weights, for :func:`cupyquant.scaled_matmul` (FP8 activations)
+        and the weight-only :func:`matmul` (16-bit activations); any N and K (the
         blocks at the bottom and right edges are partial). Per block, over the weights that exist:
         ``amax = max |w|`` over the finite ones (0 if none), ``s = amax / 448`` in float32 (not
         rounded to w's dtype: checkpoints store float32 ``weight_scale_inv``),
@@ -68,8 +69,8 @@ def quantize_weight(
         every weight of a block whose ``s`` is 0 give the code 0x00, +-inf gives +-448. The
         weight's ``scale`` is float32 ``(ceil(N / 128), ceil(K / 128))``, its ``data`` uint8
         ``(N, K)``, ``scheme.granularity`` ``"block"``, ``scheme.block`` and ``block_size``
-        ``(128, 128)``. Such a weight has no prepared layout and no weight-only :func:`matmul`:
-        use :func:`cupyquant.scaled_matmul`, or :func:`dequantize_weight`. Bit-exact with
+        ``(128, 128)``. :func:`matmul` takes it where K is a multiple of 64 (prepare it once
+        with :func:`prepare_weight`). Bit-exact with
         :func:`cupyquant.reference.quantize_weight_blocks`.
 
     Returns
@@ -189,16 +190,19 @@ def prepare_weight(w: QuantizedWeight) -> QuantizedWeight:
     once and pass the result to every :func:`matmul`; :meth:`QuantizedWeight.plain` goes back.
     FP4 weights: the data in INT4's fragment order with the k permuted, the scale bytes
     ``(ceil(N / 16), K / 128, 16, 128 / block)``, ``scale_2`` as it is (the package's docstring).
+    FP8 weights in 128 x 128 blocks: the data as other FP8 weights', the float32 block scales
+    repeated for each row of their block, ``(ceil(N / 16), ceil(K / 128), 16)`` float32 (the scale
+    of row n and k at ``[n // 16, k // 128, n % 16]``, never rounded); :meth:`QuantizedWeight.plain`
+    gives back the block scales. :func:`cupyquant.scaled_matmul` reads the plain weight.
 
     Raises
     ------
     TypeError
         ``w`` is not a :class:`QuantizedWeight` on the GPU.
     ValueError
-        K is not a multiple of 128 (INT4, NVFP4, MXFP4) or 64 (FP8), the matmul's rule; ``w``'s arrays do not
-        match its shape; ``w`` is a block weight (128 x 128 blocks have no prepared layout: they
-        are for :func:`cupyquant.scaled_matmul`, which reads the plain layout) or an int8 weight
-        (likewise, with INT8 activations).
+        K is not a multiple of 128 (INT4, NVFP4, MXFP4) or 64 (FP8, block weights included), the
+        matmul's rule; ``w``'s arrays do not match its shape; ``w`` is an int8 weight (no prepared
+        layout: it is for :func:`cupyquant.scaled_matmul` with INT8 activations).
     """
     return container.prepare(w)
 

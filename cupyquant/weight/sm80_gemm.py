@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from .. import _device, _dtypes, _jit
 from .._sizes import ceil_div
-from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS, WEIGHT_FP8
+from .formats import FP4_IDS, FP8_IDS, INT4_IDS
 from .problem import GEMM_BN, Problem, gemm_args, gemm_steps
 
 _BOOLS = (False, True)
@@ -59,9 +59,7 @@ FAMILY = _jit.register(
     + [
         e
         for cfg in CONFIGS
-        for e in _jit.product(
-            "sm80_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS + (WEIGHT_FP8,), *[(v,) for v in cfg], (False,)
-        )
+        for e in _jit.product("sm80_w16_gemm", _dtypes.HALF_CTYPES, FP4_IDS + FP8_IDS, *[(v,) for v in cfg], (False,))
     ],
 )
 
@@ -106,9 +104,9 @@ def splits(tiles: int, iters_total: int, blocks: int):
 def plan(p: Problem) -> list:
     """The :class:`Step` launches of the sm80 gemm for ``p``: the smallest tile that covers M (that
     fits the device's shared memory), a K split where its tiles cannot fill the GPU."""
-    fp8 = SCHEME_IDS[p.fmt] == WEIGHT_FP8
+    fp8 = p.sid in FP8_IDS
     cfg = config(p.M, fp8, _device.smem_per_block(p.device))
     scale_after_sum = p.group % BK == 0 and cfg.m_tiles < 4 and not fp8
-    k = _jit.kernel(p.device, FAMILY, "sm80_w16_gemm", p.t.ctype, SCHEME_IDS[p.fmt], *cfg, scale_after_sum)
+    k = _jit.kernel(p.device, FAMILY, "sm80_w16_gemm", p.t.ctype, p.sid, *cfg, scale_after_sum)
     smem = smem_bytes(cfg, fp8)
     return gemm_steps(p, k, 128 * cfg.warps_m, smem, tile_rows(cfg), BK, splits, ARGS, p.k_permuted)

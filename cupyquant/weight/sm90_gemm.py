@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from .. import _device, _dtypes, _jit, _workspace
 from .._sizes import ceil_div
-from .formats import FP4_IDS, INT4_IDS, SCHEME_IDS, WEIGHT_FP8
+from .formats import FP4_IDS, FP8_IDS, INT4_IDS
 from .problem import GEMM_BN, Problem, gemm_args, gemm_steps
 
 _BOOLS = (False, True)
@@ -99,7 +99,7 @@ FAMILY = _jit.register(
     + [
         e
         for cfg in FP8_CONFIGS
-        for e in _jit.product("sm90_w16_gemm", _dtypes.HALF_CTYPES, (WEIGHT_FP8,), *[(v,) for v in cfg], (False,))
+        for e in _jit.product("sm90_w16_gemm", _dtypes.HALF_CTYPES, FP8_IDS, *[(v,) for v in cfg], (False,))
     ],
     specific_targets=_device.WGMMA_TARGETS,
     specific_required=True,
@@ -196,13 +196,13 @@ def sm90_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
 
 
 # ---------------------------------------------------------------- launches
-def cluster_cap(device, t, fmt, kp) -> dict:
+def cluster_cap(device, t, sid, kp) -> dict:
     """splits -> clusters of the sm90 gemm (one block per SM) the device holds at once (once per
-    device, from the 256-row tile's kernel). A split whose clusters do not all fit at once would run
-    in two waves, so those splits go through the workspace."""
-    fp8 = SCHEME_IDS[fmt] == WEIGHT_FP8
+    device, from the 256-row tile's kernel of scheme ``sid``). A split whose clusters do not all fit
+    at once would run in two waves, so those splits go through the workspace."""
+    fp8 = sid in FP8_IDS
     cfg = tiles(fp8)[256]
-    k = _jit.kernel(device, FAMILY, "sm90_w16_gemm", t.ctype, SCHEME_IDS[fmt], *cfg, kp)
+    k = _jit.kernel(device, FAMILY, "sm90_w16_gemm", t.ctype, sid, *cfg, kp)
     return _workspace.cluster_capacity(device, k, THREADS[256], smem_bytes(256, fp8))
 
 
@@ -211,11 +211,11 @@ def plan(p: Problem) -> list:
     the 128-row tile takes its activations by TMA through two tensor maps given at each call (the
     whole tiles' boxes and the last tile's rows), and with ``p.pdl`` the launch with the early flag
     copies its first stages' weights before its PDL wait."""
-    cap = cluster_cap(p.device, p.t, p.fmt, p.k_permuted) if CLUSTER_SPLITS else None
+    cap = cluster_cap(p.device, p.t, p.sid, p.k_permuted) if CLUSTER_SPLITS else None
     rows, n_splits = sm90_plan(p.M, p.N, p.K // BK, p.sms, cluster_cap=cap)
-    fp8 = SCHEME_IDS[p.fmt] == WEIGHT_FP8
+    fp8 = p.sid in FP8_IDS
     cfg = tiles(fp8)[rows]
-    k = _jit.kernel(p.device, FAMILY, "sm90_w16_gemm", p.t.ctype, SCHEME_IDS[p.fmt], *cfg, p.k_permuted)
+    k = _jit.kernel(p.device, FAMILY, "sm90_w16_gemm", p.t.ctype, p.sid, *cfg, p.k_permuted)
 
     def split(tiles, iters_total, slots):
         iters = ceil_div(iters_total, n_splits)
