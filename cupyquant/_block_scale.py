@@ -29,7 +29,7 @@ SMALL_THREADS = 128
 #: segments of 16 elements in two rounds of loads; "small", a thread per segment, all its loads in
 #: flight at once, and the swizzled layout's padding rows zeroed by blocks that load nothing;
 #: "wide", a thread per segment in four rows 32 apart (one 16-byte chunk of swizzled scales), its
-#: NVFP4 codes formed mostly in float32 arithmetic (nvfp4_segment_fast) instead of integer
+#: NVFP4 codes formed mostly in float32 arithmetic (nvfp4_fast_codes) instead of integer
 #: instructions, the grid covering whole 128-row tiles.
 GEOMETRIES = ("tile", "small", "wide")
 #: Rows each thread of the wide geometry takes (block_scale.cuh WIDE_ROWS), 32 apart

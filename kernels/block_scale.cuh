@@ -343,9 +343,17 @@ __device__ __forceinline__ float nvfp4_block_factors(const QuantArgs& a, float& 
 
 // NVFP4's scale byte of a block whose max |x| has the float bits key, and the block's element
 // multiplier mult = fminf(1 / (float(sf) * S_dec), FLT_MAX).
+// nvfp4_scale_byte and nvfp4_mult_denominator are its two halves (the wide geometry takes the
+// reciprocals of several blocks' denominators at once).
+template <bool HW> __device__ __forceinline__ unsigned nvfp4_scale_byte(unsigned key, float S_enc6) {
+    return to_e4m3<HW>(fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F));
+}
+__device__ __forceinline__ float nvfp4_mult_denominator(unsigned sbyte, float S_dec) {
+    return mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec);
+}
 template <bool HW> __device__ __forceinline__ unsigned nvfp4_scale(unsigned key, float S_enc6, float S_dec, float& mult) {
-    const unsigned sbyte = to_e4m3<HW>(fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F));
-    mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+    const unsigned sbyte = nvfp4_scale_byte<HW>(key, S_enc6);
+    mult = fmin_ieee(rcp_rn(nvfp4_mult_denominator(sbyte, S_dec)), FLT_MAX_F);
     return sbyte;
 }
 
@@ -428,7 +436,7 @@ __device__ __forceinline__ void store_segment(unsigned char* __restrict__ dst, c
 }
 
 // ---------------------------------------------------------------- NVFP4 codes in float32 arithmetic
-// The wide geometry's NVFP4 segment (bf16 or any input, without the hardware E2M1 conversion). The
+// The wide geometry's NVFP4 segments (any input, without the hardware E2M1 conversion). The
 // bf16x2 path of quantize_segment spends about 12 integer-pipe instructions per element (the product
 // rounded to odd into bf16, the bf16 conversion, the packing), and the integer pipe issues at half
 // the float pipe's rate; this path spends most of its instructions in the float pipe.
@@ -476,33 +484,31 @@ __device__ __forceinline__ unsigned e2m1_sign_nibbles(const unsigned* p) {
     return (even & 0x0f0f0f0fu) | (odd & 0xf0f0f0f0u);
 }
 
-// NVFP4's segment when its max |x| is finite and |x| * mult stays below 7 (then every element is
-// finite and below 7 after scaling): the scale byte and the 8 code bytes, equal to
-// quantize_segment's. Returns false, computing nothing else, for every other segment (a NaN, an
-// inf, a block whose scale saturated at 448 or rounded far down among the E4M3 subnormals), which
-// the caller then gives to quantize_segment. The max propagates NaN (max.NaN), so one float compare
-// tests both; where it is taken there is no NaN, and it equals quantize_segment's NaN-ignoring max.
-template <bool RAW, bool HW>
-__device__ __forceinline__ bool nvfp4_segment_fast(const float* f, const unsigned* r, float S_enc6, float S_dec,
-                                                   unsigned& sbyte, unsigned* w) {
+// NVFP4's segment in float32 arithmetic, in two steps: nvfp4_fast_key, the bits of the segment's
+// max |x| with NaN propagating (max.NaN: a NaN key compares false with anything); then, where
+// |key| * mult < 7 (every element finite and below 7 after scaling), nvfp4_fast_codes, the 8 code
+// bytes, equal to quantize_segment's. There is no NaN where the codes are taken, so the key is
+// quantize_segment's NaN-ignoring max and gives the same scale byte. Every other segment (a NaN, an
+// inf, a block whose scale saturated at 448 or rounded far down among the E4M3 subnormals) goes
+// to quantize_segment.
+template <bool RAW> __device__ __forceinline__ unsigned nvfp4_fast_key(const float* f, const unsigned* r) {
     unsigned key = 0;
-    unsigned p[8];  // bf16-pair layout words holding the elements' sign bits
     if constexpr (RAW) {
         unsigned m2 = bf2_absmax_nan(r[0], r[1]);
 #pragma unroll
         for (int i = 2; i < 8; ++i) m2 = bf2_absmax_nan(m2, r[i]);
         key = max(m2 & 0x7fffu, (m2 >> 16) & 0x7fffu) << 16;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) p[i] = r[i];
     } else {
 #pragma unroll
         for (int i = 0; i < 16; ++i) key = max(key, __float_as_uint(f[i]) & 0x7fffffffu);  // NaN above inf
-#pragma unroll
-        for (int i = 0; i < 8; ++i) p[i] = prmt(__float_as_uint(f[2 * i]), __float_as_uint(f[2 * i + 1]), 0x7632u);
     }
-    float mult;
-    sbyte = nvfp4_scale<HW>(key, S_enc6, S_dec, mult);
-    if (!(mul_rn(__uint_as_float(key), mult) < 7.0f)) return false;  // NaN key: false
+    return key;
+}
+
+template <bool RAW> __device__ __forceinline__ void nvfp4_fast_codes(const float* f, const unsigned* r, float mult, unsigned* w) {
+    unsigned p[8];  // bf16-pair layout words holding the elements' sign bits
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = RAW ? r[i] : prmt(__float_as_uint(f[2 * i]), __float_as_uint(f[2 * i + 1]), 0x7632u);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
         unsigned t[8];
@@ -517,7 +523,6 @@ __device__ __forceinline__ bool nvfp4_segment_fast(const float* f, const unsigne
         for (int i = 6; i >= 0; --i) mag = mag * 16u + t[i];  // codes at bits 4i..4i+2, bit 4i+3 clear
         w[u] = (mag & 0x77777777u) | (e2m1_sign_nibbles(p + 4 * u) & 0x88888888u);
     }
-    return true;
 }
 
 // ---------------------------------------------------------------- the tile geometry
@@ -684,8 +689,9 @@ __device__ __forceinline__ void small_quantize(const T* __restrict__ x, unsigned
 // unit, which the thread holding the word's first segment stores with one 16-byte store after a
 // transpose of four lanes' bytes (three shuffles, six byte permutes); dense scales are a byte store
 // per row and block. The grid covers whole 128-row tiles, so rows past the tensor read as zeros
-// and write the swizzled layout's zero padding rows (nothing else for dense scales). NVFP4 segments
-// go through nvfp4_segment_fast where it applies, quantize_segment otherwise (and always for MX).
+// and write the swizzled layout's zero padding rows (nothing else for dense scales). NVFP4 takes
+// nvfp4_fast_codes for all four rows where it applies to all four, quantize_segment for all four
+// otherwise (and MX always).
 // Block (bx, by), bx * by = SMALL_THREADS: block (i, j) takes segment j * bx + tx of rows
 // (i / (32 / by)) * 128 + (i % (32 / by)) * by + ty + 32 * n, n < WIDE_ROWS.
 static constexpr int WIDE_ROWS = 4;
@@ -716,15 +722,44 @@ __device__ __forceinline__ void wide_quantize(const T* __restrict__ x, unsigned 
         const float S_enc = nvfp4_block_factors(a, S_enc6, S_dec);
         if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *a.gs_out = S_enc;
     }
-    unsigned sb[WIDE_ROWS];
-#pragma unroll
-    for (int n = 0; n < WIDE_ROWS; ++n) {
+    auto put = [&](int n, const unsigned* w) {
         const i64 row = row0 + 32 * n;
-        unsigned w[4];
-        bool done = false;
-        if constexpr (FAST) done = nvfp4_segment_fast<RAW, HW>(f[RAW ? 0 : n], r[RAW ? n : 0], S_enc6, S_dec, sb[n], w);
-        if (!done) sb[n] = quantize_segment<F, BS, NV, HW, RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], S_enc6, S_dec, a.floor_rule != 0, w);
         if (row < a.rows && k0 < a.K) store_segment<F, VEC>(q + row * a.q_row + k0 * Fmt<F>::BITS / 8, w, a.K - k0);
+    };
+    unsigned sb[WIDE_ROWS];
+    bool fast = false;
+    float mult[WIDE_ROWS];
+    if constexpr (FAST) {  // the rows' scales, their reciprocals under one test, one branch for all
+        unsigned key[WIDE_ROWS];
+        float den[WIDE_ROWS];
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            key[n] = nvfp4_fast_key<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0]);
+            sb[n] = nvfp4_scale_byte<HW>(key[n], S_enc6);
+            den[n] = nvfp4_mult_denominator(sb[n], S_dec);
+        }
+        rcp_rn_n<WIDE_ROWS>(den, mult);
+        fast = true;
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            mult[n] = fmin_ieee(mult[n], FLT_MAX_F);
+            fast = fast && mul_rn(__uint_as_float(key[n]), mult[n]) < 7.0f;  // a NaN key: false
+        }
+    }
+    if (fast) {
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            unsigned w[2];
+            nvfp4_fast_codes<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], mult[n], w);
+            put(n, w);
+        }
+    } else {
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            unsigned w[4];
+            sb[n] = quantize_segment<F, BS, NV, HW, RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], S_enc6, S_dec, a.floor_rule != 0, w);
+            put(n, w);
+        }
     }
 
     const i64 kb = seg / TPB;

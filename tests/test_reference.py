@@ -477,7 +477,7 @@ def test_dequantize_mx_subnormal_scale_and_nan_scale():
 
 # ---------------------------------------------------------------- the wide geometry's NVFP4 rule
 # NumPy models of the float32 arithmetic and bit packing of kernels/block_scale.cuh's
-# nvfp4_segment_fast (its GPU tests are in test_mx.py): the rule and the packing constants, checked
+# nvfp4_fast_codes (its GPU tests are in test_mx.py): the rule and the packing constants, checked
 # against the reference's cast and packing on the CPU.
 E2M1_M0, E2M1_M1 = np.float32(2.0**23), np.float32(2.0**23 + 0x500000)
 
@@ -506,7 +506,7 @@ def _prmt(a, b, sel):
 
 def _fast_segment_words(pairs, mult):
     """The two code words of 16 bf16 elements (pairs: (..., 8) uint32, element 2j in the low half of
-    pairs[j]) scaled by float32 mult, as nvfp4_segment_fast forms them."""
+    pairs[j]) scaled by float32 mult, as nvfp4_fast_codes forms them."""
     pairs = np.asarray(pairs, np.uint32)
     lo = (pairs << 16).view(np.float32)
     hi = (pairs & 0xFFFF0000).view(np.float32)
@@ -552,7 +552,7 @@ def test_e2m1_min_of_three_candidates_rule():
 
 
 def test_e2m1_fast_segment_packing_model():
-    """The packing of nvfp4_segment_fast (Horner's rule on the candidate patterns with M1 for
+    """The packing of nvfp4_fast_codes (Horner's rule on the candidate patterns with M1 for
     element 1 of every eight, the sign nibbles gathered by four byte permutes) gives the reference's
     packed codes, for every bf16 pattern whose scaled magnitude stays below 7 (-0 and subnormals
     included) in random blocks, at multipliers across the float32 range."""
