@@ -445,9 +445,9 @@ __device__ __forceinline__ void store_segment(unsigned char* __restrict__ dst, c
 // min(rne(2|v|), rne(|v| + 2), rne(|v| / 2 + 4)): g(c) = min(2c, c + 2, c / 2 + 4) maps the E2M1
 // values 0, 0.5, 1, 1.5, 2, 3, 4, 6 to their codes 0..7 and is linear between consecutive ones, so
 // rne(g(c)) is the nearest code with ties to the even code (the even mantissa), and rne is monotone.
-// Above 6, g < 7.5 rounds to 7. Each candidate is one FMA of the exact |v| that adds M (an even
-// integer in [2^23, 2^24), where the float grid is the integers): its one rounding is rne of the
-// exact candidate, and the code sits in the low 3 bits of the result's pattern. Horner's rule then
+// Above 6, g < 7.5 rounds to 7. Each candidate is one FMA (an add for c + 2) of the float32 |v|
+// that adds M (an even integer in [2^23, 2^24), where the float grid is the integers): its one
+// rounding is rne of the exact candidate, and the code sits in the low 3 bits of its pattern. Horner's rule then
 // packs eight patterns t_i as sum t_i * 16^i mod 2^32: M's bits shift out of 32 bits for i >= 2,
 // and element 1 of every eight takes M1 = 2^23 + 0x500000, so that M0 + 16 * M1 = 0x100000000
 // cancels them for i = 0, 1.
@@ -727,11 +727,10 @@ __device__ __forceinline__ void wide_quantize(const T* __restrict__ x, unsigned 
         if (row < a.rows && k0 < a.K) store_segment<F, VEC>(q + row * a.q_row + k0 * Fmt<F>::BITS / 8, w, a.K - k0);
     };
     unsigned sb[WIDE_ROWS];
-    bool fast = false;
-    float mult[WIDE_ROWS];
+    bool general = true;
     if constexpr (FAST) {  // the rows' scales, their reciprocals under one test, one branch for all
         unsigned key[WIDE_ROWS];
-        float den[WIDE_ROWS];
+        float den[WIDE_ROWS], mult[WIDE_ROWS];
 #pragma unroll
         for (int n = 0; n < WIDE_ROWS; ++n) {
             key[n] = nvfp4_fast_key<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0]);
@@ -739,21 +738,23 @@ __device__ __forceinline__ void wide_quantize(const T* __restrict__ x, unsigned 
             den[n] = nvfp4_mult_denominator(sb[n], S_dec);
         }
         rcp_rn_n<WIDE_ROWS>(den, mult);
-        fast = true;
+        bool fast = true;
 #pragma unroll
         for (int n = 0; n < WIDE_ROWS; ++n) {
             mult[n] = fmin_ieee(mult[n], FLT_MAX_F);
             fast = fast && mul_rn(__uint_as_float(key[n]), mult[n]) < 7.0f;  // a NaN key: false
         }
-    }
-    if (fast) {
+        if (fast) {
 #pragma unroll
-        for (int n = 0; n < WIDE_ROWS; ++n) {
-            unsigned w[2];
-            nvfp4_fast_codes<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], mult[n], w);
-            put(n, w);
+            for (int n = 0; n < WIDE_ROWS; ++n) {
+                unsigned w[2];
+                nvfp4_fast_codes<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], mult[n], w);
+                put(n, w);
+            }
+            general = false;
         }
-    } else {
+    }
+    if (general) {
 #pragma unroll
         for (int n = 0; n < WIDE_ROWS; ++n) {
             unsigned w[4];
