@@ -27,8 +27,13 @@ TILE_ROWS = 128
 SMALL_THREADS = 128
 #: The quantizer's geometries (block_scale.cuh): "tile", a block per 128 x 256 tile, each thread 8
 #: segments of 16 elements in two rounds of loads; "small", a thread per segment, all its loads in
-#: flight at once, and the swizzled layout's padding rows zeroed by blocks that load nothing.
-GEOMETRIES = ("tile", "small")
+#: flight at once, and the swizzled layout's padding rows zeroed by blocks that load nothing;
+#: "wide", a thread per segment in four rows 32 apart (one 16-byte chunk of swizzled scales), its
+#: NVFP4 codes formed mostly in float32 arithmetic (nvfp4_fast_codes) instead of integer
+#: instructions, the grid covering whole 128-row tiles.
+GEOMETRIES = ("tile", "small", "wide")
+#: Rows each thread of the wide geometry takes (block_scale.cuh WIDE_ROWS), 32 apart
+WIDE_ROWS = 4
 #: The planner gives the 4-bit formats the tile geometry from this many tiles per SM up, the small
 #: one below; 8-bit (MXFP8) takes the small one at every size. On the H200 (bf16 in, swizzled
 #: or dense scales) the small geometry is 1.14-1.56x the tile's speed for MXFP8 from 2048 to 16384
@@ -106,6 +111,23 @@ def small_launch_shape(rows: int, n_units: int, block: int, swizzled: bool):
     return (row_blocks + pad_blocks, gy), (bx, by), row_blocks
 
 
+def wide_launch_shape(rows: int, n_units: int, block: int):
+    """(grid, block) of the wide geometry (block_scale.cuh wide_quantize), or None where its grid
+    would pass CUDA's limits. Blocks of SMALL_THREADS threads, ``bx`` along a row as in
+    :func:`small_launch_shape`, ``by = SMALL_THREADS / bx`` (at most 32) row offsets of a 128-row
+    tile, each thread taking its segment in the WIDE_ROWS rows 32 apart from its offset: ``32 / by``
+    blocks per tile, whole tiles."""
+    segs = n_units * 4 * (block // 16)
+    bx = SMALL_THREADS
+    while segs % bx:
+        bx //= 2
+    by = SMALL_THREADS // bx
+    gx, gy = ceil_div(rows, TILE_ROWS) * (TILE_ROWS // WIDE_ROWS // by), segs // bx
+    if gy > MAX_GRID_YZ or gx > MAX_GRID_X:
+        return None
+    return (gx, gy), (bx, by)
+
+
 class QuantPlan:
     """A checked block-quantizer call: the launch (None when there is nothing to launch; arguments
     x, q, the scales, then NVFP4's global scale to read and to write, fields of the argument
@@ -131,7 +153,8 @@ class QuantPlan:
         if geometry is None:
             geometry = planned_geometry(rows, K, _device.sm_count(device), fmt.bits)
         small = small_launch_shape(rows, n_units, block, swizzled) if geometry == "small" and rows and K else None
-        self.geometry = "small" if small is not None else "tile"
+        wide = wide_launch_shape(rows, n_units, block) if geometry == "wide" and rows and K else None
+        self.geometry = "small" if small is not None else "wide" if wide is not None else "tile"
         a = np.array(
             (rows, K, row_stride, K if fmt.bits == 8 else ceil_div(K, 2), n_blocks, n_units, n_ktiles,
              swizzled, floor_rule, gs[0], gs[1], 0, 0, 0 if small is None else small[2]),
@@ -147,6 +170,8 @@ class QuantPlan:
             )
             if small is not None:
                 name, grid, threads = name + "_small", small[0], small[1]
+            elif wide is not None:
+                name, (grid, threads) = name + "_wide", wide
             else:
                 grid, threads = (ceil_div(rows, TILE_ROWS) * n_ktiles,), (THREADS,)
             k = _jit.kernel(device, family, name, self.in_t.ctype, *ftargs, vec, not FORCE_SOFTWARE)
@@ -159,7 +184,8 @@ _QUANT_PLANS = _plans.Plans()
 
 def plan_quantize(family, name, ftargs, x, fmt, block, scale_layout, out, scale_out, floor_rule=0, gs=None):
     """The plan of a block quantizer ``name<in, *ftargs, VEC, HW>`` of ``family`` (a block_quantize
-    instance; ``name + "_small"``, a small_quantize instance, where the geometry is "small"),
+    instance; ``name + "_small"`` or ``name + "_wide"``, a small_quantize or wide_quantize instance,
+    where the geometry is "small" or "wide"),
     memoized per signature; ``gs``: NVFP4's (ScaleSource, value) of the global scale (None for MX).
     The geometry is :data:`GEOMETRY`'s where set, else the planner's. Nothing is allocated."""
     geometry = GEOMETRY

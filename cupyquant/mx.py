@@ -42,6 +42,7 @@ FAMILY = _jit.register(
     "mx",
     _jit.product("mx_quantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_quantize_small", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
+    + _jit.product("mx_quantize_wide", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS, _BOOLS)
     + _jit.product("mx_dequantize", _dtypes.INPUT_CTYPES, _MX_TAGS, _BOOLS)
     + _jit.product("mx_dequantize_flat", _dtypes.INPUT_CTYPES, _FP8_TAGS, _FLAT_PIECES, _BOOLS),
     specific_targets=_device.FP4_CVT_TARGETS,

@@ -24,6 +24,7 @@ FAMILY = _jit.register(
     "nvfp4",
     _jit.product("nvfp4_quantize", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS)
     + _jit.product("nvfp4_quantize_small", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS)
+    + _jit.product("nvfp4_quantize_wide", _dtypes.INPUT_CTYPES, _BOOLS, _BOOLS)
     + _jit.product("nvfp4_dequantize", _dtypes.INPUT_CTYPES, _BOOLS),
     specific_targets=_device.FP4_CVT_TARGETS,
 )

@@ -105,6 +105,13 @@ template <class F> __device__ __forceinline__ unsigned sw_cvt(float x) {
 // The software E2M1 path works on two elements per 32-bit register with sm_80's bf16x2 FMA and
 // min/max (no flushing: bf16 arithmetic keeps subnormals), about 6 instructions per element where
 // a float32 bit-manipulation conversion needs 15.
+// prmt.b32 in its default mode: each selector nibble picks one of the 8 bytes of a (0-3) and b (4-7)
+// with its bits 0-2 and, with bit 3 set, replicates that byte's top bit over the result byte.
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
 __device__ __forceinline__ unsigned bf2_fma(unsigned a, unsigned b, unsigned c) {
     unsigned d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -118,6 +125,17 @@ __device__ __forceinline__ unsigned bf2_min(unsigned a, unsigned b) {  // a NaN 
 __device__ __forceinline__ unsigned bf2_max(unsigned a, unsigned b) {
     unsigned d;
     asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+// max(|a|, |b|) per half, NaN propagating; the result's sign bits are garbage (sm_86+: the xor of
+// the operands', in one instruction; before: a max of the masked magnitudes).
+__device__ __forceinline__ unsigned bf2_absmax_nan(unsigned a, unsigned b) {
+    unsigned d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a & 0x7fff7fffu), "r"(b & 0x7fff7fffu));
+#endif
     return d;
 }
 __device__ __forceinline__ unsigned bf2_max_nan(unsigned a, unsigned b) {  // NaN propagates
@@ -323,6 +341,22 @@ __device__ __forceinline__ float nvfp4_block_factors(const QuantArgs& a, float& 
     return S_enc;
 }
 
+// NVFP4's scale byte of a block whose max |x| has the float bits key, and the block's element
+// multiplier mult = fminf(1 / (float(sf) * S_dec), FLT_MAX).
+// nvfp4_scale_byte and nvfp4_mult_denominator are its two halves (the wide geometry takes the
+// reciprocals of several blocks' denominators at once).
+template <bool HW> __device__ __forceinline__ unsigned nvfp4_scale_byte(unsigned key, float S_enc6) {
+    return to_e4m3<HW>(fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F));
+}
+__device__ __forceinline__ float nvfp4_mult_denominator(unsigned sbyte, float S_dec) {
+    return mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec);
+}
+template <bool HW> __device__ __forceinline__ unsigned nvfp4_scale(unsigned key, float S_enc6, float S_dec, float& mult) {
+    const unsigned sbyte = nvfp4_scale_byte<HW>(key, S_enc6);
+    mult = fmin_ieee(rcp_rn(nvfp4_mult_denominator(sbyte, S_dec)), FLT_MAX_F);
+    return sbyte;
+}
+
 // The scale byte of the segment's block and the segment's codes in w (16 bytes FP8, 8 bytes FP4,
 // element 2i in the low nibble of byte i). An MX block (BS = 32) is two segments, in lanes 2i and
 // 2i + 1 of a warp, which combine their maxima with one shuffle: every lane of the warp calls this.
@@ -350,9 +384,7 @@ __device__ __forceinline__ unsigned quantize_segment(const float* f, const unsig
     unsigned sbyte;
     float mult;
     if constexpr (NV) {
-        const float sfv = fmin_ieee(mul_rn(__uint_as_float(key), S_enc6), FLT_MAX_F);
-        sbyte = to_e4m3<HW>(sfv);
-        mult = fmin_ieee(rcp_rn(mul_rn(fp8_to_float<E4M3>((unsigned char)sbyte), S_dec)), FLT_MAX_F);
+        sbyte = nvfp4_scale<HW>(key, S_enc6, S_dec, mult);
     } else {
         sbyte = mx_scale<F, HW>(key, floor_rule);
         mult = mx_multiplier(sbyte);
@@ -400,6 +432,96 @@ __device__ __forceinline__ void store_segment(unsigned char* __restrict__ dst, c
             if (2 * i + 1 >= n) b &= 0x0f;  // the element after the last is padding: 0
             if (2 * i < n) dst[i] = b;
         }
+    }
+}
+
+// ---------------------------------------------------------------- NVFP4 codes in float32 arithmetic
+// The wide geometry's NVFP4 segments (any input, without the hardware E2M1 conversion). The
+// bf16x2 path of quantize_segment spends about 12 integer-pipe instructions per element (the product
+// rounded to odd into bf16, the bf16 conversion, the packing), and the integer pipe issues at half
+// the float pipe's rate; this path spends most of its instructions in the float pipe.
+//
+// For a finite v with |v| < 7, the E2M1 code of |v| (nearest, ties to even, saturating at 6) is
+// min(rne(2|v|), rne(|v| + 2), rne(|v| / 2 + 4)): g(c) = min(2c, c + 2, c / 2 + 4) maps the E2M1
+// values 0, 0.5, 1, 1.5, 2, 3, 4, 6 to their codes 0..7 and is linear between consecutive ones, so
+// rne(g(c)) is the nearest code with ties to the even code (the even mantissa), and rne is monotone.
+// Above 6, g < 7.5 rounds to 7. Each candidate is one FMA (an add for c + 2) of the float32 |v|
+// that adds M (an even integer in [2^23, 2^24), where the float grid is the integers): its one
+// rounding is rne of the exact candidate, and the code sits in the low 3 bits of its pattern. Horner's rule then
+// packs eight patterns t_i as sum t_i * 16^i mod 2^32: M's bits shift out of 32 bits for i >= 2,
+// and element 1 of every eight takes M1 = 2^23 + 0x500000, so that M0 + 16 * M1 = 0x100000000
+// cancels them for i = 0, 1.
+static constexpr float E2M1_M0 = 8388608.0f;   // 2^23: pattern 0x4b000000
+static constexpr float E2M1_M1 = 13631488.0f;  // 2^23 + 0x500000: pattern 0x4b500000
+
+__device__ __forceinline__ float fma_rn_f32(float a, float b, float c) {  // no flush: v may be subnormal
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+__device__ __forceinline__ float abs_f32(float a) {  // no flush (abs.ftz would zero a subnormal)
+    float r;
+    asm("abs.f32 %0, %1;" : "=f"(r) : "f"(a));
+    return r;
+}
+
+// The pattern whose low 3 bits are the E2M1 code of |x| * mult (x finite, |x| * mult < 7), plus M.
+__device__ __forceinline__ unsigned e2m1_mag_pattern(float x, float mult, float M) {
+    const float c = mul_rn(abs_f32(x), mult);  // the float32 product the reference rounds
+    // the candidates are floats in [2^23, 2^24): their patterns order like them (one 3-input integer min)
+    return min(min(__float_as_uint(fma_rn_f32(c, 2.0f, M)), __float_as_uint(add_rn(c, M + 2.0f))),
+               __float_as_uint(fma_rn_f32(c, 0.5f, M + 4.0f)));
+}
+
+// The sign nibbles of eight elements, the sign of element 2j in bit 15 and of 2j + 1 in bit 31 of
+// p[j] (bf16 pairs): byte j of the result has E_2j in its low nibble and E_2j+1 in its high one, E
+// all ones for a negative element (-0 included), zero otherwise.
+__device__ __forceinline__ unsigned e2m1_sign_nibbles(const unsigned* p) {
+    const unsigned a = prmt(p[0], p[1], 0x7351u);  // top bytes: e0, e2, e1, e3
+    const unsigned b = prmt(p[2], p[3], 0x7351u);  // e4, e6, e5, e7
+    const unsigned even = prmt(a, b, 0xdc98u);     // sign-replicated e0, e2, e4, e6
+    const unsigned odd = prmt(a, b, 0xfebau);      // e1, e3, e5, e7
+    return (even & 0x0f0f0f0fu) | (odd & 0xf0f0f0f0u);
+}
+
+// NVFP4's segment in float32 arithmetic, in two steps: nvfp4_fast_key, the bits of the segment's
+// max |x| with NaN propagating (max.NaN: a NaN key compares false with anything); then, where
+// |key| * mult < 7 (every element finite and below 7 after scaling), nvfp4_fast_codes, the 8 code
+// bytes, equal to quantize_segment's. There is no NaN where the codes are taken, so the key is
+// quantize_segment's NaN-ignoring max and gives the same scale byte. Every other segment (a NaN, an
+// inf, a block whose scale saturated at 448 or rounded far down among the E4M3 subnormals) goes
+// to quantize_segment.
+template <bool RAW> __device__ __forceinline__ unsigned nvfp4_fast_key(const float* f, const unsigned* r) {
+    unsigned key = 0;
+    if constexpr (RAW) {
+        unsigned m2 = bf2_absmax_nan(r[0], r[1]);
+#pragma unroll
+        for (int i = 2; i < 8; ++i) m2 = bf2_absmax_nan(m2, r[i]);
+        key = max(m2 & 0x7fffu, (m2 >> 16) & 0x7fffu) << 16;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) key = max(key, __float_as_uint(f[i]) & 0x7fffffffu);  // NaN above inf
+    }
+    return key;
+}
+
+template <bool RAW> __device__ __forceinline__ void nvfp4_fast_codes(const float* f, const unsigned* r, float mult, unsigned* w) {
+    unsigned p[8];  // bf16-pair layout words holding the elements' sign bits
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = RAW ? r[i] : prmt(__float_as_uint(f[2 * i]), __float_as_uint(f[2 * i + 1]), 0x7632u);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        unsigned t[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int e = 8 * u + i;
+            const float x = RAW ? __uint_as_float(e % 2 ? r[e / 2] & 0xffff0000u : r[e / 2] << 16) : f[e];
+            t[i] = e2m1_mag_pattern(x, mult, i == 1 ? E2M1_M1 : E2M1_M0);
+        }
+        unsigned mag = t[7];
+#pragma unroll
+        for (int i = 6; i >= 0; --i) mag = mag * 16u + t[i];  // codes at bits 4i..4i+2, bit 4i+3 clear
+        w[u] = (mag & 0x77777777u) | (e2m1_sign_nibbles(p + 4 * u) & 0x88888888u);
     }
 }
 
@@ -559,6 +681,111 @@ __device__ __forceinline__ void small_quantize(const T* __restrict__ x, unsigned
     }
 }
 
+// ---------------------------------------------------------------- the wide geometry
+// For many rows: the small geometry's mapping along a row (a thread per segment, bx consecutive
+// lanes on consecutive segments, the segments of a 4-byte swizzled scale word in one warp), but each
+// thread takes its segment in WIDE_ROWS rows r, r + 32, r + 64, r + 96 of one 128-row tile, every
+// load issued before any is used. Those four rows' scale words are one 16-byte chunk of a swizzled
+// unit, which the thread holding the word's first segment stores with one 16-byte store after a
+// transpose of four lanes' bytes (three shuffles, six byte permutes); dense scales are a byte store
+// per row and block. The grid covers whole 128-row tiles, so rows past the tensor read as zeros
+// and write the swizzled layout's zero padding rows (nothing else for dense scales). NVFP4 takes
+// nvfp4_fast_codes for all four rows where it applies to all four, quantize_segment for all four
+// otherwise (and MX always).
+// Block (bx, by), bx * by = SMALL_THREADS: block (i, j) takes segment j * bx + tx of rows
+// (i / (32 / by)) * 128 + (i % (32 / by)) * by + ty + 32 * n, n < WIDE_ROWS.
+static constexpr int WIDE_ROWS = 4;
+
+template <typename T, class F, int BS, bool NV, bool VEC, bool HW>
+__device__ __forceinline__ void wide_quantize(const T* __restrict__ x, unsigned char* __restrict__ q,
+                                              unsigned char* __restrict__ scales, const QuantArgs& a) {
+    constexpr int TPB = BS / 16;  // threads per scale block: 2 or 1
+    constexpr bool RAW = Raw<T, F, HW>::value;
+    constexpr bool FAST = NV && !(HW && CQ_HAS_FP4_CVT);
+
+    const int lg = 5 - (31 - __clz(blockDim.y));  // blocks per 128-row tile: 1 << lg (blockDim.y = 32 >> lg)
+    const i64 tile = (i64)(blockIdx.x >> lg);
+    const i64 row0 = tile * TILE_ROWS + (i64)(blockIdx.x & ((1u << lg) - 1u)) * blockDim.y + threadIdx.y;
+    const i64 seg = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    const i64 k0 = seg * 16;
+
+    float f[RAW ? 1 : WIDE_ROWS][RAW ? 1 : 16];
+    unsigned r[RAW ? WIDE_ROWS : 1][8];
+#pragma unroll
+    for (int n = 0; n < WIDE_ROWS; ++n) {  // every load issued first, before the global scale's
+        const i64 row = row0 + 32 * n;
+        load_segment<T, RAW, VEC>(x + row * a.row_stride + k0, row < a.rows && k0 < a.K, a.K - k0, f[RAW ? 0 : n],
+                                  r[RAW ? n : 0]);
+    }
+    float S_enc6 = 0.0f, S_dec = 0.0f;
+    if constexpr (NV) {
+        const float S_enc = nvfp4_block_factors(a, S_enc6, S_dec);
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *a.gs_out = S_enc;
+    }
+    auto put = [&](int n, const unsigned* w) {
+        const i64 row = row0 + 32 * n;
+        if (row < a.rows && k0 < a.K) store_segment<F, VEC>(q + row * a.q_row + k0 * Fmt<F>::BITS / 8, w, a.K - k0);
+    };
+    unsigned sb[WIDE_ROWS];
+    bool general = true;
+    if constexpr (FAST) {  // the rows' scales, their reciprocals under one test, one branch for all
+        unsigned key[WIDE_ROWS];
+        float den[WIDE_ROWS], mult[WIDE_ROWS];
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            key[n] = nvfp4_fast_key<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0]);
+            sb[n] = nvfp4_scale_byte<HW>(key[n], S_enc6);
+            den[n] = nvfp4_mult_denominator(sb[n], S_dec);
+        }
+        rcp_rn_n<WIDE_ROWS>(den, mult);
+        bool fast = true;
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            mult[n] = fmin_ieee(mult[n], FLT_MAX_F);
+            fast = fast && mul_rn(__uint_as_float(key[n]), mult[n]) < 7.0f;  // a NaN key: false
+        }
+        if (fast) {
+#pragma unroll
+            for (int n = 0; n < WIDE_ROWS; ++n) {
+                unsigned w[2];
+                nvfp4_fast_codes<RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], mult[n], w);
+                put(n, w);
+            }
+            general = false;
+        }
+    }
+    if (general) {
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            unsigned w[4];
+            sb[n] = quantize_segment<F, BS, NV, HW, RAW>(f[RAW ? 0 : n], r[RAW ? n : 0], S_enc6, S_dec, a.floor_rule != 0, w);
+            put(n, w);
+        }
+    }
+
+    const i64 kb = seg / TPB;
+    if (a.swizzled) {
+        // byte n of p: row r + 32n's scale; word n of the chunk: that row's bytes of four blocks
+        const unsigned p = sb[0] | (sb[1] << 8) | (sb[2] << 16) | (sb[3] << 24);
+        const unsigned p1 = __shfl_down_sync(0xffffffffu, p, TPB);
+        const unsigned p2 = __shfl_down_sync(0xffffffffu, p, 2 * TPB);
+        const unsigned p3 = __shfl_down_sync(0xffffffffu, p, 3 * TPB);
+        if (seg % (4 * TPB) == 0) {
+            const unsigned lo0 = prmt(p, p1, 0x5140u), lo1 = prmt(p2, p3, 0x5140u);  // bytes 0, 1 of each
+            const unsigned hi0 = prmt(p, p1, 0x7362u), hi1 = prmt(p2, p3, 0x7362u);  // bytes 2, 3
+            const uint4 v = make_uint4(prmt(lo0, lo1, 0x5410u), prmt(lo0, lo1, 0x7632u), prmt(hi0, hi1, 0x5410u),
+                                       prmt(hi0, hi1, 0x7632u));
+            st16(scales + ((tile * a.n_units + (kb >> 2)) * 512 + (row0 & 31) * 16), v);
+        }
+    } else if (seg % TPB == 0 && kb < a.n_blocks) {
+#pragma unroll
+        for (int n = 0; n < WIDE_ROWS; ++n) {
+            const i64 row = row0 + 32 * n;
+            if (row < a.rows) scales[row * a.n_blocks + kb] = (unsigned char)sb[n];
+        }
+    }
+}
+
 // ---------------------------------------------------------------- the dequantizer
 struct DequantArgs {
     i64 rows, K;
@@ -573,11 +800,6 @@ struct DequantArgs {
 // 1.5, 2, 3, 4, 6 are 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0), two more
 // interleave them, and prmt's sign-replicating mode (selector nibble bit 3) spreads each code's
 // sign bit, the top bit of a byte of w (odd elements) or of w << 4 (even elements).
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
-    unsigned d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
 __device__ __forceinline__ void e2m1x8_to_bf16x2(unsigned w, unsigned* o) {
     const unsigned w4 = w << 4;
 #pragma unroll

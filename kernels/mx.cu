@@ -36,6 +36,14 @@ mx_quantize_small(const T* __restrict__ x, unsigned char* __restrict__ q, unsign
     small_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
 }
 
+// The wide geometry (block_scale.cuh wide_quantize): a thread per segment in four rows, for many rows.
+template <typename T, class F, bool VEC, bool HW>
+__global__ void __launch_bounds__(SMALL_THREADS)
+mx_quantize_wide(const T* __restrict__ x, unsigned char* __restrict__ q, unsigned char* __restrict__ scales, QuantArgs a) {
+    pdl_wait_then_release();
+    wide_quantize<T, F, 32, false, VEC, HW>(x, q, scales, a);
+}
+
 template <typename T, class F, bool VEC>
 __global__ void __launch_bounds__(256)
 mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ scales, T* __restrict__ y, DequantArgs a) {

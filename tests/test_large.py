@@ -27,7 +27,7 @@ import pytest
 from conftest import assert_bits_equal
 
 import cupyquant as cq
-from cupyquant import groupwise
+from cupyquant import _block_scale, groupwise
 from cupyquant import reference as ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.large]
@@ -300,12 +300,16 @@ MX_CASES = {
     "mxfp8_dense_k1000": lambda: _mx_case("float8_e4m3fn", BIG // 1000 + 3, 1000, "dense"),
     # NVFP4 with the global amax reduced on the device; 129 blocks a row (a partial 4-column unit)
     "nvfp4_swizzled_dynamic": lambda: _mx_case(None, BIG // 2064 + 5, 2064, "swizzled", nvfp4=True),
+    # NVFP4 in the wide geometry (_block_scale.GEOMETRY, set by test_mx): 77 rows in the last tile
+    "nvfp4_swizzled_wide": lambda: _mx_case(None, BIG // 4096 + 77, 4096, "swizzled", nvfp4=True),
 }
 
 
 @pytest.mark.parametrize("case", list(MX_CASES))
-def test_mx(case):
+def test_mx(case, monkeypatch):
     _need(5 * BIG + (1 << 30))
+    if case.endswith("_wide"):
+        monkeypatch.setattr(_block_scale, "GEOMETRY", "wide")
     _check(*MX_CASES[case]())
 
 

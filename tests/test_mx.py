@@ -291,9 +291,14 @@ def _quantize_in(geometry, monkeypatch, fmt, x, layout, rounding, gs):
         else:
             q = cq.quantize_mx(x, fmt, scale_layout=layout, rounding=rounding, out=out, scale_out=s_out)
     names = [r[0].name for r in rec if r[5] is not None and "quantize" in r[0].name]
-    assert len(names) == 1 and ("quantize_small" in names[0]) == (geometry == "small"), (geometry, names)
+    assert len(names) == 1 and _launched_geometry(names[0]) == geometry, (geometry, names)
     assert q.data is out and q.scale is s_out
     return q
+
+
+def _launched_geometry(kernel_name):
+    """The quantizer geometry of a launched kernel, from its name (the "_small" / "_wide" suffixes)."""
+    return "small" if "quantize_small" in kernel_name else "wide" if "quantize_wide" in kernel_name else "tile"
 
 
 @pytest.mark.parametrize("fmt", MX_FORMATS + ["nvfp4"])
@@ -356,7 +361,7 @@ def test_geometries_views(monkeypatch, fmt):
 
 def test_geometry_planner_and_override(monkeypatch):
     """Unforced, the planner takes the small geometry at 128 rows of 4096, and at 16384 rows the
-    small one for MXFP8 and the tile for MXFP4;
+    small one for MXFP8 and the tile for MXFP4 (never the wide one);
     GEOMETRY changes the geometry of the same call signature between calls (it is part of the
     plan's key), and a name that is not a geometry raises."""
     sms = _device.sm_count(cupy.cuda.Device().id)
@@ -376,16 +381,67 @@ def test_geometry_planner_and_override(monkeypatch):
         assert ("quantize_small" in launched(lambda: cq.quantize_mx(big, fmt))[0]) == (fmt == "float8_e4m3fn")
     assert "quantize_small" in launched(lambda: cq.quantize_nvfp4(x, global_scale=2.0))[0]
     eq, es = ref.quantize_mx(x.get(), "float8_e4m3fn")
-    for geometry in ("tile", "small", None, "tile"):
+    for geometry in ("tile", "small", "wide", None, "tile"):
         monkeypatch.setattr(_block_scale, "GEOMETRY", geometry)
         names = launched(lambda: cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled"))
-        assert ("quantize_small" in names[0]) == (geometry != "tile"), (geometry, names)
+        assert _launched_geometry(names[0]) == (geometry or "small"), (geometry, names)
     q = cq.quantize_mx(x, "float8_e4m3fn", scale_layout="swizzled")
     assert_bits_equal(q.data, eq, "data")
     assert_bits_equal(q.scale, expected_scales(es, "swizzled"), "scales")
     monkeypatch.setattr(_block_scale, "GEOMETRY", "rows")
     with pytest.raises(ValueError, match="GEOMETRY"):
         cq.quantize_mx(x)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", ["float4_e2m1fn", "nvfp4"])
+def test_planner_pick_is_what_launches(monkeypatch, fmt, layout):
+    """With GEOMETRY unset, whatever _block_scale.planned_geometry returns is the geometry launched
+    (so that a refit planner takes effect as written), and its bytes are the reference's."""
+    xh = heavy_tailed((300, 4096), _seed("planner pick", fmt, layout), ml_dtypes.bfloat16)
+    x = cupy.asarray(xh)
+    for geometry in _block_scale.GEOMETRIES:
+        monkeypatch.setattr(_block_scale, "planned_geometry", lambda rows, K, sms, bits, g=geometry: g)
+        _plans.clear()  # the planner's answer is not part of the plan's key
+        with _launch.recording() as rec:
+            if fmt == "nvfp4":
+                q = cq.quantize_nvfp4(x, global_scale=37.5, scale_layout=layout)
+                eq, es, _ = ref.quantize_nvfp4(xh, global_scale=37.5)
+            else:
+                q = cq.quantize_mx(x, fmt, scale_layout=layout)
+                eq, es = ref.quantize_mx(xh, fmt)
+        names = [r[0].name for r in rec if r[5] is not None and "quantize" in r[0].name]
+        assert len(names) == 1 and _launched_geometry(names[0]) == geometry, (geometry, names)
+        assert_bits_equal(q.data, eq, f"{fmt} {geometry} data")
+        assert_bits_equal(q.scale, expected_scales(es, layout), f"{fmt} {geometry} scales")
+    _plans.clear()
+
+
+@pytest.mark.parametrize("sw", [False, True], ids=["hw", "sw"])
+def test_nvfp4_every_bf16_pattern_at_many_scales(monkeypatch, sw, geometry):
+    """Every bf16 bit pattern within 8 binades of a block's pinned amax (6, 4.5 or 5 times 2^k, k
+    across the exponent range), both signs, zeros and subnormals, in blocks of 16 under a global
+    scale that puts that amax's scale at 448 (exact multipliers: every rounding tie) and one 0.7
+    times that (inexact products), with rows of random patterns (NaN, inf, huge) in the same warps:
+    the wide geometry's float path and its fallback to the general path, against the reference."""
+    monkeypatch.setattr(_block_scale, "FORCE_SOFTWARE", sw)
+    pats = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    mags = pats.view(ml_dtypes.bfloat16).astype(np.float32)
+    rng = np.random.default_rng(_seed("nvfp4 bf16 patterns", sw))
+    for k in (-117, -100, -60, -20, -3, 0, 3, 20, 60, 100, 120):
+        for lead in (6.0, 4.5, 5.0):
+            anchor = np.float32(lead * 2.0**k)
+            with np.errstate(invalid="ignore"):
+                near = pats[(np.abs(mags) <= anchor) & (np.abs(mags) >= anchor * np.float32(2.0**-8))]
+            body = rng.permutation(np.concatenate([near, pats[:64], pats[0x8000:0x8040]]))  # +-0, subnormals
+            body = np.resize(body, (-(-body.size // 240) * 16, 15)).view(ml_dtypes.bfloat16)  # rows of 16 blocks
+            anchors = np.full((body.shape[0], 1), anchor, ml_dtypes.bfloat16)
+            blocks = np.concatenate([body, anchors], axis=1).reshape(-1, 256)
+            wild = rng.permutation(pats)[: 8 * 256].view(ml_dtypes.bfloat16).reshape(8, 256)
+            xh = np.concatenate([blocks[:4], wild[:4], blocks[4:], wild[4:]])
+            for s in (np.float32(2688.0) / anchor, np.float32(2688.0) / anchor * np.float32(0.7)):
+                run_nvfp4(xh, "swizzled", global_scale=float(s))
+                run_nvfp4(xh, "dense", global_scale=float(s))
 
 
 # ---------------------------------------------------------------- views, shapes, tails

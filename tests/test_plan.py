@@ -554,6 +554,39 @@ def test_block_scale_small_launch_shape():
     assert shape(1, 65535, 16, False) is not None and shape(1, 65537, 16, False) is None  # 65537 y blocks
 
 
+def test_block_scale_wide_launch_shape():
+    """The wide geometry's launch (_block_scale.wide_launch_shape): blocks of SMALL_THREADS threads,
+    bx as the small geometry's (a power of two that divides a row's segments, whole 4-byte scale
+    words), by = SMALL_THREADS / bx row offsets, 32 / by blocks per 128-row tile over whole tiles
+    (each thread WIDE_ROWS rows 32 apart), so every row of every tile is some thread's exactly once;
+    None past the grid's limits. The planner never picks it by itself."""
+    shape = _block_scale.wide_launch_shape
+    threads, R = _block_scale.SMALL_THREADS, _block_scale.WIDE_ROWS
+    for rows in (1, 7, 16, 100, 128, 129, 300, 16384):
+        for K in (1, 17, 48, 1000, 4096, 4097, 7168):
+            for block in (16, 32):
+                n_units = ceil_div(ceil_div(K, block), 4)
+                (gx, gy), (bx, by) = shape(rows, n_units, block)
+                assert bx * by == threads and bx & (bx - 1) == 0 and by <= 32
+                assert bx % (4 * block // 16) == 0 and gy * bx == n_units * 4 * block // 16
+                per_tile = 32 // by
+                assert gx == ceil_div(rows, 128) * per_tile
+                # the rows of block i, as wide_quantize maps them: every row of the tiles once
+                covered = sorted(
+                    (i // per_tile) * 128 + (i % per_tile) * by + ty + 32 * n
+                    for i in range(min(gx, 4 * per_tile))
+                    for ty in range(by)
+                    for n in range(R)
+                )
+                assert covered == list(range(min(gx, 4 * per_tile) // per_tile * 128))
+    assert shape(16384, 64, 16) == ((4096, 2), (128, 1))  # 16384 x 4096 NVFP4: 8192 blocks
+    assert shape(16384, 112, 16) == ((2048, 7), (64, 2))  # 16384 x 7168 NVFP4
+    assert shape(1, 65535, 16) is not None and shape(1, 65537, 16) is None  # 65537 y blocks
+    for rows, K in ((1, 4096), (16384, 4096), (16384, 16384), (1 << 20, 8192)):
+        for bits in (4, 8):
+            assert _block_scale.planned_geometry(rows, K, 132, bits) != "wide"
+
+
 def test_group_quantize_threads():
     """The 2-D group quantizers take 128-thread blocks where 256-thread blocks would be fewer than
     the SMs, 256 from one per SM up; grid2d splits those threads into whole groups of a row."""

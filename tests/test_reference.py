@@ -473,3 +473,99 @@ def test_dequantize_mx_subnormal_scale_and_nan_scale():
     y = ref.dequantize_mx(codes, np.array([[0, 255]], np.uint8))
     assert y[0, 0].view(np.uint32) == 0x00400000  # 1.0 * 2^-127, kept subnormal
     assert np.isnan(y[0, 32:]).all()
+
+
+# ---------------------------------------------------------------- the wide geometry's NVFP4 rule
+# NumPy models of the float32 arithmetic and bit packing of kernels/block_scale.cuh's
+# nvfp4_fast_codes (its GPU tests are in test_mx.py): the rule and the packing constants, checked
+# against the reference's cast and packing on the CPU.
+E2M1_M0, E2M1_M1 = np.float32(2.0**23), np.float32(2.0**23 + 0x500000)
+
+
+def _e2m1_candidates(c, M):
+    """min of the three candidate patterns for float32 c >= 0: each candidate's exact value is
+    formed in float64 (exact here) and rounded once to float32, as one FMA rounds it."""
+    c = np.asarray(c, np.float32).astype(np.float64)
+    M = np.float64(M)
+    cands = [(c * 2 + M), (c + (M + 2)), (c * 0.5 + (M + 4))]
+    return np.minimum.reduce([x.astype(np.float32).view(np.uint32) for x in cands])
+
+
+def _prmt(a, b, sel):
+    """prmt.b32 (default mode) on uint32 arrays."""
+    src = (np.asarray(b, np.uint64) << 32) | np.asarray(a, np.uint64)
+    out = np.zeros(np.broadcast(a, b).shape, np.uint64)
+    for n in range(4):
+        s = (sel >> (4 * n)) & 0xF
+        byte = (src >> np.uint64(8 * (s & 7))) & np.uint64(0xFF)
+        if s & 8:
+            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= byte << np.uint64(8 * n)
+    return out.astype(np.uint32)
+
+
+def _fast_segment_words(pairs, mult):
+    """The two code words of 16 bf16 elements (pairs: (..., 8) uint32, element 2j in the low half of
+    pairs[j]) scaled by float32 mult, as nvfp4_fast_codes forms them."""
+    pairs = np.asarray(pairs, np.uint32)
+    lo = (pairs << 16).view(np.float32)
+    hi = (pairs & 0xFFFF0000).view(np.float32)
+    x = np.stack([lo, hi], axis=-1).reshape(pairs.shape[:-1] + (16,))
+    with np.errstate(all="ignore"):
+        c = (np.abs(x) * np.float32(mult)).astype(np.float32)
+    words = []
+    for u in range(2):
+        t = [_e2m1_candidates(c[..., 8 * u + i], E2M1_M1 if i == 1 else E2M1_M0) for i in range(8)]
+        mag = t[7].astype(np.uint64)
+        for i in range(6, -1, -1):
+            mag = (mag * 16 + t[i]) & 0xFFFFFFFF
+        p = pairs[..., 4 * u : 4 * u + 4]
+        a, b = _prmt(p[..., 0], p[..., 1], 0x7351), _prmt(p[..., 2], p[..., 3], 0x7351)
+        sign = (_prmt(a, b, 0xDC98) & 0x0F0F0F0F) | (_prmt(a, b, 0xFEBA) & 0xF0F0F0F0)
+        words.append((mag.astype(np.uint32) & 0x77777777) | (sign & 0x88888888))
+    return np.stack(words, axis=-1)
+
+
+def test_e2m1_min_of_three_candidates_rule():
+    """For float32 c in [0, 7): the low 3 bits of min(rne(2c + M), rne(c + 2 + M), rne(c / 2 + 4 +
+    M)) (M = 2^23 or M1) are the E2M1 code of c (nearest, ties to even, saturating at 6): every
+    exponent with the top 13 mantissa bits exhaustive and low bits 0, 1, all ones and random, plus
+    65536 patterns on each side of every tie point and every E2M1 value."""
+    rng = np.random.default_rng(11)
+    e = np.arange(0, 130, dtype=np.uint32)[:, None]
+    hi = np.arange(0, 1 << 23, 1 << 10, dtype=np.uint32)[None, :]
+    low = rng.integers(0, 1 << 10, hi.shape, dtype=np.uint32)
+    pats = [((e << 23) | m).reshape(-1) for m in (hi, hi | 1, hi | 0x3FF, hi | low)]
+    for p in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0):
+        b = np.float32(p).view(np.uint32)
+        pats.append(np.arange(b - 65536, b + 65536, dtype=np.int64).astype(np.uint32))
+    pats = np.concatenate(pats)
+    c = pats.view(np.float32)
+    c = c[c < 7]
+    want = ref.cast_e2m1(c)
+    for M in (E2M1_M0, E2M1_M1):
+        got = _e2m1_candidates(c, M) - np.float32(M).view(np.uint32)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (
+            f"M={M}: {bad.size} mismatches, first c={c[bad[0]]!r} got {got[bad[0]]} want {want[bad[0]]}"
+        )
+
+
+def test_e2m1_fast_segment_packing_model():
+    """The packing of nvfp4_fast_codes (Horner's rule on the candidate patterns with M1 for
+    element 1 of every eight, the sign nibbles gathered by four byte permutes) gives the reference's
+    packed codes, for every bf16 pattern whose scaled magnitude stays below 7 (-0 and subnormals
+    included) in random blocks, at multipliers across the float32 range."""
+    rng = np.random.default_rng(12)
+    pats = np.arange(1 << 16, dtype=np.uint32)
+    for mult in (np.float32(1.0), np.float32(0.37), np.float32(2.0**-120 * 3), np.float32(2.0**100 / 3)):
+        with np.errstate(all="ignore"):
+            scaled = (np.abs((pats << 16).view(np.float32)) * mult).astype(np.float32)
+        ok = pats[scaled < 7]
+        body = rng.permutation(np.concatenate([ok, rng.choice(ok, (-ok.size) % 16)])).reshape(-1, 16)
+        x = (body << 16).view(np.float32)
+        with np.errstate(all="ignore"):
+            want = ref.pack_fp4(ref.cast_e2m1((x * mult).astype(np.float32)))
+        pairs = body[:, 0::2] | (body[:, 1::2] << 16)
+        got = _fast_segment_words(pairs, mult).view(np.uint8).reshape(want.shape)
+        np.testing.assert_array_equal(got, want)
