@@ -581,7 +581,8 @@ def test_group_col_path_planner_and_override(monkeypatch):
         [(name, block)] = [(r[0].name, r[2]) for r in rec if r[5] is not None]
         return q, name, block
 
-    for shape in [(16, 2048), (129, 1024), (3, 37, 512)]:  # a small grid; partial blocks of rows; batches
+    big = 2 * sms * 256 // (1024 // 16) + 3  # 256-thread blocks, twice the SMs, a partial block of rows
+    for shape in [(16, 2048), (129, 1024), (3, 37, 512), (big, 1024)]:  # small grids; batches; 256 threads
         xh = heavy_tailed(shape, _seed("col path", shape), ml_dtypes.bfloat16)
         x = cupy.asarray(xh)
         rows = int(np.prod(shape[:-1]))
