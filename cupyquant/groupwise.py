@@ -57,11 +57,45 @@ SILU_PATHS = _group_plan.SILU_PATHS
 #: (the planner's choice, _group_plan._silu_batched). Read at every call and part of the plan's key.
 SILU_PATH: str | None = None
 
+#: The per-group quantizer's geometries for "col" scales (kernels/groupwise.cu): "wide"
+#: (group_quantize, grid2d: a warp along a row, its 32 / tpg scales M_pad words apart, stored by
+#: store_scale after the codes) and "tall" (group_quantize_tall, _tall_grid: a warp down 32 / tpg
+#: rows of one group, its scales one contiguous run, stored by store_col_scale with 32-bit offsets).
+#: The same bytes; "row" scales always take "wide".
+GROUP_COL_PATHS = ("wide", "tall")
+#: Internal override of the "col" planner, for tests and A/B timing: a name of GROUP_COL_PATHS
+#: ("tall" wherever _tall_grid fits), or None (the planner's choice: "wide"). Read at every call and
+#: part of the plan's key.
+GROUP_COL_PATH: str | None = None
+
+
+def _group_col_path(path: str | None = None) -> str:
+    """The geometry of the per-group quantizer with "col" scales: ``path`` if given (a name of
+    GROUP_COL_PATHS), else "wide"."""
+    if path not in (None, *GROUP_COL_PATHS):
+        raise ValueError(f"groupwise.GROUP_COL_PATH must be one of {GROUP_COL_PATHS} or None, got {path!r}")
+    return "wide" if path is None else path
+
+
+def _tall_grid(rows: int, n_groups: int, tpg: int, threads: int, words: int):
+    """(grid, block) of group_quantize_tall over ``rows`` rows of ``n_groups`` groups of ``tpg``
+    16-element pieces, ``threads`` a block, with a scale buffer of ``words`` 4-byte words; None where
+    it does not fit (rows or words from 2^31: the kernel's scale offsets are 32-bit; more than
+    MAX_GRID_YZ blocks of rows). blockDim (tpg, threads / tpg): one group of threads / tpg rows a
+    block, blockIdx.x the group, blockIdx.y the block of rows."""
+    by = threads // tpg
+    row_blocks = ceil_div(rows, by)
+    if rows >= 1 << 31 or words >= 1 << 31 or row_blocks > MAX_GRID_YZ:
+        return None
+    return (n_groups, row_blocks), (tpg, by)
+
+
 _FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 FAMILY = _jit.register(
     "groupwise",
     _jit.product("group_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    + _jit.product("group_quantize_tall", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS, _BOOLS)
     + [
         _jit.expr("token_quantize_regs", t.ctype, f, w)
         for t in _dtypes.INPUT_TYPES
@@ -169,6 +203,7 @@ class _Plan:
         token_path=None,
         few_units=None,
         silu_path=None,
+        col_path=None,
     ):
         if silu:
             if isinstance(x, cupy.ndarray) and x.ndim:
@@ -253,11 +288,17 @@ class _Plan:
                 kernel = _jit.kernel(device, FAMILY, name, *targs, vec)
                 grid, block, mid = (rows,), (_group_plan._TOKEN_BLOCK,), (np.int32(K),)
             else:
-                kernel = _jit.kernel(device, FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
                 units = K // 16
-                grid, block = _group_plan.grid2d(
-                    rows, units, _group_plan.quantize_threads(rows, units, _device.sm_count(device))
-                )
+                threads = _group_plan.quantize_threads(rows, units, _device.sm_count(device))
+                tall = None
+                if _group_col_path(col_path) == "tall" and scale_layout == "col":
+                    tall = _tall_grid(rows, n_groups, group_size // 16, threads, lay.words)
+                if tall is not None:
+                    kernel = _jit.kernel(device, FAMILY, "group_quantize_tall", in_t.ctype, fmt.ctag, vec, packed)
+                    grid, block = tall
+                else:
+                    kernel = _jit.kernel(device, FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
+                    grid, block = _group_plan.grid2d(rows, units, threads)
                 mid = (np.int64(rows), np.int32(K), np.int32(group_size))
         self.launch = None
         if kernel is not None:
@@ -281,6 +322,7 @@ def _quantize(
         silu, _validate.array_key(x), dtype, group_size, type(group_size), scale_layout, scale_pow2, scale_dtype,
         _validate.scale_key(scale_ub), symmetric, type(symmetric), _validate.array_key(out),
         _validate.array_key(scale_out), _validate.array_key(zp_out), TOKEN_PATH, TOKEN_FEW_UNITS, SILU_PATH,
+        GROUP_COL_PATH,
     )  # fmt: skip
     plan = _PLANS.lookup(key)
     if plan is None:
@@ -288,7 +330,7 @@ def _quantize(
             key,
             _Plan(
                 x, dtype, group_size, scale_layout, scale_pow2, scale_dtype, scale_ub, out, scale_out, silu, symmetric,
-                zp_out, TOKEN_PATH, TOKEN_FEW_UNITS, SILU_PATH,
+                zp_out, TOKEN_PATH, TOKEN_FEW_UNITS, SILU_PATH, GROUP_COL_PATH,
             ),
         )  # fmt: skip
     ub = scale_ub if type(scale_ub) is cupy.ndarray else None

@@ -48,15 +48,31 @@
 #include "flat_dequant.cuh"
 
 // ---------------------------------------------------------------- per-group quantization
-// The end of a per-group thread: its 16 elements quantized with the group's scale s and stored; the
-// group's first lane stores s.
+// A thread's 16 elements quantized with the group's scale s and stored.
 template <class F, int CLAMP, bool VEC>
-__device__ __forceinline__ void finish_group16(unsigned char* __restrict__ q16, const float* f, float s,
-                                               const ScaleArgs& sa, i64 row, int u, int tpg) {
+__device__ __forceinline__ void quant_store16(unsigned char* __restrict__ q16, const float* f, float s,
+                                              const ScaleArgs& sa) {
     const float r = rcp_rn(s);
     const bool exact = needs_exact_div(sa, s);
     store16w<VEC>(q16, quant8<F, CLAMP>(f, s, r, exact), quant8<F, CLAMP>(f + 8, s, r, exact));
+}
+
+// The end of a per-group thread: its 16 elements quantized and stored; the group's first lane stores s.
+template <class F, int CLAMP, bool VEC>
+__device__ __forceinline__ void finish_group16(unsigned char* __restrict__ q16, const float* f, float s,
+                                               const ScaleArgs& sa, i64 row, int u, int tpg) {
+    quant_store16<F, CLAMP, VEC>(q16, f, s, sa);
     if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);  // tpg: a power of two
+}
+
+// vLLM's group scale from the group's max |x| key m: amax = max(1e-10, m), min(amax, scale_ub),
+// amax / qmax, pow2_ceil.
+template <class F> __device__ __forceinline__ float group_scale(const ScaleArgs& sa, unsigned m) {
+    float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
+    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
+    float s = scale_of<F>(amax);
+    if (sa.pow2) s = pow2_ceil(s);
+    return s;
 }
 
 // Each thread takes 16 consecutive elements (two 16-byte loads of a 16-bit type, four of float32;
@@ -86,11 +102,61 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     }
     const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
     if (!valid) return;
-    float amax = fmax_ieee(__uint_as_float(m), 1e-10f);
-    if (sa.has_ub) amax = fmin_ieee(amax, load_ub(sa));
-    float s = scale_of<F>(amax);
-    if (sa.pow2) s = pow2_ceil(s);
-    finish_group16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, s, sa, row, u, tpg);
+    finish_group16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, group_scale<F>(sa, m), sa, row, u, tpg);
+}
+
+// The "col" scale of (row, group g) from a group's first lane of group_quantize_tall: float32 words, or
+// (PACKED) UE8M0 bytes packed four a word; compiled for that layout alone, with 32-bit word offsets
+// (the host takes the kernel where rows and the scale buffer's words are below 2^31). The (batch,
+// token) split is split_row's multiply, the word b * sb + m + (g or g / 4) * M_pad; the padding (rows
+// M..M_pad of the column after a batch's last token; the unused bytes after a row's last packed
+// group) is store_scale's, on a branch of its own. About 15 instructions a warp against about 70 for
+// store_scale's "col" path, whose uniform layout tests, 64-bit offsets and branch around the 64-bit
+// division (rows from 2^31) run after the codes (sm_90 SASS; the "row" float32 path: about 16).
+template <bool PACKED>
+__device__ __forceinline__ void store_col_scale(const ScaleArgs& a, unsigned row, int g, float s) {
+    const unsigned b = (unsigned)(((unsigned long long)row * (unsigned)a.m_magic) >> a.m_shift);  // m_magic < 2^32
+    const unsigned m = row - b * (unsigned)a.M;
+    const unsigned w = b * (unsigned)a.sb + m + (PACKED ? (unsigned)g >> 2 : (unsigned)g) * (unsigned)a.sg;
+    if constexpr (PACKED) reinterpret_cast<unsigned char*>(a.words + w)[g & 3] = (unsigned char)ue8m0_of(s);
+    else a.words[w] = __float_as_uint(s);
+    if ((m == (unsigned)a.M - 1u && a.M_pad != a.M) || (PACKED && g == a.n_groups - 1 && (g & 3) != 3))
+        store_scale(a, row, g, s);  // the same store again, then the padding
+}
+
+// group_quantize for "col" scales, its warps down the rows ("tall"): blockDim (tpg, by), one group of
+// by rows a block; blockIdx.x the group, blockIdx.y the block of rows (so consecutive blocks take
+// the consecutive groups of the same rows). A warp is then 32 / tpg consecutive rows of one group,
+// and its scales one run of 32 / tpg words in the "col" layout (16 bytes at G = 128: one sector),
+// where group_quantize's warp along a row stores 32 / tpg scales M_pad words apart, a sector each.
+// The codes' loads and stores are the same per warp (a 32-byte piece of x a lane, 256 contiguous
+// bytes of a row for each 8 lanes at G = 128), and so is the index arithmetic; the scales go
+// through store_col_scale.
+template <typename T, class F, bool VEC, bool PACKED>
+__global__ void __launch_bounds__(256)
+group_quantize_tall(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
+                    int group_size, ScaleArgs sa, unsigned* __restrict__ words) {
+    sa.words = words;
+    const int tpg = group_size >> 4;
+    const i64 row = (i64)blockIdx.y * blockDim.y + threadIdx.y;
+    const int g = blockIdx.x;
+    const int u = g * tpg + threadIdx.x;
+    const bool valid = row < rows;
+    pdl_wait_then_release();  // no global access above this line
+    float f[16];
+    if (valid) {
+        const T* p = x + row * x_row_stride + u * 16;
+        load8<T, VEC>(p, f);
+        load8<T, VEC>(p + 8, f + 8);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = 0.0f;
+    }
+    const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
+    if (!valid) return;
+    const float s = group_scale<F>(sa, m);
+    quant_store16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, s, sa);
+    if (threadIdx.x == 0) store_col_scale<PACKED>(sa, (unsigned)row, g, s);
 }
 
 // A team of WARPS warps per row, the row held in registers: lane t of the team keeps the 8-element

@@ -83,6 +83,14 @@ def token_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=groupwise.GROUP_COL_PATHS)
+def col_path(request, monkeypatch):
+    """The per-group quantizer's geometry for "col" scales forced for the whole test
+    (groupwise.GROUP_COL_PATH; "row" scales take "wide" either way)."""
+    monkeypatch.setattr(groupwise, "GROUP_COL_PATH", request.param)
+    return request.param
+
+
 @pytest.fixture(params=groupwise.SILU_PATHS)
 def silu_path(request, monkeypatch):
     """The SiLU*Mul path forced for the whole test (groupwise.SILU_PATH)."""
@@ -95,7 +103,7 @@ def silu_path(request, monkeypatch):
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
-def test_every_combination(in_dtype, fmt, group_size, layout, pow2, monkeypatch):
+def test_every_combination(in_dtype, fmt, group_size, layout, pow2, monkeypatch, col_path):
     for _ in token_paths(monkeypatch, group_size):
         for shape in [(1, 256), (37, 1024)]:
             xh = heavy_tailed(shape, _seed(shape, in_dtype, fmt, group_size, layout, pow2), in_dtype)
@@ -105,7 +113,7 @@ def test_every_combination(in_dtype, fmt, group_size, layout, pow2, monkeypatch)
 @pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("group_size", GROUPS, ids=_id)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_ue8m0_packed_scales(fmt, group_size, layout, monkeypatch):
+def test_ue8m0_packed_scales(fmt, group_size, layout, monkeypatch, col_path):
     # 3 and 5 groups per row leave unused bytes in the last packed word; 3-D exercises batches
     for _ in token_paths(monkeypatch, group_size):
         for shape in [(5, 384), (2, 3, 1280), (1, 128 * 9)]:
@@ -118,7 +126,7 @@ def test_ue8m0_packed_scales(fmt, group_size, layout, monkeypatch):
 
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 @pytest.mark.parametrize("shape", [(1, 128), (3, 16384), (129, 4096), (2, 5, 1024), (7, 3, 2, 256)], ids=_id)
-def test_shapes(shape, in_dtype):
+def test_shapes(shape, in_dtype, col_path):
     xh = heavy_tailed(shape, _seed(shape, in_dtype), in_dtype)
     for fmt, g, layout in [("float8_e4m3fn", 128, "col"), ("int8", 64, "row"), ("float8_e5m2", None, "col")]:
         run_groupwise(xh, fmt, g, layout)
@@ -310,7 +318,7 @@ def _special_rows(in_dtype):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=_id)
 @pytest.mark.parametrize("group_size", [32, 128, None], ids=_id)
-def test_special_values(in_dtype, fmt, group_size, monkeypatch):
+def test_special_values(in_dtype, fmt, group_size, monkeypatch, col_path):
     xh = _special_rows(in_dtype)
     for _ in token_paths(monkeypatch, group_size):
         for layout, pow2, sdt in [("row", False, "float32"), ("col", True, "float32"), ("col", True, E8M0)]:
@@ -319,7 +327,7 @@ def test_special_values(in_dtype, fmt, group_size, monkeypatch):
 
 @pytest.mark.parametrize("group_size", [64, None], ids=_id)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_scale_ub(fmt, group_size, monkeypatch):
+def test_scale_ub(fmt, group_size, monkeypatch, col_path):
     xh = heavy_tailed((9, 512), _seed(fmt, group_size, "ub"), ml_dtypes.bfloat16)
     amax = float(np.abs(xh.astype(np.float32)).max())
     for _ in token_paths(monkeypatch, group_size):
@@ -333,7 +341,7 @@ def test_scale_ub(fmt, group_size, monkeypatch):
     )
 
 
-def test_col_layout_strides_and_offsets():
+def test_col_layout_strides_and_offsets(col_path):
     B, M, K, G = 2, 5, 768, 128
     xh = heavy_tailed((B, M, K), 3, np.float32)
     q = cq.quantize_groupwise(cupy.asarray(xh), group_size=G, scale_layout="col")
@@ -349,7 +357,7 @@ def test_col_layout_strides_and_offsets():
         assert words.view(np.uint32)[b * NG * M_pad + g * M_pad + m] == 0  # padding rows are zero
 
 
-def test_packed_ue8m0_byte_positions():
+def test_packed_ue8m0_byte_positions(col_path):
     M, K, G = 3, 6 * 128, 128  # 6 groups: words hold groups 0-3 and 4-5 (+ two zero bytes)
     xh = heavy_tailed((M, K), 4, ml_dtypes.bfloat16)
     q = cq.quantize_groupwise(cupy.asarray(xh), group_size=G, scale_layout="col", scale_dtype=E8M0)
@@ -362,7 +370,7 @@ def test_packed_ue8m0_byte_positions():
         assert raw[4 * (1 * M_pad + m) + 2] == 0 and raw[4 * (1 * M_pad + m) + 3] == 0
 
 
-def test_strided_and_misaligned_rows(monkeypatch):
+def test_strided_and_misaligned_rows(monkeypatch, col_path):
     big = cupy.asarray(heavy_tailed((33, 1024 + 16), 8, ml_dtypes.bfloat16))
     for x in (big[:, :1024], big[:, 8:1032], big[:, 1:1025], big[::2, :512]):  # vector and scalar paths
         xh = x.get()
@@ -373,7 +381,7 @@ def test_strided_and_misaligned_rows(monkeypatch):
                 check(q, eq, es, "col")
 
 
-def test_out_and_scale_out_buffers():
+def test_out_and_scale_out_buffers(col_path):
     xh = heavy_tailed((6, 512), 12, np.float16)
     x = cupy.asarray(xh)
     s_out = cq.empty_scales(x.shape, 128, "col", E8M0)
@@ -384,7 +392,7 @@ def test_out_and_scale_out_buffers():
     check(q, eq, es, "col")
 
 
-def test_bad_scale_out_and_out_leave_buffers_untouched():
+def test_bad_scale_out_and_out_leave_buffers_untouched(col_path):
     x = cupy.asarray(heavy_tailed((6, 512), 13, np.float32))
     out = poisoned(x.shape, np.uint8)
     good = cq.empty_scales(x.shape, 128, "col")
@@ -554,6 +562,46 @@ def test_group_quantizers_block_threads(op, monkeypatch):
         assert_bits_equal(q256.data, q.data, f"{op} {rows} rows, codes at 256 threads")
         assert_bits_equal(q256.scale, q.scale, f"{op} {rows} rows, scales at 256 threads")
     _plans.clear()
+
+
+def test_group_col_path_planner_and_override(monkeypatch):
+    """Unforced, "col" group scales take group_quantize ("wide"); GROUP_COL_PATH "tall" takes
+    group_quantize_tall for "col" scales, float32 and packed UE8M0, with blockDim (G / 16, threads *
+    16 / G) (threads: quantize_threads' 128 or 256), and leaves "row" scales on group_quantize. The
+    knob is part of the plan's key (the same call signature changes kernel between calls), the bytes
+    and the whole scale buffer are the reference's either way; a bad value raises ValueError naming
+    the knob."""
+    from cupyquant import _device
+
+    sms = _device.sm_count(cupy.cuda.Device().id)
+
+    def launched(x, **kw):
+        with _launch.recording() as rec:
+            q = cq.quantize_groupwise(x, group_size=128, **kw)
+        [(name, block)] = [(r[0].name, r[2]) for r in rec if r[5] is not None]
+        return q, name, block
+
+    big = 2 * sms * 256 // (1024 // 16) + 3  # 256-thread blocks, twice the SMs, a partial block of rows
+    for shape in [(16, 2048), (129, 1024), (3, 37, 512), (big, 1024)]:  # small grids; batches; 256 threads
+        xh = heavy_tailed(shape, _seed("col path", shape), ml_dtypes.bfloat16)
+        x = cupy.asarray(xh)
+        rows = int(np.prod(shape[:-1]))
+        threads = _group_plan.quantize_threads(rows, shape[-1] // 16, sms)
+        for sdt in ("float32", E8M0):
+            eq, es = ref.quantize_groupwise(xh, group_size=128, scale_dtype=sdt)
+            for path in (None, *groupwise.GROUP_COL_PATHS, None):
+                monkeypatch.setattr(groupwise, "GROUP_COL_PATH", path)
+                q, name, block = launched(x, scale_layout="col", scale_dtype=sdt)
+                assert ("group_quantize_tall" in name) == (path == "tall"), (shape, path, name)
+                if path == "tall":
+                    assert tuple(block) == (8, threads // 8, 1), (shape, block)
+                check(q, eq, es, "col")
+                q, name, _ = launched(x, scale_layout="row", scale_dtype=sdt)
+                assert "group_quantize_tall" not in name
+                check(q, eq, es, "row")
+    monkeypatch.setattr(groupwise, "GROUP_COL_PATH", "rows")
+    with pytest.raises(ValueError, match="GROUP_COL_PATH"):
+        cq.quantize_groupwise(x, group_size=128, scale_layout="col")
 
 
 def test_silu_planner_and_override(monkeypatch):
@@ -868,7 +916,7 @@ def test_pdl_flat_dequantizer_waits_for_the_kernel_before(dq_geometry, monkeypat
 # ------------------------------------------------------------------ streams, graphs, no sync
 
 
-def test_graph_capture_and_no_sync():
+def test_graph_capture_and_no_sync(col_path):
     import cupyx
 
     xh = heavy_tailed((64, 2 * 512), 40, ml_dtypes.bfloat16)
@@ -951,6 +999,10 @@ def test_div_by_matches_ieee_division_sampled():
     "case",
     [
         "fp8-g128",
+        "fp8-g128-col-wide",
+        "fp8-g128-col-tall",
+        "ue8m0-g128-col-wide",
+        "ue8m0-g128-col-tall",
         "fp8-token-few-scale_ub-device",
         "fp8-token-regs-scale_ub-device",
         "int8-token-azp",
@@ -965,7 +1017,8 @@ def test_pdl_each_kernel_waits_for_the_kernel_before(case, monkeypatch):
     of the device's own intermediate, as test_silu_mul_quantize) are bit for bit the reference of
     each round, in a stream and replayed from a CUDA graph. The group case writes into the same out=
     and scale_out= buffers every round; the per-token FP8 cases force each per-token kernel
-    (token_quantize_few, token_quantize_regs), the SiLU*Mul cases each path (groupwise.SILU_PATH)."""
+    (token_quantize_few, token_quantize_regs), the SiLU*Mul cases each path (groupwise.SILU_PATH), the
+    "col" group cases (float32 and packed UE8M0 scales) each geometry (groupwise.GROUP_COL_PATH)."""
     require_arch("pdl")
     R, BF16 = 4, ml_dtypes.bfloat16
     silu = case.startswith("silu")
@@ -988,6 +1041,22 @@ def test_pdl_each_kernel_waits_for_the_kernel_before(case, monkeypatch):
         def want(r):
             eq, es = ref.quantize_groupwise(xs[r], E4, group_size=128)
             return [eq, es, ref.dequantize_groupwise(eq, es, E4, np.float32, group_size=128)]
+    elif "-g128-col-" in case:
+        monkeypatch.setattr(groupwise, "GROUP_COL_PATH", case.split("-")[-1])
+        sdt = E8M0 if case.startswith("ue8m0") else "float32"
+        q, s = cupy.empty(shape, np.uint8), cq.empty_scales(shape, 128, "col", sdt)
+        names = ["q", "scales", "y"]
+
+        def step():
+            qt = cq.quantize_groupwise(x, E4, group_size=128, scale_layout="col", scale_dtype=sdt, out=q, scale_out=s)
+            assert qt.scale is s
+            words = cupy.ndarray((ref.scale_word_offsets(shape, s.shape[-1], "col")[1],), np.uint32, memptr=s.data)
+            return [qt.data, words, cq.dequantize(qt, np.float32)]  # the whole buffer: padding included
+
+        def want(r):
+            eq, es = ref.quantize_groupwise(xs[r], E4, group_size=128, scale_dtype=sdt)
+            y = ref.dequantize_groupwise(eq, es, E4, np.float32, group_size=128)
+            return [eq, ref.scale_buffer(es, shape, "col"), y]
     elif case.startswith("fp8-token-"):
         monkeypatch.setattr(groupwise, "TOKEN_PATH", case.split("-")[2])
         inputs, sources = [x, ub], [[cupy.asarray(a), cupy.asarray(b)] for a, b in zip(xs, ubs)]

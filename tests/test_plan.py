@@ -598,6 +598,29 @@ def test_group_quantize_threads():
     assert _group_plan.grid2d(16, 8, 128) == ((1, 1), (8, 16))
 
 
+def test_group_col_path_and_tall_grid():
+    """The per-group quantizer with "col" scales takes "wide" unless GROUP_COL_PATH names "tall"; a
+    bad value raises ValueError naming the knob. _tall_grid: blockDim (tpg, threads / tpg), a block
+    per group and block of rows; None from 2^31 rows or scale words, or past MAX_GRID_YZ blocks of
+    rows (the caller then takes "wide")."""
+    from cupyquant import groupwise
+    from cupyquant._sizes import MAX_GRID_YZ
+
+    p = groupwise._group_col_path
+    assert p() == "wide" and p("wide") == "wide" and p("tall") == "tall"
+    for bad in ("rows", True, 1):
+        with pytest.raises(ValueError, match="GROUP_COL_PATH"):
+            p(bad)
+    t = groupwise._tall_grid
+    assert t(16384, 32, 8, 256, 16384 * 32) == ((32, 512), (8, 32))  # 16384 x 4096, G = 128
+    assert t(37, 7, 2, 128, 40 * 7) == ((7, 1), (2, 64))  # G = 32, a small grid
+    assert t(33, 1, 16, 256, 36) == ((1, 3), (16, 16))  # G = 256: 16 rows a block, a partial one
+    assert t(32 * MAX_GRID_YZ, 1, 8, 256, 1 << 22) is not None
+    assert t(32 * MAX_GRID_YZ + 1, 1, 8, 256, 1 << 22) is None
+    assert t(1024, 1, 8, 256, (1 << 31) - 1) is not None and t(1024, 1, 8, 256, 1 << 31) is None
+    assert t(1 << 31, 1, 16, 256, 1 << 20) is None
+
+
 def test_silu_path_planner():
     """silu_mul_quantize takes the batched path up to _SILU_BATCHED_ROWS rows, the per-element one
     above; SILU_PATH overrides at any size; a bad value raises ValueError naming the knob."""
