@@ -70,10 +70,10 @@ _OCCUPANCY = (1, 2)
 #: The schemes whose plans take occupancy 2 from _OCC2_FROM_ROWS_PER_SM rows per SM up (more rows
 #: than an SM holds at once at occupancy 1). On an H200 (bf16, FP8, with a residual) occupancy 2
 #: is 1.25-1.27x occupancy 1 for static per-tensor scales at 4096 and 16384 rows of 8192, 1.05-1.06x
-#: per token, 1.04x per group of 128, 1.00-1.07x at 4096 rows of 4096, and 0.97-1.01x at 1-128
-#: rows. MX and NVFP4 (48-52 registers at occupancy 1) were not measured at occupancy 2.
+#: per token, 1.04x per group of 128, 1.00-1.07x at 4096 rows of 4096, 0.98-0.99x at 1024 rows of
+#: 8192 (7.8 rows per SM, so below the line) and 0.97-1.01x at 1-128 rows. MX and NVFP4 (48-52 registers at occupancy 1) were not measured at occupancy 2.
 _OCC2_SCHEMES = ("token", "tensor", "group")
-_OCC2_FROM_ROWS_PER_SM = 4
+_OCC2_FROM_ROWS_PER_SM = 8
 
 
 def _planned_occupancy(scheme: str, rows: int, sms: int) -> int:
