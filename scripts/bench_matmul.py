@@ -70,6 +70,8 @@ class WeightScheme:
     tag: str  # the column prefix
     what: str  # the header's description
     group_size: int | None = 128  # quantize_weight's group_size; None: the format's own blocks (FP4)
+    dtype: str | None = None  # quantize_weight's dtype where the scheme's name is not it
+    block_size: tuple | None = None  # quantize_weight's block_size (FP8 in 128 x 128 blocks)
 
 
 SCHEMES = {
@@ -78,6 +80,7 @@ SCHEMES = {
     "mxfp4": WeightScheme("MXFP4", "MXFP4 (E8M0 scales per 32)", None),
     FP8: WeightScheme("FP8", "FP8 E4M3 g128"),
     "uint4": WeightScheme("UINT4", "INT4 with zero points g128"),
+    "fp8_block": WeightScheme("FP8B", "FP8 E4M3 in 128 x 128 blocks", None, FP8, (128, 128)),
 }
 DEFAULT_SCHEMES = ["int4", "nvfp4", "mxfp4", FP8]
 #: The kernels --matmul-paths forces (sm90_gemm only where _device.caps(...).wgmma).
@@ -194,9 +197,12 @@ def _weights(w, s, errors):
     import cupyquant as cq
     from cupyquant import _bench
 
-    g = SCHEMES[s].group_size
+    sc = SCHEMES[s]
+    kw = ({} if sc.group_size is None else {"group_size": sc.group_size}) | (
+        {} if sc.block_size is None else {"block_size": sc.block_size}
+    )
     try:
-        plain = cq.quantize_weight(w, s, **({} if g is None else {"group_size": g}))
+        plain = cq.quantize_weight(w, sc.dtype or s, **kw)
         plains = [plain] + [plain.copy() for _ in range(_bench.copies_for(plain.nbytes) - 1)]
         return Weights(plains, [cq.prepare_weight(p) for p in plains])
     except Exception as e:  # noqa: BLE001 - the table goes on without this scheme

@@ -36,15 +36,18 @@ def test_defaults_are_the_agreed_cells(mm):
 def test_schemes_are_quantize_weights_names(mm):
     from cupyquant.weight.formats import SCHEME_IDS
 
-    assert set(mm.SCHEMES) == set(SCHEME_IDS)
-    # INT4 and FP8 in groups of 128; the FP4 formats in their own blocks (quantize_weight takes no group_size)
-    assert {s: mm.SCHEMES[s].group_size for s in mm.SCHEMES} == {
-        "int4": 128,
-        "uint4": 128,
-        "float8_e4m3fn": 128,
-        "nvfp4": None,
-        "mxfp4": None,
+    assert {mm.SCHEMES[s].dtype or s for s in mm.SCHEMES} == set(SCHEME_IDS)
+    # INT4 and FP8 in groups of 128; the FP4 formats in their own blocks (quantize_weight takes no
+    # group_size); FP8 in 128 x 128 blocks
+    assert {s: (mm.SCHEMES[s].group_size, mm.SCHEMES[s].block_size) for s in mm.SCHEMES} == {
+        "int4": (128, None),
+        "uint4": (128, None),
+        "float8_e4m3fn": (128, None),
+        "nvfp4": (None, None),
+        "mxfp4": (None, None),
+        "fp8_block": (None, (128, 128)),
     }
+    assert mm.SCHEMES["fp8_block"].dtype == "float8_e4m3fn"
 
 
 def test_parsing_restricts_and_rejects(mm):

@@ -565,8 +565,8 @@ def test_group_quantizers_block_threads(op, monkeypatch):
 
 
 def test_group_col_path_planner_and_override(monkeypatch):
-    """Unforced, "col" group scales take group_quantize ("wide"); GROUP_COL_PATH "tall" takes
-    group_quantize_tall for "col" scales, float32 and packed UE8M0, with blockDim (G / 16, threads *
+    """Unforced, "col" group scales take the planner's geometry (PLANNED_GROUP_COL_PATH); "tall"
+    takes group_quantize_tall for "col" scales, float32 and packed UE8M0, with blockDim (G / 16, threads *
     16 / G) (threads: quantize_threads' 128 or 256), and leaves "row" scales on group_quantize. The
     knob is part of the plan's key (the same call signature changes kernel between calls), the bytes
     and the whole scale buffer are the reference's either way; a bad value raises ValueError naming
@@ -592,8 +592,9 @@ def test_group_col_path_planner_and_override(monkeypatch):
             for path in (None, *groupwise.GROUP_COL_PATHS, None):
                 monkeypatch.setattr(groupwise, "GROUP_COL_PATH", path)
                 q, name, block = launched(x, scale_layout="col", scale_dtype=sdt)
-                assert ("group_quantize_tall" in name) == (path == "tall"), (shape, path, name)
-                if path == "tall":
+                took = path or groupwise.PLANNED_GROUP_COL_PATH
+                assert ("group_quantize_tall" in name) == (took == "tall"), (shape, path, name)
+                if took == "tall":
                     assert tuple(block) == (8, threads // 8, 1), (shape, block)
                 check(q, eq, es, "col")
                 q, name, _ = launched(x, scale_layout="row", scale_dtype=sdt)

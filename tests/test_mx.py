@@ -361,7 +361,7 @@ def test_geometries_views(monkeypatch, fmt):
 
 def test_geometry_planner_and_override(monkeypatch):
     """Unforced, the planner takes the small geometry at 128 rows of 4096, and at 16384 rows the
-    small one for MXFP8 and the tile for MXFP4 (never the wide one);
+    small one for MXFP8, the tile for MXFP4 and the wide one for NVFP4;
     GEOMETRY changes the geometry of the same call signature between calls (it is part of the
     plan's key), and a name that is not a geometry raises."""
     sms = _device.sm_count(cupy.cuda.Device().id)
@@ -380,6 +380,7 @@ def test_geometry_planner_and_override(monkeypatch):
         # MXFP8 takes the small geometry at every size, MXFP4 the tile at 16384 rows
         assert ("quantize_small" in launched(lambda: cq.quantize_mx(big, fmt))[0]) == (fmt == "float8_e4m3fn")
     assert "quantize_small" in launched(lambda: cq.quantize_nvfp4(x, global_scale=2.0))[0]
+    assert "quantize_wide" in launched(lambda: cq.quantize_nvfp4(big, global_scale=2.0))[0]
     eq, es = ref.quantize_mx(x.get(), "float8_e4m3fn")
     for geometry in ("tile", "small", "wide", None, "tile"):
         monkeypatch.setattr(_block_scale, "GEOMETRY", geometry)
@@ -401,7 +402,7 @@ def test_planner_pick_is_what_launches(monkeypatch, fmt, layout):
     xh = heavy_tailed((300, 4096), _seed("planner pick", fmt, layout), ml_dtypes.bfloat16)
     x = cupy.asarray(xh)
     for geometry in _block_scale.GEOMETRIES:
-        monkeypatch.setattr(_block_scale, "planned_geometry", lambda rows, K, sms, bits, g=geometry: g)
+        monkeypatch.setattr(_block_scale, "planned_geometry", lambda rows, K, sms, bits, nvfp4=False, g=geometry: g)
         _plans.clear()  # the planner's answer is not part of the plan's key
         with _launch.recording() as rec:
             if fmt == "nvfp4":

@@ -526,6 +526,23 @@ def test_block_scale_geometry_planner():
     assert plan(16384, 4096, 132, 4) == "tile"
 
 
+def test_block_scale_wide_planner():
+    """NVFP4 (and only NVFP4) takes the wide geometry from WIDE_FROM_ROWS rows where its blocks of
+    8192 elements (whole 128-row tiles) number WIDE_FROM_BLOCKS_PER_SM per SM; elsewhere it plans
+    as MXFP4 does."""
+    plan = _block_scale.planned_geometry
+    assert (_block_scale.WIDE_FROM_ROWS, _block_scale.WIDE_FROM_BLOCKS_PER_SM) == (1024, 6)
+    for rows, K in ((1024, 7168), (4096, 4096), (16384, 4096), (16384, 7168), (1 << 20, 8192)):
+        assert plan(rows, K, 132, 4, True) == "wide", (rows, K)
+        assert plan(rows, K, 132, 4) != "wide" and plan(rows, K, 132, 8, True) == "small"
+    assert plan(1024, 4096, 132, 4, True) == "small"  # 512 blocks: 3.9 an SM
+    assert plan(1023, 16384, 132, 4, True) == "small"  # under WIDE_FROM_ROWS, whatever K
+    assert plan(1024, 6336, 132, 4, True) == "wide" and plan(1024, 6320, 132, 4, True) == "small"  # 792, 790
+    assert plan(1025, 4096, 132, 4, True) == "small" and plan(1536, 4096, 132, 4, True) == "small"  # 576, 768
+    assert plan(1537, 4096, 132, 4, True) == "wide"  # 13 tiles: 832 blocks
+    assert plan(2048, 4096, 114, 4, True) == "wide" and plan(1024, 7168, 150, 4, True) == "small"
+
+
 def test_block_scale_small_launch_shape():
     """The small geometry's launch (_block_scale.small_launch_shape): blocks of SMALL_THREADS threads
     whose row of bx threads is a power of two that divides a row's segments and holds whole 4-byte
@@ -583,7 +600,7 @@ def test_block_scale_wide_launch_shape():
     assert shape(16384, 112, 16) == ((2048, 7), (64, 2))  # 16384 x 7168 NVFP4
     assert shape(1, 65535, 16) is not None and shape(1, 65537, 16) is None  # 65537 y blocks
     for rows, K in ((1, 4096), (16384, 4096), (16384, 16384), (1 << 20, 8192)):
-        for bits in (4, 8):
+        for bits in (4, 8):  # MX never takes it
             assert _block_scale.planned_geometry(rows, K, 132, bits) != "wide"
 
 
@@ -599,7 +616,7 @@ def test_group_quantize_threads():
 
 
 def test_group_col_path_and_tall_grid():
-    """The per-group quantizer with "col" scales takes "wide" unless GROUP_COL_PATH names "tall"; a
+    """The per-group quantizer with "col" scales takes "tall" unless GROUP_COL_PATH names "wide"; a
     bad value raises ValueError naming the knob. _tall_grid: blockDim (tpg, threads / tpg), a block
     per group and block of rows; None from 2^31 rows or scale words, or past MAX_GRID_YZ blocks of
     rows (the caller then takes "wide")."""
@@ -607,7 +624,7 @@ def test_group_col_path_and_tall_grid():
     from cupyquant._sizes import MAX_GRID_YZ
 
     p = groupwise._group_col_path
-    assert p() == "wide" and p("wide") == "wide" and p("tall") == "tall"
+    assert p() == "tall" and p("wide") == "wide" and p("tall") == "tall"
     for bad in ("rows", True, 1):
         with pytest.raises(ValueError, match="GROUP_COL_PATH"):
             p(bad)
