@@ -65,16 +65,19 @@ def planned_geometry(n: int, aligned: bool, sms: int) -> str:
     return PLANNED_FLAT if aligned and blocks >= FLAT_FROM_BLOCKS_PER_SM * sms else "rows"
 
 
-def geometry(n: int, aligned: bool, sms: int, scale_span: int = 0) -> str:
-    """:data:`GEOMETRY` where set, else the planner's; a flat one only where ``aligned`` and both
-    ``n`` and ``scale_span`` (the scale array's words or bytes, padding included) are below
-    FLAT_MAX_ELEMENTS, else "rows". A GEOMETRY that names no geometry raises ValueError."""
+def geometry(n: int, aligned: bool, sms: int, scale_span: int = 0, prefer_flat: bool = False) -> str:
+    """:data:`GEOMETRY` where set, else the planner's (PLANNED_FLAT at any size where the caller
+    says ``prefer_flat``); a flat one only where ``aligned`` and both ``n`` and ``scale_span`` (the
+    scale array's words or bytes, padding included) are below FLAT_MAX_ELEMENTS, else "rows". A
+    GEOMETRY that names no geometry raises ValueError."""
     forced = GEOMETRY
     if forced is not None and forced not in GEOMETRIES:
         raise ValueError(f"_flat.GEOMETRY must be one of {GEOMETRIES} or None, got {forced!r}")
     if not aligned or max(n, scale_span) >= FLAT_MAX_ELEMENTS:
         return "rows"
-    return planned_geometry(n, aligned, sms) if forced is None else forced
+    if forced is None:
+        return PLANNED_FLAT if prefer_flat else planned_geometry(n, aligned, sms)
+    return forced
 
 
 def flat_grid(n: int, geometry_: str) -> tuple:

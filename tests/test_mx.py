@@ -565,6 +565,26 @@ def test_dequantize_geometries(dq_geometry, monkeypatch, fmt, out_dtype):
                 assert_bits_equal(y, want, f"{dq_geometry} {fmt} {layout} {M}x{K}")
 
 
+def test_dequantize_planner_few_long_rows():
+    """Unforced, MXFP8 dequantization of at most FLAT_FEW_ROWS rows longer than 4096 codes takes the
+    flat kernel (aligned arrays), shorter rows and more rows at that size the row kernel; the bytes
+    are the reference's either way (poisoned out=)."""
+    fmt, bf16 = "float8_e4m3fn", ml_dtypes.bfloat16
+    few, from_k = _block_scale.FLAT_FEW_ROWS, _block_scale.FLAT_FEW_ROWS_FROM_K
+    for (M, K), flat in [((1, 16384), True), ((few, from_k + 3), True), ((1, from_k - 1), False)] + [
+        ((few + 1, 7168), False)
+    ]:
+        xh = heavy_tailed((M, K), _seed("dq few long", M, K), np.float32)
+        d, s = ref.quantize_mx(xh, fmt)
+        q = cq.quantize_mx(cupy.asarray(xh), fmt, scale_layout="swizzled")
+        out = poisoned((M, K), bf16)
+        with _launch.recording() as rec:
+            cq.dequantize(q, bf16, out=out)
+        [name] = [r[0].name for r in rec if r[5] is not None]
+        assert ("dequantize_flat" in name) == flat, (M, K, name)
+        assert_bits_equal(out, ref.dequantize_mx(d, s, fmt, bf16, K=K), f"{M}x{K}")
+
+
 @pytest.mark.parametrize("dq_geometry", _flat.GEOMETRIES)
 def test_dequantize_misaligned_views(dq_geometry, monkeypatch):
     """MXFP8 codes and out= views that do not start aligned (1, 4 and 8 bytes past; out= one

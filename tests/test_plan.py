@@ -666,6 +666,11 @@ def test_dequant_geometry_planner():
         assert plan(rows * K, False, 132) == "rows"
     for rows, K in ((1, 4096), (16, 7168), (128, 8192), (256, 8192)):
         assert plan(rows * K, True, 132) == "rows"
+    # a caller's prefer_flat (MXFP8's few long rows): the flat geometry at any size, where aligned
+    assert _flat.geometry(16384, True, 132, 512, True) == "flat16"
+    assert _flat.geometry(16384, False, 132, 512, True) == "rows"
+    assert _flat.geometry(16384, True, 132, 512) == "rows"
+    assert (_block_scale.FLAT_FEW_ROWS, _block_scale.FLAT_FEW_ROWS_FROM_K) == (16, 4097)
 
 
 def test_dequant_geometry_knob(monkeypatch):
@@ -680,6 +685,7 @@ def test_dequant_geometry_knob(monkeypatch):
         assert _flat.geometry((1 << 31) - 1, True, 132) == g and _flat.geometry(1 << 31, True, 132) == "rows"
         assert _flat.geometry(1 << 20, True, 132, (1 << 31) - 1) == g
         assert _flat.geometry(1 << 20, True, 132, 1 << 31) == "rows"  # scale offsets past 32 bits
+        assert _flat.geometry(16384, True, 132, 0, True) == g  # the caller's preference yields to the knob
     monkeypatch.setattr(_flat, "GEOMETRY", None)
     assert _flat.geometry(1 << 30, True, 132) == "flat16" and _flat.geometry(16, True, 132) == "rows"
     assert _flat.geometry(1 << 31, True, 132) == "rows"
