@@ -22,7 +22,7 @@ _BOOLS = (False, True)
 FAMILY = _jit.register(
     "kv_cache",
     _jit.product("kv_cache_write", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS)
-    + _jit.product("kv_cache_write_wide", _dtypes.INPUT_CTYPES, _FP8_TAGS, (1, 2))
+    + _jit.product("kv_cache_write_wide", _dtypes.INPUT_CTYPES, _FP8_TAGS)
     + _jit.product("kv_cache_dequantize", _dtypes.INPUT_CTYPES, _FP8_TAGS, _BOOLS),
 )
 
@@ -32,23 +32,16 @@ _MAX_ROWS = (1 << 31) - 1  # rows split into (token, head) with 32-bit arithmeti
 
 #: The write kernels of static scales, as :data:`WRITE_PATH` names them: "units8" (kv_cache_write:
 #: a lane takes units of 8 elements, an 8-byte store each) and "wide" (kv_cache_write_wide: a lane
-#: takes 16 contiguous elements of WIDE_ROWS rows, one 16-byte store each). Dynamic scales always
-#: take kv_cache_write.
+#: takes 16 contiguous elements of one row, one 16-byte store). Dynamic scales always take
+#: kv_cache_write. ptxas (sm_90), 16-bit x: kv_cache_write_wide takes 32 registers (8 blocks of 256
+#: threads per SM), kv_cache_write 42 (5 blocks per SM); both keep 32 bytes of loads a lane in
+#: flight.
 WRITE_PATHS = ("units8", "wide")
 #: Internal override of the write planner, for tests and A/B timing: a name of WRITE_PATHS, or None
 #: (the planner's choice). Read at every call and part of the plan's key, so it may change between
 #: calls. "wide" asked for where it does not apply (dynamic scales, alignment, head_dim) gives
 #: "units8".
 WRITE_PATH: str | None = None
-#: Rows a lane of the wide kernel holds in flight (its ROWS), as WIDE_ROWS may force them.
-WIDE_ROWS_CHOICES = (1, 2)
-#: Internal override of the wide kernel's rows per lane: a value of WIDE_ROWS_CHOICES or None
-#: (PLANNED_WIDE_ROWS). Read at every call and part of the plan's key.
-WIDE_ROWS: int | None = None
-#: The planner's rows per lane. ptxas (sm_90), 16-bit x: one row takes 32 registers (8 blocks of
-#: 256 threads per SM, 32 bytes of loads a lane); two rows take 48 (5 blocks per SM, 64 bytes a
-#: lane). kv_cache_write takes 42 (5 blocks per SM, 32 bytes a lane).
-PLANNED_WIDE_ROWS = 1
 #: The planner takes the wide kernel from this many (token, head) rows up. On an H200 (bf16, head_dim
 #: 128) it is 1.14-1.16x kv_cache_write from 32768 rows (4096 tokens x 8 heads) up, and 0.97x at 2048
 #: (2.10 us against 2.03), where a call is its launch and one row of work a lane.
@@ -221,19 +214,17 @@ def wide_applies(dynamic: bool, head_dim: int, x_aligned: bool, cache_ptrs) -> b
     )
 
 
-def write_path(applies: bool, rows: int) -> tuple:
-    """(path, rows per lane) of a write of ``rows`` (token, head) rows: :data:`WRITE_PATH` where set,
-    else the planner's ("wide" where it applies from WIDE_FROM_ROWS rows up); "units8" (rows per
-    lane None) where the wide kernel does not apply. A WRITE_PATH or WIDE_ROWS that names no choice
-    raises ValueError."""
-    forced, lane_rows = WRITE_PATH, WIDE_ROWS
+def write_path(applies: bool, rows: int) -> str:
+    """The write path (a name of WRITE_PATHS) of a write of ``rows`` (token, head) rows:
+    :data:`WRITE_PATH` where set, else the planner's ("wide" where it applies from WIDE_FROM_ROWS
+    rows up); "units8" where the wide kernel does not apply. A WRITE_PATH that names no path raises
+    ValueError."""
+    forced = WRITE_PATH
     if forced is not None and forced not in WRITE_PATHS:
         raise ValueError(f"kv_cache.WRITE_PATH must be one of {WRITE_PATHS} or None, got {forced!r}")
-    if lane_rows is not None and (type(lane_rows) is not int or lane_rows not in WIDE_ROWS_CHOICES):
-        raise ValueError(f"kv_cache.WIDE_ROWS must be one of {WIDE_ROWS_CHOICES} or None, got {lane_rows!r}")
     if not applies or forced == "units8" or (forced is None and rows < WIDE_FROM_ROWS):
-        return "units8", None
-    return "wide", PLANNED_WIDE_ROWS if lane_rows is None else lane_rows
+        return "units8"
+    return "wide"
 
 
 class _WritePlan(NamedTuple):
@@ -303,7 +294,7 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
         and all(c.data.ptr % 8 == 0 for c in (key_cache, value_cache))
     )
     applies = wide_applies(sk.dynamic, head_dim, vec, (key_cache.data.ptr, value_cache.data.ptr))
-    path, wide_rows = write_path(applies, rows)
+    path = write_path(applies, rows)
     if path == "wide":
         tpr_log2 = (head_dim // 16 - 1).bit_length()  # the fewest lanes with 16 elements each
     else:
@@ -333,10 +324,10 @@ def _plan_write(key, value, key_cache, value_cache, slot_mapping, scale_k, scale
     )[()]
     with _validate.on_device_of(key):
         if path == "wide":
-            k = _jit.kernel(device, FAMILY, "kv_cache_write_wide", in_t.ctype, fmt.ctag, wide_rows)
+            k = _jit.kernel(device, FAMILY, "kv_cache_write_wide", in_t.ctype, fmt.ctag)
         else:
             k = _jit.kernel(device, FAMILY, "kv_cache_write", in_t.ctype, fmt.ctag, vec)
-    grid = (ceil_div(rows, (_BLOCK >> tpr_log2) * (wide_rows or 1)), 2)
+    grid = (ceil_div(rows, _BLOCK >> tpr_log2), 2)
     # key, value, the caches, slot_mapping, the device scales (or null) and the values, the scale caches
     launch = Launch(k, grid, (_BLOCK,), (ARG,) * 7 + (sk.value, sv.value, ARG, ARG, args), pdl=_device.caps(device).pdl)
     return _WritePlan(launch, num_slots, disjoint)
@@ -434,7 +425,7 @@ def quantize_kv_cache(
     ksc, vsc = key_scale_cache, value_scale_cache
     k = _validate.array_key
     key_ = (k(key), k(value), k(slot_mapping), k(key_cache), k(value_cache), k(ksc), k(vsc))
-    key_ += (_validate.scale_key(scale_k), _validate.scale_key(scale_v), dtype, kv_layout, WRITE_PATH, WIDE_ROWS)
+    key_ += (_validate.scale_key(scale_k), _validate.scale_key(scale_v), dtype, kv_layout, WRITE_PATH)
     plan = _WRITE_PLANS.lookup(key_)
     if plan is None:
         plan = _WRITE_PLANS.keep(

@@ -33,8 +33,8 @@
 // second read from L1/L2. The team's amax is an xor-shuffle reduction in which every lane of the
 // warp takes part (lanes of skipped or absent rows with zeros). kv_cache_write_wide, for static
 // scales where D % 16 == 0 and everything is 16-byte aligned, gives a lane 16 contiguous elements
-// of each of ROWS rows instead (one 16-byte store a row; see there). Indexing is 64-bit; the host keeps
-// the row count below 2^31 so that a row splits into (token, head) with a 32-bit division.
+// of a row instead (one 16-byte store; see there). Indexing is 64-bit; the host keeps the row count
+// below 2^31 so that a row splits into (token, head) with a 32-bit division.
 // PDL: each kernel calls pdl_wait_then_release() (common.cuh) once in every thread, before its first
 // global load or store, so that the wrappers may launch it with programmatic dependent launch.
 
@@ -283,9 +283,9 @@ kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, unsigned 
 
 // quotients<F, 8>() of static scales then codes8<F>(), for 8 elements of x held as the raw 16-byte
 // vectors: each pair converted as soon as its quotients are ready, so that only the raw vectors stay
-// live and not 8 floats and 8 quotients (kv_cache_write_wide<bf16, ROWS = 1>: 32 registers on
-// sm_90). div_by with r = 1 / s when fast; where a quotient is
-// not below 2^64, or not fast, all 8 again with div_rn, unpacked again from the raw vectors.
+// live and not 8 floats and 8 quotients (kv_cache_write_wide<bf16>: 32 registers on sm_90). div_by
+// with r = 1 / s when fast; where a quotient is not below 2^64, or not fast, all 8 again with
+// div_rn, unpacked again from the raw vectors.
 template <typename T, class F>
 __device__ __forceinline__ uint2 static_codes8(const uint4* raw, float s, float r, bool fast) {
     constexpr int E = Vec16<T>::N;
@@ -322,16 +322,15 @@ __device__ __forceinline__ uint2 static_codes8(const uint4* raw, float s, float 
 // kv_cache_write for static scales with wide stores (cupyquant.kv_cache.WRITE_PATH "wide"). A lane
 // takes 16 contiguous elements of a row (two 16-byte loads of 16-bit x, four of float32) and writes
 // their codes with one 16-byte store, so that each store instruction of a team writes whole 16-byte
-// pieces and the team the row's D bytes at once (D = 128: 8 lanes, one 128-byte line). A lane holds
-// ROWS rows, KV_BLOCK / team rows apart: a block covers ROWS * KV_BLOCK / team consecutive rows, and
-// each of its load and store instructions covers KV_BLOCK / team of them side by side. Every load
-// of x, slot and scale of a lane's rows is issued before the first is used; the (token, head) split,
-// the slot, its split and the cache address are computed once per row and lane, the scale's
-// reciprocal once per lane unless the scales are per head. Needs D % 16 == 0 and D <= 32 * 16 (one
-// pass of the fewest lanes, up to 32, that give each 16 elements), x rows and strides 16-byte
-// aligned and both caches 16-byte aligned (so that every cache row of D bytes is). The bytes are
-// kv_cache_write's (static_codes8 is quotients() and codes8() of 8 elements).
-template <typename T, class F, int ROWS>
+// pieces and the team the row's D bytes at once (D = 128: 8 lanes, one 128-byte line). A block
+// covers KV_BLOCK / team consecutive rows, and each of its load and store instructions covers them
+// side by side. A lane's loads of x, its slot and its scale are issued before the first is used.
+// One row a lane: two measured 0.87-1.00x one on an H200 (48 registers, 5 blocks an SM, against 32
+// and 8 with 16-bit x). Needs D % 16 == 0 and D <= 32 * 16 (one pass of the fewest lanes, up to 32,
+// that give each 16 elements), x rows and strides 16-byte aligned and both caches 16-byte aligned
+// (so that every cache row of D bytes is). The bytes are kv_cache_write's (static_codes8 is
+// quotients() and codes8() of 8 elements).
+template <typename T, class F>
 __global__ void __launch_bounds__(KV_BLOCK)
 kv_cache_write_wide(const T* __restrict__ key, const T* __restrict__ value, unsigned char* __restrict__ key_cache,
                     unsigned char* __restrict__ value_cache, const void* __restrict__ slot_mapping,
@@ -351,58 +350,32 @@ kv_cache_write_wide(const T* __restrict__ key, const T* __restrict__ value, unsi
     const int tpr = 1 << a.tpr_log2;
     const int lane = threadIdx.x & (tpr - 1);
     const int teams = KV_BLOCK >> a.tpr_log2;
-    const i64 row0 = (i64)blockIdx.x * teams * ROWS + (threadIdx.x >> a.tpr_log2);
+    const i64 row = (i64)blockIdx.x * teams + (threadIdx.x >> a.tpr_log2);
     const int chunks = a.head_dim >> 4;
-    bool in_rows[ROWS];
-    unsigned token[ROWS], head[ROWS];
-    const T* xr[ROWS];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k) {
-        const i64 row = row0 + (i64)k * teams;
-        in_rows[k] = row < a.rows;
-        token[k] = div_u32((unsigned)row, (unsigned)a.heads, a.heads_log2);
-        head[k] = (unsigned)row - token[k] * (unsigned)a.heads;
-        xr[k] = x + (i64)token[k] * x_tok + (i64)head[k] * x_head + lane * N;
-    }
+    const bool in_rows = row < a.rows;
+    const unsigned token = div_u32((unsigned)row, (unsigned)a.heads, a.heads_log2);
+    const unsigned head = (unsigned)row - token * (unsigned)a.heads;
+    const T* xr = x + (i64)token * x_tok + (i64)head * x_head + lane * N;
     pdl_wait_then_release();  // no global access above this line
 
-    // Every row's first 16 elements, slot and scale in flight together.
-    uint4 v[ROWS][LOADS];
+    // The lane's 16 elements, the slot and the scale in flight together.
+    uint4 v[LOADS];
 #pragma unroll
-    for (int k = 0; k < ROWS; ++k) {
-#pragma unroll
-        for (int l = 0; l < LOADS; ++l) v[k][l] = in_rows[k] && lane < chunks ? ld16(xr[k] + l * E) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    i64 slot[ROWS];
-    float s[ROWS];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k) {
-        slot[k] = in_rows[k] ? load_slot(slot_mapping, token[k], a.slot64) : -1;
-        if (k == 0 || (sp && s_stride)) s[k] = sp ? sp[(i64)head[k] * s_stride] : (is_v ? v_scale_arg : k_scale_arg);
-        else s[k] = s[0];
-    }
-    unsigned char* dst[ROWS];
-    bool valid[ROWS];
-    float r[ROWS];
-    bool fast[ROWS];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k) {
-        valid[k] = in_rows[k] && slot[k] >= 0 && slot[k] < a.num_slots;  // a hole or a slot past the cache: skipped
-        i64 blk = 0, off = 0;
-        if (valid[k]) split_slot(slot[k], a, blk, off);
-        dst[k] = cache + blk * a.c_block + off * a.c_off + (i64)head[k] * a.c_head + lane * N;
-        r[k] = (k == 0 || (sp && s_stride)) ? rcp_rn(s[k]) : r[0];
-        fast[k] = fast_div_ok(s[k]);
-    }
+    for (int l = 0; l < LOADS; ++l) v[l] = in_rows && lane < chunks ? ld16(xr + l * E) : make_uint4(0u, 0u, 0u, 0u);
+    const i64 slot = in_rows ? load_slot(slot_mapping, token, a.slot64) : -1;
+    const float s = sp ? sp[(i64)head * s_stride] : (is_v ? v_scale_arg : k_scale_arg);
+    const bool valid = in_rows && slot >= 0 && slot < a.num_slots;  // a hole or a slot past the cache: skipped
+    i64 blk = 0, off = 0;
+    if (valid) split_slot(slot, a, blk, off);
+    unsigned char* dst = cache + blk * a.c_block + off * a.c_off + (i64)head * a.c_head + lane * N;
+    const float r = rcp_rn(s);
+    const bool fast = fast_div_ok(s);
     if (lane >= chunks) return;
+    if (valid) {  // two groups of 8, one store
+        uint2 w[2];
 #pragma unroll
-    for (int k = 0; k < ROWS; ++k) {
-        if (valid[k]) {  // two groups of 8, one store
-            uint2 w[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) w[h] = static_codes8<T, F>(&v[k][h * LOADS / 2], s[k], r[k], fast[k]);
-            st16(dst[k], make_uint4(w[0].x, w[0].y, w[1].x, w[1].y));
-        }
+        for (int h = 0; h < 2; ++h) w[h] = static_codes8<T, F>(&v[h * LOADS / 2], s, r, fast);
+        st16(dst, make_uint4(w[0].x, w[0].y, w[1].x, w[1].y));
     }
 }
 

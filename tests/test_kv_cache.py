@@ -231,8 +231,8 @@ def test_launch_structs_and_teams():
 
 def test_write_planner_takes_the_wide_kernel_where_it_applies(monkeypatch):
     """kv_cache.wide_applies and write_path: "wide" for static scales, head_dim % 16 == 0 up to 512
-    and 16-byte alignment, "units8" otherwise; WRITE_PATH and WIDE_ROWS force them, a bad value
-    raises ValueError naming the knob."""
+    and 16-byte alignment, "units8" otherwise; WRITE_PATH forces them, a bad value raises ValueError
+    naming the knob."""
     ok = dict(dynamic=False, head_dim=128, x_aligned=True, cache_ptrs=(256, 4096))
     assert kvc.wide_applies(**ok)
     for head_dim in (16, 48, 80, 512):
@@ -249,21 +249,16 @@ def test_write_planner_takes_the_wide_kernel_where_it_applies(monkeypatch):
     ):
         assert not kvc.wide_applies(**dict(ok, **bad)), bad
     many, few = kvc.WIDE_FROM_ROWS, kvc.WIDE_FROM_ROWS - 1
-    assert kvc.write_path(True, many) == ("wide", kvc.PLANNED_WIDE_ROWS)
-    assert kvc.write_path(True, few) == ("units8", None)
-    assert kvc.write_path(False, many) == ("units8", None)
-    monkeypatch.setattr(kvc, "WIDE_ROWS", 2)
-    assert kvc.write_path(True, many) == ("wide", 2)
+    assert kvc.write_path(True, many) == "wide"
+    assert kvc.write_path(True, few) == "units8"
+    assert kvc.write_path(False, many) == "units8"
     monkeypatch.setattr(kvc, "WRITE_PATH", "units8")
-    assert kvc.write_path(True, many) == ("units8", None)
+    assert kvc.write_path(True, many) == "units8"
     monkeypatch.setattr(kvc, "WRITE_PATH", "wide")
-    assert kvc.write_path(True, 1) == ("wide", 2) and kvc.write_path(False, many) == ("units8", None)
-    for knob, bad in (("WRITE_PATH", "narrow"), ("WIDE_ROWS", 3), ("WIDE_ROWS", True), ("WIDE_ROWS", 1.0)):
-        monkeypatch.setattr(kvc, knob, bad)
-        with pytest.raises(ValueError, match=f"^kv_cache.{knob}"):
-            kvc.write_path(True, many)
-        monkeypatch.undo()
-    assert kvc.PLANNED_WIDE_ROWS in kvc.WIDE_ROWS_CHOICES
+    assert kvc.write_path(True, 1) == "wide" and kvc.write_path(False, many) == "units8"
+    monkeypatch.setattr(kvc, "WRITE_PATH", "narrow")
+    with pytest.raises(ValueError, match="^kv_cache.WRITE_PATH"):
+        kvc.write_path(True, many)
     assert set(kvc.WRITE_PATHS) == {"units8", "wide"}
 
 
@@ -337,17 +332,12 @@ def _run_both(cupy, key, value, kh, vh, slots, *, fmt, kv_layout, mode, blocks, 
     return kc, vc
 
 
-#: (WRITE_PATH, WIDE_ROWS) of the static write, forced in turn
-WRITE_PATHS = [("units8", None), ("wide", 1), ("wide", 2)]
-
-
-def _path_id(p):
-    return p[0] if p[1] is None else f"{p[0]}{p[1]}"
+#: The WRITE_PATH values of the static write, forced in turn
+WRITE_PATHS = ["units8", "wide"]
 
 
 def _force_path(monkeypatch, path):
-    monkeypatch.setattr(kvc, "WRITE_PATH", path[0])
-    monkeypatch.setattr(kvc, "WIDE_ROWS", path[1])
+    monkeypatch.setattr(kvc, "WRITE_PATH", path)
 
 
 def _write_kernels(fn):
@@ -358,7 +348,7 @@ def _write_kernels(fn):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", WRITE_PATHS, ids=_path_id)
+@pytest.mark.parametrize("path", WRITE_PATHS)
 @pytest.mark.parametrize("mode", ["float", "tensor", "head", "dynamic"])
 @pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -380,7 +370,7 @@ def test_write_matches_reference(in_dtype, fmt, kv_layout, mode, path, monkeypat
         names = _write_kernels(
             lambda: cq.quantize_kv_cache(key, value, kc, kc.copy(), cupy.asarray(slots), scale_k=1.0, scale_v=1.0)
         )
-        assert len(names) == 1 and ("write_wide" in names[0]) == (path[0] == "wide"), (path, names)
+        assert len(names) == 1 and ("write_wide" in names[0]) == (path == "wide"), (path, names)
     _run_both(
         cupy,
         key,
@@ -398,7 +388,7 @@ def test_write_matches_reference(in_dtype, fmt, kv_layout, mode, path, monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", WRITE_PATHS, ids=_path_id)
+@pytest.mark.parametrize("path", WRITE_PATHS)
 @pytest.mark.parametrize("mode", ["head", "dynamic"])
 @pytest.mark.parametrize("in_dtype", [np.float32, ml_dtypes.bfloat16], ids=_id)
 # 1, 100, 300: the scalar path (300 dynamic: two passes over the row); 72: vector, 9 units on 8
@@ -457,7 +447,7 @@ def test_misaligned_views_take_the_scalar_path(offset):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", WRITE_PATHS, ids=_path_id)
+@pytest.mark.parametrize("path", WRITE_PATHS)
 @pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
 def test_wide_path_falls_back_on_misaligned_caches(kv_layout, path, monkeypatch):
     """Caches 8 bytes off 16-byte alignment (C-contiguous views into a larger buffer): the write
@@ -473,7 +463,7 @@ def test_wide_path_falls_back_on_misaligned_caches(kv_layout, path, monkeypatch)
     n = int(np.prod(shape))
     s_h = np.random.default_rng(seed).uniform(0.01, 2.0, (2, heads)).astype(np.float32)
     sk, sv = cupy.asarray(s_h[0]), cupy.asarray(s_h[1])
-    for offset, wide in ((8, False), (16, path[0] == "wide")):
+    for offset, wide in ((8, False), (16, path == "wide")):
         bufs = [poisoned((n + 32,), np.uint8) for _ in range(2)]
         kc, vc = (b[offset : offset + n].reshape(shape) for b in bufs)
         assert (kc.data.ptr % 16 == 0) == (offset == 16)
@@ -494,13 +484,12 @@ def test_wide_path_falls_back_on_misaligned_caches(kv_layout, path, monkeypatch)
 
 @pytest.mark.gpu
 def test_planner_pick_is_what_launches(monkeypatch):
-    """With WRITE_PATH and WIDE_ROWS unset, the write launches the planner's kernel: kv_cache_write_wide
-    with PLANNED_WIDE_ROWS rows a lane (its grid) for static scales on aligned arrays from
-    WIDE_FROM_ROWS rows up, kv_cache_write below, for dynamic scales, a head_dim that 16 does not
-    divide and x off 16-byte alignment."""
+    """With WRITE_PATH unset, the write launches the planner's kernel: kv_cache_write_wide with one
+    row a lane (its grid) for static scales on aligned arrays from WIDE_FROM_ROWS rows up,
+    kv_cache_write below, for dynamic scales, a head_dim that 16 does not divide and x off 16-byte
+    alignment."""
     cupy = _cupy()
     monkeypatch.setattr(kvc, "WRITE_PATH", None)
-    monkeypatch.setattr(kvc, "WIDE_ROWS", None)
 
     def launched(key, value, kc, **kw):
         kw = kw or dict(scale_k=0.5, scale_v=0.25)
@@ -515,7 +504,7 @@ def test_planner_pick_is_what_launches(monkeypatch):
     kc = cupy.zeros((19, 16, 8, 128), np.uint8)
     name, grid = launched(key, value, kc)
     assert "write_wide" in name, name
-    rows_per_block = (256 // 8) * kvc.PLANNED_WIDE_ROWS  # teams of 8 lanes at head_dim 128
+    rows_per_block = 256 // 8  # teams of 8 lanes at head_dim 128, one row each
     assert tuple(grid)[:2] == (-(-tokens * 8 // rows_per_block), 2), grid
     name, _ = launched(key[: tokens - 1], value[: tokens - 1], kc)  # below the line
     assert "write_wide" not in name and "kv_cache_write" in name, name
