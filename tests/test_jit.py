@@ -397,11 +397,11 @@ def test_hopper_matmul_uses_wgmma_only_on_sm90a(nvrtc):
     assert counts["fence.proxy.async.shared::cta"]
     # PDL, as the other matmul kernels (pdl_sites): one wait a kernel, two in the 128-row tile's
     # (the 128-row tile: fp16 and bf16, INT4 in both prepared orders, FP4 in the k-permuted one,
-    # FP8 in the plain one)
+    # FP8 and block FP8 in the plain one)
     producers = sum(", 128, " in name for name in lowered)
     from cupyquant.weight import formats
 
-    assert producers == 2 * (2 * len(formats.INT4_IDS) + len(formats.FP4_IDS) + 1), sorted(lowered)
+    assert producers == 2 * (2 * len(formats.INT4_IDS) + len(formats.FP4_IDS) + len(formats.FP8_IDS)), sorted(lowered)
     assert counts["griddepcontrol.wait;"] == len(lowered) + producers
     assert nvrtc.result("weight_sm90_gemm", "90")["counts"]["wgmma"] == 0  # the stubs
     assert _jit.specific_targets("weight_sm90_gemm") == _device.WGMMA_TARGETS == ("90",)

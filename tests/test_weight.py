@@ -17,7 +17,7 @@ from cupyquant import _device, _dtypes, _jit, _launch, _plans, _workspace
 from cupyquant import reference as ref
 from cupyquant import weight as cqw
 from cupyquant.weight import decode, dispatch, sm80_gemm, sm90_gemm
-from cupyquant.weight.formats import weight_scheme
+from cupyquant.weight.formats import SCHEME_IDS, weight_scheme
 
 pytestmark = pytest.mark.gpu
 
@@ -607,7 +607,7 @@ def test_wgmma_cluster_capacity():
     require_arch("wgmma")
     device = cupy.cuda.Device().id
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    cap = sm90_gemm.cluster_cap(device, _dtypes.input_type(ml_dtypes.bfloat16, "a"), "int4", True)
+    cap = sm90_gemm.cluster_cap(device, _dtypes.input_type(ml_dtypes.bfloat16, "a"), SCHEME_IDS["int4"], True)
     assert sorted(cap) == [3, 4, 5, 6, 7, 8]
     for s, n in cap.items():
         assert 0 < n <= sms // s, cap

@@ -282,7 +282,7 @@ def test_quantize_blocks_special_values(dtype):
 
 @pytest.mark.gpu
 def test_block_weight_container():
-    wh = _rand((200, 272), 3, BF16)
+    wh = _rand((200, 320), 3, BF16)
     qw = cq.quantize_weight(cupy.asarray(wh), E4M3, block_size=BLOCK)
     cqw.container.check_weight(qw)
     assert qw.plain() is qw and qw.group_size == 128
@@ -293,9 +293,9 @@ def test_block_weight_container():
     h = qw.to_host()
     assert h["codes"].dtype == ml_dtypes.float8_e4m3fn and h["zero_point"] is None and h["scale"].dtype == np.float32
     assert "block_size=(128, 128)" in repr(qw) and "float32" in repr(qw)
-    assert qw.nbytes == 200 * 272 + 2 * 3 * 4
+    assert qw.nbytes == 200 * 320 + 2 * 3 * 4
     # the weight-only matmul takes it (tests/test_weight_fp8_block_matmul.py), prepared or plain
-    a = cupy.ones((4, 272), BF16)
+    a = cupy.ones((4, 320), BF16)
     assert cqw.matmul_path(4, qw) == "decode"
     qp = cq.prepare_weight(qw)
     assert qp.data_layout == "prepared" and qp.block_size == BLOCK and qp.scale.dtype == np.float32
