@@ -52,7 +52,7 @@ WIDE_FROM_BLOCKS_PER_SM = 6
 GEOMETRY: str | None = None
 #: Pieces of 8 elements a warp of the dequantizer takes of a row (block_scale.cuh's PIECES x 32 lanes)
 DEQUANT_PIECES = 32 * 4
-#: MXFP8 dequantization of at most this many rows of more than FLAT_FEW_ROWS_FROM_K codes takes the
+#: MXFP8 dequantization of at most this many rows of FLAT_FEW_ROWS_FROM_K codes or more takes the
 #: flat geometry whatever its size: the row kernel gives such a row one or two blocks of 7-8 warps,
 #: and on an H200 (bf16 out, swizzled scales) flat16 takes 0.9 us at 1 row of 16384 against 1.2,
 #: 1.1 against 1.4 at 16 rows, 1.0 against 1.1 at 1 row of 7168, the same at 16 rows of 7168; at
