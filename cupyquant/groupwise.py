@@ -63,22 +63,27 @@ SILU_PATH: str | None = None
 #: rows of one group, its scales one contiguous run, stored by store_col_scale with 32-bit offsets).
 #: The same bytes; "row" scales always take "wide".
 GROUP_COL_PATHS = ("wide", "tall")
-#: The planner's "col" geometry. On the H200 (bf16, group-128, 16-16384 rows of 2048-16384) "tall"
-#: takes 0.80-0.95x the time of "wide" in every cell, for float32 and UE8M0 scales alike, which
-#: brings "col" scales to 0.95-1.10x the time of "row" ones (83-92% of copy from 64 MB up).
-PLANNED_GROUP_COL_PATH = "tall"
+#: The planner takes "tall" for "col" scales from this many rows up, "wide" below. On the H200
+#: (bf16, group-128, 16-16384 rows of 2048-16384) "tall" takes 0.80-0.95x the time of "wide" in
+#: every cell, for float32 and UE8M0 scales alike, which brings "col" scales to 0.95-1.10x the time
+#: of "row" ones (83-92% of copy from 64 MB up); at one row (K 4096 and 7168) it takes 1.46-1.47 us
+#: against 1.4, a warp of one group holding a single row.
+GROUP_COL_TALL_FROM_ROWS = 16
 #: Internal override of the "col" planner, for tests and A/B timing: a name of GROUP_COL_PATHS
-#: ("tall" wherever _tall_grid fits), or None (PLANNED_GROUP_COL_PATH). Read at every call and part
+#: ("tall" wherever _tall_grid fits), or None (the planner's choice). Read at every call and part
 #: of the plan's key.
 GROUP_COL_PATH: str | None = None
 
 
-def _group_col_path(path: str | None = None) -> str:
-    """The geometry of the per-group quantizer with "col" scales: ``path`` if given (a name of
-    GROUP_COL_PATHS), else PLANNED_GROUP_COL_PATH."""
+def _group_col_path(rows: int, path: str | None = None) -> str:
+    """The geometry of the per-group quantizer with "col" scales for ``rows`` rows: ``path`` if
+    given (a name of GROUP_COL_PATHS), else "tall" from GROUP_COL_TALL_FROM_ROWS rows up, "wide"
+    below."""
     if path not in (None, *GROUP_COL_PATHS):
         raise ValueError(f"groupwise.GROUP_COL_PATH must be one of {GROUP_COL_PATHS} or None, got {path!r}")
-    return PLANNED_GROUP_COL_PATH if path is None else path
+    if path is None:
+        return "tall" if rows >= GROUP_COL_TALL_FROM_ROWS else "wide"
+    return path
 
 
 def _tall_grid(rows: int, n_groups: int, tpg: int, threads: int, words: int):
@@ -295,7 +300,7 @@ class _Plan:
                 units = K // 16
                 threads = _group_plan.quantize_threads(rows, units, _device.sm_count(device))
                 tall = None
-                if _group_col_path(col_path) == "tall" and scale_layout == "col":
+                if _group_col_path(rows, col_path) == "tall" and scale_layout == "col":
                     tall = _tall_grid(rows, n_groups, group_size // 16, threads, lay.words)
                 if tall is not None:
                     kernel = _jit.kernel(device, FAMILY, "group_quantize_tall", in_t.ctype, fmt.ctag, vec, packed)

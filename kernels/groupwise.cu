@@ -57,6 +57,18 @@ __device__ __forceinline__ void quant_store16(unsigned char* __restrict__ q16, c
     store16w<VEC>(q16, quant8<F, CLAMP>(f, s, r, exact), quant8<F, CLAMP>(f + 8, s, r, exact));
 }
 
+// A per-group thread's 16 elements from p, or zeros where the thread has no row (valid false: it
+// still takes part in its group's shuffles).
+template <typename T, bool VEC> __device__ __forceinline__ void load16_or_zeros(const T* p, bool valid, float* f) {
+    if (valid) {
+        load8<T, VEC>(p, f);
+        load8<T, VEC>(p + 8, f + 8);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = 0.0f;
+    }
+}
+
 // The end of a per-group thread: its 16 elements quantized and stored; the group's first lane stores s.
 template <class F, int CLAMP, bool VEC>
 __device__ __forceinline__ void finish_group16(unsigned char* __restrict__ q16, const float* f, float s,
@@ -92,14 +104,7 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     const bool valid = row < rows;
     pdl_wait_then_release();  // no global access above this line
     float f[16];
-    if (valid) {
-        const T* p = x + row * x_row_stride + u * 16;
-        load8<T, VEC>(p, f);
-        load8<T, VEC>(p + 8, f + 8);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) f[i] = 0.0f;
-    }
+    load16_or_zeros<T, VEC>(x + row * x_row_stride + u * 16, valid, f);
     const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
     if (!valid) return;
     finish_group16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, group_scale<F>(sa, m), sa, row, u, tpg);
@@ -144,14 +149,7 @@ group_quantize_tall(const T* __restrict__ x, i64 x_row_stride, unsigned char* __
     const bool valid = row < rows;
     pdl_wait_then_release();  // no global access above this line
     float f[16];
-    if (valid) {
-        const T* p = x + row * x_row_stride + u * 16;
-        load8<T, VEC>(p, f);
-        load8<T, VEC>(p + 8, f + 8);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) f[i] = 0.0f;
-    }
+    load16_or_zeros<T, VEC>(x + row * x_row_stride + u * 16, valid, f);
     const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
     if (!valid) return;
     const float s = group_scale<F>(sa, m);

@@ -565,8 +565,8 @@ def test_group_quantizers_block_threads(op, monkeypatch):
 
 
 def test_group_col_path_planner_and_override(monkeypatch):
-    """Unforced, "col" group scales take the planner's geometry (PLANNED_GROUP_COL_PATH); "tall"
-    takes group_quantize_tall for "col" scales, float32 and packed UE8M0, with blockDim (G / 16, threads *
+    """Unforced, "col" group scales take the planner's geometry ("tall" from
+    GROUP_COL_TALL_FROM_ROWS rows); "tall" takes group_quantize_tall for "col" scales, float32 and packed UE8M0, with blockDim (G / 16, threads *
     16 / G) (threads: quantize_threads' 128 or 256), and leaves "row" scales on group_quantize. The
     knob is part of the plan's key (the same call signature changes kernel between calls), the bytes
     and the whole scale buffer are the reference's either way; a bad value raises ValueError naming
@@ -582,7 +582,7 @@ def test_group_col_path_planner_and_override(monkeypatch):
         return q, name, block
 
     big = 2 * sms * 256 // (1024 // 16) + 3  # 256-thread blocks, twice the SMs, a partial block of rows
-    for shape in [(16, 2048), (129, 1024), (3, 37, 512), (big, 1024)]:  # small grids; batches; 256 threads
+    for shape in [(3, 2048), (16, 2048), (129, 1024), (3, 37, 512), (big, 1024)]:  # few rows; batches; 256 threads
         xh = heavy_tailed(shape, _seed("col path", shape), ml_dtypes.bfloat16)
         x = cupy.asarray(xh)
         rows = int(np.prod(shape[:-1]))
@@ -592,7 +592,7 @@ def test_group_col_path_planner_and_override(monkeypatch):
             for path in (None, *groupwise.GROUP_COL_PATHS, None):
                 monkeypatch.setattr(groupwise, "GROUP_COL_PATH", path)
                 q, name, block = launched(x, scale_layout="col", scale_dtype=sdt)
-                took = path or groupwise.PLANNED_GROUP_COL_PATH
+                took = groupwise._group_col_path(rows, path)
                 assert ("group_quantize_tall" in name) == (took == "tall"), (shape, path, name)
                 if took == "tall":
                     assert tuple(block) == (8, threads // 8, 1), (shape, block)

@@ -616,18 +616,21 @@ def test_group_quantize_threads():
 
 
 def test_group_col_path_and_tall_grid():
-    """The per-group quantizer with "col" scales takes "tall" unless GROUP_COL_PATH names "wide"; a
-    bad value raises ValueError naming the knob. _tall_grid: blockDim (tpg, threads / tpg), a block
+    """The per-group quantizer with "col" scales takes "tall" from GROUP_COL_TALL_FROM_ROWS rows up
+    and "wide" below, unless GROUP_COL_PATH names one (at any size); a bad value raises ValueError
+    naming the knob. _tall_grid: blockDim (tpg, threads / tpg), a block
     per group and block of rows; None from 2^31 rows or scale words, or past MAX_GRID_YZ blocks of
     rows (the caller then takes "wide")."""
     from cupyquant import groupwise
     from cupyquant._sizes import MAX_GRID_YZ
 
     p = groupwise._group_col_path
-    assert p() == "tall" and p("wide") == "wide" and p("tall") == "tall"
+    assert groupwise.GROUP_COL_TALL_FROM_ROWS == 16
+    assert p(16) == p(1 << 20) == "tall" and p(15) == p(1) == "wide"
+    assert p(1, "tall") == "tall" and p(1 << 20, "wide") == "wide"
     for bad in ("rows", True, 1):
         with pytest.raises(ValueError, match="GROUP_COL_PATH"):
-            p(bad)
+            p(16, bad)
     t = groupwise._tall_grid
     assert t(16384, 32, 8, 256, 16384 * 32) == ((32, 512), (8, 32))  # 16384 x 4096, G = 128
     assert t(37, 7, 2, 128, 40 * 7) == ((7, 1), (2, 64))  # G = 32, a small grid
