@@ -81,21 +81,19 @@ def _token_few(K: int, rows: int, path: str | None = None, units: int | None = N
 #: (silu_mul16: one exponent test for the thread's 16 reciprocals, taken by ptxas's own rcp.rn fast
 #: path where every one of them allows it, and no branch between them).
 SILU_PATHS = ("per_element", "batched")
-#: Up to this many rows the planner gives silu_mul_quantize the batched path. With few rows a call is
-#: its per-thread chain (one or two warps a scheduler), which the batched path shortens; with many,
-#: other warps hide more of the chain and the batched path's 4-blocks-an-SM register budget (54-64
-#: registers against 46-48) costs occupancy. On an H200 (bf16 to FP8, group 128, H 2048-16384) it is
-#: 1.41-1.60x the per-element path at 1 and 16 rows, 1.08-1.40x at 128 and 1.09-1.33x at 1024; more
-#: rows were not measured, so they keep the per-element path.
-_SILU_BATCHED_ROWS = 1024
 
 
 def _silu_batched(rows: int, path: str | None = None) -> bool:
     """Whether silu_mul_quantize takes the batched path over ``rows`` rows: ``path`` if given (a
-    name of SILU_PATHS), else up to _SILU_BATCHED_ROWS rows."""
+    name of SILU_PATHS), else always. With few rows a call is its per-thread chain (one or two warps
+    a scheduler), which the batched path shortens; with many, other warps hide more of the chain,
+    and the batched path's 4-blocks-an-SM register budget (54-64 registers against 46-48) costs some
+    occupancy, yet it stays ahead: on an H200 (bf16 to FP8, group 128, H 2048-16384) it is 1.41-1.60x
+    the per-element path at 1 and 16 rows, 1.08-1.40x at 128, 1.09-1.34x at 1024, 1.04-1.14x at
+    4096 and 1.06-1.09x at 16384."""
     if path not in (None, *SILU_PATHS):
         raise ValueError(f"groupwise.SILU_PATH must be one of {SILU_PATHS} or None, got {path!r}")
-    return rows <= _SILU_BATCHED_ROWS if path is None else path == "batched"
+    return path != "per_element"
 
 
 #: Threads of a group_quantize / silu_mul_quantize block where blocks of 256 would leave SMs idle

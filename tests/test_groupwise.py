@@ -606,13 +606,11 @@ def test_group_col_path_planner_and_override(monkeypatch):
 
 
 def test_silu_planner_and_override(monkeypatch):
-    """Unforced, silu_mul_quantize launches the batched instantiation up to _SILU_BATCHED_ROWS rows
-    and the per-element one above; SILU_PATH changes the kernel of the same call signature between
-    calls (part of the plan's key), the bytes identical; a bad value raises ValueError naming the
-    knob."""
+    """Unforced, silu_mul_quantize launches the batched instantiation at every size; SILU_PATH
+    changes the kernel of the same call signature between calls (part of the plan's key), the bytes
+    identical; a bad value raises ValueError naming the knob."""
     from cupyquant import _dtypes, _jit
 
-    few = _group_plan._SILU_BATCHED_ROWS
     BF16, fmt = ml_dtypes.bfloat16, "float8_e4m3fn"
     device = cupy.cuda.Device().id
     targs = (_dtypes.input_type(BF16).ctype, _dtypes.element_format(fmt).ctag, True)
@@ -626,16 +624,16 @@ def test_silu_planner_and_override(monkeypatch):
         [k] = [r[0] for r in rec if r[5] is not None]
         return q, k
 
-    for rows in (1, few, few + 1):
+    for rows in (1, 1024, 1025):
         xh = heavy_tailed((rows, 2 * 1024), _seed("silu planner", rows), BF16)
         x = cupy.asarray(xh)
         eq, es = ref.quantize_silu_intermediate(groupwise._silu_mul_intermediate(x)[0].get(), fmt, group_size=128)
-        assert _group_plan._silu_batched(rows) == (rows <= few)
+        assert _group_plan._silu_batched(rows)
         got = {}
         for path in (None, *groupwise.SILU_PATHS):
             monkeypatch.setattr(groupwise, "SILU_PATH", path)
             q, k = run(x)
-            batched = rows <= few if path is None else path == "batched"
+            batched = path != "per_element"
             assert k is want(batched), (rows, path, k.name)
             check(q, eq, es, "row")
             got[path] = q

@@ -642,12 +642,11 @@ def test_group_col_path_and_tall_grid():
 
 
 def test_silu_path_planner():
-    """silu_mul_quantize takes the batched path up to _SILU_BATCHED_ROWS rows, the per-element one
-    above; SILU_PATH overrides at any size; a bad value raises ValueError naming the knob."""
-    few = _group_plan._SILU_BATCHED_ROWS
+    """silu_mul_quantize takes the batched path at every size unless SILU_PATH forces the
+    per-element one; a bad value raises ValueError naming the knob."""
     b = _group_plan._silu_batched
-    assert b(1) and b(16) and b(few) and not b(few + 1) and not b(1 << 20)
-    assert b(1 << 20, "batched") and not b(1, "per_element")
+    assert b(1) and b(16) and b(1024) and b(1025) and b(1 << 20)
+    assert b(1 << 20, "batched") and not b(1, "per_element") and not b(1 << 20, "per_element")
     for bad in ("fast", True, 1):
         with pytest.raises(ValueError, match="SILU_PATH"):
             b(1, bad)
