@@ -337,6 +337,26 @@ def test_sm90_plan_picks_the_fastest_measured():
         assert pick(M, N, iters, 132, cluster_cap=cap) == want, (M, N, iters)
 
 
+def test_sm90_plan_fp8_costs():
+    """FP8 weights plan with their own costs (sm90_gemm.SM90_FP8, fitted on an H200): the cells
+    where INT4's costs picked a slower plan take the fastest measured (bf16, group 128, us; the
+    plan INT4's costs pick second), and the others keep theirs."""
+    pick, cap = sm90_gemm.sm90_plan, H100_CLUSTER_CAP
+    for (M, N, iters), want in [
+        ((64, 4096, 224), (64, 8)),  # 28.6; 64/4 33.2
+        ((48, 8192, 128), (64, 4)),  # 30.0; 64/2 32.9
+        ((17, 8192, 128), (32, 4)),  # 24.5; 32/2 25.3
+        ((128, 4096, 64), (128, 3)),  # 14.8; 64/2 15.9
+        ((512, 4096, 64), (256, 2)),  # 27.9; 128/1 29.6
+        ((64, 28672, 128), (64, 1)),  # 93.1
+        ((4096, 4096, 64), (256, 1)),
+    ]:
+        assert pick(M, N, iters, 132, cluster_cap=cap, fp8=True) == want, (M, N, iters)
+    assert pick(64, 4096, 224, 132, cluster_cap=cap) == (64, 4)  # INT4's costs: unchanged
+    est = sm90_gemm.sm90_estimate
+    assert est(64, 32, 8, 224, 132, 64, cluster=True, fp8=True) > est(64, 32, 8, 224, 132, 64, cluster=True)
+
+
 def test_sm90_plan_two_way_cluster_cost():
     """The 2-way cluster cost (Sm90Costs.cluster2_split_us): the cells where H100 timings (us) put
     the 2-way split first take it, and those where another plan is faster keep that."""
@@ -360,20 +380,41 @@ def test_sm90_plan_two_way_cluster_cost():
 @pytest.mark.parametrize("arch", ["80", "89", "90", "100", "120", None])
 def test_matmul_path_table(arch):
     """The table of matmul's docstring, for each architecture (no GPU needed: arch is given): FP8
-    weights take INT4's paths (while dispatch.PATHS.fp8_decode_max_m is INT4's decode_max_m), and
-    the decode kernel for every M where K is not a multiple of 128."""
+    weights take INT4's paths (while dispatch.PATHS.fp8_decode_max_m is INT4's decode_max_m) but
+    the sm90 decode extension past M = 16 only below 2^25 weights, and the decode kernel for every
+    M where K is not a multiple of 128."""
     doc = cq.matmul.__doc__
     assert dispatch.PATHS.fp8_decode_max_m == dispatch.PATHS.decode_max_m
+    big = dispatch.PATHS.fp8_sm90_decode_max_weights
     for M, (N, K), other, hopper in DOC_PATHS:
-        want = hopper if arch and _device.caps_of_arch(arch).wgmma else other
+        wgmma = arch and _device.caps_of_arch(arch).wgmma
+        want = hopper if wgmma else other
         for scheme in ("int4", "uint4", "float8_e4m3fn"):
             shell = _shell(scheme, (N, K))  # only its shape is read
             got = cq.weight.matmul_path(M, shell, arch=arch or "0", sms=132)
-            assert got == want, (arch, M, N, K, scheme)
+            fp8_big = wgmma and scheme == "float8_e4m3fn" and M > 16 and N * K >= big
+            assert got == ("sm90_gemm" if fp8_big else want), (arch, M, N, K, scheme)
         fp8 = _shell("float8_e4m3fn", (N, K + 64), group=64)
         assert cq.weight.matmul_path(M, fp8, arch=arch or "0", sms=132) == "decode", (arch, M, N, K + 64)
     assert "M <= 16" in doc and "fewer than 2^25" in doc and "fewer than 2^26" in doc
     assert "compute capability 9.0" in doc and '``"sm90_gemm"``' in doc and "M x N is under\n      1536 per SM" in doc
+
+
+def test_fp8_sm90_decode_extension_only_for_small_weights():
+    """On compute capability 9.0, FP8 weights take the decode kernel past M = 16 (while M <= 32 and
+    M x N is under 1536 per SM) only below 2^25 weights: H200 timings (bf16, group 128; us)."""
+    for M, (N, K), want in [
+        (17, (8192, 8192), "sm90_gemm"),  # 24.5 (32/4) against decode 33.5
+        (24, (8192, 8192), "sm90_gemm"),  # 24.6 against 33.6
+        (32, (4096, 14336), "sm90_gemm"),  # 23.1 (32/8) against 29.8
+        (17, (4096, 4096), "decode"),  # 9.7 against 10.3 (32/3)
+        (32, (4096, 4096), "decode"),  # 9.9 against 10.5
+        (16, (8192, 8192), "decode"),
+    ]:
+        assert cq.weight.matmul_path(M, _shell("float8_e4m3fn", (N, K)), arch="90", sms=132) == want, (M, N, K)
+        assert cq.weight.matmul_path(M, _shell("int4", (N, K)), arch="90", sms=132) == (
+            "decode" if M * N < 1536 * 132 else "sm90_gemm"
+        )
 
 
 def test_early_weight_reads_rule():

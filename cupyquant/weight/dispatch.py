@@ -58,6 +58,11 @@ class PathThresholds:
     # it is slower on 9 of 10 shapes, by up to 60%.
     sm90_decode_max_m: int = 32
     sm90_decode_mn_per_sm: int = 1536
+    # FP8 weights take that extension only below this many weights: a second 16-row tile costs the
+    # decode kernel a second read of twice INT4's bytes. On an H200 (bf16, group 128) M = 17-32 of
+    # 8192 x 8192 and 4096 x 14336 take 22.7-25.0 us on the sm90 gemm against 29.0-33.9 decoding,
+    # while 4096 x 4096 keeps the decode kernel (9.7-9.9 against 10.2-10.5).
+    fp8_sm90_decode_max_weights: int = 1 << 25
     # FP4 weights, whose dequantization costs the decode kernel more, take the sm90 gemm from M = 17:
     # at M = 32 it is faster on 4096 x 14336 (22.1 against 28.9) and slower on 4096^2 (10.3 against 9.6).
     # Other GPUs (mma.sync gemm): decode up to M = 64 below 2^26 weights and up to 256 below 2^25,
@@ -81,11 +86,17 @@ def choose_path(M: int, N: int, K: int, fp8: bool, wgmma: bool, sms, fp4: bool =
     """The kernel for ``M`` rows of ``a`` times an (N, K) weight on a GPU that runs the sm90 gemm
     (``wgmma``) or not (see PathThresholds); FP4 weights (``fp4``) take INT4's paths except the
     sm90 decode extension past M = 16; FP8 weights (``fp8``) take them past
-    ``PATHS.fp8_decode_max_m`` where K is a multiple of GEMM_K, the decode kernel otherwise."""
+    ``PATHS.fp8_decode_max_m`` where K is a multiple of GEMM_K (the sm90 decode extension only
+    below ``PATHS.fp8_sm90_decode_max_weights``), the decode kernel otherwise."""
     if M <= (PATHS.fp8_decode_max_m if fp8 else PATHS.decode_max_m) or fp8 and K % GEMM_K:
         return "decode"
     if wgmma and K < 1 << 31:  # the sm90 kernel's group index is 32-bit
-        if not fp4 and M <= PATHS.sm90_decode_max_m and M * N < PATHS.sm90_decode_mn_per_sm * sms:
+        if (
+            not fp4
+            and M <= PATHS.sm90_decode_max_m
+            and M * N < PATHS.sm90_decode_mn_per_sm * sms
+            and (not fp8 or N * K < PATHS.fp8_sm90_decode_max_weights)
+        ):
             return "decode"
         return "sm90_gemm"
     w = N * K
@@ -263,7 +274,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
     * ``"decode"`` (``weight_decode.cu``): one 16-row tile of ``a`` per block, the block's 4, 8 or 16
       warps splitting K over 16 to 64 weight rows (chosen by shape); each weight byte is read once
       per 16 rows. Every format takes it for M <= 16, and FP8 weights whose K is not a multiple of
-      128 for every M; INT4 and FP8 on compute capability 9.0 also for M <= 32 while M x N is under
+      128 for every M; INT4 (and FP8 weights of fewer than 2^25 elements) on compute capability
+      9.0 also for M <= 32 while M x N is under
       1536 per SM (202,752 on an H100 SXM: N = 4096 up to M = 32, N = 8192 up to 24); all on other
       GPUs also for M <= 64 when the weight has fewer than 2^26 elements, and for M <= 256 when it
       has fewer than 2^25.
@@ -278,7 +290,8 @@ def matmul(a, w: QuantizedWeight, *, out=None, pdl=None) -> cupy.ndarray:
       through distributed shared memory,
       3 to 8 ways likewise where every tile's cluster fits on the GPU at once (one block per SM;
       the driver's cluster occupancy says), otherwise 4 or 8 ways as below. The tile height and
-      the splits are chosen together by an estimate fitted to H100 timings.
+      the splits are chosen together by an estimate fitted to H100 timings (FP8 weights: H200
+      timings).
     * ``"sm80_gemm"`` (``weight_sm80_gemm.cu``): every larger M on the other GPUs
       (``mma.sync``). Tiles of 16, 32, 64 or 128 rows by 128 columns, K streamed in stages of 128,
       3-4 stages deep; when its tiles cannot fill the GPU, K is split across blocks and the last

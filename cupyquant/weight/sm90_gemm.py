@@ -3,8 +3,9 @@ activations on GPUs of compute capability 9.0, Hopper's warpgroup instructions w
 weights as the register operand, K streamed through shared memory, split across blocks (as
 thread-block clusters adding their partials through distributed shared memory, or through a
 float32 workspace) when few tiles and a long K make that pay. Its tile table (each row its template
-arguments), its cost model (tile height and K split, fitted to H100 timings), its argument struct
-and the plan of its launches (:func:`~cupyquant.weight.problem.gemm_steps`).
+arguments), its cost models (tile height and K split, fitted to H100 timings; FP8 weights' to H200
+timings), its argument struct and the plan of its launches
+(:func:`~cupyquant.weight.problem.gemm_steps`).
 """
 
 from __future__ import annotations
@@ -134,6 +135,26 @@ class Sm90Costs:
 
 
 SM90 = Sm90Costs()
+#: FP8 weights (a byte a weight: twice INT4's bytes a stage, the shallower FP8_CONFIGS rings), fitted
+#: the same way to 460 timings on an H200 (bf16, groups of 128; the five benchmark shapes at M =
+#: 17-2048, 65 cells, every plan forced): rms error 4%, at most 15%. The plan picked is the fastest
+#: measured on each of the 62 cells that take the sm90 gemm; INT4's costs, whose stages come out
+#: 13-48% cheaper, picked plans up to 16% slower there (4096 x 14336 M = 64: 64/4 33.2 us against
+#: 64/8 28.6).
+SM90_FP8 = Sm90Costs(
+    stage_us=((32, (0.327, 0.290)), (64, (0.400, 0.341)), (128, (0.426, 0.457)), (256, (0.681, 0.723))),
+    call_us=1.30,
+    workspace_split_us=(2.61, 0.0102),
+    cluster2_split_us=(1.40, 0.0123),
+    wide_cluster_split_us=(1.77, 0.0160),
+)
+
+
+def costs(fp8: bool) -> Sm90Costs:
+    """The estimate's costs for FP8 weights or the others (INT4, FP4)."""
+    return SM90_FP8 if fp8 else SM90
+
+
 #: K splits run as thread-block clusters whose blocks add their partials through distributed shared
 #: memory (no workspace, counters or memset; the same bits): 2 ways always, 3 to 8 ways where every
 #: tile's cluster fits on the GPU at once with one block per SM. A cluster's blocks share a GPC,
@@ -143,27 +164,30 @@ SM90 = Sm90Costs()
 CLUSTER_SPLITS = True
 
 
-def sm90_estimate(rows: int, tiles: int, splits: int, iters: int, sms: int, M: int, cluster=None) -> float:
-    """Estimated microseconds of an sm90 gemm call (Sm90Costs) with tiles of ``rows`` rows of a,
-    ``tiles`` tiles, K of ``iters`` 64-k stages split ``splits`` ways. ``cluster``: the splits run
-    as clusters (default: 2 splits, while CLUSTER_SPLITS); clusters of more than 2 blocks run one
-    block per SM."""
+def sm90_estimate(
+    rows: int, tiles: int, splits: int, iters: int, sms: int, M: int, cluster=None, fp8: bool = False
+) -> float:
+    """Estimated microseconds of an sm90 gemm call (Sm90Costs; FP8 weights: SM90_FP8) with tiles of
+    ``rows`` rows of a, ``tiles`` tiles, K of ``iters`` 64-k stages split ``splits`` ways.
+    ``cluster``: the splits run as clusters (default: 2 splits, while CLUSTER_SPLITS); clusters of
+    more than 2 blocks run one block per SM."""
     if cluster is None:
         cluster = splits == 2 and CLUSTER_SPLITS
+    c = costs(fp8)
     blocks = tiles * splits
-    one, per = SM90.stage(rows)
+    one, per = c.stage(rows)
     per_sm = ceil_div(blocks, sms)  # blocks on the busiest SM (32/64 rows, two a SM) or waves (one a SM)
     stage = one if per_sm == 1 else per * per_sm
     tile_rows = min(rows, M)
     if splits == 1:
         split = 0.0
     elif cluster:
-        fixed, per_row = SM90.cluster2_split_us if splits == 2 else SM90.wide_cluster_split_us
+        fixed, per_row = c.cluster2_split_us if splits == 2 else c.wide_cluster_split_us
         split = fixed + per_row * tile_rows
     else:
-        fixed, per_row = SM90.workspace_split_us
+        fixed, per_row = c.workspace_split_us
         split = fixed + per_row * splits * rows
-    return SM90.call_us + stage * ceil_div(iters, splits) + split
+    return c.call_us + stage * ceil_div(iters, splits) + split
 
 
 def wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
@@ -172,12 +196,12 @@ def wide_cluster_fits(cluster_cap, splits: int, tiles: int) -> bool:
     return bool(CLUSTER_SPLITS and cluster_cap and tiles <= cluster_cap.get(splits, 0))
 
 
-def sm90_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
-    """(rows of a per tile, K splits) for the sm90 gemm: the least sm90_estimate over tiles of
-    256 / 128 / 64 rows (and 32 where M <= 32) and splits 1 / 2 / 3 / 4 / 6 / 8 (a split only while
-    its blocks fit in one wave, or as clusters that all fit at once: ``cluster_cap``, splits ->
-    clusters resident with one block per SM; None: only 2 splits are clusters); ties go to the
-    taller tile and fewer splits."""
+def sm90_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None, fp8: bool = False):
+    """(rows of a per tile, K splits) for the sm90 gemm: the least sm90_estimate (FP8 weights: their
+    own costs) over tiles of 256 / 128 / 64 rows (and 32 where M <= 32) and splits 1 / 2 / 3 / 4 /
+    6 / 8 (a split only while its blocks fit in one wave, or as clusters that all fit at once:
+    ``cluster_cap``, splits -> clusters resident with one block per SM; None: only 2 splits are
+    clusters); ties go to the taller tile and fewer splits."""
     best = None
     for rows in (256, 128, 64, 32):
         if rows == 32 and M > 32:
@@ -189,7 +213,8 @@ def sm90_plan(M: int, N: int, iters: int, sms: int, cluster_cap=None):
             wide = splits > 2 and wide_cluster_fits(cluster_cap, splits, tiles)
             if splits > 1 and not wide and tiles * splits > BLOCKS_PER_SM[rows] * sms:
                 continue
-            est = sm90_estimate(rows, tiles, splits, iters, sms, M, cluster=(splits == 2 and CLUSTER_SPLITS) or wide)
+            cluster = (splits == 2 and CLUSTER_SPLITS) or wide
+            est = sm90_estimate(rows, tiles, splits, iters, sms, M, cluster=cluster, fp8=fp8)
             if best is None or est < best[0] * 0.999:
                 best = (est, rows, splits)
     return best[1], best[2]
@@ -212,8 +237,8 @@ def plan(p: Problem) -> list:
     whole tiles' boxes and the last tile's rows), and with ``p.pdl`` the launch with the early flag
     copies its first stages' weights before its PDL wait."""
     cap = cluster_cap(p.device, p.t, p.sid, p.k_permuted) if CLUSTER_SPLITS else None
-    rows, n_splits = sm90_plan(p.M, p.N, p.K // BK, p.sms, cluster_cap=cap)
     fp8 = p.sid in FP8_IDS
+    rows, n_splits = sm90_plan(p.M, p.N, p.K // BK, p.sms, cluster_cap=cap, fp8=fp8)
     cfg = tiles(fp8)[rows]
     k = _jit.kernel(p.device, FAMILY, "sm90_w16_gemm", p.t.ctype, p.sid, *cfg, p.k_permuted)
 
