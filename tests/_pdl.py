@@ -115,6 +115,10 @@ def check_rounds(step, inputs, sources, check) -> None:
     NumPy arrays and ``where`` "stream" or "graph": in a stream, then replayed from a CUDA graph of
     all the rounds (inputs and outputs poisoned before the replay)."""
     stream = cupy.cuda.Stream(non_blocking=True)
+    # the inputs, sources and out= buffers were made (and poisoned) on the default stream, which a
+    # non-blocking stream does not wait for: without this, a late poisoning memset or copy can land
+    # between the rounds
+    cupy.cuda.Device().synchronize()
     with _unpoisoned(), stream:
         step()  # compiles and plans (loading may synchronize; capture must not)
         stream.synchronize()
