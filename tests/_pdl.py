@@ -114,11 +114,9 @@ def check_rounds(step, inputs, sources, check) -> None:
     round's sources into ``inputs``; then ``check(r, outputs, where)`` with round r's outputs as
     NumPy arrays and ``where`` "stream" or "graph": in a stream, then replayed from a CUDA graph of
     all the rounds (inputs and outputs poisoned before the replay)."""
-    stream = cupy.cuda.Stream(non_blocking=True)
-    # the inputs, sources and out= buffers were made (and poisoned) on the default stream, which a
-    # non-blocking stream does not wait for: without this, a late poisoning memset or copy can land
-    # between the rounds
-    cupy.cuda.Device().synchronize()
+    from conftest import side_stream
+
+    stream = side_stream()  # the inputs, sources and out= buffers were made on the default stream
     with _unpoisoned(), stream:
         step()  # compiles and plans (loading may synchronize; capture must not)
         stream.synchronize()

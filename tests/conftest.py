@@ -167,6 +167,17 @@ def _poison_allocations(request):
         cupy.cuda.set_allocator(pool.malloc)
 
 
+def side_stream():
+    """A non-blocking stream for a test's rounds, captures and replays, made once the device has
+    finished everything queued so far: a test's arrays are allocated (and poisoned), filled and
+    copied on the default stream, which a non-blocking stream does not wait for, so a late poisoning
+    memset or copy could otherwise land among the calls under test."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return cupy.cuda.Stream(non_blocking=True)
+
+
 def poisoned(shape, dtype):
     """A CuPy array of ``shape``/``dtype`` whose bytes are all 0xFF."""
     import cupy

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, raw_scale_words, require_arch
+from conftest import assert_bits_equal, heavy_tailed, moved_copy, poisoned, raw_scale_words, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import _flat, _group_plan, _launch, groupwise
@@ -929,7 +929,7 @@ def test_graph_capture_and_no_sync(col_path):
     with cupyx.allow_synchronize(False):
         cq.quantize_groupwise(x, group_size=128, scale_layout="col", out=qbuf, scale_out=sbuf).dequantize()
         cq.silu_mul_quantize(x, group_size=128, out=sq, scale_out=ss)
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         q = cq.quantize_groupwise(x, group_size=128, scale_layout="col", out=qbuf, scale_out=sbuf)

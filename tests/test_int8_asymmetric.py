@@ -12,7 +12,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from conftest import assert_bits_equal, heavy_tailed, poisoned, side_stream
 
 from cupyquant import reference as ref
 
@@ -408,7 +408,7 @@ def test_per_token_graph_capture_and_no_sync():
     with cupyx.allow_synchronize(False):
         cq.quantize_groupwise(x, "int8", **kw).dequantize()
         cq.quantize_int8(x, scale=0.5, zero_point=3).dequantize()
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         q = cq.quantize_groupwise(x, "int8", **kw)

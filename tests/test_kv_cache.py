@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import _launch
@@ -651,7 +651,7 @@ def test_cuda_graph_capture_replays_and_no_sync():
     step()  # compile outside the capture
     with cupyx.allow_synchronize(False):
         step()
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         step()

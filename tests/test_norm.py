@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch
+from conftest import assert_bits_equal, heavy_tailed, poisoned, raw_scale_words, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import _scales, norm
@@ -439,7 +439,7 @@ def test_cuda_graph_replay_updates_the_residual():
     qbuf = cupy.empty(x.shape, np.uint8)
     sbuf = cq.empty_scales(x.shape, 128)
     cq.rms_norm_quantize(x, w, residual=cupy.zeros_like(r), scheme="group", out=qbuf, scale_out=sbuf)  # compile
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         cq.rms_norm_quantize(x, w, residual=r, scheme="group", out=qbuf, scale_out=sbuf)

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import assert_rounds_equal, check_rounds
-from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import reference as ref
@@ -214,7 +214,7 @@ def test_cuda_graph_capture_replays():
     qbuf = cupy.empty(x.shape, np.uint8)
     ybuf = cupy.empty(x.shape, ml_dtypes.bfloat16)
     cq.quantize_fp8(x, out=qbuf).dequantize(out=ybuf)  # compile outside the capture
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         q = cq.quantize_fp8(x, out=qbuf)
@@ -251,8 +251,7 @@ def test_launches_on_the_current_stream():
     n = 1 << 16
     spin = cupy.RawKernel(_SPIN, "spin_then_fill")
     x = cupy.zeros(n, np.float32)
-    cupy.cuda.Device().synchronize()
-    s = cupy.cuda.Stream(non_blocking=True)
+    s = side_stream()
     with s:
         spin((1,), (256,), (x, np.int64(n), np.int64(200_000_000)))  # ~0.1 s
         q = cq.quantize_fp8(x)

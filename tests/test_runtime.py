@@ -26,7 +26,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch  # noqa: E402
+from conftest import assert_bits_equal, heavy_tailed, poisoned, require_arch, side_stream  # noqa: E402
 
 import cupyquant as cq  # noqa: E402
 from cupyquant import _device, _jit  # noqa: E402
@@ -225,7 +225,7 @@ def test_cuda_graph_replays_on_new_inputs(name):
     time, an amax or a scale, may be baked into the graph)."""
     op = OPS[name]
     d = _device_inputs(_host_inputs(1))
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         op(d)  # compiles the kernels (compiling and loading may synchronize; capture must not)
     stream.synchronize()
@@ -266,7 +266,7 @@ def test_cuda_graph_owns_every_buffer_it_writes(name):
     same memory to the next array allocated on that stream, or release it to the driver."""
     op = OPS[name]
     d = _device_inputs(_host_inputs(1))
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         op(d)
     stream.synchronize()
@@ -369,7 +369,7 @@ def test_ops_return_while_the_stream_is_busy():
     the spin ends, so each op's host time must stay far below it."""
     d = _device_inputs(_host_inputs(6))
     spin = cupy.RawKernel(_SPIN, "spin")
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         spin((1,), (1,), (np.int64(1),))
         for _ in range(2):  # compile everything; leave buffers of every size in this stream's pool

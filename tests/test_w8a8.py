@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pdl import check_rounds
-from conftest import assert_bits_equal, poisoned, require_arch
+from conftest import assert_bits_equal, poisoned, require_arch, side_stream
 
 from cupyquant import reference as ref
 from cupyquant.quantized import QuantizedTensor, Scheme
@@ -657,7 +657,7 @@ def test_out_stream_graph_and_strided_operands(path):
         y = cq.scaled_mm(a_mis, cupy.asarray(cb), cupy.asarray(sa), cupy.asarray(sb.astype(np.float32)))
         _check_exact(y, ca, sa, cb, sb, BF16, what="misaligned a")
         # a non-default stream
-        s = cupy.cuda.Stream(non_blocking=True)
+        s = side_stream()
         with s:
             y = cq.scaled_matmul(qa, qb, out_dtype="float32")
         s.synchronize()

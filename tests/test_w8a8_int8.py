@@ -21,7 +21,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, poisoned, require_arch
+from conftest import assert_bits_equal, poisoned, require_arch, side_stream
 
 from cupyquant import reference as ref
 from cupyquant.quantized import QuantizedTensor, Scheme
@@ -408,7 +408,7 @@ def test_out_stream_graph_and_misaligned(path):
         big[:, 8:] = A
         y = cq.scaled_mm_azp(big[:, 8:], B, SA, SB, adj, azp=Z, out_dtype=np.float16, bias=bias)
         assert_bits_equal(y, want, "misaligned a")
-        s = cupy.cuda.Stream(non_blocking=True)
+        s = side_stream()
         with s:
             y = cq.scaled_matmul(qa, qb, out_dtype=np.float16, bias=bias)
         s.synchronize()

@@ -10,7 +10,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, poisoned, require_arch
+from conftest import assert_bits_equal, poisoned, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import _device, _dtypes, _jit, _launch, _plans, _workspace
@@ -554,8 +554,8 @@ def test_wgmma_128_rows_activations_by_tma(monkeypatch, scheme, group, splits):
         want = cq.matmul(cupy.ascontiguousarray(a), qw)
         assert_bits_equal(out, cupy.asnumpy(want), "strided rows against a contiguous copy")
         assert _rel_err(out, _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
-        stream = cupy.cuda.Stream(non_blocking=True)
         graph_out = cupy.empty((M, N), dtype)
+        stream = side_stream()
         with stream:
             stream.begin_capture()
             cq.matmul(a, qw, out=graph_out)
@@ -660,7 +660,7 @@ def test_matmul_pdl_chain_is_exact(monkeypatch, path, M):
         assert not [r for r in rec if r[5] is not None and r[5].pdl]
         x = cupy.empty_like(src)
         outs = [cupy.empty((M, w.shape[0]), dtype) for w in ws]
-        stream = cupy.cuda.Stream(non_blocking=True)
+        stream = side_stream()
         with stream:
             cq.matmul(x, w1, out=outs[0], pdl=hopper)  # compile and allocate outside the capture
             stream.begin_capture()
@@ -746,8 +746,7 @@ def test_matmul_early_weight_reads(monkeypatch, path):
         right = q3.scale.copy()
         q3.scale.fill(0)
         out = poisoned((3, 200), dtype)
-        cupy.cuda.Device().synchronize()  # the fill and the poison (default stream) land before the replay's writes
-        stream = cupy.cuda.Stream(non_blocking=True)
+        stream = side_stream()
         with stream:
             stream.begin_capture()
             cupy.multiply(right, 1, out=q3.scale)  # a kernel (a copy may be a memcpy node)
@@ -837,7 +836,7 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
         assert _rel_err(cupy.asarray(want), _matmul_ref(a, qw)) <= TOL[np.dtype(dtype)]
         assert seen, "the forced plan splits K through the workspace"
         buffers = set()
-        for stream in (cupy.cuda.get_current_stream(), cupy.cuda.Stream(non_blocking=True)):
+        for stream in (cupy.cuda.get_current_stream(), side_stream()):
             with stream:
                 for rep in range(3):
                     out = poisoned((M, N), dtype)
@@ -850,8 +849,8 @@ def test_split_k_counters_reset_by_the_kernel(monkeypatch, path):
         assert len(buffers) == 2, "one counter buffer per stream"
         slab = _workspace.graph_slabs[dev]
         start = slab[1]
-        stream = cupy.cuda.Stream(non_blocking=True)
         outs = [cupy.empty((M, N), dtype) for _ in range(2)]
+        stream = side_stream()
         with stream:
             stream.begin_capture()
             for o in outs:

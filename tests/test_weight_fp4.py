@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from conftest import assert_bits_equal, heavy_tailed, poisoned, side_stream
 
 import cupyquant as cq
 from cupyquant import _jit
@@ -546,7 +546,7 @@ def test_cuda_graph_capture():
     """quantize_weight("nvfp4"), from_checkpoint with a device global_scale and dequantize_weight
     captured once and replayed on new inputs: the same bytes as eager calls."""
     w = cupy.asarray(heavy_tailed((67, 384), 8, np.float16))
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
 
     def op():
         qw = cq.quantize_weight(w, "nvfp4")

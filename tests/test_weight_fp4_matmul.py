@@ -23,7 +23,7 @@ from _fp4 import (
     weights,
 )
 from _fp4 import dtype_id as _id
-from conftest import assert_bits_equal, require_arch
+from conftest import assert_bits_equal, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import _plans
@@ -171,8 +171,8 @@ def test_matmul_batched_strided_stream_and_graph(fmt):
     a = cupy.asarray(rng.standard_normal((2, 3, 2 * K)).astype(dtype))[..., ::2]
     want = cupy.asnumpy(cq.matmul(cupy.ascontiguousarray(a), qw))
     assert_bits_equal(cq.matmul(a, qw), want, "strided a")
-    s = cupy.cuda.Stream(non_blocking=True)
     ac = cupy.ascontiguousarray(a)
+    s = side_stream()
     with s:
         out = cupy.empty((2, 3, N), dtype)
         cq.matmul(ac, qw, out=out)  # compile and warm outside the capture

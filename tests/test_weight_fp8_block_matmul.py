@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from _fp4 import HALF, assert_exact
 from _fp4 import dtype_id as _id
-from conftest import assert_bits_equal, poisoned
+from conftest import assert_bits_equal, poisoned, side_stream
 from test_weight_fp8_matmul import _FEW_BITS, KERNELS, PATHS, SM90_CASES, SM90_TILES, _seed, _weights
 from test_weight_fp8_matmul import forced as forced  # the fixture
 
@@ -237,8 +237,8 @@ def test_block_tails_out_and_graph(forced, monkeypatch, dtype, path, rows, split
         assert cq.matmul(a, qw, out=out) is out
         assert_bits_equal(out, want, f"out= offset {off}")
         assert_bits_equal(buf[:off], cupy.asnumpy(poisoned((off,), dtype)), "before out=")
-    stream = cupy.cuda.Stream(non_blocking=True)
     graph_out = cupy.empty((3, 97, N), dtype)
+    stream = side_stream()
     with stream:
         cq.matmul(a, qw, out=graph_out)  # compiled and planned outside the capture
         stream.begin_capture()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from _fp4 import HALF, assert_exact, err_ratio
 from _fp4 import dtype_id as _id
-from conftest import assert_bits_equal, poisoned, require_arch
+from conftest import assert_bits_equal, poisoned, require_arch, side_stream
 
 import cupyquant as cq
 from cupyquant import _device, _launch, _plans
@@ -260,8 +260,8 @@ def test_fp8_tails_out_and_graph(forced, monkeypatch, dtype, path, rows, splits)
         assert cq.matmul(a, qw, out=out) is out
         assert_bits_equal(out, want, f"out= offset {off}")
         assert_bits_equal(buf[:off], cupy.asnumpy(poisoned((off,), dtype)), "before out=")
-    stream = cupy.cuda.Stream(non_blocking=True)
     graph_out = cupy.empty((3, 97, N), dtype)
+    stream = side_stream()
     with stream:
         cq.matmul(a, qw, out=graph_out)  # compiled and planned outside the capture
         stream.begin_capture()

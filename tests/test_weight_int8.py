@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, heavy_tailed, poisoned
+from conftest import assert_bits_equal, heavy_tailed, poisoned, side_stream
 
 import cupyquant as cq
 from cupyquant import _checks, _jit
@@ -530,7 +530,7 @@ def test_cuda_graph_capture():
     """quantize_weight and from_checkpoint for int8 once compiled, captured and replayed on new
     inputs: the codes, scales and code sums equal an eager call."""
     w = cupy.asarray(heavy_tailed((67, 301), 8, np.float16))
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = side_stream()
 
     def op():
         qw = cq.quantize_weight(w, "int8", group_size=None)
