@@ -22,8 +22,17 @@ import numpy as np
 import pytest
 from _fp4 import HALF, assert_exact
 from _fp4 import dtype_id as _id
-from conftest import assert_bits_equal, poisoned, side_stream
-from test_weight_fp8_matmul import _FEW_BITS, KERNELS, PATHS, SM90_CASES, SM90_TILES, _seed, _weights
+from conftest import assert_bits_equal, poisoned
+from test_weight_fp8_matmul import (
+    _FEW_BITS,
+    KERNELS,
+    PATHS,
+    SM90_CASES,
+    SM90_TILES,
+    _seed,
+    _weights,
+    check_out_and_graph,
+)
 from test_weight_fp8_matmul import forced as forced  # the fixture
 
 import cupyquant as cq
@@ -230,25 +239,7 @@ def test_block_tails_out_and_graph(forced, monkeypatch, dtype, path, rows, split
     assert y.shape == (3, 97, N) and y.dtype == np.dtype(dtype)
     r = _ratio(y, a, qw)
     assert r <= 1.0, f"error {r:.3g} of the bound"
-    want = cupy.asnumpy(y)
-    for off in (1, 3):
-        buf = poisoned((3 * 97 * N + off,), dtype)
-        out = buf[off:].reshape(3, 97, N)
-        assert cq.matmul(a, qw, out=out) is out
-        assert_bits_equal(out, want, f"out= offset {off}")
-        assert_bits_equal(buf[:off], cupy.asnumpy(poisoned((off,), dtype)), "before out=")
-    graph_out = cupy.empty((3, 97, N), dtype)
-    stream = side_stream()
-    with stream:
-        cq.matmul(a, qw, out=graph_out)  # compiled and planned outside the capture
-        stream.begin_capture()
-        cq.matmul(a, qw, out=graph_out)
-        graph = stream.end_capture()
-        for rep in range(2):
-            graph_out.view(np.uint16).fill(0x7FC1)  # NaN: an output left unwritten fails
-            graph.launch(stream)
-            stream.synchronize()
-            assert_bits_equal(graph_out, want, f"graph replay {rep}")
+    check_out_and_graph(a, qw, y, dtype)
 
 
 # ---------------------------------------------------------------- the planner, the layout, the checks

@@ -145,6 +145,32 @@ def test_fp8_matmul_within_bound(forced, dtype, path, group_size):
                 assert_bits_equal(cq.matmul(a, qw), cupy.asnumpy(y), "plain vs prepared weight")
 
 
+def check_out_and_graph(a, qw, y, dtype):
+    """matmul(a, qw) into out= buffers at odd element offsets (the epilogues' element-wise stores)
+    gives ``y``'s bits, the elements before them untouched; a CUDA graph of it replayed over a
+    poisoned out= gives them again."""
+    N = qw.shape[0]
+    want = cupy.asnumpy(y)
+    for off in (1, 3):
+        buf = poisoned((a.size // a.shape[-1] * N + off,), dtype)
+        out = buf[off:].reshape(a.shape[:-1] + (N,))
+        assert cq.matmul(a, qw, out=out) is out
+        assert_bits_equal(out, want, f"out= offset {off}")
+        assert_bits_equal(buf[:off], cupy.asnumpy(poisoned((off,), dtype)), "before out=")
+    graph_out = cupy.empty(a.shape[:-1] + (N,), dtype)
+    stream = side_stream()
+    with stream:
+        cq.matmul(a, qw, out=graph_out)  # compiled and planned outside the capture
+        stream.begin_capture()
+        cq.matmul(a, qw, out=graph_out)
+        graph = stream.end_capture()
+        for rep in range(2):
+            graph_out.view(np.uint16).fill(0x7FC1)  # NaN: an output left unwritten fails
+            graph.launch(stream)
+            stream.synchronize()
+            assert_bits_equal(graph_out, want, f"graph replay {rep}")
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", HALF, ids=_id)
 def test_fp8_matmul_exact(forced, dtype, path):
@@ -253,25 +279,7 @@ def test_fp8_tails_out_and_graph(forced, monkeypatch, dtype, path, rows, splits)
     assert y.shape == (3, 97, N) and y.dtype == np.dtype(dtype)
     r = err_ratio(y, a, _dequantized(qw, dtype))
     assert r <= 1.0, f"error {r:.3g} of the bound"
-    want = cupy.asnumpy(y)
-    for off in (1, 3):
-        buf = poisoned((3 * 97 * N + off,), dtype)
-        out = buf[off:].reshape(3, 97, N)
-        assert cq.matmul(a, qw, out=out) is out
-        assert_bits_equal(out, want, f"out= offset {off}")
-        assert_bits_equal(buf[:off], cupy.asnumpy(poisoned((off,), dtype)), "before out=")
-    graph_out = cupy.empty((3, 97, N), dtype)
-    stream = side_stream()
-    with stream:
-        cq.matmul(a, qw, out=graph_out)  # compiled and planned outside the capture
-        stream.begin_capture()
-        cq.matmul(a, qw, out=graph_out)
-        graph = stream.end_capture()
-        for rep in range(2):
-            graph_out.view(np.uint16).fill(0x7FC1)  # NaN: an output left unwritten fails
-            graph.launch(stream)
-            stream.synchronize()
-            assert_bits_equal(graph_out, want, f"graph replay {rep}")
+    check_out_and_graph(a, qw, y, dtype)
 
 
 # ---------------------------------------------------------------- the planner and its limits
