@@ -547,8 +547,10 @@ __device__ __forceinline__ void cp_async4_if(unsigned s, const void* gmem, bool 
                  : "memory");
 }
 
-// the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`
-template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE>
+// the weights, scales and zero codes of the stage at place jj of the loop group into slot `slot`.
+// ODD_RING (an odd number of stages of 64 k, FP8 only): jj's parity is not the stage's from K's
+// start, so the scale sources take sc_step_even and then swap the two steps, a stage at a time.
+template <int S, int HALVES, bool K_PERMUTED, int STAGE, int SZ_STAGE, bool ODD_RING>
 __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
     constexpr int W_STEP = is_fp8_scheme(S) ? 1024 * HALVES : HALVES == 2 ? 1024 : 512;
     if constexpr (is_fp8_scheme(S)) {
@@ -573,7 +575,11 @@ __device__ __forceinline__ void copy_w(WgCopies& c, int slot, int jj) {
         if (c.zc_bytes >= 16) cp_async16_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
         else cp_async8_if(c.sz_dst + slot * SZ_STAGE, c.zc_next, true);
     }
-    const int sc_step = (jj & 1) ? c.sc_step_odd : c.sc_step_even;
+    const int sc_step = ODD_RING ? c.sc_step_even : (jj & 1) ? c.sc_step_odd : c.sc_step_even;
+    if constexpr (ODD_RING) {
+        const int next = c.sc_step_odd;
+        c.sc_step_odd = c.sc_step_even, c.sc_step_even = next;
+    }
     c.sc_next += sc_step, c.zc_next += sc_step >> 2;
 }
 #endif
@@ -669,7 +675,7 @@ __device__ __forceinline__ void consume(float (&acc)[BMA / 2], const WgArgs& a, 
     static_assert(!FP4 || K_PERMUTED, "FP4 weights are in the k-permuted order");
     static_assert(!FP8 || !K_PERMUTED, "FP8 weights are in k order");
     constexpr int WV = FP8 ? 16 : 4;  // a lane's words of a half (FP8: 16-bit byte pairs)
-    static_assert(HALVES == 2 || STAGES % 2 == 0, "stages of 64 k: a slot's stage index from K's start is it0 + slot mod 2");
+    static_assert(HALVES == 2 || STAGES % 2 == 0 || FP8, "stages of 64 k: a slot's stage index from K's start is it0 + slot mod 2");
     using H = HalfOps<T>;
     if constexpr (!WS) {
 #pragma unroll
@@ -1044,7 +1050,9 @@ __global__ void __launch_bounds__(BMA == 128 ? WG_THREADS + 128 : WG_THREADS, BM
                                                                         sbase);
     auto advance = [&](int stages) { copy_advance<T, S, HALVES, K_PERMUTED>(copies, stages); };
     auto load_a = [&](int slot, int jj) { copy_a<T, BMA, HALVES, STAGE>(copies, slot, jj); };
-    auto load_w = [&](int slot, int jj) { copy_w<S, HALVES, K_PERMUTED, STAGE, SZ_STAGE>(copies, slot, jj); };
+    constexpr bool ODD_RING = STAGES % 2 == 1 && HALVES == 1;
+    static_assert(!ODD_RING || is_fp8_scheme(S), "an odd ring of 64-k stages: FP8 only (no state of a chunk's halves)");
+    auto load_w = [&](int slot, int jj) { copy_w<S, HALVES, K_PERMUTED, STAGE, SZ_STAGE, ODD_RING>(copies, slot, jj); };
     auto load_stage = [&](int slot, int jj) { load_a(slot, jj); load_w(slot, jj); };
 
     // this thread's weight rows within the block (accumulator rows g and g + 8 of its warp)

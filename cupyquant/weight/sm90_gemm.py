@@ -40,14 +40,14 @@ CONFIGS = (
 TILES = {c.rows: c for c in CONFIGS}
 #: The tiles of FP8 weights (a byte a weight: twice INT4's weight bytes a stage), shallower where
 #: INT4's rings would not fit: the 32- and 64-row tiles keep two blocks a SM (4 stages, 104 KB; 3,
-#: 103 KB), the 128-row tile's 4 stages fit in 227 KB (5 would take 252 KB), and the 256-row tile's
-#: 4 stages of 64 k (stages of 64 k come in pairs) leave the shared memory its epilogue needs
-#: (epilogue_bytes).
+#: 103 KB), the 128-row tile's 4 stages fit in 227 KB (5 would take 252 KB), and the 256-row tile
+#: takes 5 stages of 64 k (204 KB; 6 would take 245 KB), an odd ring whose scale sources step by
+#: the stage's parity from K's start (weight_sm90_gemm.cu copy_w, ODD_RING).
 FP8_CONFIGS = (
     Sm90GemmConfig(32, 4, 2),
     Sm90GemmConfig(64, 3, 2),
     Sm90GemmConfig(128, 4, 2),
-    Sm90GemmConfig(256, 4, 1),
+    Sm90GemmConfig(256, 5, 1),
 )
 FP8_TILES = {c.rows: c for c in FP8_CONFIGS}
 BN = GEMM_BN  # weight rows per tile
