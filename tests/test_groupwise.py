@@ -370,6 +370,21 @@ def test_packed_ue8m0_byte_positions(col_path):
         assert raw[4 * (1 * M_pad + m) + 2] == 0 and raw[4 * (1 * M_pad + m) + 3] == 0
 
 
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256])
+def test_ue8m0_words_of_whole_warps(group_size, layout, col_path):
+    """Rows of whole warps (K a multiple of 512: blockDim.x a multiple of 32) store their UE8M0
+    scales a packed word at a time (groups of up to 128: store_packed_scales_warp), the "col"
+    padding rows zeroed by the word's other lanes; group 256 keeps store_scale. Over poisoned
+    scale buffers: one row (three padding rows), three, batches of three, and blocks of several rows."""
+    for shape in [(1, 4096), (3, 2048), (2, 3, 1024), (6, 512), (2, 1, 512)]:
+        xh = heavy_tailed(shape, _seed(shape, group_size, layout, "warp words"), ml_dtypes.bfloat16)
+        s_out = cq.empty_scales(shape, group_size, layout, E8M0)
+        s_out.data.memset_async(0xFF, s_out.data.mem.size)
+        q, _, _ = run_groupwise(xh, "float8_e4m3fn", group_size, layout, scale_dtype=E8M0, scale_out=s_out)
+        assert q.scale is s_out
+
+
 def test_strided_and_misaligned_rows(monkeypatch, col_path):
     big = cupy.asarray(heavy_tailed((33, 1024 + 16), 8, ml_dtypes.bfloat16))
     for x in (big[:, :1024], big[:, 8:1032], big[:, 1:1025], big[::2, :512]):  # vector and scalar paths

@@ -25,18 +25,18 @@ from _fp4 import dtype_id as _id
 from conftest import assert_bits_equal, poisoned
 from test_weight_fp8_matmul import (
     _FEW_BITS,
-    KERNELS,
     PATHS,
     SM90_CASES,
     SM90_TILES,
     _seed,
     _weights,
     check_out_and_graph,
+    planned_matmul,
 )
 from test_weight_fp8_matmul import forced as forced  # the fixture
 
 import cupyquant as cq
-from cupyquant import _device, _launch, _plans
+from cupyquant import _device, _plans
 from cupyquant import reference as ref
 from cupyquant import weight as cqw
 from cupyquant.weight import checks, dispatch, sm90_gemm
@@ -255,17 +255,9 @@ def test_block_matmul_launches_the_path_it_names():
         for N, K in ((4096, 4096), (512, 192)):
             qw = cq.prepare_weight(cq.quantize_weight(_weights((N, K), 6, np.float32), FP8, block_size=BLOCK))
             for M in (1, 16, 17, 64, 1000, 4096):
-                want = cqw.matmul_path(M, qw)
-                if K % 128 or M <= dispatch.PATHS.fp8_decode_max_m:
-                    assert want == "decode", (M, K)
-                elif M >= 1000:
-                    assert want == gemm, (M, N, K)
                 a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
-                with _launch.recording() as rec:
-                    y = cq.matmul(a, qw)
-                names = [r[0].name for r in rec if r[5] is not None]
-                assert len(names) == 1 and KERNELS[want] in names[0], (M, N, K, names)
-                assert re.search(r"I(6__half|13__nv_bfloat16)Li6E", names[0]), f"not the W_FP8_BLOCK build: {names[0]}"
+                y, want, name = planned_matmul(a, qw, gemm)
+                assert re.search(r"I(6__half|13__nv_bfloat16)Li6E", name), f"not the W_FP8_BLOCK build: {name}"
                 r = _ratio(y, a, qw)
                 assert r <= 1.0, f"{_id(dtype)} M={M} N={N} K={K} ({want}): error {r:.3g} of the bound"
 

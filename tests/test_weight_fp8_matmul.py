@@ -283,6 +283,24 @@ def test_fp8_tails_out_and_graph(forced, monkeypatch, dtype, path, rows, splits)
 
 
 # ---------------------------------------------------------------- the planner and its limits
+def planned_matmul(a, qw, gemm):
+    """cq.matmul(a, qw) on the planner's path, checked to be the one matmul_path names and the
+    kernel it launches: the decode kernel where K is not a multiple of 128 or M is at most
+    PATHS.fp8_decode_max_m, the GPU's tensor-core gemm ``gemm`` from M = 1000. Returns y, the path
+    and the launched kernel's name."""
+    M, K = a.shape
+    want = cqw.matmul_path(M, qw)
+    if K % 128 or M <= dispatch.PATHS.fp8_decode_max_m:
+        assert want == "decode", (M, K)
+    elif M >= 1000:
+        assert want == gemm, (M, K)
+    with _launch.recording() as rec:
+        y = cq.matmul(a, qw)
+    names = [r[0].name for r in rec if r[5] is not None]
+    assert len(names) == 1 and KERNELS[want] in names[0], (M, K, names)
+    return y, want, names[0]
+
+
 def test_fp8_matmul_launches_the_path_it_names():
     """Without a forced path, FP8 weights take the kernel matmul_path names: the decode kernel up to
     PATHS.fp8_decode_max_m, the tensor-core gemm of the GPU at M = 1000 and 4096 (past every decode
@@ -294,16 +312,8 @@ def test_fp8_matmul_launches_the_path_it_names():
         qw = cq.prepare_weight(cq.quantize_weight(_weights((N, K), 6, dtype), FP8, group_size=64))
         W = _dequantized(qw, dtype)
         for M in (1, 16, 17, 64, 1000, 4096):
-            want = cqw.matmul_path(M, qw)
-            if K % 128 or M <= dispatch.PATHS.fp8_decode_max_m:
-                assert want == "decode", (M, K)
-            elif M >= 1000:
-                assert want == gemm, (M, N, K)
             a = cupy.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dtype))
-            with _launch.recording() as rec:
-                y = cq.matmul(a, qw)
-            names = [r[0].name for r in rec if r[5] is not None]
-            assert len(names) == 1 and KERNELS[want] in names[0], (M, N, K, names)
+            y, want, _ = planned_matmul(a, qw, gemm)
             r = err_ratio(y, a, W)
             assert r <= 1.0, f"M={M} N={N} K={K} ({want}): error {r:.3g} of the bound"
 
