@@ -89,6 +89,16 @@ __device__ __forceinline__ void store_packed_scales_warp(const ScaleArgs& a, i64
     else if (a.col && m == a.M - 1 && m + q < a.M_pad) a.words[b * a.sb + (m + q) * a.sm + pw * a.sg] = 0u;
 }
 
+// After the PDL wait, a per-group thread's 16 elements of (row, unit u) into f (zeros where not
+// valid) and its group's max |x| key, every lane of the warp taking part in the shuffles.
+template <typename T, bool VEC>
+__device__ __forceinline__ unsigned load_group16(const T* __restrict__ x, i64 x_row_stride, i64 row, int u, bool valid, int tpg,
+                                                 float* f) {
+    pdl_wait_then_release();  // no global access above this line
+    load16_or_zeros<T, VEC>(x + row * x_row_stride + u * 16, valid, f);
+    return group_absmax16(f, tpg);
+}
+
 // The end of a per-group thread: its 16 elements quantized and stored; the group's first lane stores s
 // (UE8M0 scales of whole warps: store_packed_scales_warp, every lane of the warp taking part).
 template <class F, int CLAMP, bool VEC>
@@ -124,10 +134,8 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     const i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     const bool valid = row < rows;
-    pdl_wait_then_release();  // no global access above this line
     float f[16];
-    load16_or_zeros<T, VEC>(x + row * x_row_stride + u * 16, valid, f);
-    const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
+    const unsigned m = load_group16<T, VEC>(x, x_row_stride, row, u, valid, tpg, f);
     if (!valid) return;
     finish_group16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, group_scale<F>(sa, m), sa, row, u, tpg);
 }
@@ -169,10 +177,8 @@ group_quantize_tall(const T* __restrict__ x, i64 x_row_stride, unsigned char* __
     const int g = blockIdx.x;
     const int u = g * tpg + threadIdx.x;
     const bool valid = row < rows;
-    pdl_wait_then_release();  // no global access above this line
     float f[16];
-    load16_or_zeros<T, VEC>(x + row * x_row_stride + u * 16, valid, f);
-    const unsigned m = group_absmax16(f, tpg);  // every lane takes part, valid or not
+    const unsigned m = load_group16<T, VEC>(x, x_row_stride, row, u, valid, tpg, f);
     if (!valid) return;
     const float s = group_scale<F>(sa, m);
     quant_store16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, s, sa);
