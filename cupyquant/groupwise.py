@@ -103,7 +103,7 @@ _FLAT_PIECES = tuple(sorted(set(_flat.PIECES.values())))
 _Q8_TAGS = tuple(_dtypes.element_format(n).ctag for n in _dtypes.FP8_NAMES + ("int8",))
 FAMILY = _jit.register(
     "groupwise",
-    _jit.product("group_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS)
+    _jit.product("group_quantize", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS, _BOOLS)
     + _jit.product("group_quantize_tall", _dtypes.INPUT_CTYPES, _Q8_TAGS, _BOOLS, _BOOLS)
     + [
         _jit.expr("token_quantize_regs", t.ctype, f, w)
@@ -306,7 +306,7 @@ class _Plan:
                     kernel = _jit.kernel(device, FAMILY, "group_quantize_tall", in_t.ctype, fmt.ctag, vec, packed)
                     grid, block = tall
                 else:
-                    kernel = _jit.kernel(device, FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec)
+                    kernel = _jit.kernel(device, FAMILY, "group_quantize", in_t.ctype, fmt.ctag, vec, packed)
                     grid, block = _group_plan.grid2d(rows, units, threads)
                 mid = (np.int64(rows), np.int32(K), np.int32(group_size))
         self.launch = None

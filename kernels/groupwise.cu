@@ -99,13 +99,15 @@ __device__ __forceinline__ unsigned load_group16(const T* __restrict__ x, i64 x_
     return group_absmax16(f, tpg);
 }
 
-// The end of a per-group thread: its 16 elements quantized and stored; the group's first lane stores s
-// (UE8M0 scales of whole warps: store_packed_scales_warp, every lane of the warp taking part).
-template <class F, int CLAMP, bool VEC>
+// The end of a per-group thread: its 16 elements quantized and stored; the group's first lane stores s.
+// PACKED (UE8M0 scales, sa.packed): whole warps store theirs by store_packed_scales_warp, every lane
+// of the warp taking part. Compiled apart: the run-time test in the float32 build made group_quantize
+// 1.5-2% slower from 1024 rows up (bf16, H200).
+template <class F, int CLAMP, bool VEC, bool PACKED = false>
 __device__ __forceinline__ void finish_group16(unsigned char* __restrict__ q16, const float* f, float s,
                                                const ScaleArgs& sa, i64 row, int u, int tpg) {
     quant_store16<F, CLAMP, VEC>(q16, f, s, sa);
-    if (sa.packed && tpg <= 8 && (blockDim.x & 31) == 0) store_packed_scales_warp(sa, row, u, tpg, s);  // uniform in a block
+    if (PACKED && tpg <= 8 && (blockDim.x & 31) == 0) store_packed_scales_warp(sa, row, u, tpg, s);  // uniform in a block
     else if ((u & (tpg - 1)) == 0) store_scale(sa, row, u >> (31 - __clz(tpg)), s);  // tpg: a power of two
 }
 
@@ -124,8 +126,8 @@ template <class F> __device__ __forceinline__ float group_scale(const ScaleArgs&
 // 256, bx a power of two that divides K / 16 (so a multiple of G / 16); blockIdx.x covers rows by by,
 // blockIdx.y a row's 16-element units by bx. No division by a run-time value on the hot path.
 // (8 elements per thread: 286 us at 16384 x 16384 bf16 on H200, the per-thread work of the scale
-// computed for too few elements.)
-template <typename T, class F, bool VEC>
+// computed for too few elements.) PACKED: UE8M0 scales (finish_group16).
+template <typename T, class F, bool VEC, bool PACKED>
 __global__ void __launch_bounds__(256)
 group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restrict__ q, i64 rows, int K,
                int group_size, ScaleArgs sa, unsigned* __restrict__ words) {
@@ -137,7 +139,7 @@ group_quantize(const T* __restrict__ x, i64 x_row_stride, unsigned char* __restr
     float f[16];
     const unsigned m = load_group16<T, VEC>(x, x_row_stride, row, u, valid, tpg, f);
     if (!valid) return;
-    finish_group16<F, CLAMP_LO, VEC>(q + row * (i64)K + u * 16, f, group_scale<F>(sa, m), sa, row, u, tpg);
+    finish_group16<F, CLAMP_LO, VEC, PACKED>(q + row * (i64)K + u * 16, f, group_scale<F>(sa, m), sa, row, u, tpg);
 }
 
 // The "col" scale of (row, group g) from a group's first lane of group_quantize_tall: float32 words, or
