@@ -86,20 +86,45 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 20) -> float:
     return 2 * nbytes / t
 
 
+# One 16-byte load and store a thread: an SM kernel, as every op timed beside it is. A graph's
+# device-to-device memcpy node may run on a copy engine instead, which on an H200 moved 100 MB to
+# 1.35 GB at 56-63% of the 2 GiB stream copy's rate, an erratic ceiling for an op of that size.
+_COPY16_SOURCE = r"""
+extern "C" __global__ void copy16(const uint4* __restrict__ src, uint4* __restrict__ dst, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+"""
+_COPY16_THREADS = 256
+_copy16_kernel = None
+
+
+def copy16(src, dst, stream=None) -> None:
+    """Copy ``src`` into ``dst`` (contiguous, 16-byte aligned CuPy arrays of the same byte size, a
+    multiple of 16) with a kernel of one 16-byte load and store a thread, on ``stream`` (default:
+    the current one)."""
+    global _copy16_kernel
+    if _copy16_kernel is None:
+        _copy16_kernel = cupy.RawKernel(_COPY16_SOURCE, "copy16")
+    n = src.nbytes // 16
+    grid = (max(1, ceil_div(n, _COPY16_THREADS)),)
+    with stream or cupy.cuda.get_current_stream():
+        _copy16_kernel(grid, (_COPY16_THREADS,), (src, dst, np.int64(n)))
+
+
 def copy_seconds(nbytes: int, reps: int = 20) -> float:
-    """Seconds of a device-to-device copy that moves ``nbytes`` (half read, half written), as an op of
-    that size is timed: a CUDA graph of copies over enough buffer pairs to span 4x the L2. The
-    ceiling of a small op, whose launch and ramp a 2 GiB copy does not show."""
-    half = max(nbytes // 2, 1)
+    """Seconds of a device-to-device copy that moves ``nbytes`` (half read, half written, rounded
+    up to 16-byte units), as an op of that size is timed: a CUDA graph of kernel copies
+    (:func:`copy16`) over enough buffer pairs to span 4x the L2. The ceiling of a small op, whose
+    launch and ramp a 2 GiB copy does not show."""
+    half = ceil_div(max(nbytes // 2, 1), 16) * 16
     pairs = [(cupy.empty(half, np.uint8), cupy.empty(half, np.uint8)) for _ in range(min(256, copies_for(2 * half)))]
     for src, _ in pairs:
         src.fill(1)
     stream = cupy.cuda.Stream(non_blocking=True)
 
     def copy(src, dst):
-        cupy.cuda.runtime.memcpyAsync(
-            dst.data.ptr, src.data.ptr, half, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr
-        )
+        copy16(src, dst, stream)
 
     t = time_graph(copy, pairs, reps, stream)
     del pairs
