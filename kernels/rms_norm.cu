@@ -105,10 +105,28 @@ template <typename T> __device__ __forceinline__ void unpack_unit(const uint4* w
 #pragma unroll
     for (int l = 0; l < L; ++l) unpack16<T>(w[l], f + l * (8 / L));
 }
+// Two floats as T's bits, lo in the low half, each rounded to nearest even as bits16_rn rounds it
+// (cvt.rn, no flush), in one cvt.rn.{bf16x2,f16x2}.f32 (one F2FP where two conversions and a PRMT
+// would be).
+template <typename T> __device__ __forceinline__ unsigned pack2_rn(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2_rn<__nv_bfloat16>(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned pack2_rn<__half>(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 template <typename T> __device__ __forceinline__ void pack_unit(const float* f, uint4* w) {  // rounds to T
-    constexpr int L = Unit<T>::LOADS;
-#pragma unroll
-    for (int l = 0; l < L; ++l) w[l] = pack16<T>(f + l * (8 / L));
+    if constexpr (sizeof(T) == 2) {
+        w[0] = make_uint4(pack2_rn<T>(f[0], f[1]), pack2_rn<T>(f[2], f[3]), pack2_rn<T>(f[4], f[5]),
+                          pack2_rn<T>(f[6], f[7]));
+    } else {
+        w[0] = pack16<T>(f);
+        w[1] = pack16<T>(f + 4);
+    }
 }
 
 // The first n of NB bytes held in words (byte 0 lowest): vec, one NB-byte store (n == NB).
