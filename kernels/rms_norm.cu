@@ -225,18 +225,44 @@ __device__ __forceinline__ void unit_sums(const uint4 (&z)[UNITS][Unit<T>::LOADS
 }
 
 // ---------------------------------------------------------------- the normalize step
-// y = round_T(round_T(z * inv) * w) for one unit (z and w as T's bits), in place of z.
+// round_T(a * b) for two pairs of 16-bit values (T's bits, low halves and high halves), a * b the
+// float32 product: one fma.rn.bf16x2 with -0 (a * b + -0 keeps a zero product's sign) or
+// mul.rn.f16x2. The two agree because the exact product of two values of T is a float32 or rounds to
+// T's zero: its significand has at most 16 bits (bf16) or 22 (f16); for f16 it lies in [2^-48,
+// 2^32], float32's normal range; for bf16 it is exact in float32 unless its lowest bit is below
+// 2^-149, and then it is below 2^-134 (half of bf16's least subnormal), where both roundings give
+// the signed zero (RN(p) in float32 is at most 2^-134, a tie that rounds to the even 0), and past
+// float32's range both overflow to inf. Neither flushes subnormals.
+template <typename T> __device__ __forceinline__ unsigned mul2_rn(unsigned a, unsigned b);
+template <> __device__ __forceinline__ unsigned mul2_rn<__nv_bfloat16>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned mul2_rn<__half>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// y = round_T(round_T(z * inv) * w) for one unit (z and w as T's bits), in place of z: the weight
+// product by mul2_rn on the rounded bits for 16-bit types.
 template <typename T> __device__ __forceinline__ void normalize_unit(uint4* z, float inv, const uint4* wr) {
-    float f[8], w[8];
+    float f[8];
     unpack_unit<T>(z, f);
-    unpack_unit<T>(wr, w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
     pack_unit<T>(f, z);
-    unpack_unit<T>(z, f);
+    if constexpr (sizeof(T) == 2) {
+        z[0] = make_uint4(mul2_rn<T>(z[0].x, wr[0].x), mul2_rn<T>(z[0].y, wr[0].y), mul2_rn<T>(z[0].z, wr[0].z),
+                          mul2_rn<T>(z[0].w, wr[0].w));
+    } else {
+        float w[8];
+        unpack_unit<T>(wr, w);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
-    pack_unit<T>(f, z);
+        for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
+        pack_unit<T>(f, z);
+    }
 }
 
 // y = round_T(round_T(z * inv) * w) for each of the lane's units, in place of z: w is the weight's
