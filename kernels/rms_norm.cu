@@ -105,10 +105,28 @@ template <typename T> __device__ __forceinline__ void unpack_unit(const uint4* w
 #pragma unroll
     for (int l = 0; l < L; ++l) unpack16<T>(w[l], f + l * (8 / L));
 }
+// Two floats as T's bits, lo in the low half, each rounded to nearest even as bits16_rn rounds it
+// (cvt.rn, no flush), in one cvt.rn.{bf16x2,f16x2}.f32 (one F2FP where two conversions and a PRMT
+// would be).
+template <typename T> __device__ __forceinline__ unsigned pack2_rn(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2_rn<__nv_bfloat16>(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned pack2_rn<__half>(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 template <typename T> __device__ __forceinline__ void pack_unit(const float* f, uint4* w) {  // rounds to T
-    constexpr int L = Unit<T>::LOADS;
-#pragma unroll
-    for (int l = 0; l < L; ++l) w[l] = pack16<T>(f + l * (8 / L));
+    if constexpr (sizeof(T) == 2) {
+        w[0] = make_uint4(pack2_rn<T>(f[0], f[1]), pack2_rn<T>(f[2], f[3]), pack2_rn<T>(f[4], f[5]),
+                          pack2_rn<T>(f[6], f[7]));
+    } else {
+        w[0] = pack16<T>(f);
+        w[1] = pack16<T>(f + 4);
+    }
 }
 
 // The first n of NB bytes held in words (byte 0 lowest): vec, one NB-byte store (n == NB).
@@ -125,6 +143,23 @@ template <int NB> __device__ __forceinline__ void store_bytes(unsigned char* __r
 }
 
 // ---------------------------------------------------------------- a row's loads
+// Whether the lane's units all hold 8 elements of a valid row on the vector path (the last unit,
+// at element ((UNITS - 1) * threads + t) * 8, starts below H, a multiple of 8 with vec): the row
+// passes then go through their units without a bound test, a row's base pointers computed once.
+template <int UNITS> __device__ __forceinline__ bool lane_whole(bool valid, bool vec, int t, int threads, int H) {
+    return valid && vec && ((UNITS - 1) * threads + t) * 8 < H;
+}
+
+// z = round_T(x + r) for one unit held as T's bits (r's bits in r), in place of z.
+template <typename T> __device__ __forceinline__ void add_unit(uint4* z, const uint4* r) {
+    float fz[8], fr[8];
+    unpack_unit<T>(z, fz);
+    unpack_unit<T>(r, fr);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
+    pack_unit<T>(fz, z);
+}
+
 // The lane's units of `row` (unit v at element (v * threads + t) * 8), as T's bits, zero past H and
 // where !valid: z = x, or z = round_T(x + residual) stored back into the residual. Both kernels call
 // it right after pdl_wait_then_release() and the weight's prefetch or staging, then unit_sums (the
@@ -134,6 +169,30 @@ __device__ __forceinline__ void load_row(const T* __restrict__ x, T* __restrict_
                                          int t, int threads, bool valid, bool vec, uint4 (&z)[UNITS][Unit<T>::LOADS]) {
     constexpr int L = Unit<T>::LOADS;
     const int H = a.H;
+    if (lane_whole<UNITS>(valid, vec, t, threads, H)) {
+        const T* xr = x + row * a.x_stride;
+        if (residual != nullptr) {
+            T* rr = residual + row * a.r_stride;
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v) {
+                const int c = (v * threads + t) * 8;
+                uint4 r[L];
+#pragma unroll
+                for (int l = 0; l < L; ++l) z[v][l] = ld16(xr + c + l * 4);
+#pragma unroll
+                for (int l = 0; l < L; ++l) r[l] = ld16(rr + c + l * 4);
+                add_unit<T>(z[v], r);
+#pragma unroll
+                for (int l = 0; l < L; ++l) st16(rr + c + l * 4, z[v][l]);
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v)
+#pragma unroll
+                for (int l = 0; l < L; ++l) z[v][l] = ld16(xr + (v * threads + t) * 8 + l * 4);
+        }
+        return;
+    }
 #pragma unroll
     for (int v = 0; v < UNITS; ++v) {
         const int c = (v * threads + t) * 8;
@@ -142,12 +201,7 @@ __device__ __forceinline__ void load_row(const T* __restrict__ x, T* __restrict_
             if (residual != nullptr) {
                 uint4 r[L];
                 load_unit<T>(residual + row * a.r_stride + c, H - c, r, vec);
-                float fz[8], fr[8];
-                unpack_unit<T>(z[v], fz);
-                unpack_unit<T>(r, fr);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
-                pack_unit<T>(fz, z[v]);
+                add_unit<T>(z[v], r);
                 store_unit<T>(residual + row * a.r_stride + c, H - c, z[v], vec);
             }
         } else {
@@ -171,6 +225,46 @@ __device__ __forceinline__ void unit_sums(const uint4 (&z)[UNITS][Unit<T>::LOADS
 }
 
 // ---------------------------------------------------------------- the normalize step
+// round_T(a * b) for two pairs of 16-bit values (T's bits, low halves and high halves), a * b the
+// float32 product: one fma.rn.bf16x2 with -0 (a * b + -0 keeps a zero product's sign) or
+// mul.rn.f16x2. The two agree because the exact product of two values of T is a float32 or rounds to
+// T's zero: its significand has at most 16 bits (bf16) or 22 (f16); for f16 it lies in [2^-48,
+// 2^32], float32's normal range; for bf16 it is exact in float32 unless its lowest bit is below
+// 2^-149, and then it is below 2^-134 (half of bf16's least subnormal), where both roundings give
+// the signed zero (RN(p) in float32 is at most 2^-134, a tie that rounds to the even 0), and past
+// float32's range both overflow to inf. Neither flushes subnormals.
+template <typename T> __device__ __forceinline__ unsigned mul2_rn(unsigned a, unsigned b);
+template <> __device__ __forceinline__ unsigned mul2_rn<__nv_bfloat16>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned mul2_rn<__half>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// y = round_T(round_T(z * inv) * w) for one unit (z and w as T's bits), in place of z: the weight
+// product by mul2_rn on the rounded bits for 16-bit types.
+template <typename T> __device__ __forceinline__ void normalize_unit(uint4* z, float inv, const uint4* wr) {
+    float f[8];
+    unpack_unit<T>(z, f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
+    pack_unit<T>(f, z);
+    if constexpr (sizeof(T) == 2) {
+        z[0] = make_uint4(mul2_rn<T>(z[0].x, wr[0].x), mul2_rn<T>(z[0].y, wr[0].y), mul2_rn<T>(z[0].z, wr[0].z),
+                          mul2_rn<T>(z[0].w, wr[0].w));
+    } else {
+        float w[8];
+        unpack_unit<T>(wr, w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
+        pack_unit<T>(f, z);
+    }
+}
+
 // y = round_T(round_T(z * inv) * w) for each of the lane's units, in place of z: w is the weight's
 // unit from global memory or, with `staged` (the lead kernel's w_async), its copy that stage16 put
 // in w_stage ([UNITS * L][blockDim.x] 16-byte words, complete after stage_wait). y goes to y_out
@@ -183,6 +277,33 @@ __device__ __forceinline__ void normalize_row(uint4 (&z)[UNITS][Unit<T>::LOADS],
                                               bool valid, bool vec) {
     constexpr int L = Unit<T>::LOADS;
     const int H = a.H;
+    if (lane_whole<UNITS>(valid, vec, t, threads, H)) {
+        if (staged) {
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v) {
+                uint4 wr[L];
+#pragma unroll
+                for (int l = 0; l < L; ++l) wr[l] = w_stage[(v * L + l) * blockDim.x + threadIdx.x];
+                normalize_unit<T>(z[v], inv, wr);
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v) {
+                uint4 wr[L];
+#pragma unroll
+                for (int l = 0; l < L; ++l) wr[l] = ld16(weight + (v * threads + t) * 8 + l * 4);
+                normalize_unit<T>(z[v], inv, wr);
+            }
+        }
+        if (y_out != nullptr) {
+            T* yr = y_out + row * (i64)H;
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v)
+#pragma unroll
+                for (int l = 0; l < L; ++l) st16(yr + (v * threads + t) * 8 + l * 4, z[v][l]);
+        }
+        return;
+    }
 #pragma unroll
     for (int v = 0; v < UNITS; ++v) {
         const int c = (v * threads + t) * 8;
@@ -194,16 +315,7 @@ __device__ __forceinline__ void normalize_row(uint4 (&z)[UNITS][Unit<T>::LOADS],
             } else {
                 load_unit<T>(weight + c, H - c, wr, vec);
             }
-            float f[8], w[8];
-            unpack_unit<T>(z[v], f);
-            unpack_unit<T>(wr, w);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], inv);
-            pack_unit<T>(f, z[v]);
-            unpack_unit<T>(z[v], f);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[i] = mul_rn(f[i], w[i]);
-            pack_unit<T>(f, z[v]);
+            normalize_unit<T>(z[v], inv, wr);
             if (y_out != nullptr) store_unit<T>(y_out + row * (i64)H + c, H - c, z[v], vec);
         } else {
 #pragma unroll
@@ -516,15 +628,25 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
     }
 
     // the weight, read after the norm: on its way to shared memory (w_async) or to L1 now
+    const bool whole = lane_whole<UNITS>(valid, vec, t, threads, H);
+    if (w_async && whole) {
 #pragma unroll
-    for (int v = 0; v < UNITS; ++v) {
-        const int c = (v * threads + t) * 8;
-        if (valid && c < H) {
-            if (w_async) {
+        for (int v = 0; v < UNITS; ++v)
 #pragma unroll
-                for (int l = 0; l < L; ++l) stage16(&w_stage[(v * L + l) * blockDim.x + threadIdx.x], weight + c + l * 4);
-            } else {
-                asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + c));
+            for (int l = 0; l < L; ++l)
+                stage16(&w_stage[(v * L + l) * blockDim.x + threadIdx.x], weight + (v * threads + t) * 8 + l * 4);
+    } else {
+#pragma unroll
+        for (int v = 0; v < UNITS; ++v) {
+            const int c = (v * threads + t) * 8;
+            if (valid && c < H) {
+                if (w_async) {
+#pragma unroll
+                    for (int l = 0; l < L; ++l)
+                        stage16(&w_stage[(v * L + l) * blockDim.x + threadIdx.x], weight + c + l * 4);
+                } else {
+                    asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + c));
+                }
             }
         }
     }
@@ -598,6 +720,7 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
         const float sc = token_scale_lead<F>(sa, ub, __uint_as_float(m), tinv);
         const bool pow2 = sa.pow2 != 0;
         const bool exact_div = needs_exact_div(sa, sc);
+        unsigned char* qr = q + row * a.q_row;
 #pragma unroll
         for (int v = 0; v < UNITS; ++v) {
             const int c = (v * threads + t) * 8;
@@ -606,23 +729,37 @@ rms_norm_quantize_lead(const T* __restrict__ x, T* __restrict__ residual, const 
                 unpack_unit<T>(z[v], f);
                 const uint2 w = token_quant8<F>(f, sc, tinv, pow2, exact_div);
                 const unsigned ww[2] = {w.x, w.y};
-                store_bytes<8>(q + row * a.q_row + c, H - c, ww, vec);
+                store_bytes<8>(qr + c, H - c, ww, vec);
             }
         }
         if (t == 0) store_scale(sa, row, 0, sc);
     } else if constexpr (SCHEME == NQ_TENSOR) {
+        // q = cvt(y * (1 / s)), 8 codes of a unit
+        auto codes = [&](const uint4* y, unsigned* w) {
+            float f[8];
+            unpack_unit<T>(y, f);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                w[h] = (unsigned)to_fp8x2<F>(mul_rn(f[4 * h], tensor_scale), mul_rn(f[4 * h + 1], tensor_scale)) |
+                       ((unsigned)to_fp8x2<F>(mul_rn(f[4 * h + 2], tensor_scale), mul_rn(f[4 * h + 3], tensor_scale)) << 16);
+        };
         if (!valid) return;
+        if (whole) {
+            unsigned char* qr = q + row * a.q_row;
+#pragma unroll
+            for (int v = 0; v < UNITS; ++v) {
+                unsigned w[2];
+                codes(z[v], w);
+                *reinterpret_cast<uint2*>(qr + (v * threads + t) * 8) = make_uint2(w[0], w[1]);
+            }
+            return;
+        }
 #pragma unroll
         for (int v = 0; v < UNITS; ++v) {
             const int c = (v * threads + t) * 8;
             if (c < H) {
-                float f[8];
-                unpack_unit<T>(z[v], f);
                 unsigned w[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    w[h] = (unsigned)to_fp8x2<F>(mul_rn(f[4 * h], tensor_scale), mul_rn(f[4 * h + 1], tensor_scale)) |
-                           ((unsigned)to_fp8x2<F>(mul_rn(f[4 * h + 2], tensor_scale), mul_rn(f[4 * h + 3], tensor_scale)) << 16);
+                codes(z[v], w);
                 store_bytes<8>(q + row * a.q_row + c, H - c, w, vec);
             }
         }
