@@ -150,14 +150,43 @@ template <int UNITS> __device__ __forceinline__ bool lane_whole(bool valid, bool
     return valid && vec && ((UNITS - 1) * threads + t) * 8 < H;
 }
 
-// z = round_T(x + r) for one unit held as T's bits (r's bits in r), in place of z.
+// round_T(a + b) for two pairs of 16-bit values (T's bits, low halves and high halves), a + b the
+// float32 sum: one fma.rn.bf16x2 with 1 (a * 1 + b, the exact sum rounded once; a zero sum's sign as
+// add's) or add.rn.f16x2, neither flushing subnormals. The two agree: the exact sum s of two values
+// of T is a multiple of T's least subnormal (2^-133 bf16, 2^-24 f16), so where T rounds it as a
+// subnormal (below 2^-126, 2^-14) it has at most 7 or 10 significant bits and is T's and float32's
+// exactly; elsewhere rounding s to float32 (24 bits; 2^-126 <= |s| for bf16, float32's normal range,
+// and for f16 |s| < 2^17) and then to T (8 or 11 bits) is rounding s to T, since 24 >= 2p + 1
+// (double rounding of a sum is innocuous then, Figueroa 1995); past float32's range (bf16 only) both
+// overflow to inf, the threshold being a float32. A NaN operand, or inf + -inf, gives the canonical
+// NaN (0x7fff) either way: a property of the hardware (F2FP of float32's canonical NaN, the 16-bit
+// units' NaN), tests/test_norm.py::test_add2_rn_matches_float_sum checks all 2^32 pairs.
+template <typename T> __device__ __forceinline__ unsigned add2_rn(unsigned a, unsigned b);
+template <> __device__ __forceinline__ unsigned add2_rn<__nv_bfloat16>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0x3f803f80u), "r"(b));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned add2_rn<__half>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// z = round_T(x + r) for one unit held as T's bits (r's bits in r), in place of z: by add2_rn for
+// 16-bit types.
 template <typename T> __device__ __forceinline__ void add_unit(uint4* z, const uint4* r) {
-    float fz[8], fr[8];
-    unpack_unit<T>(z, fz);
-    unpack_unit<T>(r, fr);
+    if constexpr (sizeof(T) == 2) {
+        z[0] = make_uint4(add2_rn<T>(z[0].x, r[0].x), add2_rn<T>(z[0].y, r[0].y), add2_rn<T>(z[0].z, r[0].z),
+                          add2_rn<T>(z[0].w, r[0].w));
+    } else {
+        float fz[8], fr[8];
+        unpack_unit<T>(z, fz);
+        unpack_unit<T>(r, fr);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
-    pack_unit<T>(fz, z);
+        for (int i = 0; i < 8; ++i) fz[i] = add_rn(fz[i], fr[i]);
+        pack_unit<T>(fz, z);
+    }
 }
 
 // The lane's units of `row` (unit v at element (v * threads + t) * 8), as T's bits, zero past H and

@@ -532,6 +532,42 @@ def test_empty_rows():
             assert_bits_equal(q.global_scale, np.array([np.float32(_host_kw(kw)["global_scale"])]), "S_enc")
 
 
+# ------------------------------------------------------------------ the packed 16-bit steps
+_ADD2_SWEEP = r"""
+// bad[k]: of the 2^32 pairs (a, b) of T's bits (k = 0 bf16, 1 f16), those where add2_rn's low or
+// high half differs from the float32 sum rounded to T by pack2_rn.
+template <typename T> __device__ float bits_to_float(unsigned h);
+template <> __device__ float bits_to_float<__nv_bfloat16>(unsigned h) { return __uint_as_float(h << 16); }
+template <> __device__ float bits_to_float<__half>(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+template <typename T> __device__ void add2_sweep(unsigned long long* bad) {
+    unsigned long long n = 0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < (1ull << 32);
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned a = (unsigned)i & 0xffffu, b = (unsigned)(i >> 16);
+        const float fa = bits_to_float<T>(a), fb = bits_to_float<T>(b);
+        const unsigned want = pack2_rn<T>(add_rn(fa, fb), add_rn(fb, fa));
+        n += add2_rn<T>(a | (b << 16), b | (a << 16)) != want;
+    }
+    atomicAdd(bad, n);
+}
+extern "C" __global__ void add2_sweep_bf16(unsigned long long* bad) { add2_sweep<__nv_bfloat16>(bad); }
+extern "C" __global__ void add2_sweep_f16(unsigned long long* bad) { add2_sweep<__half>(bad + 1); }
+"""
+
+
+def test_add2_rn_matches_float_sum():
+    """rms_norm.cu's add2_rn (the residual add of two 16-bit values by one packed instruction) equals
+    the float32 sum rounded to the type by pack2_rn, bit for bit, for all 2^32 pairs of bf16 and of
+    f16 values (NaNs, infinities, zeros of both signs and subnormals included)."""
+    from cupyquant import _jit
+
+    mod = cupy.RawModule(code=_jit.source("rms_norm") + _ADD2_SWEEP, options=_jit.options())
+    bad = cupy.zeros(2, np.uint64)
+    for name in ("add2_sweep_bf16", "add2_sweep_f16"):
+        mod.get_function(name)((4096,), (256,), (bad,))
+    assert [int(b) for b in bad.get()] == [0, 0], f"add2_rn differs from the float32 sum (bf16, f16): {bad.get()}"
+
+
 # ------------------------------------------------------------------ programmatic dependent launch
 @pytest.mark.parametrize("occupancy", norm._OCCUPANCY)
 @pytest.mark.parametrize(
