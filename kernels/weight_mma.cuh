@@ -111,11 +111,44 @@ template <> struct Fp4Bits<__nv_bfloat16> {
 };
 // Register j of a fragment-ordered word of E2M1 codes (nibble j in half 0 and j + 4 in half 1, as
 // frag_codes): each half e2m1 * 2^-BIAS exactly. The sign goes to bit 15, the two exponent bits
-// and the mantissa bit to the 16-bit type's low exponent bits and top mantissa bit; a zero
-// exponent (0 and 0.5) becomes the type's subnormal of the same scale.
-template <typename T> __device__ __forceinline__ unsigned fp4_frag(unsigned word, int j) {
-    const unsigned x = word << (4 * (3 - j));  // nibble j at bits 12..15, nibble j + 4 at bits 28..31
-    return (x & 0x80008000u) | ((x >> Fp4Bits<T>::SHIFT) & Fp4Bits<T>::MAG);
+// and the mantissa bit to the 16-bit type's low exponent bits and top mantissa bit (bits
+// 14 - SHIFT .. 12 - SHIFT); a zero exponent (0 and 0.5) becomes the type's subnormal of the same
+// scale. The word rotated right by SHIFT (x) holds nibble n's three value bits at 4 n - SHIFT (mod
+// 32), SHIFT + 3 below its sign bit in the word: the distance of the targets. A select of x's
+// value bits and the word's sign bits (u) holds the eight bits of register j and of its partner
+// j ^ 1 (bf16) or j ^ 2 (fp16), whose bits do not collide with j's; u rotated left by 12 - 4 j
+// and masked is register j. A word's four registers: one rotate, two selects, three rotates and
+// four masks (10 instructions, where a shift pair and two masks a register take 15); the rotate
+// and the selects are common to the calls on one word. On the device the rotates and the select are
+// PTX (shf.l.wrap, lop3), which the compiler does not take apart: written in C++ they become shifts,
+// masks and multiply-adds again (16 instructions a word).
+__host__ __device__ constexpr unsigned fp4_rotl(unsigned x, int n) { return (n & 31) ? (x << (n & 31)) | (x >> (32 - (n & 31))) : x; }
+__host__ __device__ __forceinline__ unsigned fp4_rot(unsigned x, int n) {  // x rotated left by n (mod 32)
+#ifdef __CUDA_ARCH__
+    if ((n & 31) == 0) return x;
+    unsigned d;
+    asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(x), "r"(n & 31));
+    return d;
+#else
+    return fp4_rotl(x, n);
+#endif
+}
+__host__ __device__ __forceinline__ unsigned fp4_select(unsigned a, unsigned b, unsigned m) {  // a's bits where m has ones, b's elsewhere
+#ifdef __CUDA_ARCH__
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xe4;" : "=r"(d) : "r"(a), "r"(b), "r"(m));
+    return d;
+#else
+    return (a & m) | (b & ~m);
+#endif
+}
+template <typename T> __host__ __device__ __forceinline__ unsigned fp4_frag(unsigned word, int j) {
+    constexpr int SH = Fp4Bits<T>::SHIFT;
+    const int p = j ^ (SH == 6 ? 1 : 2);  // the partner register
+    const unsigned vals = fp4_rotl(0x7u << (4 * j), -SH) | fp4_rotl(0x7u << (4 * j + 16), -SH) |  // x's value bits of j and p
+                          fp4_rotl(0x7u << (4 * p), -SH) | fp4_rotl(0x7u << (4 * p + 16), -SH);
+    const unsigned u = fp4_select(fp4_rot(word, -SH), word, vals);
+    return fp4_rot(u, 12 - 4 * j) & (0x80008000u | Fp4Bits<T>::MAG);
 }
 // 2^n as float, for -126 <= n <= 127 (exact; for constant n)
 __host__ __device__ constexpr float fp4_pow2(int n) { return n > 0 ? 2.0f * fp4_pow2(n - 1) : n < 0 ? 0.5f * fp4_pow2(n + 1) : 1.0f; }
