@@ -22,7 +22,8 @@ FAMILY = _jit.register(
     "testing",
     _jit.product("cvt_check", _MX_TAGS, _BOOLS)
     + _jit.product("e8m0_check", _BOOLS)
-    + _jit.product("fp4_frag_check", _dtypes.HALF_CTYPES),
+    + _jit.product("fp4_frag_check", _dtypes.HALF_CTYPES)
+    + _jit.product("fp4_scale_pairs_check", _dtypes.HALF_CTYPES),
     specific_targets=_device.FP4_CVT_TARGETS,
 )
 
@@ -55,3 +56,13 @@ def _fp4_frag_check(ctype: str, base: int, n: int, words=None, regs: bool = Fals
     k = _jit.kernel(device, FAMILY, "fp4_frag_check", ctype)
     Launch(k, (ceil_div(n, 256),), (256,), (ARG, np.uint32(base), np.int64(n), ARG, ARG))(words, out, bad)
     return int(bad.get()[0]), out
+
+
+def _fp4_scale_pairs_check(ctype: str, base: int, n: int) -> int:
+    """Test hook: weight_mma.cuh fp4_scale_pairs (NVFP4) for the 16-bit type ``ctype`` on the words
+    ``base .. base + n - 1``: the number of 16-bit scales that differ from fp4_scale2 of their byte
+    (for the NaN bytes: that are not a NaN)."""
+    bad = cupy.zeros((1,), dtype=np.uint64)
+    k = _jit.kernel(bad.data.device_id, FAMILY, "fp4_scale_pairs_check", ctype)
+    Launch(k, (ceil_div(n, 256),), (256,), (np.uint32(base), np.int64(n), ARG))(bad)
+    return int(bad.get()[0])

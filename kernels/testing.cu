@@ -42,3 +42,24 @@ __global__ void fp4_frag_check(const unsigned* __restrict__ words, unsigned base
     }
     if (n_bad) atomicAdd(bad, (unsigned long long)n_bad);
 }
+
+// fp4_scale_pairs_check runs weight_mma.cuh's fp4_scale_pairs<T, W_NVFP4> on the words base + i,
+// i < n (four E4M3 scale bytes each), and bad[0] counts the 16-bit scales that differ from
+// fp4_scale2 of their byte (NaN bytes, 0x7f and 0xff: that are not a NaN of T).
+template <typename T>
+__global__ void fp4_scale_pairs_check(unsigned base, i64 n, unsigned long long* __restrict__ bad) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned w = base + (unsigned)i;
+    unsigned sc[2];
+    fp4_scale_pairs<T, W_NVFP4>(w, sc);
+    constexpr unsigned EXP = cq::same_type<T, __half>::value ? 0x7c00u : 0x7f80u;
+    unsigned n_bad = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const unsigned b = (w >> (8 * k)) & 0xffu, got = (sc[k >> 1] >> (16 * (k & 1))) & 0xffffu;
+        if ((b & 0x7fu) == 0x7fu) n_bad += (got & EXP) != EXP || (got & 0x7fffu) == EXP;
+        else n_bad += got != (fp4_scale2<T, W_NVFP4>(b) & 0xffffu);
+    }
+    if (n_bad) atomicAdd(bad, (unsigned long long)n_bad);
+}

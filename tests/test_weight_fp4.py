@@ -228,6 +228,17 @@ def test_fp4_frag_every_word(ctype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ctype", ["__half", "__nv_bfloat16"])
+def test_fp4_scale_pairs_every_word(ctype):
+    """weight_mma.cuh fp4_scale_pairs, the matmul kernels' NVFP4 scale pairs (four E4M3 bytes to two
+    16-bit pairs), equals fp4_scale2 of each byte on all 2^32 words (a NaN byte gives a NaN)."""
+    chunk = 1 << 30
+    for base in range(0, 1 << 32, chunk):
+        bad = _testing._fp4_scale_pairs_check(ctype, base, chunk)
+        assert bad == 0, f"{ctype}: {bad} scales differ in [{base:#x}, {base + chunk:#x})"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FP4)
 @pytest.mark.parametrize("shape", [(1, 128), (33, 256), (16, 384), (100, 1024), (70, 640)])
 def test_prepare_weight(fmt, shape):
