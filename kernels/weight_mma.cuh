@@ -111,11 +111,44 @@ template <> struct Fp4Bits<__nv_bfloat16> {
 };
 // Register j of a fragment-ordered word of E2M1 codes (nibble j in half 0 and j + 4 in half 1, as
 // frag_codes): each half e2m1 * 2^-BIAS exactly. The sign goes to bit 15, the two exponent bits
-// and the mantissa bit to the 16-bit type's low exponent bits and top mantissa bit; a zero
-// exponent (0 and 0.5) becomes the type's subnormal of the same scale.
-template <typename T> __device__ __forceinline__ unsigned fp4_frag(unsigned word, int j) {
-    const unsigned x = word << (4 * (3 - j));  // nibble j at bits 12..15, nibble j + 4 at bits 28..31
-    return (x & 0x80008000u) | ((x >> Fp4Bits<T>::SHIFT) & Fp4Bits<T>::MAG);
+// and the mantissa bit to the 16-bit type's low exponent bits and top mantissa bit (bits
+// 14 - SHIFT .. 12 - SHIFT); a zero exponent (0 and 0.5) becomes the type's subnormal of the same
+// scale. The word rotated right by SHIFT (x) holds nibble n's three value bits at 4 n - SHIFT (mod
+// 32), SHIFT + 3 below its sign bit in the word: the distance of the targets. A select of x's
+// value bits and the word's sign bits (u) holds the eight bits of register j and of its partner
+// j ^ 1 (bf16) or j ^ 2 (fp16), whose bits do not collide with j's; u rotated left by 12 - 4 j
+// and masked is register j. A word's four registers: one rotate, two selects, three rotates and
+// four masks (10 instructions, where a shift pair and two masks a register take 15); the rotate
+// and the selects are common to the calls on one word. On the device the rotates and the select are
+// PTX (shf.l.wrap, lop3), which the compiler does not take apart: written in C++ they become shifts,
+// masks and multiply-adds again (16 instructions a word).
+__host__ __device__ constexpr unsigned fp4_rotl(unsigned x, int n) { return (n & 31) ? (x << (n & 31)) | (x >> (32 - (n & 31))) : x; }
+__host__ __device__ __forceinline__ unsigned fp4_rot(unsigned x, int n) {  // x rotated left by n (mod 32)
+#ifdef __CUDA_ARCH__
+    if ((n & 31) == 0) return x;
+    unsigned d;
+    asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(x), "r"(n & 31));
+    return d;
+#else
+    return fp4_rotl(x, n);
+#endif
+}
+__host__ __device__ __forceinline__ unsigned fp4_select(unsigned a, unsigned b, unsigned m) {  // a's bits where m has ones, b's elsewhere
+#ifdef __CUDA_ARCH__
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xe4;" : "=r"(d) : "r"(a), "r"(b), "r"(m));
+    return d;
+#else
+    return (a & m) | (b & ~m);
+#endif
+}
+template <typename T> __host__ __device__ __forceinline__ unsigned fp4_frag(unsigned word, int j) {
+    constexpr int SH = Fp4Bits<T>::SHIFT;
+    const int p = j ^ (SH == 6 ? 1 : 2);  // the partner register
+    const unsigned vals = fp4_rotl(0x7u << (4 * j), -SH) | fp4_rotl(0x7u << (4 * j + 16), -SH) |  // x's value bits of j and p
+                          fp4_rotl(0x7u << (4 * p), -SH) | fp4_rotl(0x7u << (4 * p + 16), -SH);
+    const unsigned u = fp4_select(fp4_rot(word, -SH), word, vals);
+    return fp4_rot(u, 12 - 4 * j) & (0x80008000u | Fp4Bits<T>::MAG);
 }
 // 2^n as float, for -126 <= n <= 127 (exact; for constant n)
 __host__ __device__ constexpr float fp4_pow2(int n) { return n > 0 ? 2.0f * fp4_pow2(n - 1) : n < 0 ? 0.5f * fp4_pow2(n + 1) : 1.0f; }
@@ -138,31 +171,45 @@ template <typename T, int S> __device__ __forceinline__ unsigned fp4_scale2(unsi
     }
     return (unsigned)cq::bits16_rn<T>(f) * 0x10001u;
 }
+// E4M3 bytes 2 i and 2 i + 1 of a word as an fp16 pair (exact: every E4M3 value is an fp16 normal
+// or zero). sm_89+: the fp8 -> f16x2 conversion of half i of the word, which SASS reads through an
+// operand selector (no shift for i = 1); elsewhere cuda_fp8.h's software conversion.
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned bytes, int i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned d;
+    if (i == 0) asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(d) : "r"(bytes));
+    else asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h;}" : "=r"(d) : "r"(bytes));
+    return d;
+#else
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((bytes >> (16 * i)) & 0xffffu), __NV_E4M3);
+    return (unsigned)h.x | ((unsigned)h.y << 16);
+#endif
+}
 // Four scale bytes (byte i the scale of slot i) -> sc[0] = slots (0, 1), sc[1] = slots (2, 3), each
 // half s * 2^(BIAS - C) as fp4_scale2 gives it (a register's multiplier is then one half, read by
-// fma2_lo / fma2_hi). NVFP4: the E4M3 pairs by the fp8 -> f16x2 conversion (one instruction on
-// sm_89+; every E4M3 value is an fp16 normal or zero), then times 2^7 (fp16), or through float32
-// times 2^119 (bf16). MXFP4: the exponent field of 2^(b - 127 + BIAS - C), b - 105 (fp16) or
-// b + 102 (bf16), in each 16-bit half, clamped so that a scale past the type's range is 0 or inf
-// (fp16 holds 2^-21..2^8 for scales, bf16 2^-127..2^25; an E8M0 NaN acts as inf).
+// fma2_lo / fma2_hi). NVFP4: the E4M3 pairs as fp16 pairs (e4m3x2_to_f16x2), then times 2^7
+// (fp16), or (bf16) each value through float32 rounded to bf16 (exact: 4 significant bits) and the
+// pair times 2^119 in one bf16 multiply (exact: the products lie in 2^110 .. 1.75 * 2^127, bf16
+// normals, and zeros keep their sign). MXFP4: the exponent field of 2^(b - 127 + BIAS - C), b - 105
+// (fp16) or b + 102 (bf16), in each 16-bit half, clamped so that a scale past the type's range is 0
+// or inf (fp16 holds 2^-21..2^8 for scales, bf16 2^-127..2^25; an E8M0 NaN acts as inf).
 template <typename T, int S> __device__ __forceinline__ void fp4_scale_pairs(unsigned bytes, unsigned (&sc)[2]) {
     constexpr bool F16 = cq::same_type<T, __half>::value;
     static_assert(fp4_shift<T, S>() == (S == W_MXFP4 && !F16 ? 24 : 7), "the constants below assume these shifts");
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const unsigned two = bytes >> (16 * i);  // slots 2 i, 2 i + 1 in the low 16 bits
         if constexpr (S == W_NVFP4) {
-            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
-            const unsigned hh = (unsigned)h.x | ((unsigned)h.y << 16);
+            const unsigned hh = e4m3x2_to_f16x2(bytes, i);
             if constexpr (F16) {
                 sc[i] = HalfOps<__half>::fma2(hh, 0x58005800u, 0x80008000u);  // times 128, exact
             } else {
-                const float lo = cq::mul_rn(__half2float(__ushort_as_half(h.x)), 0x1p119f);
-                const float hi = cq::mul_rn(__half2float(__ushort_as_half(h.y)), 0x1p119f);
-                sc[i] = (unsigned)cq::bits16_rn<__nv_bfloat16>(lo) | ((unsigned)cq::bits16_rn<__nv_bfloat16>(hi) << 16);
+                const float lo = __half2float(__ushort_as_half((unsigned short)(hh & 0xffffu)));
+                const float hi = __half2float(__ushort_as_half((unsigned short)(hh >> 16)));
+                const unsigned p = (unsigned)cq::bits16_rn<__nv_bfloat16>(lo) | ((unsigned)cq::bits16_rn<__nv_bfloat16>(hi) << 16);
+                sc[i] = HalfOps<__nv_bfloat16>::fma2(p, 0x7b007b00u, 0x80008000u);  // times 2^119 (bf16 0x7b00), exact
             }
         } else {
-            const unsigned p = __byte_perm(two, 0u, 0x4140);  // b(2 i) in the low half, b(2 i + 1) in the high
+            const unsigned p = __byte_perm(bytes >> (16 * i), 0u, 0x4140);  // b(2 i) in the low half, b(2 i + 1) in the high
             if constexpr (F16) {
                 sc[i] = __vmins2(__vmaxs2(__vsub2(p, 0x00690069u), 0u), 0x001f001fu) << 10;
             } else {

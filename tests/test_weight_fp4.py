@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_bits_equal, heavy_tailed, poisoned, side_stream
 
 import cupyquant as cq
-from cupyquant import _jit
+from cupyquant import _jit, _testing
 from cupyquant import reference as ref
 from cupyquant import weight as cqw
 
@@ -197,6 +197,45 @@ def test_dequantize_every_code_and_scale_byte(fmt):
             out = poisoned(cw.shape, out_dtype)
             assert_bits_equal(cw.dequantize(out_dtype, out=out), want, f"to {_id(out_dtype)}, scale_2 {s2}")
         assert cw.dequantize().dtype == BF16  # from_checkpoint's default dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctype", ["__half", "__nv_bfloat16"])
+def test_fp4_frag_every_word(ctype):
+    """weight_mma.cuh fp4_frag, the matmul kernels' expansion of a fragment-ordered word of E2M1 codes
+    into its four registers (rotates and selects), equals the shift-and-mask form on all 2^32 words;
+    on a sample (every 16-bit half, random words) register j holds nibble j's value times 2^-BIAS in
+    its low half and nibble j + 4's in its high half (fp16: 2^-14, bf16: 2^-126), bit for bit."""
+    chunk = 1 << 30
+    for base in range(0, 1 << 32, chunk):
+        bad, _ = _testing._fp4_frag_check(ctype, base, chunk)
+        assert bad == 0, f"{ctype}: {bad} registers differ in [{base:#x}, {base + chunk:#x})"
+    rng = np.random.default_rng(11)
+    half = np.arange(1 << 16, dtype=np.uint32)
+    rand = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    words = np.concatenate([half, half << 16, half | (rand << 16), rand])
+    bad, regs = _testing._fp4_frag_check(ctype, 0, 0, words=cupy.asarray(words), regs=True)
+    assert bad == 0
+    regs = cupy.asnumpy(regs)
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    if ctype == "__half":
+        bits = (e2m1 * 2.0**-14).astype(np.float16).view(np.uint16).astype(np.uint32)
+    else:
+        bits = (e2m1 * 2.0**-126).astype(np.float32).view(np.uint32) >> 16
+    for j in range(4):
+        lo, hi = bits[(words >> (4 * j)) & 15], bits[(words >> (4 * j + 16)) & 15]
+        assert_bits_equal(regs[:, j], lo | (hi << 16), f"{ctype} register {j}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctype", ["__half", "__nv_bfloat16"])
+def test_fp4_scale_pairs_every_word(ctype):
+    """weight_mma.cuh fp4_scale_pairs, the matmul kernels' NVFP4 scale pairs (four E4M3 bytes to two
+    16-bit pairs), equals fp4_scale2 of each byte on all 2^32 words (a NaN byte gives a NaN)."""
+    chunk = 1 << 30
+    for base in range(0, 1 << 32, chunk):
+        bad = _testing._fp4_scale_pairs_check(ctype, base, chunk)
+        assert bad == 0, f"{ctype}: {bad} scales differ in [{base:#x}, {base + chunk:#x})"
 
 
 @pytest.mark.gpu
